@@ -1,0 +1,695 @@
+#include "backend.h"
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <sstream>
+
+#include "engine/error.h"
+#include "engine/log.h"
+
+namespace railcc {
+
+using c10d::OpType;
+using engine::Millis;
+using engine::RequestPtr;
+
+RailccError::RailccError(const ::railcc::Error& e, const std::string& context)
+    : c10::DistBackendError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                            context + std::string(e.what())),
+      code(e.code()),
+      ranks(e.ranks),
+      hosts(e.hosts),
+      seq(e.seq),
+      op(e.op) {}
+
+std::exception_ptr toTorchError(std::exception_ptr err, const std::string& context) {
+  try {
+    std::rethrow_exception(err);
+  } catch (const RailccError&) {
+    return err;
+  } catch (const Error& e) {
+    return std::make_exception_ptr(RailccError(e, context));
+  } catch (...) {
+    return err;
+  }
+}
+
+namespace {
+
+// ------------------------------------------------------------------ store adapter
+class C10dStore : public engine::Store {
+ public:
+  explicit C10dStore(c10::intrusive_ptr<c10d::Store> s) : s_(std::move(s)) {}
+  void set(const std::string& k, const std::string& v) override {
+    s_->set(k, std::vector<uint8_t>(v.begin(), v.end()));
+  }
+  std::string get(const std::string& k, Millis timeout) override {
+    try {
+      s_->wait({k}, timeout);
+    } catch (const std::exception& e) {
+      RAILCC_THROW(kTimeout, "store key '", k, "' did not appear within ", timeout.count(), " ms (", e.what(), ")");
+    }
+    auto v = s_->get(k);
+    return std::string(v.begin(), v.end());
+  }
+  int64_t add(const std::string& k, int64_t d) override { return s_->add(k, d); }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> s_;
+};
+
+// ------------------------------------------------------------------ argument checks
+[[noreturn]] void invalid(const std::string& msg) { C10_THROW_ERROR(ValueError, "railcc: " + msg); }
+
+DataType toDtype(const at::Tensor& t, const char* what) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DataType::kFloat32;
+    case at::kDouble: return DataType::kFloat64;
+    case at::kHalf: return DataType::kFloat16;
+    case at::kBFloat16: return DataType::kBFloat16;
+    case at::kChar: return DataType::kInt8;
+    case at::kByte: return DataType::kUInt8;
+    case at::kShort: return DataType::kInt16;
+    case at::kInt: return DataType::kInt32;
+    case at::kLong: return DataType::kInt64;
+    case at::kBool: return DataType::kBool;
+    default:
+      invalid(std::string(what) + ": dtype " + std::string(c10::toString(t.scalar_type())) +
+              " is not supported (supported: float32, float64, float16, bfloat16, int8, uint8, int16, int32, int64, bool)");
+  }
+}
+
+void checkTensor(const at::Tensor& t, const char* what) {
+  if (!t.defined()) invalid(std::string(what) + ": tensor is undefined");
+  if (t.is_sparse()) invalid(std::string(what) + ": sparse tensors are not supported");
+  if (!t.device().is_cpu())
+    invalid(std::string(what) + ": tensor is on " + t.device().str() +
+            ", but this railcc build serves CPU tensors only (use a device map such as "
+            "backend=\"cpu:railcc,cuda:nccl\" for GPU tensors)");
+  if (!t.is_contiguous())
+    invalid(std::string(what) + ": tensor must be contiguous (got sizes " + c10::str(t.sizes()) + ", strides " +
+            c10::str(t.strides()) + "); call .contiguous() first");
+  toDtype(t, what);
+}
+
+const at::Tensor& single(std::vector<at::Tensor>& ts, const char* what) {
+  if (ts.size() != 1)
+    invalid(std::string(what) + ": expects exactly one tensor per call, got " + std::to_string(ts.size()));
+  checkTensor(ts[0], what);
+  return ts[0];
+}
+
+void sameShape(const at::Tensor& a, const at::Tensor& b, const char* what, const std::string& which) {
+  if (a.scalar_type() != b.scalar_type())
+    invalid(std::string(what) + ": " + which + " has dtype " + std::string(c10::toString(b.scalar_type())) +
+            " but the input has " + std::string(c10::toString(a.scalar_type())));
+  if (a.numel() != b.numel())
+    invalid(std::string(what) + ": " + which + " has " + std::to_string(b.numel()) + " elements but the input has " +
+            std::to_string(a.numel()));
+}
+
+ReduceOp toReduceOp(const c10d::ReduceOp& op, double& scale, const char* what) {
+  scale = 1.0;
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: return ReduceOp::kSum;
+    case c10d::ReduceOp::AVG: return ReduceOp::kAvg;
+    case c10d::ReduceOp::PRODUCT: return ReduceOp::kProduct;
+    case c10d::ReduceOp::MIN: return ReduceOp::kMin;
+    case c10d::ReduceOp::MAX: return ReduceOp::kMax;
+    case c10d::ReduceOp::BAND: return ReduceOp::kBand;
+    case c10d::ReduceOp::BOR: return ReduceOp::kBor;
+    case c10d::ReduceOp::BXOR: return ReduceOp::kBxor;
+    case c10d::ReduceOp::PREMUL_SUM: {
+      auto* sup = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+      if (sup == nullptr) invalid(std::string(what) + ": PREMUL_SUM without a factor");
+      if (sup->tensor_factor.defined()) {
+        if (sup->tensor_factor.numel() != 1)
+          invalid(std::string(what) + ": PREMUL_SUM tensor factor must have one element");
+        scale = sup->tensor_factor.to(at::kCPU).to(at::kDouble).item<double>();
+      } else {
+        scale = sup->double_factor;
+      }
+      return ReduceOp::kPremulSum;
+    }
+    default:
+      invalid(std::string(what) + ": unsupported reduce op " + std::to_string(static_cast<int>(op.op_)));
+  }
+}
+
+void checkRank(int r, int size, const char* what, const char* arg) {
+  if (r < 0 || r >= size)
+    invalid(std::string(what) + ": " + arg + " " + std::to_string(r) + " is out of range for a group of size " +
+            std::to_string(size));
+}
+
+// Engine errors raised on the caller's thread (argument checks) become ValueError.
+template <typename F>
+auto guard(const char* what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kInvalidUsage) invalid(std::string(what) + ": " + e.what());
+    throw RailccError(e, std::string("railcc ") + what + ": ");
+  }
+}
+
+// ------------------------------------------------------------------ Work
+class WorkRailcc : public c10d::Work {
+ public:
+  WorkRailcc(int rank, OpType type, const char* name, uint64_t seq, std::vector<RequestPtr> reqs,
+             std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep, engine::Communicator* comm)
+      : c10d::Work(rank, type),
+        name_(name),
+        seq_(seq),
+        reqs_(std::move(reqs)),
+        outputs_(std::move(outputs)),
+        keep_(std::move(keep)),
+        comm_(comm),
+        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+  // Called once all requests exist; hooks completion of the last one to the future.
+  void arm() {
+    remaining_.store(static_cast<int>(reqs_.size()));
+    if (reqs_.empty()) {
+      complete();
+      return;
+    }
+    c10::intrusive_ptr<WorkRailcc> self = c10::intrusive_ptr<WorkRailcc>::reclaim_copy(this);
+    for (auto& r : reqs_)
+      r->onComplete([self] {
+        if (self->remaining_.fetch_sub(1) == 1) self->complete();
+      });
+  }
+
+  bool isCompleted() override { return done_.load(); }
+  bool isSuccess() const override { return done_.load() && !error_; }
+  std::exception_ptr exception() const override { return error_; }
+  int sourceRank() const override {
+    for (auto& r : reqs_)
+      if (r->sourceRank() >= 0) return r->sourceRank();
+    return -1;
+  }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  void synchronize() override {}
+  uint64_t getSequencenumber() const override { return seq_; }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    bool finished = true;
+    for (auto& r : reqs_) {
+      // kNoTimeout (0 ms) waits for the engine, which fails the op after its own timeout.
+      if (!r->wait(timeout.count() <= 0 ? Millis(-1) : timeout)) {
+        finished = false;
+        break;
+      }
+    }
+    if (!finished) {
+      // The engine may still be writing into these buffers: stop it before handing the
+      // buffers back, so a caller that frees them after catching this is safe.
+      std::ostringstream os;
+      os << name_ << " (seq " << seq_ << ") did not complete within work.wait(timeout=" << timeout.count()
+         << " ms); the process group has been aborted";
+      comm_->abort(os.str());
+      for (auto& r : reqs_) r->wait(Millis(-1));
+      Error e(ErrorCode::kTimeout, os.str());
+      e.seq = static_cast<long long>(seq_);
+      e.op = name_;
+      throw RailccError(e, "railcc: ");
+    }
+    while (!done_.load()) std::this_thread::yield();  // the completion callback is finishing
+    if (error_) std::rethrow_exception(error_);
+    return true;
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  void complete() {
+    std::exception_ptr err;
+    for (auto& r : reqs_)
+      if (r->error()) {
+        err = toTorchError(r->error(), std::string("railcc ") + name_ + ": ");
+        break;
+      }
+    error_ = err;
+    keep_.clear();
+    done_.store(true);
+    if (err) future_->setError(err);
+    else future_->markCompleted(c10::IValue(outputs_));
+  }
+
+  const char* name_;
+  uint64_t seq_;
+  std::vector<RequestPtr> reqs_;
+  std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> keep_;
+  engine::Communicator* comm_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<int> remaining_{0};
+  std::atomic<bool> done_{false};
+  std::exception_ptr error_;
+};
+
+engine::Config configFromEnv() {
+  log::reinit();
+  return engine::Config::fromEnv();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ ProcessGroupRailcc
+
+ProcessGroupRailcc::ProcessGroupRailcc(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                       std::chrono::milliseconds timeout, std::string groupName)
+    : c10d::Backend(rank, size), store_(std::make_unique<C10dStore>(store)), timeout_(timeout) {
+  engine::CommOptions o;
+  o.rank = rank;
+  o.size = size;
+  o.name = std::move(groupName);
+  o.timeout = timeout;
+  o.config = configFromEnv();
+  comm_ = guard("init", [&] { return std::make_unique<engine::Communicator>(*store_, o); });
+  init();
+}
+
+ProcessGroupRailcc::~ProcessGroupRailcc() {
+  if (comm_) comm_->shutdown();
+}
+
+void ProcessGroupRailcc::abort() { comm_->abort("abort() was called on the process group"); }
+
+void ProcessGroupRailcc::shutdown() { comm_->shutdown(); }
+
+c10d::ErrorType ProcessGroupRailcc::getError() {
+  auto err = comm_->brokenError();
+  if (!err) return c10d::ErrorType::SUCCESS;
+  try {
+    std::rethrow_exception(err);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kTimeout) return c10d::ErrorType::TIMEOUT;
+    if (e.code() == ErrorCode::kPeerFailure) return c10d::ErrorType::REMOTE_ERROR;
+  } catch (...) {
+  }
+  return c10d::ErrorType::COMM_ERROR;
+}
+
+std::vector<std::string> ProcessGroupRailcc::peerTransports() const {
+  std::vector<std::string> out;
+  for (auto& p : comm_->peers()) out.push_back(p.transport.empty() ? "self" : p.transport);
+  return out;
+}
+
+std::chrono::milliseconds ProcessGroupRailcc::opTimeout(std::chrono::milliseconds requested) const {
+  return requested.count() > 0 && requested != c10d::kUnsetTimeout ? requested : timeout_;
+}
+
+void ProcessGroupRailcc::startCoalescing() {
+  coalescing_ = true;
+  coalescedReqs_.clear();
+  coalescedOutputs_.clear();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::endCoalescing() {
+  coalescing_ = false;
+  auto reqs = std::move(coalescedReqs_);
+  auto outs = std::move(coalescedOutputs_);
+  coalescedReqs_.clear();
+  coalescedOutputs_.clear();
+  return makeWork(OpType::COALESCED, "coalesced", std::move(reqs), std::move(outs));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::makeWork(OpType type, const char* name, std::vector<RequestPtr> reqs,
+                                                            std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep) {
+  if (type != OpType::SEND && type != OpType::RECV && type != OpType::RECVANYSOURCE && type != OpType::COALESCED) ++seq_;
+  if (coalescing_) {
+    coalescedReqs_.insert(coalescedReqs_.end(), reqs.begin(), reqs.end());
+    coalescedOutputs_.insert(coalescedOutputs_.end(), outputs.begin(), outputs.end());
+  }
+  auto w = c10::make_intrusive<WorkRailcc>(getRank(), type, name, seq_, std::move(reqs), std::move(outputs),
+                                           std::move(keep), comm_.get());
+  w->arm();
+  return w;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::broadcast(std::vector<at::Tensor>& tensors,
+                                                             const c10d::BroadcastOptions& opts) {
+  const at::Tensor& t = single(tensors, "broadcast");
+  checkRank(static_cast<int>(opts.rootRank), getSize(), "broadcast", "root");
+  auto req = guard("broadcast", [&] {
+    return comm_->broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), toDtype(t, "broadcast"),
+                            static_cast<int>(opts.rootRank), opTimeout(opts.timeout));
+  });
+  return makeWork(OpType::BROADCAST, "broadcast", {req}, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allreduce(std::vector<at::Tensor>& tensors,
+                                                             const c10d::AllreduceOptions& opts) {
+  const at::Tensor& t = single(tensors, "allreduce");
+  double scale;
+  ReduceOp op = toReduceOp(opts.reduceOp, scale, "allreduce");
+  auto req = guard("allreduce", [&] {
+    return comm_->allreduce(t.data_ptr(), static_cast<size_t>(t.numel()), toDtype(t, "allreduce"), op, scale,
+                            opTimeout(opts.timeout));
+  });
+  return makeWork(OpType::ALLREDUCE, "allreduce", {req}, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                       const c10d::AllreduceCoalescedOptions& opts) {
+  if (tensors.empty()) invalid("allreduce_coalesced: needs at least one tensor");
+  std::vector<void*> bufs;
+  std::vector<size_t> counts;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    checkTensor(tensors[i], "allreduce_coalesced");
+    if (tensors[i].scalar_type() != tensors[0].scalar_type())
+      invalid("allreduce_coalesced: all tensors must have one dtype; tensor " + std::to_string(i) + " is " +
+              std::string(c10::toString(tensors[i].scalar_type())) + ", tensor 0 is " +
+              std::string(c10::toString(tensors[0].scalar_type())));
+    bufs.push_back(tensors[i].data_ptr());
+    counts.push_back(static_cast<size_t>(tensors[i].numel()));
+  }
+  double scale;
+  ReduceOp op = toReduceOp(opts.reduceOp, scale, "allreduce_coalesced");
+  auto req = guard("allreduce_coalesced", [&] {
+    return comm_->allreduceCoalesced(bufs, counts, toDtype(tensors[0], "allreduce_coalesced"), op, scale,
+                                     opTimeout(opts.timeout));
+  });
+  return makeWork(OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", {req}, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reduce(std::vector<at::Tensor>& tensors,
+                                                          const c10d::ReduceOptions& opts) {
+  const at::Tensor& t = single(tensors, "reduce");
+  checkRank(static_cast<int>(opts.rootRank), getSize(), "reduce", "root");
+  double scale;
+  ReduceOp op = toReduceOp(opts.reduceOp, scale, "reduce");
+  auto req = guard("reduce", [&] {
+    return comm_->reduce(t.data_ptr(), static_cast<size_t>(t.numel()), toDtype(t, "reduce"), op,
+                         static_cast<int>(opts.rootRank), scale, opTimeout(opts.timeout));
+  });
+  return makeWork(OpType::REDUCE, "reduce", {req}, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                             std::vector<at::Tensor>& inputs,
+                                                             const c10d::AllgatherOptions& opts) {
+  const at::Tensor& in = single(inputs, "allgather");
+  if (outputs.size() != 1) invalid("allgather: expects one output list, got " + std::to_string(outputs.size()));
+  auto& outs = outputs[0];
+  if (static_cast<int>(outs.size()) != getSize())
+    invalid("allgather: output list has " + std::to_string(outs.size()) + " tensors; it needs one per rank (" +
+            std::to_string(getSize()) + ")");
+  std::vector<void*> ptrs;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    checkTensor(outs[i], "allgather");
+    sameShape(in, outs[i], "allgather", "output tensor " + std::to_string(i));
+    ptrs.push_back(outs[i].data_ptr());
+  }
+  auto req = guard("allgather", [&] {
+    return comm_->allgather(in.data_ptr(), static_cast<size_t>(in.numel()), toDtype(in, "allgather"), ptrs,
+                            opTimeout(opts.timeout));
+  });
+  return makeWork(OpType::ALLGATHER, "allgather", {req}, outs, inputs);
+}
+
+namespace {
+std::vector<void*> slices(const at::Tensor& t, int n) {
+  std::vector<void*> out;
+  size_t bytes = static_cast<size_t>(t.numel()) * t.element_size() / static_cast<size_t>(n);
+  for (int i = 0; i < n; ++i) out.push_back(static_cast<char*>(t.data_ptr()) + bytes * static_cast<size_t>(i));
+  return out;
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                   const c10d::AllgatherOptions& opts) {
+  checkTensor(input, "all_gather_into_tensor");
+  checkTensor(output, "all_gather_into_tensor");
+  if (output.scalar_type() != input.scalar_type()) invalid("all_gather_into_tensor: output and input dtypes differ");
+  if (output.numel() != input.numel() * getSize())
+    invalid("all_gather_into_tensor: output has " + std::to_string(output.numel()) + " elements; it needs input (" +
+            std::to_string(input.numel()) + ") x world size (" + std::to_string(getSize()) + ")");
+  auto req = guard("all_gather_into_tensor", [&] {
+    return comm_->allgather(input.data_ptr(), static_cast<size_t>(input.numel()), toDtype(input, "allgather"),
+                            slices(output, getSize()), opTimeout(opts.timeout));
+  });
+  return makeWork(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {req}, {output}, {input});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                   std::vector<at::Tensor>& inputs,
+                                                                                   const c10d::AllgatherOptions& opts) {
+  if (outputs.size() != inputs.size())
+    invalid("allgather_into_tensor_coalesced: " + std::to_string(outputs.size()) + " outputs for " +
+            std::to_string(inputs.size()) + " inputs");
+  std::vector<RequestPtr> reqs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkTensor(inputs[i], "allgather_into_tensor_coalesced");
+    checkTensor(outputs[i], "allgather_into_tensor_coalesced");
+    if (outputs[i].numel() != inputs[i].numel() * getSize() || outputs[i].scalar_type() != inputs[i].scalar_type())
+      invalid("allgather_into_tensor_coalesced: output " + std::to_string(i) + " must have the input's dtype and " +
+              "world size x its elements");
+  }
+  for (size_t i = 0; i < inputs.size(); ++i)
+    reqs.push_back(guard("allgather_into_tensor_coalesced", [&] {
+      return comm_->allgather(inputs[i].data_ptr(), static_cast<size_t>(inputs[i].numel()),
+                              toDtype(inputs[i], "allgather"), slices(outputs[i], getSize()), opTimeout(opts.timeout));
+    }));
+  return makeWork(OpType::COALESCED, "allgather_into_tensor_coalesced", reqs, outputs, inputs);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::GatherOptions& opts) {
+  const at::Tensor& in = single(inputs, "gather");
+  int root = static_cast<int>(opts.rootRank);
+  checkRank(root, getSize(), "gather", "root");
+  std::vector<void*> ptrs;
+  std::vector<at::Tensor> outs;
+  if (getRank() == root) {
+    if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != getSize())
+      invalid("gather: the root needs one output list of " + std::to_string(getSize()) + " tensors");
+    for (size_t i = 0; i < outputs[0].size(); ++i) {
+      checkTensor(outputs[0][i], "gather");
+      sameShape(in, outputs[0][i], "gather", "output tensor " + std::to_string(i));
+      ptrs.push_back(outputs[0][i].data_ptr());
+    }
+    outs = outputs[0];
+  } else if (!outputs.empty() && !outputs[0].empty()) {
+    invalid("gather: only the root (rank " + std::to_string(root) + ") may pass output tensors");
+  }
+  auto req = guard("gather", [&] {
+    return comm_->gather(in.data_ptr(), static_cast<size_t>(in.numel()), toDtype(in, "gather"), ptrs, root,
+                         opTimeout(opts.timeout));
+  });
+  return makeWork(OpType::GATHER, "gather", {req}, outs, inputs);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::scatter(std::vector<at::Tensor>& outputs,
+                                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                                           const c10d::ScatterOptions& opts) {
+  const at::Tensor& out = single(outputs, "scatter");
+  int root = static_cast<int>(opts.rootRank);
+  checkRank(root, getSize(), "scatter", "root");
+  std::vector<const void*> ptrs;
+  std::vector<at::Tensor> keep;
+  if (getRank() == root) {
+    if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != getSize())
+      invalid("scatter: the root needs one input list of " + std::to_string(getSize()) + " tensors");
+    for (size_t i = 0; i < inputs[0].size(); ++i) {
+      checkTensor(inputs[0][i], "scatter");
+      sameShape(out, inputs[0][i], "scatter", "input tensor " + std::to_string(i));
+      ptrs.push_back(inputs[0][i].data_ptr());
+    }
+    keep = inputs[0];
+  } else if (!inputs.empty() && !inputs[0].empty()) {
+    invalid("scatter: only the root (rank " + std::to_string(root) + ") may pass input tensors");
+  }
+  auto req = guard("scatter", [&] {
+    return comm_->scatter(ptrs, out.data_ptr(), static_cast<size_t>(out.numel()), toDtype(out, "scatter"), root,
+                          opTimeout(opts.timeout));
+  });
+  return makeWork(OpType::SCATTER, "scatter", {req}, outputs, keep);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                  std::vector<std::vector<at::Tensor>>& inputs,
+                                                                  const c10d::ReduceScatterOptions& opts) {
+  const at::Tensor& out = single(outputs, "reduce_scatter");
+  if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != getSize())
+    invalid("reduce_scatter: needs one input list of " + std::to_string(getSize()) + " tensors (one per rank)");
+  std::vector<const void*> ptrs;
+  for (size_t i = 0; i < inputs[0].size(); ++i) {
+    checkTensor(inputs[0][i], "reduce_scatter");
+    sameShape(out, inputs[0][i], "reduce_scatter", "input tensor " + std::to_string(i));
+    ptrs.push_back(inputs[0][i].data_ptr());
+  }
+  double scale;
+  ReduceOp op = toReduceOp(opts.reduceOp, scale, "reduce_scatter");
+  auto req = guard("reduce_scatter", [&] {
+    return comm_->reduceScatter(ptrs, out.data_ptr(), static_cast<size_t>(out.numel()), toDtype(out, "reduce_scatter"),
+                                op, scale, opTimeout(opts.timeout));
+  });
+  return makeWork(OpType::REDUCE_SCATTER, "reduce_scatter", {req}, outputs, inputs[0]);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                        const c10d::ReduceScatterOptions& opts) {
+  checkTensor(input, "reduce_scatter_tensor");
+  checkTensor(output, "reduce_scatter_tensor");
+  if (output.scalar_type() != input.scalar_type()) invalid("reduce_scatter_tensor: output and input dtypes differ");
+  if (input.numel() != output.numel() * getSize())
+    invalid("reduce_scatter_tensor: input has " + std::to_string(input.numel()) + " elements; it needs output (" +
+            std::to_string(output.numel()) + ") x world size (" + std::to_string(getSize()) + ")");
+  double scale;
+  ReduceOp op = toReduceOp(opts.reduceOp, scale, "reduce_scatter_tensor");
+  auto s = slices(input, getSize());
+  std::vector<const void*> ins(s.begin(), s.end());
+  auto req = guard("reduce_scatter_tensor", [&] {
+    return comm_->reduceScatter(ins, output.data_ptr(), static_cast<size_t>(output.numel()),
+                                toDtype(output, "reduce_scatter"), op, scale, opTimeout(opts.timeout));
+  });
+  return makeWork(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {req}, {output}, {input});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                   std::vector<at::Tensor>& inputs,
+                                                                                   const c10d::ReduceScatterOptions& opts) {
+  if (outputs.size() != inputs.size())
+    invalid("reduce_scatter_tensor_coalesced: " + std::to_string(outputs.size()) + " outputs for " +
+            std::to_string(inputs.size()) + " inputs");
+  double scale;
+  ReduceOp op = toReduceOp(opts.reduceOp, scale, "reduce_scatter_tensor_coalesced");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkTensor(inputs[i], "reduce_scatter_tensor_coalesced");
+    checkTensor(outputs[i], "reduce_scatter_tensor_coalesced");
+    if (inputs[i].numel() != outputs[i].numel() * getSize() || outputs[i].scalar_type() != inputs[i].scalar_type())
+      invalid("reduce_scatter_tensor_coalesced: input " + std::to_string(i) +
+              " must have the output's dtype and world size x its elements");
+  }
+  std::vector<RequestPtr> reqs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto s = slices(inputs[i], getSize());
+    std::vector<const void*> ins(s.begin(), s.end());
+    reqs.push_back(guard("reduce_scatter_tensor_coalesced", [&] {
+      return comm_->reduceScatter(ins, outputs[i].data_ptr(), static_cast<size_t>(outputs[i].numel()),
+                                  toDtype(outputs[i], "reduce_scatter"), op, scale, opTimeout(opts.timeout));
+    }));
+  }
+  return makeWork(OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_tensor_coalesced", reqs, outputs, inputs);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                                 std::vector<int64_t>& outputSplits,
+                                                                 std::vector<int64_t>& inputSplits,
+                                                                 const c10d::AllToAllOptions& opts) {
+  checkTensor(input, "all_to_all_single");
+  checkTensor(output, "all_to_all_single");
+  if (output.scalar_type() != input.scalar_type()) invalid("all_to_all_single: output and input dtypes differ");
+  int n = getSize();
+  auto splitCounts = [&](const at::Tensor& t, std::vector<int64_t>& splits, const char* which) {
+    std::vector<size_t> counts;
+    int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    int64_t rowElems = rows == 0 ? 0 : t.numel() / rows;
+    if (splits.empty()) {
+      if (rows % n != 0)
+        invalid(std::string("all_to_all_single: ") + which + " dim 0 (" + std::to_string(rows) +
+                ") is not divisible by the world size (" + std::to_string(n) + "); pass split sizes");
+      counts.assign(static_cast<size_t>(n), static_cast<size_t>(rows / n * rowElems));
+      return counts;
+    }
+    if (static_cast<int>(splits.size()) != n)
+      invalid(std::string("all_to_all_single: ") + which + "_split_sizes has " + std::to_string(splits.size()) +
+              " entries; it needs one per rank (" + std::to_string(n) + ")");
+    int64_t sum = 0;
+    for (int64_t s : splits) {
+      if (s < 0) invalid(std::string("all_to_all_single: negative entry in ") + which + "_split_sizes");
+      sum += s;
+      counts.push_back(static_cast<size_t>(s * rowElems));
+    }
+    if (sum != rows)
+      invalid(std::string("all_to_all_single: ") + which + "_split_sizes sum to " + std::to_string(sum) +
+              " but the " + which + " tensor has " + std::to_string(rows) + " rows");
+    return counts;
+  };
+  auto inCounts = splitCounts(input, inputSplits, "input");
+  auto outCounts = splitCounts(output, outputSplits, "output");
+  size_t es = static_cast<size_t>(input.element_size());
+  std::vector<const void*> ins;
+  std::vector<void*> outs;
+  size_t off = 0;
+  for (size_t c : inCounts) {
+    ins.push_back(static_cast<const char*>(input.data_ptr()) + off * es);
+    off += c;
+  }
+  off = 0;
+  for (size_t c : outCounts) {
+    outs.push_back(static_cast<char*>(output.data_ptr()) + off * es);
+    off += c;
+  }
+  auto req = guard("all_to_all_single", [&] {
+    return comm_->alltoall(ins, inCounts, outs, outCounts, toDtype(input, "alltoall"), opTimeout(opts.timeout));
+  });
+  return makeWork(OpType::ALLTOALL_BASE, "all_to_all_single", {req}, {output}, {input});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::alltoall(std::vector<at::Tensor>& outputs,
+                                                            std::vector<at::Tensor>& inputs,
+                                                            const c10d::AllToAllOptions& opts) {
+  int n = getSize();
+  if (static_cast<int>(outputs.size()) != n || static_cast<int>(inputs.size()) != n)
+    invalid("all_to_all: needs " + std::to_string(n) + " input and output tensors, got " +
+            std::to_string(inputs.size()) + " and " + std::to_string(outputs.size()));
+  std::vector<const void*> ins;
+  std::vector<void*> outs;
+  std::vector<size_t> inCounts, outCounts;
+  for (int i = 0; i < n; ++i) {
+    checkTensor(inputs[static_cast<size_t>(i)], "all_to_all");
+    checkTensor(outputs[static_cast<size_t>(i)], "all_to_all");
+    if (inputs[static_cast<size_t>(i)].scalar_type() != inputs[0].scalar_type() ||
+        outputs[static_cast<size_t>(i)].scalar_type() != inputs[0].scalar_type())
+      invalid("all_to_all: all tensors must have one dtype");
+    ins.push_back(inputs[static_cast<size_t>(i)].data_ptr());
+    outs.push_back(outputs[static_cast<size_t>(i)].data_ptr());
+    inCounts.push_back(static_cast<size_t>(inputs[static_cast<size_t>(i)].numel()));
+    outCounts.push_back(static_cast<size_t>(outputs[static_cast<size_t>(i)].numel()));
+  }
+  auto req = guard("all_to_all", [&] {
+    return comm_->alltoall(ins, inCounts, outs, outCounts, toDtype(inputs[0], "alltoall"), opTimeout(opts.timeout));
+  });
+  return makeWork(OpType::ALLTOALL, "all_to_all", {req}, outputs, inputs);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  const at::Tensor& t = single(tensors, "send");
+  checkRank(dstRank, getSize(), "send", "destination rank");
+  auto req = guard("send", [&] {
+    return comm_->send(t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size(), dstRank, tag, Millis(0));
+  });
+  return makeWork(OpType::SEND, "send", {req}, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  const at::Tensor& t = single(tensors, "recv");
+  checkRank(srcRank, getSize(), "recv", "source rank");
+  auto req = guard("recv", [&] {
+    return comm_->recv(t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size(), srcRank, tag, Millis(0));
+  });
+  return makeWork(OpType::RECV, "recv", {req}, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  const at::Tensor& t = single(tensors, "recv");
+  auto req = guard("recv", [&] {
+    return comm_->recv(t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size(), -1, tag, Millis(0));
+  });
+  return makeWork(OpType::RECVANYSOURCE, "recv", {req}, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::barrier(const c10d::BarrierOptions& opts) {
+  auto req = guard("barrier", [&] { return comm_->barrier(opTimeout(opts.timeout)); });
+  return makeWork(OpType::BARRIER, "barrier", {req}, {});
+}
+
+}  // namespace railcc

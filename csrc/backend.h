@@ -1,0 +1,102 @@
+#pragma once
+// c10d glue: the only layer that sees torch. Tensors become engine buffers here, engine
+// Requests become c10d Work objects, engine errors become typed DistBackendErrors.
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/communicator.h"
+#include "engine/error.h"
+
+namespace railcc {
+
+/// A DistBackendError that remembers what the engine knew (code, ranks, hosts, seq, op), so
+/// the Python translator can raise the matching railcc exception with those attributes.
+class RailccError : public c10::DistBackendError {
+ public:
+  RailccError(const ::railcc::Error& e, const std::string& context);
+  ::railcc::ErrorCode code;
+  std::vector<int> ranks;
+  std::vector<std::string> hosts;
+  long long seq;
+  std::string op;
+};
+
+/// Converts an engine exception_ptr into a RailccError exception_ptr (others pass through).
+std::exception_ptr toTorchError(std::exception_ptr err, const std::string& context);
+
+class ProcessGroupRailcc : public c10d::Backend {
+ public:
+  ProcessGroupRailcc(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                     std::chrono::milliseconds timeout, std::string groupName);
+  ~ProcessGroupRailcc() override;
+
+  const std::string getBackendName() const override { return "railcc"; }
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return seq_; }
+  c10d::ErrorType getError() override;
+  void abort() override;
+  void shutdown() override;
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplits,
+                                               std::vector<int64_t>& inputSplits, const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  engine::Communicator& comm() { return *comm_; }
+  /// Per-peer transport, e.g. {"shm", "socket 10.0.0.2:4000"}, for diagnostics.
+  std::vector<std::string> peerTransports() const;
+
+ private:
+  c10::intrusive_ptr<c10d::Work> makeWork(c10d::OpType type, const char* name, std::vector<engine::RequestPtr> reqs,
+                                          std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep = {});
+  std::chrono::milliseconds opTimeout(std::chrono::milliseconds requested) const;
+
+  std::unique_ptr<engine::Store> store_;
+  std::unique_ptr<engine::Communicator> comm_;
+  std::chrono::milliseconds timeout_;
+  uint64_t seq_ = 0;
+  bool coalescing_ = false;
+  std::vector<engine::RequestPtr> coalescedReqs_;
+  std::vector<at::Tensor> coalescedOutputs_;
+};
+
+}  // namespace railcc

@@ -1,0 +1,1344 @@
+#include "engine/communicator.h"
+
+#include <arpa/inet.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "engine/error.h"
+#include "engine/log.h"
+#include "transport/shm/shm_transport.h"
+#include "transport/socket/socket_transport.h"
+
+namespace railcc::engine {
+
+using Clock = std::chrono::steady_clock;
+using transport::Connection;
+
+// ---------------------------------------------------------------------------------------
+// Request
+
+bool Request::completed() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return done_;
+}
+
+bool Request::wait(Millis timeout) {
+  std::unique_lock<std::mutex> g(mu_);
+  if (timeout.count() < 0) {
+    cv_.wait(g, [&] { return done_; });
+    return true;
+  }
+  return cv_.wait_for(g, timeout, [&] { return done_; });
+}
+
+std::exception_ptr Request::error() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return error_;
+}
+
+void Request::onComplete(std::function<void()> cb) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!done_) {
+      callbacks_.push_back(std::move(cb));
+      return;
+    }
+  }
+  cb();
+}
+
+void Request::finish(std::exception_ptr err) {
+  std::vector<std::function<void()>> cbs;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (done_) return;
+    done_ = true;
+    error_ = err;
+    cbs.swap(callbacks_);
+  }
+  cv_.notify_all();
+  for (auto& cb : cbs) {
+    try {
+      cb();
+    } catch (const std::exception& e) {
+      RAILCC_WARN(COLL, "completion callback threw: ", e.what());
+    } catch (...) {
+      RAILCC_WARN(COLL, "completion callback threw");
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Wire format. Every message is a header followed by its payload, padded to 8 bytes so
+// that stream positions stay aligned for in-place reductions out of shared memory.
+
+enum class OpKind : uint8_t {
+  kAllreduce = 1, kBroadcast, kReduce, kAllgather, kReduceScatter, kAlltoall, kGather, kScatter,
+  kBarrier, kP2P, kAllreduceCoalesced,
+};
+
+const char* opKindName(OpKind k) {
+  switch (k) {
+    case OpKind::kAllreduce: return "allreduce";
+    case OpKind::kBroadcast: return "broadcast";
+    case OpKind::kReduce: return "reduce";
+    case OpKind::kAllgather: return "allgather";
+    case OpKind::kReduceScatter: return "reduce_scatter";
+    case OpKind::kAlltoall: return "alltoall";
+    case OpKind::kGather: return "gather";
+    case OpKind::kScatter: return "scatter";
+    case OpKind::kBarrier: return "barrier";
+    case OpKind::kP2P: return "send/recv";
+    case OpKind::kAllreduceCoalesced: return "allreduce_coalesced";
+  }
+  return "?";
+}
+
+struct WireHeader {
+  uint32_t magic;
+  uint8_t kind;
+  uint8_t dtype;
+  uint8_t redop;
+  uint8_t flags;
+  int32_t root;
+  int32_t tag;
+  uint64_t seq;
+  uint64_t count;
+  uint64_t bytes;
+};
+static_assert(sizeof(WireHeader) == 40, "wire header layout");
+constexpr uint32_t kWireMagic = 0x52434331;  // "RCC1"
+constexpr int kCollLane = 0;
+constexpr int kP2PLane = 1;
+constexpr int kLanes = 2;
+
+size_t pad8(size_t n) { return (n + 7) & ~size_t(7); }
+
+std::string describeCall(const WireHeader& h) {
+  std::ostringstream os;
+  auto kind = static_cast<OpKind>(h.kind);
+  os << opKindName(kind);
+  if (kind == OpKind::kP2P) {
+    os << "(tag=" << h.tag << ", " << h.bytes << " bytes)";
+    return os.str();
+  }
+  os << "(seq=" << h.seq << ", count=" << h.count << ", dtype=" << dtypeName(static_cast<DataType>(h.dtype));
+  if (kind == OpKind::kAllreduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter ||
+      kind == OpKind::kAllreduceCoalesced)
+    os << ", op=" << reduceOpName(static_cast<ReduceOp>(h.redop));
+  if (kind == OpKind::kBroadcast || kind == OpKind::kReduce || kind == OpKind::kGather || kind == OpKind::kScatter)
+    os << ", root=" << h.root;
+  os << ")";
+  return os.str();
+}
+
+// One message to move: a send, a receive, or a receive that reduces into its destination.
+struct Transfer {
+  enum Kind : uint8_t { kSend, kRecv, kRecvReduce } kind = kSend;
+  int peer = -1;
+  int lane = kCollLane;
+  const char* src = nullptr;
+  char* dst = nullptr;
+  size_t bytes = 0;
+  WireHeader hdr{};  // sent as is, or what the received header must say
+  DataType dtype = DataType::kUInt8;
+  ReduceOp op = ReduceOp::kSum;
+  double scale = 1.0;
+  const size_t* limit = nullptr;  // forwarding: send no further than another transfer has received
+  // progress
+  size_t hdrDone = 0;
+  size_t done = 0;
+  size_t padDone = 0;
+  bool matched = false;
+  bool finished = false;
+};
+
+struct Channel {
+  std::unique_ptr<Connection> conn;
+  std::deque<Transfer*> sendq, recvq;
+  WireHeader inHdr{};
+  size_t inHdrGot = 0;
+  char carry[8];  // a partial element split by a socket read
+  size_t carryGot = 0;
+};
+
+struct Op {
+  OpKind kind = OpKind::kBarrier;
+  bool p2p = false;
+  WireHeader fp{};  // fingerprint carried by every message of the op
+  std::function<void()> body;
+  Transfer xfer;    // for sends and receives
+  bool anySource = false;
+  RequestPtr req;
+  Millis timeout{0};
+};
+
+// ---------------------------------------------------------------------------------------
+
+std::string hostIdentity(const Config& cfg) {
+  if (!cfg.hostId.empty()) return cfg.hostId;
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  struct stat st {};
+  unsigned long long netns = 0;
+  if (stat("/proc/self/ns/net", &st) == 0) netns = static_cast<unsigned long long>(st.st_ino);
+  return boot + ":" + std::to_string(netns);
+}
+
+class CommImpl {
+ public:
+  CommImpl(Store& store, CommOptions opts);
+  ~CommImpl();
+
+  RequestPtr enqueue(std::unique_ptr<Op> op);
+  std::unique_ptr<Op> collective(OpKind kind, DataType dt, ReduceOp rop, int root, size_t count, Millis timeout);
+
+  // algorithms (progress thread)
+  void runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
+  void exchange(std::vector<Transfer>& xs);
+
+  Transfer sendTo(int peer, const void* p, size_t bytes) {
+    Transfer t;
+    t.kind = Transfer::kSend;
+    t.peer = peer;
+    t.src = static_cast<const char*>(p);
+    t.bytes = bytes;
+    t.hdr = current_->fp;
+    t.hdr.bytes = bytes;
+    return t;
+  }
+  Transfer recvFrom(int peer, void* p, size_t bytes) {
+    Transfer t = sendTo(peer, nullptr, bytes);
+    t.kind = Transfer::kRecv;
+    t.dst = static_cast<char*>(p);
+    return t;
+  }
+  Transfer recvReduce(int peer, void* p, size_t count, DataType dt, ReduceOp op, double scale) {
+    Transfer t = recvFrom(peer, p, count * dtypeSize(dt));
+    t.kind = Transfer::kRecvReduce;
+    t.dtype = dt;
+    t.op = op;
+    t.scale = scale;
+    return t;
+  }
+
+  std::string peerName(int r) const {
+    const PeerInfo& p = peers_[static_cast<size_t>(r)];
+    return "rank " + std::to_string(r) + " (host " + p.hostname + ", " + (p.transport.empty() ? "self" : p.transport) + ")";
+  }
+
+  void abort(const std::string& why);
+  void shutdown();
+
+  CommOptions opts_;
+  int rank_, size_;
+  std::vector<PeerInfo> peers_;
+  std::vector<int> localRanks_;
+  std::unique_ptr<transport::shm::Domain> shm_;
+  std::unique_ptr<transport::socket::Listener> listener_;
+  std::vector<std::vector<Channel>> chans_;  // [lane][peer]
+  std::vector<char> bucket_;
+
+  // queue
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Op>> queue_;
+  std::atomic<size_t> queued_{0};
+  std::atomic<bool> sleeping_{false};
+  int eventFd_ = -1;
+  bool closing_ = false;
+  uint64_t collSeq_ = 0;
+
+  // progress thread state
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> aborted_{false};
+  std::string abortWhy_;
+  mutable std::mutex errMu_;
+  std::exception_ptr broken_;
+  std::deque<std::unique_ptr<Op>> collQueue_;
+  std::vector<std::unique_ptr<Op>> p2pActive_;
+  std::vector<std::unique_ptr<Op>> anyPending_;
+  Op* current_ = nullptr;
+  Clock::time_point lastProgress_;
+  Clock::time_point lastAliveCheck_;
+
+ private:
+  void bootstrap(Store& store);
+  void progressLoop();
+  void drainQueue();
+  void startP2P(std::unique_ptr<Op> op);
+  size_t progressP2P();
+  void finishP2P();
+  size_t progressChannel(int lane, int peer);
+  size_t progressSend(Channel& ch, Transfer& t);
+  size_t progressRecv(Channel& ch, Transfer& t);
+  bool readHeader(Channel& ch, size_t& moved);
+  void checkHeader(const Transfer& t, const WireHeader& h, int peer);
+  void idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeout, const char* what);
+  [[noreturn]] void failStalled(const std::vector<Transfer*>& pending, Millis timeout);
+  void fail(std::exception_ptr err);
+  void pollStray();
+  // After a failure the streams are out of step: forget every queued transfer.
+  void clearChannels() {
+    for (auto& lane : chans_)
+      for (auto& ch : lane) {
+        ch.sendq.clear();
+        ch.recvq.clear();
+      }
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// Bootstrap
+
+namespace {
+
+std::string randomHex(size_t bytes) {
+  std::random_device rd;
+  std::string s;
+  static const char* hex = "0123456789abcdef";
+  for (size_t i = 0; i < bytes; ++i) {
+    unsigned v = rd() & 0xff;
+    s += hex[v >> 4];
+    s += hex[v & 15];
+  }
+  return s;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream is(s);
+  while (std::getline(is, cur, sep)) out.push_back(cur);
+  return out;
+}
+
+sockaddr_in parseAddr(const std::string& s) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  auto colon = s.rfind(':');
+  inet_pton(AF_INET, s.substr(0, colon).c_str(), &a.sin_addr);
+  a.sin_port = htons(static_cast<uint16_t>(std::stoi(s.substr(colon + 1))));
+  return a;
+}
+
+}  // namespace
+
+CommImpl::CommImpl(Store& store, CommOptions opts) : opts_(std::move(opts)), rank_(opts_.rank), size_(opts_.size) {
+  RAILCC_CHECK_ARG(size_ >= 1, "world size must be >= 1, got ", size_);
+  RAILCC_CHECK_ARG(rank_ >= 0 && rank_ < size_, "rank ", rank_, " is out of range for world size ", size_);
+  log::setThreadRank(rank_);
+  eventFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  bootstrap(store);
+  lastProgress_ = lastAliveCheck_ = Clock::now();
+  thread_ = std::thread([this] { progressLoop(); });
+}
+
+CommImpl::~CommImpl() {
+  shutdown();
+  if (eventFd_ >= 0) close(eventFd_);
+}
+
+void CommImpl::bootstrap(Store& store) {
+  const Config& cfg = opts_.config;
+  auto t0 = Clock::now();
+  Millis initTimeout(cfg.initTimeoutSec * 1000);
+  auto deadline = t0 + initTimeout;
+  auto left = [&] { return std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - Clock::now())); };
+  auto getFrom = [&](const std::string& key, int r, const char* what) {
+    try {
+      return store.get(key, left());
+    } catch (const Error& e) {
+      Error err(e.code() == ErrorCode::kTimeout ? ErrorCode::kTimeout : e.code(),
+                "railcc init of group '" + opts_.name + "': rank " + std::to_string(r) + " did not publish its " +
+                    what + " within RAILCC_INIT_TIMEOUT=" + std::to_string(cfg.initTimeoutSec) +
+                    " s; it never reached init_process_group or died during it (" + e.what() + ")");
+      err.ranks = {r};
+      throw err;
+    }
+  };
+
+  // The group secret: every data connection must present it before we read into a buffer.
+  std::string secret;
+  if (rank_ == 0) {
+    secret = randomHex(16);
+    store.set("secret", secret);
+  } else {
+    secret = getFrom("secret", 0, "group secret");
+  }
+
+  peers_.resize(static_cast<size_t>(size_));
+  std::string hostId = hostIdentity(cfg);
+  char hn[256] = {0};
+  gethostname(hn, sizeof(hn) - 1);
+  std::string addr = "-";
+  if (size_ > 1) {
+    sockaddr_in bindAddr{};
+    std::string ifname = transport::socket::pickInterface(cfg.socketIfname, bindAddr);
+    listener_ = std::make_unique<transport::socket::Listener>(bindAddr);
+    addr = transport::socket::formatAddr(listener_->addr());
+    RAILCC_INFO(INIT, "listening on ", ifname, " ", addr, " for peers on other hosts");
+  }
+  store.set("peer/" + std::to_string(rank_), hostId + "|" + hn + "|" + std::to_string(getpid()) + "|" + addr);
+  for (int r = 0; r < size_; ++r) {
+    std::string v = r == rank_ ? hostId + "|" + hn + "|" + std::to_string(getpid()) + "|" + addr
+                               : getFrom("peer/" + std::to_string(r), r, "address");
+    auto f = split(v, '|');
+    RAILCC_CHECK_EQ(f.size(), size_t(4));
+    PeerInfo& p = peers_[static_cast<size_t>(r)];
+    p.rank = r;
+    p.hostId = f[0];
+    p.hostname = f[1];
+    p.pid = std::stoi(f[2]);
+    p.addr = f[3];
+  }
+  for (int r = 0; r < size_; ++r)
+    if (peers_[static_cast<size_t>(r)].hostId == hostId && !cfg.shmDisable) localRanks_.push_back(r);
+  if (localRanks_.empty()) localRanks_.push_back(rank_);
+
+  chans_.resize(kLanes);
+  for (auto& lane : chans_) lane = std::vector<Channel>(static_cast<size_t>(size_));
+  auto localIndex = [&](int r) {
+    return static_cast<int>(std::find(localRanks_.begin(), localRanks_.end(), r) - localRanks_.begin());
+  };
+
+  // Same host: shared memory. Each rank creates one segment holding its incoming FIFOs and
+  // maps its neighbours'; names are unlinked as soon as everyone has mapped them.
+  if (localRanks_.size() > 1) {
+    size_t slot = static_cast<size_t>(std::max<int64_t>(cfg.buffSize, 4096));
+    shm_ = std::make_unique<transport::shm::Domain>(secret.substr(0, 12) + "-" + std::to_string(rank_),
+                                                    static_cast<int>(localRanks_.size()) * kLanes, slot);
+    store.set("shm/" + std::to_string(rank_), shm_->segmentName());
+    for (int r : localRanks_)
+      if (r != rank_) shm_->attach(localIndex(r), getFrom("shm/" + std::to_string(r), r, "shared-memory segment"));
+    store.set("shmok/" + std::to_string(rank_), "1");
+    for (int r : localRanks_)
+      if (r != rank_) getFrom("shmok/" + std::to_string(r), r, "shared-memory mapping");
+    shm_->unlinkOwn();
+    for (int r : localRanks_) {
+      if (r == rank_) continue;
+      for (int lane = 0; lane < kLanes; ++lane)
+        chans_[lane][static_cast<size_t>(r)].conn = shm_->connect(localIndex(rank_), localIndex(r), lane, kLanes);
+      peers_[static_cast<size_t>(r)].transport = "shm";
+    }
+    RAILCC_INFO(SHM, "shared memory: ", localRanks_.size(), " ranks on this host, FIFO of ", slot,
+                " bytes per peer, lane and direction");
+  }
+
+  // Other hosts: TCP. The lower rank connects; the higher accepts and checks the hello.
+  std::vector<int> remote;
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_ && !chans_[0][static_cast<size_t>(r)].conn) remote.push_back(r);
+  transport::socket::Hello hello{};
+  for (size_t i = 0; i < 16; ++i) hello.secret[i] = static_cast<uint8_t>(std::stoi(secret.substr(2 * i, 2), nullptr, 16));
+  for (int r : remote) {
+    if (r < rank_) continue;
+    for (int lane = 0; lane < kLanes; ++lane) {
+      transport::socket::Hello h = hello;
+      h.srcRank = rank_;
+      h.dstRank = r;
+      h.lane = lane;
+      int fd;
+      try {
+        fd = transport::socket::connectTo(parseAddr(peers_[static_cast<size_t>(r)].addr), h, deadline);
+      } catch (const Error& e) {
+        Error err(e.code(), "railcc init: connecting to rank " + std::to_string(r) + " (host " +
+                                peers_[static_cast<size_t>(r)].hostname + ") failed: " + e.what());
+        err.ranks = {r};
+        throw err;
+      }
+      chans_[lane][static_cast<size_t>(r)].conn =
+          transport::socket::makeConnection(fd, peers_[static_cast<size_t>(r)].addr, static_cast<size_t>(cfg.stagingSize));
+    }
+  }
+  size_t expect = 0;
+  for (int r : remote)
+    if (r < rank_) expect += kLanes;
+  while (expect > 0) {
+    sockaddr_in from{};
+    int fd = listener_->accept(&from);
+    if (fd < 0) {
+      if (Clock::now() > deadline) {
+        std::string missing;
+        for (int r : remote)
+          if (r < rank_ && !chans_[kLanes - 1][static_cast<size_t>(r)].conn) missing += " " + std::to_string(r);
+        Error err(ErrorCode::kTimeout, "railcc init: ranks" + missing + " never connected within RAILCC_INIT_TIMEOUT");
+        throw err;
+      }
+      pollfd pfd{listener_->fd(), POLLIN, 0};
+      poll(&pfd, 1, 100);
+      continue;
+    }
+    transport::socket::Hello h{};
+    bool ok = transport::socket::readHello(fd, h, Millis(2000)) && std::memcmp(h.secret, hello.secret, 16) == 0 &&
+              h.dstRank == rank_ && h.srcRank >= 0 && h.srcRank < rank_ && h.lane >= 0 && h.lane < kLanes &&
+              std::find(remote.begin(), remote.end(), h.srcRank) != remote.end() &&
+              !chans_[h.lane][static_cast<size_t>(h.srcRank)].conn;
+    if (!ok) {
+      RAILCC_WARN(NET, "dropped a connection from ", transport::socket::formatAddr(from),
+                  ": it did not present this group's handshake");
+      close(fd);
+      continue;
+    }
+    transport::socket::ackHello(fd);
+    chans_[h.lane][static_cast<size_t>(h.srcRank)].conn = transport::socket::makeConnection(
+        fd, peers_[static_cast<size_t>(h.srcRank)].addr, static_cast<size_t>(cfg.stagingSize));
+    --expect;
+  }
+  for (int r : remote) peers_[static_cast<size_t>(r)].transport = "socket " + peers_[static_cast<size_t>(r)].addr;
+  if (!remote.empty())
+    RAILCC_WARN(NET, "TCP sockets serve ", remote.size(), " peer(s) on other hosts (no RDMA transport in this build)");
+
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_)
+      RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", r, " (", peers_[static_cast<size_t>(r)].hostname, ") via ",
+                  peers_[static_cast<size_t>(r)].transport);
+  RAILCC_INFO(INIT, "group '", opts_.name, "' rank ", rank_, "/", size_, " ready in ",
+              std::chrono::duration_cast<Millis>(Clock::now() - t0).count(), " ms");
+}
+
+// ---------------------------------------------------------------------------------------
+// Queue and progress thread
+
+RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
+  op->req = std::make_shared<Request>();
+  if (op->timeout.count() <= 0) op->timeout = opts_.timeout;
+  RequestPtr req = op->req;
+  std::exception_ptr err;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    {
+      std::lock_guard<std::mutex> ge(errMu_);
+      err = broken_;
+    }
+    if (!err && closing_)
+      err = std::make_exception_ptr(Error(ErrorCode::kAborted, "the process group was shut down"));
+    if (!err) {
+      queue_.push_back(std::move(op));
+      queued_.fetch_add(1);
+    }
+  }
+  if (err) {
+    req->finish(err);
+    return req;
+  }
+  cv_.notify_one();
+  if (sleeping_.load()) {
+    if (shm_) shm_->ringSelf();
+    uint64_t one = 1;
+    if (write(eventFd_, &one, sizeof(one)) < 0) { /* wake-up is best effort */ }
+  }
+  return req;
+}
+
+std::unique_ptr<Op> CommImpl::collective(OpKind kind, DataType dt, ReduceOp rop, int root, size_t count, Millis timeout) {
+  auto op = std::make_unique<Op>();
+  op->kind = kind;
+  op->timeout = timeout;
+  op->fp.magic = kWireMagic;
+  op->fp.kind = static_cast<uint8_t>(kind);
+  op->fp.dtype = static_cast<uint8_t>(dt);
+  op->fp.redop = static_cast<uint8_t>(rop);
+  op->fp.root = root;
+  op->fp.count = count;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    op->fp.seq = ++collSeq_;
+  }
+  return op;
+}
+
+void CommImpl::drainQueue() {
+  if (queued_.load(std::memory_order_acquire) == 0) return;
+  std::deque<std::unique_ptr<Op>> got;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    got.swap(queue_);
+    queued_.store(0);
+  }
+  for (auto& op : got) {
+    if (op->p2p) startP2P(std::move(op));
+    else collQueue_.push_back(std::move(op));
+  }
+}
+
+void CommImpl::fail(std::exception_ptr err) {
+  {
+    std::lock_guard<std::mutex> g(errMu_);
+    if (!broken_) broken_ = err;
+  }
+  std::string msg;
+  try {
+    std::rethrow_exception(err);
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  RAILCC_WARN(WATCHDOG, "group '", opts_.name, "' failed: ", msg);
+}
+
+void CommImpl::progressLoop() {
+  log::setThreadRank(rank_);
+  while (true) {
+    drainQueue();
+    std::exception_ptr broken;
+    {
+      std::lock_guard<std::mutex> g(errMu_);
+      broken = broken_;
+    }
+    if (broken) {
+      for (auto& op : collQueue_) op->req->finish(broken);
+      collQueue_.clear();
+      for (auto& op : p2pActive_) op->req->finish(broken);
+      p2pActive_.clear();
+      for (auto& op : anyPending_) op->req->finish(broken);
+      anyPending_.clear();
+    }
+    if (!collQueue_.empty()) {
+      std::unique_ptr<Op> op = std::move(collQueue_.front());
+      collQueue_.pop_front();
+      current_ = op.get();
+      lastProgress_ = Clock::now();
+      std::exception_ptr err;
+      try {
+        if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
+        op->body();
+      } catch (const Error& e) {
+        err = std::current_exception();
+        fail(err);
+        clearChannels();
+      } catch (const std::exception& e) {
+        err = std::make_exception_ptr(Error(ErrorCode::kInternal, e.what()));
+        fail(err);
+        clearChannels();
+      }
+      current_ = nullptr;
+      op->req->finish(err);
+      continue;
+    }
+    if (!p2pActive_.empty() || !anyPending_.empty()) {
+      try {
+        if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
+        size_t moved = progressP2P();
+        finishP2P();
+        if (moved == 0 && (!p2pActive_.empty() || !anyPending_.empty())) {
+          std::vector<std::pair<int, int>> on;
+          for (int r = 0; r < size_; ++r) {
+            auto& ch = chans_[kP2PLane][static_cast<size_t>(r)];
+            if (!ch.sendq.empty() || !ch.recvq.empty() || (!anyPending_.empty() && ch.conn)) on.push_back({kP2PLane, r});
+          }
+          Millis to = !p2pActive_.empty() ? p2pActive_.front()->timeout : anyPending_.front()->timeout;
+          idle(on, to, "send/recv");
+        }
+      } catch (const Error&) {
+        fail(std::current_exception());
+        clearChannels();
+      }
+      continue;
+    }
+    if (stop_) break;
+    std::unique_lock<std::mutex> g(mu_);
+    cv_.wait_for(g, Millis(100), [&] { return !queue_.empty() || stop_.load(); });
+    g.unlock();
+    pollStray();
+  }
+}
+
+// Sends and receives: each is one transfer on the p2p lane, matched in posting order per peer.
+void CommImpl::startP2P(std::unique_ptr<Op> op) {
+  if (p2pActive_.empty() && anyPending_.empty()) lastProgress_ = Clock::now();
+  if (op->anySource) {
+    anyPending_.push_back(std::move(op));
+    return;
+  }
+  Channel& ch = chans_[kP2PLane][static_cast<size_t>(op->xfer.peer)];
+  (op->xfer.kind == Transfer::kSend ? ch.sendq : ch.recvq).push_back(&op->xfer);
+  p2pActive_.push_back(std::move(op));
+}
+
+size_t CommImpl::progressP2P() {
+  size_t moved = 0;
+  // A receive from any source takes the first peer whose next message is a matching send.
+  for (auto it = anyPending_.begin(); it != anyPending_.end();) {
+    Op& op = **it;
+    int got = -1;
+    for (int r = 0; r < size_ && got < 0; ++r) {
+      if (r == rank_) continue;
+      Channel& ch = chans_[kP2PLane][static_cast<size_t>(r)];
+      if (!ch.recvq.empty()) continue;
+      if (readHeader(ch, moved) && ch.inHdr.tag == op.xfer.hdr.tag) got = r;
+    }
+    if (got < 0) {
+      ++it;
+      continue;
+    }
+    op.xfer.peer = got;
+    op.req->setSourceRank(got);
+    chans_[kP2PLane][static_cast<size_t>(got)].recvq.push_back(&op.xfer);
+    p2pActive_.push_back(std::move(*it));
+    it = anyPending_.erase(it);
+  }
+  for (int r = 0; r < size_; ++r) {
+    Channel& ch = chans_[kP2PLane][static_cast<size_t>(r)];
+    if (!ch.sendq.empty() || !ch.recvq.empty()) moved += progressChannel(kP2PLane, r);
+  }
+  if (moved) lastProgress_ = Clock::now();
+  return moved;
+}
+
+void CommImpl::finishP2P() {
+  for (auto it = p2pActive_.begin(); it != p2pActive_.end();) {
+    if ((*it)->xfer.finished) {
+      (*it)->req->finish(nullptr);
+      it = p2pActive_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool CommImpl::readHeader(Channel& ch, size_t& moved) {
+  while (ch.inHdrGot < sizeof(WireHeader)) {
+    size_t k = ch.conn->recv(reinterpret_cast<char*>(&ch.inHdr) + ch.inHdrGot, sizeof(WireHeader) - ch.inHdrGot);
+    if (k == 0) return false;
+    ch.inHdrGot += k;
+    moved += k;
+  }
+  return true;
+}
+
+void CommImpl::checkHeader(const Transfer& t, const WireHeader& h, int peer) {
+  if (h.magic != kWireMagic)
+    RAILCC_THROW(kInternal, "corrupt message from ", peerName(peer), " (bad magic ", h.magic, ")");
+  const WireHeader& e = t.hdr;
+  bool same = h.kind == e.kind;
+  if (same && e.kind == static_cast<uint8_t>(OpKind::kP2P)) {
+    if (h.tag != e.tag || h.bytes != e.bytes) same = false;
+  } else if (same) {
+    same = h.seq == e.seq && h.dtype == e.dtype && h.redop == e.redop && h.root == e.root && h.count == e.count &&
+           h.bytes == e.bytes;
+  }
+  if (same) return;
+  Error err(ErrorCode::kMismatch,
+            "collective mismatch between this rank (" + std::to_string(rank_) + ") and " + peerName(peer) +
+                ":\n  rank " + std::to_string(rank_) + " called " + describeCall(e) + (e.kind == h.kind &&
+                e.kind != static_cast<uint8_t>(OpKind::kP2P) && h.seq == e.seq && h.bytes != e.bytes
+                ? " expecting " + std::to_string(e.bytes) + " bytes from it" : "") +
+                "\n  rank " + std::to_string(peer) + " called " + describeCall(h) +
+                (h.bytes != e.bytes ? " sending " + std::to_string(h.bytes) + " bytes" : ""));
+  err.ranks = {rank_, peer};
+  err.hosts = {peers_[static_cast<size_t>(rank_)].hostname, peers_[static_cast<size_t>(peer)].hostname};
+  err.seq = static_cast<long long>(e.seq);
+  err.op = opKindName(static_cast<OpKind>(e.kind));
+  throw err;
+}
+
+size_t CommImpl::progressSend(Channel& ch, Transfer& t) {
+  size_t moved = 0;
+  while (t.hdrDone < sizeof(WireHeader)) {
+    size_t k = ch.conn->send(reinterpret_cast<const char*>(&t.hdr) + t.hdrDone, sizeof(WireHeader) - t.hdrDone);
+    if (k == 0) return moved;
+    t.hdrDone += k;
+    moved += k;
+  }
+  while (t.done < t.bytes) {
+    size_t upto = t.limit ? std::min(t.bytes, *t.limit) : t.bytes;
+    if (t.done >= upto) return moved;
+    size_t k = ch.conn->send(t.src + t.done, upto - t.done);
+    if (k == 0) return moved;
+    t.done += k;
+    moved += k;
+  }
+  static const char zeros[8] = {0};
+  size_t pad = pad8(t.bytes) - t.bytes;
+  while (t.padDone < pad) {
+    size_t k = ch.conn->send(zeros, pad - t.padDone);
+    if (k == 0) return moved;
+    t.padDone += k;
+    moved += k;
+  }
+  t.finished = true;
+  return moved;
+}
+
+size_t CommImpl::progressRecv(Channel& ch, Transfer& t) {
+  size_t moved = 0;
+  if (t.kind == Transfer::kRecv) {
+    while (t.done < t.bytes) {
+      size_t k = ch.conn->recv(t.dst + t.done, t.bytes - t.done);
+      if (k == 0) return moved;
+      t.done += k;
+      moved += k;
+    }
+  } else {
+    size_t es = dtypeSize(t.dtype);
+    while (t.done < t.bytes) {
+      if (ch.carryGot > 0) {  // finish an element split across socket reads
+        size_t k = ch.conn->recv(ch.carry + ch.carryGot, es - ch.carryGot);
+        if (k == 0) return moved;
+        ch.carryGot += k;
+        moved += k;
+        if (ch.carryGot < es) return moved;
+        reduceInto(t.dst + t.done, ch.carry, 1, t.dtype, t.op, t.scale);
+        t.done += es;
+        ch.carryGot = 0;
+        continue;
+      }
+      auto [p, avail] = ch.conn->peek();
+      size_t want = std::min(avail, t.bytes - t.done);
+      size_t whole = want / es * es;
+      if (whole == 0) {
+        if (want == 0) return moved;
+        std::memcpy(ch.carry, p, want);
+        ch.carryGot = want;
+        ch.conn->consume(want);
+        moved += want;
+        continue;
+      }
+      reduceInto(t.dst + t.done, p, whole / es, t.dtype, t.op, t.scale);
+      ch.conn->consume(whole);
+      t.done += whole;
+      moved += whole;
+    }
+  }
+  size_t pad = pad8(t.bytes) - t.bytes;
+  char sink[8];
+  while (t.padDone < pad) {
+    size_t k = ch.conn->recv(sink, pad - t.padDone);
+    if (k == 0) return moved;
+    t.padDone += k;
+    moved += k;
+  }
+  t.finished = true;
+  return moved;
+}
+
+size_t CommImpl::progressChannel(int lane, int peer) {
+  Channel& ch = chans_[lane][static_cast<size_t>(peer)];
+  size_t moved = 0;
+  while (!ch.sendq.empty()) {
+    Transfer& t = *ch.sendq.front();
+    moved += progressSend(ch, t);
+    if (!t.finished) break;
+    ch.sendq.pop_front();
+  }
+  while (!ch.recvq.empty()) {
+    Transfer& t = *ch.recvq.front();
+    if (!t.matched) {
+      if (!readHeader(ch, moved)) break;
+      checkHeader(t, ch.inHdr, peer);
+      t.matched = true;
+    }
+    moved += progressRecv(ch, t);
+    if (!t.finished) break;
+    ch.recvq.pop_front();
+    ch.inHdrGot = 0;
+  }
+  return moved;
+}
+
+// Runs the transfers of one collective step to completion, keeping the p2p lane moving.
+void CommImpl::exchange(std::vector<Transfer>& xs) {
+  std::vector<std::pair<int, int>> chans;
+  for (auto& t : xs) {
+    t.lane = kCollLane;
+    if (t.peer == rank_) RAILCC_THROW(kInternal, "transfer to self");
+    Channel& ch = chans_[kCollLane][static_cast<size_t>(t.peer)];
+    (t.kind == Transfer::kSend ? ch.sendq : ch.recvq).push_back(&t);
+    if (std::find(chans.begin(), chans.end(), std::make_pair(kCollLane, t.peer)) == chans.end())
+      chans.push_back({kCollLane, t.peer});
+  }
+  while (true) {
+    size_t moved = 0;
+    bool all = true;
+    for (auto& [lane, peer] : chans) moved += progressChannel(lane, peer);
+    for (auto& t : xs) all = all && t.finished;
+    if (!p2pActive_.empty() || !anyPending_.empty() || queued_.load(std::memory_order_relaxed)) {
+      drainQueue();
+      moved += progressP2P();
+      finishP2P();
+    }
+    if (all) return;
+    if (moved) {
+      lastProgress_ = Clock::now();
+      continue;
+    }
+    if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
+    std::vector<std::pair<int, int>> on;
+    for (auto& t : xs)
+      if (!t.finished) on.push_back({kCollLane, t.peer});
+    idle(on, current_->timeout, opKindName(current_->kind));
+  }
+}
+
+void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeout, const char* what) {
+  auto now = Clock::now();
+  if (stop_ && now - lastProgress_ > Millis(1000))
+    RAILCC_THROW(kAborted, what, " was still pending when the process group was shut down");
+  if (now - lastProgress_ > timeout) {
+    std::vector<Transfer*> pending;
+    for (auto& [lane, peer] : waitOn) {
+      Channel& ch = chans_[lane][static_cast<size_t>(peer)];
+      if (!ch.sendq.empty()) pending.push_back(ch.sendq.front());
+      if (!ch.recvq.empty()) pending.push_back(ch.recvq.front());
+    }
+    failStalled(pending, timeout);
+  }
+  // Dead peers on shared memory cannot close anything: look for them a few times a second.
+  if (now - lastAliveCheck_ > Millis(200)) {
+    lastAliveCheck_ = now;
+    for (auto& [lane, peer] : waitOn) {
+      try {
+        chans_[lane][static_cast<size_t>(peer)].conn->checkAlive();
+      } catch (const Error& e) {
+        Error err(ErrorCode::kPeerFailure, std::string(what) + ": peer " + peerName(peer) + " failed: " + e.what());
+        err.ranks = {peer};
+        err.hosts = {peers_[static_cast<size_t>(peer)].hostname};
+        throw err;
+      }
+    }
+    pollStray();
+  }
+  // Spin briefly (a peer is usually microseconds away), then sleep so that ranks sharing a
+  // core do not starve the one that has work.
+  auto spinUntil = now + std::chrono::microseconds(opts_.config.spinUs);
+  auto anyReady = [&] {
+    for (auto& [lane, peer] : waitOn) {
+      Channel& ch = chans_[lane][static_cast<size_t>(peer)];
+      if (ch.conn->pollFd() >= 0) continue;
+      if (!ch.recvq.empty() && ch.conn->peek().second > 0) return true;
+    }
+    return queued_.load() > 0;
+  };
+  while (Clock::now() < spinUntil) {
+    if (anyReady()) return;
+    __builtin_ia32_pause();
+  }
+  std::vector<pollfd> fds;
+  bool hasShm = false;
+  for (auto& [lane, peer] : waitOn) {
+    Channel& ch = chans_[lane][static_cast<size_t>(peer)];
+    int fd = ch.conn->pollFd();
+    if (fd < 0) {
+      hasShm = true;
+      continue;
+    }
+    short ev = 0;
+    if (!ch.sendq.empty()) ev |= POLLOUT;
+    if (!ch.recvq.empty() || lane == kP2PLane) ev |= POLLIN;
+    fds.push_back({fd, ev, 0});
+  }
+  sleeping_.store(true);
+  if (!fds.empty()) {
+    fds.push_back({eventFd_, POLLIN, 0});
+    if (queued_.load() == 0) poll(fds.data(), fds.size(), hasShm ? 1 : 100);
+    uint64_t v;
+    if (read(eventFd_, &v, sizeof(v)) < 0) { /* nothing pending */ }
+  } else if (shm_) {
+    // The timeout only bounds how late abort, liveness and timeout checks can run.
+    shm_->sleep(100000, [&] { return anyReady(); });
+  }
+  sleeping_.store(false);
+}
+
+void CommImpl::failStalled(const std::vector<Transfer*>& pending, Millis timeout) {
+  std::ostringstream os;
+  os << (current_ ? opKindName(current_->kind) : "send/recv");
+  if (current_) os << " (seq " << current_->fp.seq << ")";
+  os << " made no progress for " << timeout.count() << " ms; waiting on:";
+  std::vector<int> ranks;
+  std::vector<std::string> hosts;
+  for (Transfer* t : pending) {
+    os << "\n  " << (t->kind == Transfer::kSend ? "sending to " : "receiving from ") << peerName(t->peer) << ", "
+       << (t->kind == Transfer::kSend ? t->done : t->done) << " of " << t->bytes << " bytes moved";
+    ranks.push_back(t->peer);
+    hosts.push_back(peers_[static_cast<size_t>(t->peer)].hostname);
+  }
+  Error err(ErrorCode::kTimeout, os.str());
+  err.ranks = ranks;
+  err.hosts = hosts;
+  if (current_) {
+    err.seq = static_cast<long long>(current_->fp.seq);
+    err.op = opKindName(current_->kind);
+  }
+  throw err;
+}
+
+void CommImpl::pollStray() {
+  if (!listener_) return;
+  sockaddr_in from{};
+  int fd;
+  while ((fd = listener_->accept(&from)) >= 0) {
+    RAILCC_WARN(NET, "dropped a connection from ", transport::socket::formatAddr(from),
+                " to the railcc port after set-up: no connections are expected now");
+    close(fd);
+  }
+}
+
+void CommImpl::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!aborted_) abortWhy_ = why;
+    aborted_ = true;
+  }
+  fail(std::make_exception_ptr(Error(ErrorCode::kAborted, why)));
+  cv_.notify_all();
+  if (shm_) shm_->ringSelf();
+  uint64_t one = 1;
+  if (write(eventFd_, &one, sizeof(one)) < 0) { /* best effort */ }
+}
+
+void CommImpl::shutdown() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (closing_ && !thread_.joinable()) return;
+    closing_ = true;
+  }
+  if (thread_.joinable()) {
+    // The progress thread finishes what is queued and then exits; ops that stop moving for a
+    // second after this point are failed with kAborted, so shutdown never hangs.
+    stop_ = true;
+    cv_.notify_all();
+    thread_.join();
+  }
+  chans_.clear();
+  shm_.reset();
+  listener_.reset();
+}
+
+// ---------------------------------------------------------------------------------------
+// Algorithms. Direct, pairwise schedules: at step s rank r sends to r+s and receives from
+// r-s, so every step pairs distinct peers and the order of every reduction is fixed.
+
+namespace {
+struct Blocks {
+  size_t base, rem, es;
+  Blocks(size_t count, int n, size_t esize) : base(count / static_cast<size_t>(n)), rem(count % static_cast<size_t>(n)), es(esize) {}
+  size_t count(int i) const { return base + (static_cast<size_t>(i) < rem ? 1 : 0); }
+  size_t offset(int i) const { return (base * static_cast<size_t>(i) + std::min(static_cast<size_t>(i), rem)) * es; }
+};
+}  // namespace
+
+void CommImpl::runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
+  int n = size_, r = rank_;
+  size_t es = dtypeSize(dt);
+  Blocks b(count, n, es);
+  char* mine = buf + b.offset(r);
+  if (op == ReduceOp::kPremulSum) scaleCopy(mine, mine, b.count(r), dt, scale);
+  for (int s = 1; s < n; ++s) {
+    int to = (r + s) % n, from = (r - s + n) % n;
+    std::vector<Transfer> xs{sendTo(to, buf + b.offset(to), b.count(to) * es),
+                             recvReduce(from, mine, b.count(r), dt, op, scale)};
+    exchange(xs);
+  }
+  if (op == ReduceOp::kAvg) divideBy(mine, b.count(r), dt, n);
+  for (int s = 1; s < n; ++s) {
+    int to = (r + s) % n, from = (r - s + n) % n;
+    std::vector<Transfer> xs{sendTo(to, mine, b.count(r) * es), recvFrom(from, buf + b.offset(from), b.count(from) * es)};
+    exchange(xs);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Communicator: validation on the caller's thread, then the op's body for the progress thread.
+
+Communicator::Communicator(Store& store, CommOptions opts) : impl_(std::make_unique<CommImpl>(store, std::move(opts))) {}
+Communicator::~Communicator() = default;
+int Communicator::rank() const { return impl_->rank_; }
+int Communicator::size() const { return impl_->size_; }
+const std::vector<PeerInfo>& Communicator::peers() const { return impl_->peers_; }
+const Config& Communicator::config() const { return impl_->opts_.config; }
+void Communicator::abort(const std::string& why) { impl_->abort(why); }
+void Communicator::shutdown() { impl_->shutdown(); }
+std::exception_ptr Communicator::brokenError() const {
+  std::lock_guard<std::mutex> g(impl_->errMu_);
+  return impl_->broken_;
+}
+uint64_t Communicator::collectiveCount() const {
+  std::lock_guard<std::mutex> g(impl_->mu_);
+  return impl_->collSeq_;
+}
+
+namespace {
+void checkRoot(int root, int size, const char* what) {
+  RAILCC_CHECK_ARG(root >= 0 && root < size, what, ": root rank ", root, " is out of range for a group of size ", size);
+}
+}  // namespace
+
+RequestPtr Communicator::allreduce(void* buf, size_t count, DataType dt, ReduceOp op, double scale, Millis timeout) {
+  checkReduceSupported(op, dt);
+  CommImpl* c = impl_.get();
+  auto o = c->collective(OpKind::kAllreduce, dt, op, 0, count, timeout);
+  o->body = [c, buf, count, dt, op, scale] {
+    c->runAllreduce(static_cast<char*>(buf), count, dt, op, scale);
+  };
+  return c->enqueue(std::move(o));
+}
+
+RequestPtr Communicator::allreduceCoalesced(std::vector<void*> bufs, std::vector<size_t> counts, DataType dt,
+                                            ReduceOp op, double scale, Millis timeout) {
+  checkReduceSupported(op, dt);
+  RAILCC_CHECK_ARG(bufs.size() == counts.size(), "allreduce_coalesced: ", bufs.size(), " buffers but ", counts.size(), " counts");
+  CommImpl* c = impl_.get();
+  size_t total = 0;
+  for (size_t n : counts) total += n;
+  auto o = c->collective(OpKind::kAllreduceCoalesced, dt, op, 0, total, timeout);
+  o->body = [c, bufs, counts, dt, op, scale] {
+    size_t es = dtypeSize(dt);
+    size_t cap = static_cast<size_t>(std::max<int64_t>(c->opts_.config.bucketSize, 1)) / es * es;
+    size_t i = 0;
+    while (i < bufs.size()) {
+      // A tensor that fills a bucket alone is reduced in place; smaller ones are packed.
+      if (counts[i] * es >= cap || cap == 0) {
+        c->runAllreduce(static_cast<char*>(bufs[i]), counts[i], dt, op, scale);
+        ++i;
+        continue;
+      }
+      if (c->bucket_.size() < cap) c->bucket_.resize(cap);
+      size_t j = i, used = 0;
+      while (j < bufs.size() && used + counts[j] * es <= cap) {
+        std::memcpy(c->bucket_.data() + used, bufs[j], counts[j] * es);
+        used += counts[j] * es;
+        ++j;
+      }
+      c->runAllreduce(c->bucket_.data(), used / es, dt, op, scale);
+      used = 0;
+      for (size_t k = i; k < j; ++k) {
+        std::memcpy(bufs[k], c->bucket_.data() + used, counts[k] * es);
+        used += counts[k] * es;
+      }
+      i = j;
+    }
+  };
+  return c->enqueue(std::move(o));
+}
+
+RequestPtr Communicator::broadcast(void* buf, size_t count, DataType dt, int root, Millis timeout) {
+  CommImpl* c = impl_.get();
+  checkRoot(root, c->size_, "broadcast");
+  auto o = c->collective(OpKind::kBroadcast, dt, ReduceOp::kSum, root, count, timeout);
+  o->body = [c, buf, count, dt, root] {
+    int n = c->size_, r = c->rank_;
+    if (n == 1) return;
+    size_t bytes = count * dtypeSize(dt);
+    int pos = (r - root + n) % n;
+    // A pipelined chain: each rank forwards bytes as soon as they arrive.
+    std::vector<Transfer> xs;
+    xs.reserve(2);
+    if (pos > 0) xs.push_back(c->recvFrom((r - 1 + n) % n, buf, bytes));
+    if (pos < n - 1) {
+      xs.push_back(c->sendTo((r + 1) % n, buf, bytes));
+      if (pos > 0) xs.back().limit = &xs.front().done;
+    }
+    c->exchange(xs);
+  };
+  return c->enqueue(std::move(o));
+}
+
+RequestPtr Communicator::reduce(void* buf, size_t count, DataType dt, ReduceOp op, int root, double scale, Millis timeout) {
+  checkReduceSupported(op, dt);
+  CommImpl* c = impl_.get();
+  checkRoot(root, c->size_, "reduce");
+  auto o = c->collective(OpKind::kReduce, dt, op, root, count, timeout);
+  o->body = [c, buf, count, dt, op, root, scale] {
+    int n = c->size_, r = c->rank_;
+    size_t bytes = count * dtypeSize(dt);
+    if (r != root) {
+      std::vector<Transfer> xs{c->sendTo(root, buf, bytes)};
+      c->exchange(xs);
+      return;
+    }
+    if (op == ReduceOp::kPremulSum) scaleCopy(buf, buf, count, dt, scale);
+    for (int s = 1; s < n; ++s) {
+      std::vector<Transfer> xs{c->recvReduce((root + s) % n, buf, count, dt, op, scale)};
+      c->exchange(xs);
+    }
+    if (op == ReduceOp::kAvg) divideBy(buf, count, dt, n);
+  };
+  return c->enqueue(std::move(o));
+}
+
+RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, std::vector<void*> outs, Millis timeout) {
+  CommImpl* c = impl_.get();
+  RAILCC_CHECK_ARG(static_cast<int>(outs.size()) == c->size_, "allgather: ", outs.size(),
+                   " output buffers for a group of size ", c->size_);
+  auto o = c->collective(OpKind::kAllgather, dt, ReduceOp::kSum, 0, count, timeout);
+  o->body = [c, in, count, dt, outs] {
+    int n = c->size_, r = c->rank_;
+    size_t bytes = count * dtypeSize(dt);
+    if (outs[static_cast<size_t>(r)] != in) std::memmove(outs[static_cast<size_t>(r)], in, bytes);
+    for (int s = 1; s < n; ++s) {
+      int to = (r + s) % n, from = (r - s + n) % n;
+      std::vector<Transfer> xs{c->sendTo(to, in, bytes), c->recvFrom(from, outs[static_cast<size_t>(from)], bytes)};
+      c->exchange(xs);
+    }
+  };
+  return c->enqueue(std::move(o));
+}
+
+RequestPtr Communicator::reduceScatter(std::vector<const void*> ins, void* out, size_t count, DataType dt, ReduceOp op,
+                                       double scale, Millis timeout) {
+  checkReduceSupported(op, dt);
+  CommImpl* c = impl_.get();
+  RAILCC_CHECK_ARG(static_cast<int>(ins.size()) == c->size_, "reduce_scatter: ", ins.size(),
+                   " input buffers for a group of size ", c->size_);
+  auto o = c->collective(OpKind::kReduceScatter, dt, op, 0, count, timeout);
+  o->body = [c, ins, out, count, dt, op, scale] {
+    int n = c->size_, r = c->rank_;
+    size_t bytes = count * dtypeSize(dt);
+    const void* mine = ins[static_cast<size_t>(r)];
+    if (op == ReduceOp::kPremulSum) scaleCopy(out, mine, count, dt, scale);
+    else if (out != mine) std::memmove(out, mine, bytes);
+    for (int s = 1; s < n; ++s) {
+      int to = (r + s) % n, from = (r - s + n) % n;
+      std::vector<Transfer> xs{c->sendTo(to, ins[static_cast<size_t>(to)], bytes),
+                               c->recvReduce(from, out, count, dt, op, scale)};
+      c->exchange(xs);
+    }
+    if (op == ReduceOp::kAvg) divideBy(out, count, dt, n);
+  };
+  return c->enqueue(std::move(o));
+}
+
+RequestPtr Communicator::alltoall(std::vector<const void*> ins, std::vector<size_t> inCounts, std::vector<void*> outs,
+                                  std::vector<size_t> outCounts, DataType dt, Millis timeout) {
+  CommImpl* c = impl_.get();
+  size_t n = static_cast<size_t>(c->size_);
+  RAILCC_CHECK_ARG(ins.size() == n && inCounts.size() == n, "alltoall: need ", n, " input splits, got ", inCounts.size());
+  RAILCC_CHECK_ARG(outs.size() == n && outCounts.size() == n, "alltoall: need ", n, " output splits, got ", outCounts.size());
+  size_t r = static_cast<size_t>(c->rank_);
+  RAILCC_CHECK_ARG(inCounts[r] == outCounts[r], "alltoall: this rank sends itself ", inCounts[r],
+                   " elements (input split) but expects ", outCounts[r], " (output split)");
+  // Splits may differ per rank, so the fingerprint leaves count out; sizes are checked per message.
+  auto o = c->collective(OpKind::kAlltoall, dt, ReduceOp::kSum, 0, 0, timeout);
+  o->body = [c, ins, inCounts, outs, outCounts, dt] {
+    int n = c->size_, r = c->rank_;
+    size_t es = dtypeSize(dt);
+    size_t me = static_cast<size_t>(r);
+    if (outs[me] != ins[me]) std::memmove(outs[me], ins[me], inCounts[me] * es);
+    for (int s = 1; s < n; ++s) {
+      size_t to = static_cast<size_t>((r + s) % n), from = static_cast<size_t>((r - s + n) % n);
+      std::vector<Transfer> xs{c->sendTo(static_cast<int>(to), ins[to], inCounts[to] * es),
+                               c->recvFrom(static_cast<int>(from), outs[from], outCounts[from] * es)};
+      c->exchange(xs);
+    }
+  };
+  return c->enqueue(std::move(o));
+}
+
+RequestPtr Communicator::gather(const void* in, size_t count, DataType dt, std::vector<void*> outs, int root, Millis timeout) {
+  CommImpl* c = impl_.get();
+  checkRoot(root, c->size_, "gather");
+  if (c->rank_ == root)
+    RAILCC_CHECK_ARG(static_cast<int>(outs.size()) == c->size_, "gather: root needs ", c->size_, " output buffers, got ", outs.size());
+  auto o = c->collective(OpKind::kGather, dt, ReduceOp::kSum, root, count, timeout);
+  o->body = [c, in, count, dt, outs, root] {
+    int n = c->size_, r = c->rank_;
+    size_t bytes = count * dtypeSize(dt);
+    std::vector<Transfer> xs;
+    if (r != root) {
+      xs.push_back(c->sendTo(root, in, bytes));
+    } else {
+      if (outs[static_cast<size_t>(r)] != in) std::memmove(outs[static_cast<size_t>(r)], in, bytes);
+      xs.reserve(static_cast<size_t>(n));
+      for (int p = 0; p < n; ++p)
+        if (p != r) xs.push_back(c->recvFrom(p, outs[static_cast<size_t>(p)], bytes));
+    }
+    c->exchange(xs);
+  };
+  return c->enqueue(std::move(o));
+}
+
+RequestPtr Communicator::scatter(std::vector<const void*> ins, void* out, size_t count, DataType dt, int root, Millis timeout) {
+  CommImpl* c = impl_.get();
+  checkRoot(root, c->size_, "scatter");
+  if (c->rank_ == root)
+    RAILCC_CHECK_ARG(static_cast<int>(ins.size()) == c->size_, "scatter: root needs ", c->size_, " input buffers, got ", ins.size());
+  auto o = c->collective(OpKind::kScatter, dt, ReduceOp::kSum, root, count, timeout);
+  o->body = [c, ins, out, count, dt, root] {
+    int n = c->size_, r = c->rank_;
+    size_t bytes = count * dtypeSize(dt);
+    std::vector<Transfer> xs;
+    if (r != root) {
+      xs.push_back(c->recvFrom(root, out, bytes));
+    } else {
+      if (ins[static_cast<size_t>(r)] != out) std::memmove(out, ins[static_cast<size_t>(r)], bytes);
+      xs.reserve(static_cast<size_t>(n));
+      for (int p = 0; p < n; ++p)
+        if (p != r) xs.push_back(c->sendTo(p, ins[static_cast<size_t>(p)], bytes));
+    }
+    c->exchange(xs);
+  };
+  return c->enqueue(std::move(o));
+}
+
+RequestPtr Communicator::barrier(Millis timeout) {
+  CommImpl* c = impl_.get();
+  auto o = c->collective(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, 0, timeout);
+  o->body = [c] {
+    int n = c->size_, r = c->rank_;
+    // Dissemination: after round k every rank has heard, transitively, from 2^(k+1) ranks.
+    for (int k = 1; k < n; k *= 2) {
+      std::vector<Transfer> xs{c->sendTo((r + k) % n, nullptr, 0), c->recvFrom((r - k + n) % n, nullptr, 0)};
+      c->exchange(xs);
+    }
+  };
+  return c->enqueue(std::move(o));
+}
+
+RequestPtr Communicator::send(const void* buf, size_t bytes, int peer, int tag, Millis timeout) {
+  CommImpl* c = impl_.get();
+  RAILCC_CHECK_ARG(peer >= 0 && peer < c->size_, "send: destination rank ", peer, " is out of range for a group of size ", c->size_);
+  RAILCC_CHECK_ARG(peer != c->rank_, "send: destination rank ", peer, " is this rank; sending to oneself is not supported");
+  auto o = std::make_unique<Op>();
+  o->kind = OpKind::kP2P;
+  o->p2p = true;
+  o->timeout = timeout;
+  o->xfer.kind = Transfer::kSend;
+  o->xfer.lane = kP2PLane;
+  o->xfer.peer = peer;
+  o->xfer.src = static_cast<const char*>(buf);
+  o->xfer.bytes = bytes;
+  o->xfer.hdr.magic = kWireMagic;
+  o->xfer.hdr.kind = static_cast<uint8_t>(OpKind::kP2P);
+  o->xfer.hdr.tag = tag;
+  o->xfer.hdr.bytes = bytes;
+  return c->enqueue(std::move(o));
+}
+
+RequestPtr Communicator::recv(void* buf, size_t bytes, int peer, int tag, Millis timeout) {
+  CommImpl* c = impl_.get();
+  RAILCC_CHECK_ARG(peer == -1 || (peer >= 0 && peer < c->size_), "recv: source rank ", peer,
+                   " is out of range for a group of size ", c->size_);
+  RAILCC_CHECK_ARG(peer != c->rank_, "recv: source rank ", peer, " is this rank; receiving from oneself is not supported");
+  auto o = std::make_unique<Op>();
+  o->kind = OpKind::kP2P;
+  o->p2p = true;
+  o->anySource = peer == -1;
+  o->timeout = timeout;
+  o->xfer.kind = Transfer::kRecv;
+  o->xfer.lane = kP2PLane;
+  o->xfer.peer = peer;
+  o->xfer.dst = static_cast<char*>(buf);
+  o->xfer.bytes = bytes;
+  o->xfer.hdr.magic = kWireMagic;
+  o->xfer.hdr.kind = static_cast<uint8_t>(OpKind::kP2P);
+  o->xfer.hdr.tag = tag;
+  o->xfer.hdr.bytes = bytes;
+  auto req = c->enqueue(std::move(o));
+  if (peer >= 0) req->setSourceRank(peer);
+  return req;
+}
+
+}  // namespace railcc::engine

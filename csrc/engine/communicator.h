@@ -1,0 +1,139 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/store.h"
+#include "engine/types.h"
+
+namespace railcc::engine {
+
+/// Completion handle of one queued op. Thread-safe.
+class Request {
+ public:
+  bool completed() const;
+  /// Blocks until the op finishes or `timeout` passes (negative: no limit). Returns false
+  /// on timeout; never throws the op's error (see error()).
+  bool wait(std::chrono::milliseconds timeout);
+  std::exception_ptr error() const;
+  /// For a receive from any source: the rank the message came from.
+  int sourceRank() const { return source_.load(); }
+  /// Runs `cb` once when the op finishes: on the progress thread, or at once if it already has.
+  void onComplete(std::function<void()> cb);
+
+  // Engine side.
+  void finish(std::exception_ptr err);
+  void setSourceRank(int r) { source_.store(r); }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  std::vector<std::function<void()>> callbacks_;
+  std::atomic<int> source_{-1};
+};
+
+using RequestPtr = std::shared_ptr<Request>;
+using Millis = std::chrono::milliseconds;
+
+struct CommOptions {
+  int rank = 0;
+  int size = 1;
+  std::string name;          // group name, for logs
+  Millis timeout{Millis(30 * 60 * 1000)};  // per-op timeout (no progress for this long fails the op)
+  Config config = Config::defaults();
+};
+
+/// What one peer told us about itself at bootstrap.
+struct PeerInfo {
+  int rank = -1;
+  std::string hostId;     // decides shared memory
+  std::string hostname;   // for people
+  int pid = 0;
+  std::string addr;       // TCP listen address "ip:port"
+  std::string transport;  // "shm" or "socket ip:port", filled after connecting
+};
+
+class CommImpl;
+
+/// A group of ranks that run collectives together. Construction bootstraps through the
+/// store and connects every pair (blocking, bounded by RAILCC_INIT_TIMEOUT). Each op is
+/// validated on the calling thread (bad arguments throw Error(kInvalidUsage) and leave the
+/// communicator usable), then queued to the progress thread and returned as a Request.
+/// Collectives run one at a time in call order; sends and receives run beside them on their
+/// own lane, so a posted receive never blocks a later collective.
+///
+/// All pointers are host memory; counts are elements of `dtype`. The caller keeps buffers
+/// alive until the Request completes.
+class Communicator {
+ public:
+  Communicator(Store& store, CommOptions opts);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int size() const;
+  const std::vector<PeerInfo>& peers() const;
+  const Config& config() const;
+
+  // `scale` is PREMUL_SUM's factor; `timeout` of 0 means the communicator's.
+  RequestPtr allreduce(void* buf, size_t count, DataType dt, ReduceOp op, double scale = 1.0, Millis timeout = Millis(0));
+  /// Fuses the buffers into buckets of RAILCC_BUCKET_SIZE and runs one all-reduce per bucket.
+  RequestPtr allreduceCoalesced(std::vector<void*> bufs, std::vector<size_t> counts, DataType dt, ReduceOp op,
+                                double scale = 1.0, Millis timeout = Millis(0));
+  RequestPtr broadcast(void* buf, size_t count, DataType dt, int root, Millis timeout = Millis(0));
+  /// Result lands in root's `buf`; other ranks' buffers are left as they were.
+  RequestPtr reduce(void* buf, size_t count, DataType dt, ReduceOp op, int root, double scale = 1.0,
+                    Millis timeout = Millis(0));
+  /// outs[r] (count elements each) receives rank r's `in`. outs[rank()] may equal `in`.
+  RequestPtr allgather(const void* in, size_t count, DataType dt, std::vector<void*> outs, Millis timeout = Millis(0));
+  /// ins[r] (count elements each) is this rank's contribution to rank r's `out`.
+  RequestPtr reduceScatter(std::vector<const void*> ins, void* out, size_t count, DataType dt, ReduceOp op,
+                           double scale = 1.0, Millis timeout = Millis(0));
+  /// ins[r] (inCounts[r] elements) goes to rank r; outs[r] (outCounts[r]) comes from rank r.
+  RequestPtr alltoall(std::vector<const void*> ins, std::vector<size_t> inCounts, std::vector<void*> outs,
+                      std::vector<size_t> outCounts, DataType dt, Millis timeout = Millis(0));
+  /// On root, outs[r] receives rank r's `in`; elsewhere `outs` is ignored.
+  RequestPtr gather(const void* in, size_t count, DataType dt, std::vector<void*> outs, int root,
+                    Millis timeout = Millis(0));
+  /// On root, ins[r] goes to rank r's `out`; elsewhere `ins` is ignored.
+  RequestPtr scatter(std::vector<const void*> ins, void* out, size_t count, DataType dt, int root,
+                     Millis timeout = Millis(0));
+  RequestPtr barrier(Millis timeout = Millis(0));
+  RequestPtr send(const void* buf, size_t bytes, int peer, int tag, Millis timeout = Millis(0));
+  /// peer == -1 receives from any source; Request::sourceRank() then tells which.
+  RequestPtr recv(void* buf, size_t bytes, int peer, int tag, Millis timeout = Millis(0));
+
+  /// Number of collectives queued so far.
+  uint64_t collectiveCount() const;
+
+  /// Fails every pending and future op with kAborted and wakes all waiters. Thread-safe,
+  /// never blocks for long.
+  void abort(const std::string& why = "abort() was called");
+  /// Waits for queued ops (unless the communicator has failed), then stops the progress
+  /// thread and frees every connection and segment. Idempotent.
+  void shutdown();
+  /// The error that broke the communicator, if any.
+  std::exception_ptr brokenError() const;
+
+ private:
+  std::unique_ptr<CommImpl> impl_;
+};
+
+/// "bootid:netns" unless RAILCC_HOST_ID overrides it: equal on ranks that can share memory.
+std::string hostIdentity(const Config& cfg);
+
+}  // namespace railcc::engine

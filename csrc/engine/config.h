@@ -1,0 +1,62 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace railcc::engine {
+
+// The single table of railcc's parameters. Each row gives the member name, its type, the
+// environment variable, an NCCL_* fallback that means the same thing (or ""), the default,
+// and a description. The Config struct, the env listing (`python -m railcc env`) and the
+// README table are all generated from these rows, so a parameter is added in one place.
+#define RAILCC_PARAMS(X)                                                                      \
+  X(debug, std::string, "RAILCC_DEBUG", "NCCL_DEBUG", "WARN",                                 \
+    "Log level: WARN, INFO or TRACE (VERSION is read as INFO).")                              \
+  X(debugSubsys, std::string, "RAILCC_DEBUG_SUBSYS", "NCCL_DEBUG_SUBSYS", "ALL",              \
+    "Comma list of subsystems to log: INIT,NET,SHM,COLL,P2P,WATCHDOG,ENV (^ inverts).")       \
+  X(debugFile, std::string, "RAILCC_DEBUG_FILE", "NCCL_DEBUG_FILE", "",                       \
+    "Write the log to this file instead of stderr; %h is replaced by the host, %p by the pid.") \
+  X(buffSize, int64_t, "RAILCC_BUFFSIZE", "NCCL_BUFFSIZE", "4194304",                         \
+    "Bytes of each shared-memory FIFO (one per peer and direction). Bounds shm memory.")      \
+  X(stagingSize, int64_t, "RAILCC_STAGING_SIZE", "", "1048576",                               \
+    "Bytes of the staging buffer a receive-and-reduce from a socket goes through.")           \
+  X(bucketSize, int64_t, "RAILCC_BUCKET_SIZE", "", "8388608",                                 \
+    "Bytes of the fusion bucket for coalesced all-reduce; small tensors are packed into it.") \
+  X(socketIfname, std::string, "RAILCC_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "",              \
+    "Interfaces for TCP: prefixes, comma separated; ^ excludes, = matches exactly. "          \
+    "Default: the first up interface that is not loopback or docker.")                        \
+  X(shmDisable, bool, "RAILCC_SHM_DISABLE", "NCCL_SHM_DISABLE", "0",                          \
+    "1 sends same-host traffic over TCP instead of shared memory.")                          \
+  X(hostId, std::string, "RAILCC_HOST_ID", "", "",                                            \
+    "Overrides the host identity (boot id + network namespace) that decides which peers "     \
+    "share memory.")                                                                          \
+  X(initTimeoutSec, int64_t, "RAILCC_INIT_TIMEOUT", "", "300",                                \
+    "Seconds that communicator set-up may take before it fails naming the missing ranks.")    \
+  X(spinUs, int64_t, "RAILCC_SPIN_US", "", "50",                                              \
+    "Microseconds the progress thread polls before it sleeps on a futex or poll().")
+
+/// Values of every parameter, read once when a communicator is made. Components receive a
+/// Config; nothing below the glue calls getenv.
+struct Config {
+#define RAILCC_CONFIG_MEMBER(name, T, env, fallback, def, desc) T name{};
+  RAILCC_PARAMS(RAILCC_CONFIG_MEMBER)
+#undef RAILCC_CONFIG_MEMBER
+
+  /// Defaults only, no environment.
+  static Config defaults();
+  /// Reads RAILCC_* then NCCL_* fallbacks; a malformed value logs a warning naming the
+  /// variable and keeps the default.
+  static Config fromEnv();
+};
+
+struct ParamInfo {
+  std::string name, env, fallback, type, defaultValue, description;
+  std::string value;   // effective value
+  std::string source;  // which variable set it, or "default"
+};
+
+/// One row per parameter with its effective value: for `python -m railcc env` and README.
+std::vector<ParamInfo> describeParams();
+
+}  // namespace railcc::engine

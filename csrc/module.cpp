@@ -1,0 +1,120 @@
+// Python bindings: the backend class, the translator that turns engine errors into
+// railcc's exception classes, and small diagnostics used by the railcc package.
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "backend.h"
+#include "engine/config.h"
+#include "engine/error.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// Holds the backend; drops the GIL before the last reference goes, because destroying a
+// communicator joins its progress thread, which may be running a Python future callback.
+template <typename T>
+class NoGilHolder {
+ public:
+  NoGilHolder() = default;
+  NoGilHolder(const NoGilHolder&) = default;
+  NoGilHolder(NoGilHolder&&) noexcept = default;
+  NoGilHolder& operator=(const NoGilHolder&) = default;
+  NoGilHolder& operator=(NoGilHolder&&) noexcept = default;
+  /* implicit */ NoGilHolder(c10::intrusive_ptr<T> p) : p_(std::move(p)) {}
+  explicit NoGilHolder(T* raw) : p_(c10::intrusive_ptr<T>::unsafe_steal_from_new(raw)) {}
+  ~NoGilHolder() {
+    if (!p_) return;
+    if (PyGILState_Check()) {
+      py::gil_scoped_release nogil;
+      p_.reset();
+    } else {
+      p_.reset();
+    }
+  }
+  T* get() const noexcept { return p_.get(); }
+  T& operator*() const noexcept { return *p_; }
+  T* operator->() const noexcept { return p_.get(); }
+
+ private:
+  c10::intrusive_ptr<T> p_;
+};
+
+const char* pythonClassFor(railcc::ErrorCode code) {
+  switch (code) {
+    case railcc::ErrorCode::kTimeout: return "CollectiveTimeoutError";
+    case railcc::ErrorCode::kPeerFailure: return "PeerFailureError";
+    case railcc::ErrorCode::kMismatch: return "CollectiveMismatchError";
+    case railcc::ErrorCode::kAborted: return "AbortedError";
+    default: return "RailccError";
+  }
+}
+
+railcc::ProcessGroupRailcc& asRailcc(const c10::intrusive_ptr<c10d::Backend>& b) {
+  auto* p = dynamic_cast<railcc::ProcessGroupRailcc*>(b.get());
+  if (p == nullptr) throw py::type_error("not a railcc backend");
+  return *p;
+}
+
+}  // namespace
+
+PYBIND11_DECLARE_HOLDER_TYPE(T, NoGilHolder<T>, true);
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "railcc c10d backend (C++ extension)";
+  py::module_::import("torch.distributed");
+  // Registers c10d::Backend with pybind before we derive from it.
+  py::module_::import("torch._C._distributed_c10d");
+
+  py::class_<railcc::ProcessGroupRailcc, c10d::Backend, NoGilHolder<railcc::ProcessGroupRailcc>>(
+      m, "ProcessGroupRailcc")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout, std::string name) {
+             return c10::make_intrusive<railcc::ProcessGroupRailcc>(store, rank, size, timeout, std::move(name));
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name") = "",
+           py::call_guard<py::gil_scoped_release>())
+      .def("peer_transports", &railcc::ProcessGroupRailcc::peerTransports)
+      .def("collective_count", [](railcc::ProcessGroupRailcc& self) { return self.comm().collectiveCount(); });
+
+  m.def("params", [] {
+    py::list rows;
+    for (const auto& p : railcc::engine::describeParams()) {
+      py::dict d;
+      d["name"] = p.name;
+      d["env"] = p.env;
+      d["fallback"] = p.fallback;
+      d["type"] = p.type;
+      d["default"] = p.defaultValue;
+      d["description"] = p.description;
+      d["value"] = p.value;
+      d["source"] = p.source;
+      rows.append(d);
+    }
+    return rows;
+  });
+
+  m.def("peer_transports", [](const c10::intrusive_ptr<c10d::Backend>& b) { return asRailcc(b).peerTransports(); });
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const railcc::RailccError& e) {
+      try {
+        py::object errors = py::module_::import("railcc._errors");
+        py::object cls = errors.attr(pythonClassFor(e.code));
+        py::object inst = cls(std::string(e.what_without_backtrace()));
+        inst.attr("code") = railcc::errorCodeName(e.code);
+        inst.attr("ranks") = py::cast(e.ranks);
+        inst.attr("hosts") = py::cast(e.hosts);
+        inst.attr("seq") = e.seq < 0 ? py::object(py::none()) : py::object(py::int_(e.seq));
+        inst.attr("op") = e.op.empty() ? py::object(py::none()) : py::object(py::str(e.op));
+        PyErr_SetObject(cls.ptr(), inst.ptr());
+      } catch (py::error_already_set& inner) {
+        inner.restore();
+      }
+    }
+  });
+}

@@ -1,0 +1,242 @@
+#include "transport/shm/shm_transport.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "engine/error.h"
+#include "engine/log.h"
+
+namespace railcc::transport {
+
+void Connection::copyOut(void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); }
+
+namespace shm {
+namespace {
+
+constexpr uint64_t kMagic = 0x7261696c63637368ull;  // "railccsh"
+
+size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+bool processGone(pid_t pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  // A killed child that its parent has not reaped yet is a zombie: gone for our purposes.
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = fopen(path, "r");
+  if (f == nullptr) return errno == ENOENT;
+  char buf[256];
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char* rp = strrchr(buf, ')');
+  return rp != nullptr && (rp[2] == 'Z' || rp[2] == 'X');
+}
+
+class ShmConnection : public Connection {
+ public:
+  ShmConnection(RingHeader* out, char* outData, SegmentHeader* peerHdr, RingHeader* in, char* inData,
+                SegmentHeader* ownHdr, size_t cap)
+      : out_(out), outData_(outData), peerHdr_(peerHdr), in_(in), inData_(inData), ownHdr_(ownHdr), cap_(cap) {}
+
+  size_t send(const void* p, size_t n) override {
+    uint64_t tail = out_->tail.load(std::memory_order_relaxed);
+    uint64_t head = out_->head.load(std::memory_order_acquire);
+    size_t space = cap_ - static_cast<size_t>(tail - head);
+    size_t k = n < space ? n : space;
+    if (k == 0) return 0;
+    size_t off = static_cast<size_t>(tail % cap_);
+    size_t first = k < cap_ - off ? k : cap_ - off;
+    std::memcpy(outData_ + off, p, first);
+    if (k > first) std::memcpy(outData_, static_cast<const char*>(p) + first, k - first);
+    out_->tail.store(tail + k, std::memory_order_seq_cst);
+    if (peerHdr_->sleeping.load(std::memory_order_seq_cst)) Domain::ring(peerHdr_);
+    return k;
+  }
+
+  std::pair<const void*, size_t> peek() override {
+    uint64_t head = in_->head.load(std::memory_order_relaxed);
+    uint64_t tail = in_->tail.load(std::memory_order_acquire);
+    size_t avail = static_cast<size_t>(tail - head);
+    size_t off = static_cast<size_t>(head % cap_);
+    size_t k = avail < cap_ - off ? avail : cap_ - off;
+    return {inData_ + off, k};
+  }
+
+  void consume(size_t n) override {
+    uint64_t head = in_->head.load(std::memory_order_relaxed);
+    in_->head.store(head + n, std::memory_order_seq_cst);
+    // The producer may be asleep waiting for space.
+    if (peerHdr_->sleeping.load(std::memory_order_seq_cst)) Domain::ring(peerHdr_);
+  }
+
+  size_t recv(void* p, size_t n) override {
+    size_t got = 0;
+    while (got < n) {
+      auto [src, avail] = peek();
+      size_t k = avail < n - got ? avail : n - got;
+      if (k == 0) break;
+      std::memcpy(static_cast<char*>(p) + got, src, k);
+      consume(k);
+      got += k;
+    }
+    return got;
+  }
+
+  std::string describe() const override { return "shm"; }
+
+  void checkAlive() override {
+    if (processGone(peerHdr_->pid))
+      RAILCC_THROW(kPeerFailure, "process ", peerHdr_->pid, " on this host exited");
+  }
+
+ private:
+  RingHeader* out_;
+  char* outData_;
+  SegmentHeader* peerHdr_;
+  RingHeader* in_;
+  char* inData_;
+  SegmentHeader* ownHdr_;
+  size_t cap_;
+};
+
+}  // namespace
+
+Segment::Segment(const std::string& name, size_t bytes) : name_(name), size_(bytes), owner_(true) {
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  RAILCC_SYSCHECK(fd, "shm_open(" + name + ")");
+  linked_ = true;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    std::string err = detail::errnoString();
+    close(fd);
+    shm_unlink(name.c_str());
+    RAILCC_THROW(kSystem, "ftruncate of shared memory ", name, " to ", bytes, " bytes: ", err,
+                 " (is /dev/shm large enough? lower RAILCC_BUFFSIZE)");
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    std::string err = detail::errnoString();
+    shm_unlink(name.c_str());
+    RAILCC_THROW(kSystem, "mmap of shared memory ", name, ": ", err);
+  }
+  base_ = static_cast<char*>(p);
+}
+
+Segment::Segment(const std::string& name) : name_(name) {
+  int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  RAILCC_SYSCHECK(fd, "shm_open(" + name + ") of a peer's segment");
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    close(fd);
+    RAILCC_THROW(kSystem, "fstat of ", name, ": ", detail::errnoString());
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) RAILCC_THROW(kSystem, "mmap of ", name, ": ", detail::errnoString());
+  base_ = static_cast<char*>(p);
+}
+
+Segment::~Segment() {
+  if (base_ != nullptr && munmap(base_, size_) != 0)
+    RAILCC_WARN(SHM, "munmap of ", name_, " failed: ", detail::errnoString());
+  if (owner_) unlink();
+}
+
+void Segment::unlink() {
+  if (!linked_) return;
+  linked_ = false;
+  if (shm_unlink(name_.c_str()) != 0 && errno != ENOENT)
+    RAILCC_WARN(SHM, "shm_unlink(", name_, ") failed: ", detail::errnoString());
+}
+
+size_t Domain::segmentBytes(int nslots, size_t slotBytes) {
+  return alignUp(sizeof(SegmentHeader), 4096) +
+         static_cast<size_t>(nslots) * (alignUp(sizeof(RingHeader), 4096) + alignUp(slotBytes, 4096));
+}
+
+Domain::Domain(const std::string& token, int nslots, size_t slotBytes)
+    : nslots_(nslots), slotBytes_(slotBytes) {
+  cleanStale();
+  std::string name = "/railcc-" + std::to_string(getuid()) + "-" + std::to_string(getpid()) + "-" + token;
+  own_ = std::make_unique<Segment>(name, segmentBytes(nslots, slotBytes));
+  auto* h = header();
+  h->bell.store(0);
+  h->sleeping.store(0);
+  h->pid = getpid();
+  h->nslots = static_cast<uint32_t>(nslots);
+  h->slotBytes = slotBytes;
+  h->magic = kMagic;
+  peers_.resize(static_cast<size_t>(nslots));
+}
+
+Domain::~Domain() = default;
+
+void Domain::attach(int localIndex, const std::string& name) {
+  auto seg = std::make_unique<Segment>(name);
+  auto* h = reinterpret_cast<SegmentHeader*>(seg->data());
+  if (seg->size() < segmentBytes(nslots_, slotBytes_) || h->magic != kMagic)
+    RAILCC_THROW(kSystem, "shared memory segment ", name, " is not a railcc segment of the expected size");
+  peers_.at(static_cast<size_t>(localIndex)) = std::move(seg);
+}
+
+std::unique_ptr<Connection> Domain::connect(int myIndex, int peerIndex, int lane, int nlanes) {
+  Segment* peer = peers_.at(static_cast<size_t>(peerIndex)).get();
+  RAILCC_CHECK_ARG(peer != nullptr, "shm peer ", peerIndex, " not attached");
+  size_t hdr = alignUp(sizeof(SegmentHeader), 4096);
+  size_t ringHdr = alignUp(sizeof(RingHeader), 4096);
+  size_t slot = ringHdr + alignUp(slotBytes_, 4096);
+  auto at = [&](Segment* s, int idx) { return s->data() + hdr + static_cast<size_t>(idx) * slot; };
+  char* out = at(peer, myIndex * nlanes + lane);
+  char* in = at(own_.get(), peerIndex * nlanes + lane);
+  return std::make_unique<ShmConnection>(
+      reinterpret_cast<RingHeader*>(out), out + ringHdr, reinterpret_cast<SegmentHeader*>(peer->data()),
+      reinterpret_cast<RingHeader*>(in), in + ringHdr, header(), slotBytes_);
+}
+
+void Domain::ringSelf() { ring(header()); }
+
+void Domain::ring(SegmentHeader* h) {
+  h->bell.fetch_add(1, std::memory_order_seq_cst);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&h->bell), FUTEX_WAKE, 1, nullptr, nullptr, 0);
+}
+
+void Domain::futexWait(std::atomic<uint32_t>* addr, uint32_t expected, long timeoutUs) {
+  struct timespec ts;
+  ts.tv_sec = timeoutUs / 1000000;
+  ts.tv_nsec = (timeoutUs % 1000000) * 1000;
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+int Domain::cleanStale() {
+  std::string prefix = "railcc-" + std::to_string(getuid()) + "-";
+  DIR* d = opendir("/dev/shm");
+  if (d == nullptr) return 0;
+  int removed = 0;
+  while (struct dirent* e = readdir(d)) {
+    std::string n = e->d_name;
+    if (n.compare(0, prefix.size(), prefix) != 0) continue;
+    long pid = std::strtol(n.c_str() + prefix.size(), nullptr, 10);
+    if (pid > 0 && processGone(static_cast<pid_t>(pid))) {
+      if (shm_unlink(("/" + n).c_str()) == 0) {
+        ++removed;
+        RAILCC_INFO(SHM, "removed stale segment /dev/shm/", n, " of exited process ", pid);
+      }
+    }
+  }
+  closedir(d);
+  return removed;
+}
+
+}  // namespace shm
+}  // namespace railcc::transport

@@ -1,0 +1,106 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace railcc::transport::shm {
+
+/// Header of one process's segment: its doorbell, which peers ring after they produced
+/// data for it or freed space it was waiting for.
+struct alignas(64) SegmentHeader {
+  std::atomic<uint32_t> bell;
+  std::atomic<uint32_t> sleeping;
+  int32_t pid;
+  uint32_t nslots;
+  uint64_t slotBytes;
+  uint64_t magic;
+};
+
+/// One single-producer single-consumer byte FIFO. Positions only grow; the byte at
+/// position p lives at data[p % capacity].
+struct alignas(64) RingHeader {
+  alignas(64) std::atomic<uint64_t> head;  // consumer position
+  alignas(64) std::atomic<uint64_t> tail;  // producer position
+};
+
+/// A mapped POSIX shared-memory segment. The creator unlinks the name as soon as every
+/// peer has mapped it, so a killed job leaves nothing in /dev/shm.
+class Segment {
+ public:
+  /// Creates a segment readable only by this user (0600). Blocks: no. Throws kSystem.
+  Segment(const std::string& name, size_t bytes);
+  /// Maps an existing segment. Throws kSystem naming the segment.
+  explicit Segment(const std::string& name);
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  void unlink();
+  char* data() const { return base_; }
+  size_t size() const { return size_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  char* base_ = nullptr;
+  size_t size_ = 0;
+  bool owner_ = false;
+  bool linked_ = false;
+};
+
+/// The shared memory of one communicator on one process: its own segment (doorbell plus one
+/// incoming FIFO per same-host rank) and the mapped segments of its same-host peers.
+class Domain {
+ public:
+  /// `nslots` incoming FIFOs of `slotBytes` each. Stale segments of dead processes of this
+  /// user are removed first.
+  Domain(const std::string& token, int nslots, size_t slotBytes);
+  ~Domain();
+
+  const std::string& segmentName() const { return own_->name(); }
+  /// Maps a peer's segment (by the name it published). Blocks: no.
+  void attach(int localIndex, const std::string& name);
+  /// Unlinks our own name once every peer has attached.
+  void unlinkOwn() { own_->unlink(); }
+
+  /// A connection whose outgoing FIFO is slot `myIndex` of the peer's segment and whose
+  /// incoming FIFO is slot `peerIndex` of ours.
+  std::unique_ptr<Connection> connect(int myIndex, int peerIndex, int lane, int nlanes);
+
+  SegmentHeader* header() const { return reinterpret_cast<SegmentHeader*>(own_->data()); }
+  /// Wakes this process's progress thread (e.g. a new op was queued).
+  void ringSelf();
+  /// Sleeps until a peer rings the doorbell or `timeoutUs` passes. `recheck` runs after the
+  /// sleeping flag is raised, so a ring that races with going to sleep is never lost: when
+  /// it returns true (work is there) the call returns at once.
+  template <typename F>
+  void sleep(long timeoutUs, F&& recheck) {
+    SegmentHeader* h = header();
+    h->sleeping.store(1, std::memory_order_seq_cst);
+    uint32_t v = h->bell.load(std::memory_order_seq_cst);
+    if (!recheck()) futexWait(&h->bell, v, timeoutUs);
+    h->sleeping.store(0, std::memory_order_relaxed);
+  }
+
+  static void ring(SegmentHeader* h);
+  static void futexWait(std::atomic<uint32_t>* addr, uint32_t expected, long timeoutUs);
+  static size_t segmentBytes(int nslots, size_t slotBytes);
+
+  /// Removes /dev/shm/railcc-<uid>-<pid>-* whose pid no longer runs.
+  static int cleanStale();
+
+ private:
+  int nslots_;
+  size_t slotBytes_;
+  std::unique_ptr<Segment> own_;
+  std::vector<std::unique_ptr<Segment>> peers_;
+};
+
+}  // namespace railcc::transport::shm

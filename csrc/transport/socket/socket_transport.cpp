@@ -1,0 +1,272 @@
+#include "transport/socket/socket_transport.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "engine/error.h"
+#include "engine/log.h"
+
+namespace railcc::transport::socket {
+namespace {
+
+constexpr uint64_t kHelloMagic = 0x7261696c63637463ull;  // "railcctc"
+constexpr uint64_t kAckMagic = 0x7261696c63636f6bull;    // "railccok"
+
+void setNonBlocking(int fd) {
+  int flags = fcntl(fd, F_GETFL, 0);
+  fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+void tune(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  int buf = 4 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+}
+
+// Moves exactly n bytes with poll() between tries, until the deadline.
+bool ioAll(int fd, void* p, size_t n, bool write, std::chrono::steady_clock::time_point deadline) {
+  size_t done = 0;
+  char* c = static_cast<char*>(p);
+  while (done < n) {
+    ssize_t r = write ? ::send(fd, c + done, n - done, MSG_DONTWAIT | MSG_NOSIGNAL)
+                      : ::recv(fd, c + done, n - done, MSG_DONTWAIT);
+    if (r > 0) {
+      done += static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0 && !write) return false;
+    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd pfd{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
+    poll(&pfd, 1, static_cast<int>(std::min<long long>(left.count(), 100)));
+  }
+  return true;
+}
+
+bool matchSpec(const std::string& name, const std::string& spec) {
+  std::string s = spec;
+  bool exclude = false, exact = false;
+  if (!s.empty() && s[0] == '^') {
+    exclude = true;
+    s = s.substr(1);
+  }
+  if (!s.empty() && s[0] == '=') {
+    exact = true;
+    s = s.substr(1);
+  }
+  bool hit = false;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    std::string tok = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (!tok.empty()) {
+      if (exact ? name == tok : name.compare(0, tok.size(), tok) == 0) hit = true;
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return exclude ? !hit : hit;
+}
+
+class SocketConnection : public Connection {
+ public:
+  SocketConnection(int fd, std::string desc, size_t staging)
+      : fd_(fd), desc_(std::move(desc)), buf_(staging < 4096 ? 4096 : staging) {}
+  ~SocketConnection() override { ::close(fd_); }
+
+  size_t send(const void* p, size_t n) override {
+    if (n == 0) return 0;
+    ssize_t r = ::send(fd_, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (r >= 0) return static_cast<size_t>(r);
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+    RAILCC_THROW(kPeerFailure, "send to ", desc_, " failed: ", detail::errnoString());
+  }
+
+  std::pair<const void*, size_t> peek() override {
+    if (begin_ == end_) {
+      begin_ = end_ = 0;
+      ssize_t r = ::recv(fd_, buf_.data(), buf_.size(), MSG_DONTWAIT);
+      handle(r);
+      if (r > 0) end_ = static_cast<size_t>(r);
+    }
+    return {buf_.data() + begin_, end_ - begin_};
+  }
+
+  void consume(size_t n) override { begin_ += n; }
+
+  size_t recv(void* p, size_t n) override {
+    size_t got = 0;
+    if (begin_ < end_) {
+      got = std::min(n, end_ - begin_);
+      std::memcpy(p, buf_.data() + begin_, got);
+      begin_ += got;
+      if (got == n) return got;
+    }
+    // Large reads go straight into the destination: no staging copy.
+    ssize_t r = ::recv(fd_, static_cast<char*>(p) + got, n - got, MSG_DONTWAIT);
+    handle(r);
+    if (r > 0) got += static_cast<size_t>(r);
+    return got;
+  }
+
+  int pollFd() const override { return fd_; }
+  std::string describe() const override { return "socket " + desc_; }
+
+ private:
+  void handle(ssize_t r) {
+    if (r == 0) RAILCC_THROW(kPeerFailure, "connection to ", desc_, " was closed by the peer");
+    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      RAILCC_THROW(kPeerFailure, "receive from ", desc_, " failed: ", detail::errnoString());
+  }
+
+  int fd_;
+  std::string desc_;
+  std::vector<char> buf_;
+  size_t begin_ = 0, end_ = 0;
+};
+
+}  // namespace
+
+std::string formatAddr(const sockaddr_in& a) {
+  char ip[INET_ADDRSTRLEN] = {0};
+  inet_ntop(AF_INET, &a.sin_addr, ip, sizeof(ip));
+  return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
+}
+
+std::string pickInterface(const std::string& spec, sockaddr_in& addr) {
+  ifaddrs* list = nullptr;
+  RAILCC_SYSCHECK(getifaddrs(&list), "getifaddrs");
+  std::string chosen, loopback;
+  sockaddr_in chosenAddr{}, loAddr{};
+  std::vector<std::string> seen;
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if (!(i->ifa_flags & IFF_UP)) continue;
+    std::string name = i->ifa_name;
+    seen.push_back(name);
+    auto* a = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
+    bool ok = spec.empty() ? matchSpec(name, "^docker,lo") : matchSpec(name, spec);
+    if (ok && chosen.empty()) {
+      chosen = name;
+      chosenAddr = *a;
+    }
+    if ((i->ifa_flags & IFF_LOOPBACK) && loopback.empty()) {
+      loopback = name;
+      loAddr = *a;
+    }
+  }
+  freeifaddrs(list);
+  if (chosen.empty() && spec.empty() && !loopback.empty()) {
+    // A machine with no network at all: every peer is local, loopback is right.
+    chosen = loopback;
+    chosenAddr = loAddr;
+  }
+  if (chosen.empty()) {
+    std::string all;
+    for (auto& s : seen) all += (all.empty() ? "" : ", ") + s;
+    RAILCC_THROW(kInvalidUsage, "RAILCC_SOCKET_IFNAME/NCCL_SOCKET_IFNAME='", spec,
+                 "' matches no up IPv4 interface; interfaces here: ", all);
+  }
+  addr = chosenAddr;
+  addr.sin_port = 0;
+  return chosen;
+}
+
+Listener::Listener(const sockaddr_in& bindAddr) {
+  fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  RAILCC_SYSCHECK(fd_, "socket");
+  int one = 1;
+  setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  addr_ = bindAddr;
+  if (::bind(fd_, reinterpret_cast<const sockaddr*>(&addr_), sizeof(addr_)) != 0) {
+    std::string err = detail::errnoString();
+    ::close(fd_);
+    RAILCC_THROW(kSystem, "bind to ", formatAddr(bindAddr), ": ", err);
+  }
+  socklen_t len = sizeof(addr_);
+  getsockname(fd_, reinterpret_cast<sockaddr*>(&addr_), &len);
+  if (::listen(fd_, 128) != 0) {
+    std::string err = detail::errnoString();
+    ::close(fd_);
+    RAILCC_THROW(kSystem, "listen on ", formatAddr(addr_), ": ", err);
+  }
+  setNonBlocking(fd_);
+}
+
+Listener::~Listener() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+int Listener::accept(sockaddr_in* from) {
+  socklen_t len = sizeof(*from);
+  int fd = ::accept4(fd_, reinterpret_cast<sockaddr*>(from), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (fd < 0) return -1;
+  tune(fd);
+  return fd;
+}
+
+int connectTo(const sockaddr_in& to, const Hello& hello, std::chrono::steady_clock::time_point deadline) {
+  std::string where = formatAddr(to);
+  while (true) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    RAILCC_SYSCHECK(fd, "socket");
+    tune(fd);
+    int r = ::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to));
+    if (r != 0 && errno == EINPROGRESS) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      pollfd pfd{fd, POLLOUT, 0};
+      if (poll(&pfd, 1, static_cast<int>(std::max<long long>(left.count(), 0))) == 1) {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        r = err == 0 ? 0 : -1;
+        errno = err;
+      }
+    }
+    if (r == 0) {
+      Hello h = hello;
+      h.magic = kHelloMagic;
+      uint64_t ack = 0;
+      if (ioAll(fd, &h, sizeof(h), true, deadline) && ioAll(fd, &ack, sizeof(ack), false, deadline) &&
+          ack == kAckMagic)
+        return fd;
+      ::close(fd);
+      RAILCC_THROW(kPeerFailure, "peer at ", where, " did not accept railcc's handshake");
+    }
+    std::string err = detail::errnoString();
+    ::close(fd);
+    if (std::chrono::steady_clock::now() >= deadline)
+      RAILCC_THROW(kTimeout, "could not connect to ", where, ": ", err);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+bool readHello(int fd, Hello& out, std::chrono::milliseconds wait) {
+  auto deadline = std::chrono::steady_clock::now() + wait;
+  if (!ioAll(fd, &out, sizeof(out), false, deadline)) return false;
+  return out.magic == kHelloMagic;
+}
+
+void ackHello(int fd) {
+  uint64_t ack = kAckMagic;
+  ioAll(fd, &ack, sizeof(ack), true, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+}
+
+std::unique_ptr<Connection> makeConnection(int fd, const std::string& peerDesc, size_t stagingBytes) {
+  return std::make_unique<SocketConnection>(fd, peerDesc, stagingBytes);
+}
+
+}  // namespace railcc::transport::socket

@@ -1,0 +1,76 @@
+"""Builds railcc with CMake against the installed torch.
+
+    pip install --no-build-isolation -e .
+
+Build isolation must stay off: an isolated build would fetch a fresh torch instead of
+compiling against the one installed here.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name):
+        super().__init__(name, sources=[])
+
+
+def pybind_defs(torch):
+    # The module must share pybind11's internals with torch, or c10d types do not convert.
+    defs = []
+    for attr, macro in (
+        ("_PYBIND11_COMPILER_TYPE", "PYBIND11_COMPILER_TYPE"),
+        ("_PYBIND11_STDLIB", "PYBIND11_STDLIB"),
+        ("_PYBIND11_BUILD_ABI", "PYBIND11_BUILD_ABI"),
+    ):
+        val = getattr(torch._C, attr, None)
+        if val is not None:
+            defs.append(f'{macro}="{val}"')
+    return defs
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext):
+        import torch
+        from torch.utils import cmake_prefix_path
+
+        build_dir = os.environ.get("RAILCC_BUILD_DIR") or os.path.join(ROOT, "build", "py")
+        os.makedirs(build_dir, exist_ok=True)
+        cfg = [
+            "cmake", "-S", ROOT, "-B", build_dir, "-G", "Ninja",
+            f"-DCMAKE_PREFIX_PATH={cmake_prefix_path}",
+            f"-DPython3_EXECUTABLE={sys.executable}",
+            "-DRAILCC_BUILD_PYTHON=ON",
+            "-DCMAKE_BUILD_TYPE=" + os.environ.get("RAILCC_BUILD_TYPE", "Release"),
+            "-DRAILCC_PYBIND_DEFS=" + ";".join(pybind_defs(torch)),
+        ]
+        subprocess.check_call(cfg)
+        jobs = os.environ.get("RAILCC_BUILD_JOBS", str(os.cpu_count() or 2))
+        subprocess.check_call(["cmake", "--build", build_dir, "--target", "_C", "-j", jobs])
+        built = [f for f in os.listdir(build_dir) if f.startswith("_C.") and f.endswith(".so")]
+        if not built:
+            raise RuntimeError(f"CMake built no _C module in {build_dir}")
+        dest = self.get_ext_fullpath(ext.name)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        shutil.copyfile(os.path.join(build_dir, built[0]), dest)
+
+
+setup(
+    name="railcc",
+    version="0.1.0",
+    description="A collective-communication backend for torch.distributed",
+    packages=find_packages("python"),
+    package_dir={"": "python"},
+    ext_modules=[CMakeExtension("railcc._C")],
+    cmdclass={"build_ext": CMakeBuild},
+    python_requires=">=3.9",
+    entry_points={"console_scripts": ["railcc-bench = railcc.bench:main"]},
+    zip_safe=False,
+)

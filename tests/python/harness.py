@@ -1,0 +1,133 @@
+"""Real multi-process test harness.
+
+A `RankPool` starts `world_size` real processes (spawn), each of which joins a process
+group over a FileStore and then serves tasks: a task names a module-level function that
+every rank runs as fn(rank, world_size, *args). Reusing one pool for many tests keeps the
+cost of `import torch` out of every test, and a task that does not finish within its
+timeout kills the pool, so a hang fails one test instead of hanging CI.
+"""
+
+import importlib
+import multiprocessing as mp
+import os
+import queue
+import tempfile
+import time
+import traceback
+
+
+def _worker(rank, world_size, backend, store_path, tasks, results, env):
+    os.environ.update(env)
+    try:
+        import torch.distributed as dist
+
+        if backend == "railcc" or "railcc" in backend:
+            import railcc  # noqa: F401  (registers the backend)
+        store = dist.FileStore(store_path, world_size)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+        results.put((rank, "ready", None))
+    except BaseException:  # report init failures instead of dying silently
+        results.put((rank, "error", traceback.format_exc()))
+        return
+    while True:
+        item = tasks.get()
+        if item is None:
+            break
+        module, name, args = item
+        try:
+            fn = getattr(importlib.import_module(module), name)
+            results.put((rank, "ok", fn(rank, world_size, *args)))
+        except BaseException as e:  # the test decides what an exception means
+            results.put((rank, "raised", (type(e).__name__, str(e), traceback.format_exc())))
+    try:
+        dist.destroy_process_group()
+    except BaseException:
+        pass
+    results.put((rank, "exited", None))
+
+
+class TaskError(AssertionError):
+    pass
+
+
+class RankPool:
+    def __init__(self, world_size, backend="railcc", env=None, init_timeout=60):
+        self.world_size = world_size
+        self.backend = backend
+        ctx = mp.get_context("spawn")
+        self._dir = tempfile.TemporaryDirectory(prefix="railcc-test-")
+        store_path = os.path.join(self._dir.name, "store")
+        self._tasks = [ctx.Queue() for _ in range(world_size)]
+        self._results = ctx.Queue()
+        self._procs = [
+            ctx.Process(
+                target=_worker,
+                args=(r, world_size, backend, store_path, self._tasks[r], self._results, dict(env or {})),
+                daemon=True,
+            )
+            for r in range(world_size)
+        ]
+        for p in self._procs:
+            p.start()
+        got = self._collect("init", init_timeout)
+        bad = {r: v for r, (s, v) in got.items() if s != "ready"}
+        if bad:
+            self.kill()
+            raise TaskError(f"process group init failed: {bad}")
+
+    def _collect(self, what, timeout):
+        got = {}
+        deadline = time.monotonic() + timeout
+        while len(got) < self.world_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(range(self.world_size)) - set(got))
+                self.kill()
+                raise TaskError(f"{what}: ranks {missing} did not answer within {timeout}s")
+            try:
+                rank, status, value = self._results.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(self._procs) if not p.is_alive() and r not in got]
+                if dead:
+                    self.kill()
+                    raise TaskError(f"{what}: ranks {dead} died")
+                continue
+            got[rank] = (status, value)
+        return got
+
+    def run_raw(self, fn, *args, timeout=60, ranks=None):
+        """Runs fn on every rank; returns {rank: (status, value)}."""
+        for q in self._tasks:
+            q.put((fn.__module__, fn.__name__, args))
+        return self._collect(fn.__name__, timeout)
+
+    def run(self, fn, *args, timeout=60):
+        """Runs fn on every rank and returns the list of results; any exception fails."""
+        got = self.run_raw(fn, *args, timeout=timeout)
+        errors = {r: v[2] for r, (s, v) in got.items() if s == "raised"}
+        if errors:
+            r = min(errors)
+            raise TaskError(f"{fn.__name__} raised on ranks {sorted(errors)}; rank {r}:\n{errors[r]}")
+        return [got[r][1] for r in range(self.world_size)]
+
+    def alive(self):
+        return all(p.is_alive() for p in self._procs)
+
+    def close(self, timeout=20):
+        for q in self._tasks:
+            try:
+                q.put(None)
+            except Exception:
+                pass
+        deadline = time.monotonic() + timeout
+        for p in self._procs:
+            p.join(max(0.1, deadline - time.monotonic()))
+        self.kill()
+        self._dir.cleanup()
+
+    def kill(self):
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+        for p in self._procs:
+            p.join(5)

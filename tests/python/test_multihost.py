@@ -1,0 +1,254 @@
+"""Multi-host tests: two "hosts" are two network namespaces joined by a veth pair (netns.py).
+
+Every rank is a real process started inside a namespace (mh_worker.py), with its own
+hostname (own UTS namespace) as on real hosts. Ranks on the same namespace are "same host"
+peers (railcc: shared memory), ranks in different namespaces are cross-host peers (railcc:
+TCP over the veth pair). The gloo variants check the harness itself and must always pass.
+"""
+
+import importlib.util
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from netns import netns_available, netns_unavailable_reason, two_hosts
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "mh_worker.py")
+PROC_TIMEOUT = 120  # seconds, per launch; every process is killed past it
+GRACE_AFTER_FAILURE = 10  # seconds the others get to report once one rank failed
+
+
+def _railcc_built():
+    try:
+        return importlib.util.find_spec("railcc._C") is not None
+    except (ImportError, ValueError):  # parent package `railcc` not importable at all
+        return False
+
+
+RAILCC_SKIP = pytest.mark.skipif(not _railcc_built(), reason="railcc extension not built")
+BACKENDS = [pytest.param("gloo", id="gloo"), pytest.param("railcc", id="railcc", marks=RAILCC_SKIP)]
+
+pytestmark = pytest.mark.skipif(
+    not netns_available(),
+    reason=f"network namespaces unavailable: {netns_unavailable_reason()}",
+)
+
+_ports = itertools.count(29400)  # the namespaces are private to this module: any port is free
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    with two_hosts(prefix="rcc") as h:
+        yield h
+
+
+def _env(hosts, host, extra=None):
+    env = dict(os.environ)
+    ifname = hosts.interfaces[host]
+    env.update(
+        GLOO_SOCKET_IFNAME=ifname,
+        RAILCC_SOCKET_IFNAME=ifname,
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra or {})
+    return env
+
+
+def _kill(procs, sig=signal.SIGKILL):
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, sig)  # each launch has its own session (start_new_session)
+            except ProcessLookupError:
+                pass
+
+
+def _wait_all(procs, timeout=PROC_TIMEOUT):
+    """Waits for every process; past the timeout, or GRACE_AFTER_FAILURE seconds after one
+    failed, kills the rest. Returns (return codes, why it stopped or None)."""
+    deadline = time.monotonic() + timeout
+    why = None
+    while any(p.poll() is None for p in procs):
+        now = time.monotonic()
+        failed = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
+        if failed and why is None:
+            why = f"process {failed[0]} exited with {procs[failed[0]].returncode}"
+            deadline = min(deadline, now + GRACE_AFTER_FAILURE)
+        if now > deadline:
+            why = why or f"timed out after {timeout}s"
+            _kill(procs, signal.SIGTERM)  # torchrun forwards SIGTERM to its workers
+            time.sleep(1)
+            _kill(procs)
+            break
+        time.sleep(0.1)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    return [p.returncode for p in procs], why
+
+
+def _results(text):
+    return [json.loads(line[len("MH_RESULT "):]) for line in text.splitlines() if line.startswith("MH_RESULT ")]
+
+
+class Launch:
+    def __init__(self, logs, codes, why):
+        self.logs = logs  # per process: text of stdout+stderr
+        self.codes = codes
+        self.why = why
+        self.results = {}
+        for text in logs:
+            for r in _results(text):
+                self.results[r["rank"]] = r
+
+    def describe(self):
+        parts = [f"stopped: {self.why}", f"exit codes: {self.codes}"]
+        for i, text in enumerate(self.logs):
+            parts.append(f"---- process {i} (last 3000 chars) ----\n{text[-3000:]}")
+        return "\n".join(parts)
+
+    def assert_ok(self, world):
+        assert all(c == 0 for c in self.codes), self.describe()
+        assert sorted(self.results) == list(range(world)), f"missing results:\n{self.describe()}"
+        bad = {
+            r: {k: v for k, v in res["results"].items() if not v["ok"]}
+            for r, res in self.results.items()
+            if not res["ok"]
+        }
+        assert not bad, f"failed checks: {json.dumps(bad, indent=1)}\n{self.describe()}"
+        for res in self.results.values():
+            assert res["world"] == world
+
+
+def _launch(hosts, tmp_path, cmds, timeout=PROC_TIMEOUT):
+    """cmds: [(host index, argv, env)]. Starts all, waits, returns a Launch."""
+    procs, files = [], []
+    try:
+        for i, (host, argv, env) in enumerate(cmds):
+            f = open(tmp_path / f"proc{i}.log", "w+")
+            files.append(f)
+            procs.append(
+                hosts.popen(host, argv, own_hostname=True, env=env, stdout=f, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+            )
+        codes, why = _wait_all(procs, timeout)
+    finally:
+        _kill(procs)
+        hosts.kill_all()  # anything left in the namespaces (e.g. torchrun's workers)
+    logs = []
+    for f in files:
+        f.seek(0)
+        logs.append(f.read())
+        f.close()
+    return Launch(logs, codes, why)
+
+
+def _run_store_mode(hosts, tmp_path, backend, placement, check="all", extra_env=None):
+    """placement[r] = host index (0 = A, 1 = B) of rank r; rank 0's host serves the store."""
+    world = len(placement)
+    store = f"{hosts.addresses[placement[0]]}:{next(_ports)}"
+    cmds = []
+    for rank, host in enumerate(placement):
+        argv = [sys.executable, WORKER, "--rank", str(rank), "--world", str(world), "--store", store,
+                "--backend", backend, "--ifname", hosts.interfaces[host], "--check", check]
+        cmds.append((host, argv, _env(hosts, host, extra_env)))
+    return _launch(hosts, tmp_path, cmds)
+
+
+PLACEMENTS = {
+    "2hosts_x1": [0, 1],
+    "2hosts_x2": [0, 0, 1, 1],
+    # Same-host peers are not rank neighbours: locality must come from the host, not the rank.
+    "2hosts_x2_interleaved": [0, 1, 0, 1],
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("placement", list(PLACEMENTS), ids=list(PLACEMENTS))
+def test_collectives_across_hosts(hosts, tmp_path, backend, placement):
+    ranks = PLACEMENTS[placement]
+    launch = _run_store_mode(hosts, tmp_path, backend, ranks)
+    launch.assert_ok(len(ranks))
+    for rank, res in launch.results.items():
+        assert res["hostname"] == hosts.hostname_of(ranks[rank]), res
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torchrun_two_nodes(hosts, tmp_path, backend):
+    port = next(_ports)
+    endpoint = f"{hosts.addr_a}:{port}"
+    cmds = []
+    for node in (0, 1):
+        argv = [
+            sys.executable, "-m", "torch.distributed.run",
+            "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", f"mh{port}",
+            # Node 0 hosts the rendezvous store: torchrun cannot infer it from an address
+            # that is not this machine's hostname.
+            "--rdzv-conf", f"is_host={'true' if node == 0 else 'false'}",
+            # Published as MASTER_ADDR for the workers; the default (FQDN) is not reachable
+            # from inside the namespaces.
+            "--local-addr", hosts.addresses[node],
+            "--max-restarts", "0", "--monitor-interval", "0.2",
+            WORKER, "--torchrun", "--backend", backend, "--ifname", hosts.interfaces[node],
+        ]
+        cmds.append((node, argv, _env(hosts, node)))
+    launch = _launch(hosts, tmp_path, cmds)
+    launch.assert_ok(2)
+    assert {r["mode"] for r in launch.results.values()} == {"torchrun"}
+    # The rendezvous decides the ranks; the two ranks must be on different hosts.
+    assert {r["hostname"] for r in launch.results.values()} == set(hosts.names), launch.describe()
+
+
+_PEER = re.compile(r"peer\s*[:=#]?\s*(\d+)")
+_IPV4 = re.compile(r"via socket\D*?(\d+\.\d+\.\d+\.\d+)")
+
+
+@RAILCC_SKIP
+def test_railcc_transport_selection_log(hosts, tmp_path):
+    """With RAILCC_DEBUG=INFO RAILCC_DEBUG_SUBSYS=INIT every rank logs, per connected peer, a
+    line like "rank 0 -> peer 1 via shm" or "rank 0 -> peer 2 via socket 10.213.X.2:port":
+    same-namespace peers must use shm, cross-namespace peers the socket transport."""
+    placement = PLACEMENTS["2hosts_x2_interleaved"]
+    world = len(placement)
+    launch = _run_store_mode(hosts, tmp_path, "railcc", placement,
+                             check="all_reduce,alltoall_single,send_recv_ring,barrier",
+                             extra_env={"RAILCC_DEBUG": "INFO", "RAILCC_DEBUG_SUBSYS": "INIT"})
+    launch.assert_ok(world)
+    problems = []
+    for rank in range(world):
+        seen = {}
+        for line in launch.logs[rank].splitlines():
+            transport = "shm" if "via shm" in line else "socket" if "via socket" in line else None
+            if transport is None:
+                continue
+            m = _PEER.search(line)
+            if not m:
+                problems.append(f"rank {rank}: no peer rank in {line!r}")
+                continue
+            peer = int(m.group(1))
+            want = "shm" if placement[peer] == placement[rank] else "socket"
+            if peer == rank or peer >= world:
+                problems.append(f"rank {rank}: bad peer {peer} in {line!r}")
+            elif transport != want:
+                problems.append(f"rank {rank} -> peer {peer}: {transport}, want {want}: {line!r}")
+            ip = _IPV4.search(line)
+            if transport == "socket" and ip and ip.group(1) != hosts.addresses[placement[peer]]:
+                problems.append(f"rank {rank} -> peer {peer}: socket to {ip.group(1)}, "
+                                f"peer lives at {hosts.addresses[placement[peer]]}: {line!r}")
+            seen.setdefault(transport, set()).add(peer)
+        for transport in ("shm", "socket"):
+            if not seen.get(transport):
+                problems.append(f"rank {rank}: no 'via {transport}' line")
+    assert not problems, "\n".join(problems) + "\n" + launch.describe()
