@@ -1,0 +1,453 @@
+"""Every collective x dtype x reduce op against what torch computes locally.
+
+Each test runs one function on every rank of a real process group (see harness.py); the
+function builds every rank's input deterministically, so each rank can compute the
+expected result itself with plain torch and report mismatches. Pools are parameterized
+over world sizes 1-4 and over both transports (shared memory, and TCP forced with
+RAILCC_SHM_DISABLE=1).
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+INTS = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
+DTYPES = FLOATS + INTS + [torch.bool]
+COUNTS = [0, 1, 13]
+
+OPS = {
+    "SUM": dist.ReduceOp.SUM,
+    "AVG": dist.ReduceOp.AVG,
+    "PRODUCT": dist.ReduceOp.PRODUCT,
+    "MIN": dist.ReduceOp.MIN,
+    "MAX": dist.ReduceOp.MAX,
+    "BAND": dist.ReduceOp.BAND,
+    "BOR": dist.ReduceOp.BOR,
+    "BXOR": dist.ReduceOp.BXOR,
+    "PREMUL_SUM": None,  # built per call: dist._make_nccl_premul_sum(factor)
+}
+PREMUL = 0.5
+
+
+def ops_for(dtype):
+    if dtype == torch.bool:
+        return ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+    if dtype.is_floating_point:
+        return ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "PREMUL_SUM"]
+    return ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+
+
+def make_input(rank, dtype, count, salt=0):
+    """Small values, so sums and products are exact in every dtype."""
+    i = torch.arange(count, dtype=torch.int64)
+    if dtype == torch.bool:
+        return ((i + rank + salt) % 3 != 0)
+    v = (i * 7 + rank * 3 + salt) % 5 + 1  # 1..5
+    if dtype.is_floating_point:
+        v = v - 2  # -1..3, includes negatives and zero
+    return v.to(dtype)
+
+
+def reduce_ref(inputs, name, n):
+    acc = inputs[0].clone()
+    if name == "PREMUL_SUM":
+        acc = inputs[0].double() * PREMUL
+        for x in inputs[1:]:
+            acc = acc + x.double() * PREMUL
+        return acc.to(inputs[0].dtype)
+    for x in inputs[1:]:
+        if name in ("SUM", "AVG"):
+            acc = (acc | x) if acc.dtype == torch.bool else acc + x
+        elif name == "PRODUCT":
+            acc = (acc & x) if acc.dtype == torch.bool else acc * x
+        elif name == "MIN":
+            acc = torch.minimum(acc, x)
+        elif name == "MAX":
+            acc = torch.maximum(acc, x)
+        elif name == "BAND":
+            acc = acc & x
+        elif name == "BOR":
+            acc = acc | x
+        elif name == "BXOR":
+            acc = acc ^ x
+    if name == "AVG":
+        acc = (acc.double() / n).to(acc.dtype)
+    return acc
+
+
+def op_obj(name):
+    if name == "PREMUL_SUM":
+        return dist._make_nccl_premul_sum(PREMUL)
+    return OPS[name]
+
+
+def close(a, b):
+    if a.dtype in (torch.float16, torch.bfloat16):
+        return torch.allclose(a.double(), b.double(), rtol=2e-2, atol=2e-2)
+    if a.dtype.is_floating_point:
+        return torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    return torch.equal(a, b)
+
+
+# ----------------------------------------------------------------------------- rank functions
+# These run on every rank and return a list of failure descriptions.
+
+
+def rk_allreduce(rank, n):
+    bad = []
+    for dt in DTYPES:
+        for name in ops_for(dt):
+            for count in COUNTS:
+                t = make_input(rank, dt, count)
+                dist.all_reduce(t, op=op_obj(name))
+                exp = reduce_ref([make_input(r, dt, count) for r in range(n)], name, n)
+                if not close(t, exp):
+                    bad.append(f"all_reduce {dt} {name} count={count}: {t.tolist()} != {exp.tolist()}")
+    return bad
+
+
+def rk_allreduce_large(rank, n):
+    # Larger than one shared-memory FIFO (4 MiB) and an odd count, so chunks wrap.
+    bad = []
+    for dt, count in ((torch.float32, 3_000_017), (torch.int64, 1_000_003)):
+        t = make_input(rank, dt, count)
+        dist.all_reduce(t)
+        exp = reduce_ref([make_input(r, dt, count) for r in range(n)], "SUM", n)
+        if not torch.equal(t, exp):
+            idx = (t != exp).nonzero()[:5].flatten().tolist()
+            bad.append(f"large all_reduce {dt}: first bad indices {idx}")
+    return bad
+
+
+def rk_reduce(rank, n):
+    bad = []
+    for dt in DTYPES:
+        for name in ops_for(dt):
+            for count in (0, 5):
+                root = (count + len(name)) % n
+                t = make_input(rank, dt, count)
+                orig = t.clone()
+                dist.reduce(t, dst=root, op=op_obj(name))
+                if rank == root:
+                    exp = reduce_ref([make_input(r, dt, count) for r in range(n)], name, n)
+                    if not close(t, exp):
+                        bad.append(f"reduce {dt} {name} root={root}: {t.tolist()} != {exp.tolist()}")
+                elif not torch.equal(t, orig):
+                    bad.append(f"reduce {dt} {name}: non-root input was modified")
+    return bad
+
+
+def rk_reduce_scatter(rank, n):
+    bad = []
+    for dt in DTYPES:
+        for name in ops_for(dt):
+            for count in (0, 1, 3):
+                full = [make_input(r, dt, count * n, salt=1) for r in range(n)]
+                exp = reduce_ref(full, name, n)[rank * count:(rank + 1) * count]
+                out = torch.empty(count, dtype=dt)
+                dist.reduce_scatter_tensor(out, full[rank].clone(), op=op_obj(name))
+                if not close(out, exp):
+                    bad.append(f"reduce_scatter_tensor {dt} {name} count={count}: {out.tolist()} != {exp.tolist()}")
+                out2 = torch.empty(count, dtype=dt)
+                dist.reduce_scatter(out2, list(full[rank].clone().chunk(n)) if count else
+                                    [torch.empty(0, dtype=dt) for _ in range(n)], op=op_obj(name))
+                if not close(out2, exp):
+                    bad.append(f"reduce_scatter(list) {dt} {name} count={count}: {out2.tolist()} != {exp.tolist()}")
+    return bad
+
+
+def rk_allgather(rank, n):
+    bad = []
+    for dt in DTYPES:
+        for count in COUNTS:
+            inp = make_input(rank, dt, count)
+            exp = torch.cat([make_input(r, dt, count) for r in range(n)])
+            out = torch.empty(count * n, dtype=dt)
+            dist.all_gather_into_tensor(out, inp)
+            if not torch.equal(out, exp):
+                bad.append(f"all_gather_into_tensor {dt} count={count}")
+            outs = [torch.empty(count, dtype=dt) for _ in range(n)]
+            dist.all_gather(outs, inp)
+            if not torch.equal(torch.cat(outs), exp):
+                bad.append(f"all_gather(list) {dt} count={count}")
+            # in place: the input is this rank's slice of the output
+            out3 = torch.zeros(count * n, dtype=dt)
+            out3[rank * count:(rank + 1) * count] = inp
+            dist.all_gather_into_tensor(out3, out3[rank * count:(rank + 1) * count])
+            if not torch.equal(out3, exp):
+                bad.append(f"in-place all_gather_into_tensor {dt} count={count}")
+    return bad
+
+
+def rk_broadcast(rank, n):
+    bad = []
+    for dt in DTYPES:
+        for count in COUNTS + [1_500_001]:
+            for root in range(n):
+                t = make_input(rank, dt, count)
+                dist.broadcast(t, src=root)
+                if not torch.equal(t, make_input(root, dt, count)):
+                    bad.append(f"broadcast {dt} count={count} root={root}")
+            if count > 1000:
+                break
+    return bad
+
+
+def rk_gather_scatter(rank, n):
+    bad = []
+    for dt in (torch.float32, torch.int8, torch.bool, torch.bfloat16):
+        for count in (0, 3):
+            root = n - 1
+            inp = make_input(rank, dt, count)
+            outs = [torch.empty(count, dtype=dt) for _ in range(n)] if rank == root else None
+            dist.gather(inp, outs, dst=root)
+            if rank == root and not torch.equal(torch.cat(outs), torch.cat([make_input(r, dt, count) for r in range(n)])):
+                bad.append(f"gather {dt} count={count}")
+            out = torch.empty(count, dtype=dt)
+            ins = [make_input(r, dt, count, salt=2) for r in range(n)] if rank == 0 else None
+            dist.scatter(out, ins, src=0)
+            if not torch.equal(out, make_input(rank, dt, count, salt=2)):
+                bad.append(f"scatter {dt} count={count}")
+    return bad
+
+
+def rk_alltoall(rank, n):
+    bad = []
+    for dt in (torch.float32, torch.int64, torch.float16, torch.bool):
+        # equal splits
+        inp = make_input(rank, dt, 2 * n)
+        out = torch.empty(2 * n, dtype=dt)
+        dist.all_to_all_single(out, inp)
+        exp = torch.cat([make_input(r, dt, 2 * n)[2 * rank:2 * rank + 2] for r in range(n)])
+        if not torch.equal(out, exp):
+            bad.append(f"all_to_all_single equal {dt}")
+        # uneven splits: rank r sends (r + p) % 3 rows to rank p, zero-size ones included
+        def splits(src):
+            return [(src + p) % 3 for p in range(n)]
+        ins = splits(rank)
+        outs = [splits(src)[rank] for src in range(n)]
+        inp = make_input(rank, dt, sum(ins), salt=5)
+        out = torch.empty(sum(outs), dtype=dt)
+        dist.all_to_all_single(out, inp, output_split_sizes=outs, input_split_sizes=ins)
+        pieces = []
+        for src in range(n):
+            s = splits(src)
+            full = make_input(src, dt, sum(s), salt=5)
+            off = sum(s[:rank])
+            pieces.append(full[off:off + s[rank]])
+        if not torch.equal(out, torch.cat(pieces)):
+            bad.append(f"all_to_all_single uneven {dt}")
+        # list form
+        ins_l = [make_input(rank * n + p, dt, p + 1) for p in range(n)]
+        outs_l = [torch.empty(rank + 1, dtype=dt) for _ in range(n)]
+        dist.all_to_all(outs_l, ins_l)
+        for src in range(n):
+            if not torch.equal(outs_l[src], make_input(src * n + rank, dt, rank + 1)):
+                bad.append(f"all_to_all list {dt} from {src}")
+    return bad
+
+
+def rk_p2p(rank, n):
+    bad = []
+    if n == 1:
+        return bad
+    right, left = (rank + 1) % n, (rank - 1) % n
+    # blocking ring with tags; big enough to exceed a FIFO so both directions must overlap
+    for count in (0, 5, 2_000_003):
+        s = make_input(rank, torch.float32, count)
+        r = torch.empty(count, dtype=torch.float32)
+        ops = [dist.P2POp(dist.isend, s, right, tag=3), dist.P2POp(dist.irecv, r, left, tag=3)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        if not torch.equal(r, make_input(left, torch.float32, count)):
+            bad.append(f"batch_isend_irecv count={count}")
+    # plain isend/irecv without a batch, both directions at once
+    s = make_input(rank, torch.int32, 1_200_000)
+    r = torch.empty_like(s)
+    w1 = dist.isend(s, right)
+    w2 = dist.irecv(r, left)
+    w1.wait()
+    w2.wait()
+    if not torch.equal(r, make_input(left, torch.int32, 1_200_000)):
+        bad.append("isend/irecv")
+    # receive from any source: everyone sends one tensor to rank 0
+    if rank == 0:
+        got = set()
+        for _ in range(n - 1):
+            t = torch.empty(3, dtype=torch.int64)
+            src = dist.recv(t)
+            if not torch.equal(t, torch.full((3,), src, dtype=torch.int64)):
+                bad.append(f"recv(any) payload from {src}")
+            got.add(src)
+        if got != set(range(1, n)):
+            bad.append(f"recv(any) sources {got}")
+    else:
+        dist.send(torch.full((3,), rank, dtype=torch.int64), 0)
+    # a posted receive must not block a later collective (separate lanes)
+    if rank == 0:
+        r = torch.empty(4)
+        w = dist.irecv(r, 1, tag=9)
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        w.wait()
+        if not torch.equal(r, torch.full((4,), 7.0)):
+            bad.append("irecv across a collective")
+    else:
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        if rank == 1:
+            dist.send(torch.full((4,), 7.0), 0, tag=9)
+    return bad
+
+
+def rk_barrier_and_zero(rank, n):
+    for _ in range(3):
+        dist.barrier()
+    t = torch.empty(0)
+    dist.all_reduce(t)
+    return []
+
+
+def rk_coalesced(rank, n):
+    bad = []
+    ts = [make_input(rank, torch.float32, k) for k in (1, 0, 1000, 33, 4096)]
+    exp = [reduce_ref([make_input(r, torch.float32, t.numel()) for r in range(n)], "SUM", n) for t in ts]
+    dist.all_reduce_coalesced(ts)
+    for t, e in zip(ts, exp):
+        if not torch.equal(t, e):
+            bad.append(f"all_reduce_coalesced numel={t.numel()}")
+    # through the coalescing manager, as DDP and FSDP use it
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    ts = [make_input(rank, torch.float64, k) for k in (7, 100)]
+    with _coalescing_manager(async_ops=True) as cm:
+        for t in ts:
+            dist.all_reduce(t)
+    cm.wait()
+    for t in ts:
+        if not torch.equal(t, reduce_ref([make_input(r, torch.float64, t.numel()) for r in range(n)], "SUM", n)):
+            bad.append(f"coalescing manager all_reduce numel={t.numel()}")
+    ins = [make_input(rank, torch.int32, k) for k in (3, 5)]
+    outs = [torch.empty(k * n, dtype=torch.int32) for k in (3, 5)]
+    with _coalescing_manager(async_ops=True) as cm:
+        for o, i in zip(outs, ins):
+            dist.all_gather_into_tensor(o, i)
+    cm.wait()
+    for o, i in zip(outs, ins):
+        if not torch.equal(o, torch.cat([make_input(r, torch.int32, i.numel()) for r in range(n)])):
+            bad.append("coalesced all_gather_into_tensor")
+    ins = [make_input(rank, torch.float32, k * n) for k in (2, 4)]
+    outs = [torch.empty(k, dtype=torch.float32) for k in (2, 4)]
+    with _coalescing_manager(async_ops=True) as cm:
+        for o, i in zip(outs, ins):
+            dist.reduce_scatter_tensor(o, i)
+    cm.wait()
+    for o, k in zip(outs, (2, 4)):
+        full = reduce_ref([make_input(r, torch.float32, k * n) for r in range(n)], "SUM", n)
+        if not torch.equal(o, full[rank * k:(rank + 1) * k]):
+            bad.append("coalesced reduce_scatter_tensor")
+    return bad
+
+
+def rk_async_futures(rank, n):
+    bad = []
+    works, ts = [], []
+    for k in range(4):
+        t = make_input(rank, torch.float32, 100 + k)
+        ts.append(t)
+        works.append(dist.all_reduce(t, async_op=True))
+    fut = works[-1].get_future().then(lambda f: f.value()[0] * 2)
+    for w in works:
+        w.wait()
+    for k, t in enumerate(ts):
+        if not torch.equal(t, reduce_ref([make_input(r, torch.float32, 100 + k) for r in range(n)], "SUM", n)):
+            bad.append(f"async all_reduce {k}")
+    if not torch.equal(fut.wait(), ts[-1] * 2):
+        bad.append("future then() value")
+    w = dist.broadcast(torch.ones(3), src=0, async_op=True)
+    w.wait()
+    if not w.is_completed() or not w.is_success():
+        bad.append("work state after wait")
+    return bad
+
+
+def rk_subgroups(rank, n):
+    bad = []
+    evens = dist.new_group([r for r in range(n) if r % 2 == 0])
+    odds = dist.new_group([r for r in range(n) if r % 2 == 1]) if n > 1 else None
+    mine = evens if rank % 2 == 0 else odds
+    members = [r for r in range(n) if r % 2 == rank % 2]
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t, group=mine)
+    if t.item() != float(sum(members)):
+        bad.append(f"subgroup all_reduce {t.item()} != {sum(members)}")
+    # interleave with the world group: communicators in one process are independent
+    w = torch.tensor([1.0])
+    dist.all_reduce(w)
+    if w.item() != n:
+        bad.append("world all_reduce after subgroup")
+    b = torch.tensor([float(rank)])
+    dist.broadcast(b, src=members[-1], group=mine)
+    if b.item() != members[-1]:
+        bad.append("subgroup broadcast with a global root")
+    for g in (evens, odds):
+        if g is not None:
+            dist.destroy_process_group(g)
+    return bad
+
+
+def rk_seqnum(rank, n):
+    # ProcessGroup refuses this query for custom backends; the backend answers it.
+    be = dist.group.WORLD._get_backend(torch.device("cpu"))
+    be._set_sequence_number_for_group()
+    before = be._get_sequence_number_for_group()
+    for _ in range(3):
+        dist.all_reduce(torch.ones(1))
+    after = be._get_sequence_number_for_group()
+    return [] if after - before == 3 else [f"sequence number moved {before}->{after}"]
+
+
+# ----------------------------------------------------------------------------- tests
+
+SIZES = [1, 2, 3, 4]
+TRANSPORTS = {"shm": {}, "tcp": {"RAILCC_SHM_DISABLE": "1"}}
+
+
+def pool_for(pools, n, transport):
+    return pools(n, **TRANSPORTS[transport])
+
+
+def check(pool, fn, timeout=120):
+    results = pool.run(fn, timeout=timeout)
+    bad = [f"rank {r}: {msg}" for r, lst in enumerate(results) for msg in lst]
+    assert not bad, "\n".join(bad[:20])
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize(
+    "fn",
+    [rk_allreduce, rk_reduce, rk_reduce_scatter, rk_allgather, rk_broadcast, rk_gather_scatter, rk_alltoall,
+     rk_p2p, rk_barrier_and_zero, rk_coalesced, rk_async_futures, rk_subgroups, rk_seqnum],
+    ids=lambda f: f.__name__[3:],
+)
+def test_collective(pools, n, transport, fn):
+    check(pool_for(pools, n, transport), fn)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_allreduce_larger_than_fifo(pools, n, transport):
+    check(pool_for(pools, n, transport), rk_allreduce_large, timeout=180)
+
+
+def test_device_map_string(pools):
+    check(pools(2, backend="cpu:railcc"), rk_barrier_and_zero)
+
+
+def test_debug_detail_wrapper(pools):
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps the backend and checks sequence numbers and
+    # shapes with extra collectives on every call.
+    check(pools(2, TORCH_DISTRIBUTED_DEBUG="DETAIL"), rk_seqnum)
+    check(pools(2, TORCH_DISTRIBUTED_DEBUG="DETAIL"), rk_async_futures)
