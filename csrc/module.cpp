@@ -77,6 +77,13 @@ PYBIND11_MODULE(_C, m) {
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name") = "",
            py::call_guard<py::gil_scoped_release>())
       .def("peer_transports", &railcc::ProcessGroupRailcc::peerTransports)
+      .def("listen_address",
+           [](railcc::ProcessGroupRailcc& self) { return self.comm().peers()[static_cast<size_t>(self.getRank())].addr; })
+      .def("hosts", [](railcc::ProcessGroupRailcc& self) {
+        std::vector<std::string> out;
+        for (auto& p : self.comm().peers()) out.push_back(p.hostname);
+        return out;
+      })
       .def("collective_count", [](railcc::ProcessGroupRailcc& self) { return self.comm().collectiveCount(); });
 
   m.def("params", [] {

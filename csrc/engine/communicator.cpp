@@ -242,6 +242,7 @@ class CommImpl {
   void shutdown();
 
   CommOptions opts_;
+  Store* store_ = nullptr;  // outlives the communicator (owned by the glue or the test)
   int rank_, size_;
   std::vector<PeerInfo> peers_;
   std::vector<int> localRanks_;
@@ -266,6 +267,7 @@ class CommImpl {
   std::atomic<bool> aborted_{false};
   std::string abortWhy_;
   mutable std::mutex errMu_;
+  std::mutex connMu_;  // guards chans_ against an aborting thread while shutdown frees them
   std::exception_ptr broken_;
   std::deque<std::unique_ptr<Op>> collQueue_;
   std::vector<std::unique_ptr<Op>> p2pActive_;
@@ -282,6 +284,7 @@ class CommImpl {
   size_t progressP2P();
   void finishP2P();
   size_t progressChannel(int lane, int peer);
+  size_t progressChannelImpl(int lane, int peer);
   size_t progressSend(Channel& ch, Transfer& t);
   size_t progressRecv(Channel& ch, Transfer& t);
   bool readHeader(Channel& ch, size_t& moved);
@@ -289,6 +292,7 @@ class CommImpl {
   void idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeout, const char* what);
   [[noreturn]] void failStalled(const std::vector<Transfer*>& pending, Millis timeout);
   void fail(std::exception_ptr err);
+  [[noreturn]] void peerFailed(int peer, const std::string& detail);
   void pollStray();
   // After a failure the streams are out of step: forget every queued transfer.
   void clearChannels() {
@@ -336,7 +340,8 @@ sockaddr_in parseAddr(const std::string& s) {
 
 }  // namespace
 
-CommImpl::CommImpl(Store& store, CommOptions opts) : opts_(std::move(opts)), rank_(opts_.rank), size_(opts_.size) {
+CommImpl::CommImpl(Store& store, CommOptions opts)
+    : opts_(std::move(opts)), store_(&store), rank_(opts_.rank), size_(opts_.size) {
   RAILCC_CHECK_ARG(size_ >= 1, "world size must be >= 1, got ", size_);
   RAILCC_CHECK_ARG(rank_ >= 0 && rank_ < size_, "rank ", rank_, " is out of range for world size ", size_);
   log::setThreadRank(rank_);
@@ -499,7 +504,8 @@ void CommImpl::bootstrap(Store& store) {
   }
   for (int r : remote) peers_[static_cast<size_t>(r)].transport = "socket " + peers_[static_cast<size_t>(r)].addr;
   if (!remote.empty())
-    RAILCC_WARN(NET, "TCP sockets serve ", remote.size(), " peer(s) on other hosts (no RDMA transport in this build)");
+    RAILCC_WARN(NET, "TCP sockets serve ", remote.size(), " peer(s)", cfg.shmDisable ? " (RAILCC_SHM_DISABLE=1)" : "",
+                "; there is no RDMA transport in this build");
 
   for (int r = 0; r < size_; ++r)
     if (r != rank_)
@@ -577,7 +583,8 @@ void CommImpl::drainQueue() {
 void CommImpl::fail(std::exception_ptr err) {
   {
     std::lock_guard<std::mutex> g(errMu_);
-    if (!broken_) broken_ = err;
+    if (broken_) return;
+    broken_ = err;
   }
   std::string msg;
   try {
@@ -586,6 +593,45 @@ void CommImpl::fail(std::exception_ptr err) {
     msg = e.what();
   }
   RAILCC_WARN(WATCHDOG, "group '", opts_.name, "' failed: ", msg);
+  // Tell the peers at once, and why: they would otherwise wait for their timeout.
+  try {
+    store_->set("failed/" + std::to_string(rank_), msg);
+  } catch (const std::exception& e) {
+    RAILCC_WARN(WATCHDOG, "could not publish the failure through the store: ", e.what());
+  }
+  if (shm_) shm_->markFailed();
+  std::lock_guard<std::mutex> g(connMu_);
+  for (auto& lane : chans_)
+    for (auto& ch : lane)
+      if (ch.conn) ch.conn->markFailed();
+}
+
+void CommImpl::peerFailed(int peer, const std::string& detail) {
+  const PeerInfo& p = peers_[static_cast<size_t>(peer)];
+  std::string reason;
+  try {
+    reason = store_->get("failed/" + std::to_string(peer), Millis(200));
+  } catch (const std::exception&) {
+  }
+  ErrorCode code = ErrorCode::kPeerFailure;
+  std::string msg;
+  if (reason.rfind("collective mismatch", 0) == 0) {
+    code = ErrorCode::kMismatch;  // the peer saw both calls; repeat them here
+    msg = "rank " + std::to_string(peer) + " (host " + p.hostname + ") detected a " + reason;
+  } else if (!reason.empty()) {
+    msg = "rank " + std::to_string(peer) + " (host " + p.hostname + ", " + p.transport + ") failed: " + reason;
+  } else {
+    msg = "rank " + std::to_string(peer) + " (host " + p.hostname + ", pid " + std::to_string(p.pid) + ", " +
+          p.transport + ") is gone: " + detail + "; it left no report, so it most likely died (killed, OOM or crash)";
+  }
+  Error err(code, msg);
+  err.ranks = {peer};
+  err.hosts = {p.hostname};
+  if (current_) {
+    err.seq = static_cast<long long>(current_->fp.seq);
+    err.op = opKindName(current_->kind);
+  }
+  throw err;
 }
 
 void CommImpl::progressLoop() {
@@ -677,7 +723,12 @@ size_t CommImpl::progressP2P() {
       if (r == rank_) continue;
       Channel& ch = chans_[kP2PLane][static_cast<size_t>(r)];
       if (!ch.recvq.empty()) continue;
-      if (readHeader(ch, moved) && ch.inHdr.tag == op.xfer.hdr.tag) got = r;
+      try {
+        if (readHeader(ch, moved) && ch.inHdr.tag == op.xfer.hdr.tag) got = r;
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kPeerFailure) peerFailed(r, e.what());
+        throw;
+      }
     }
     if (got < 0) {
       ++it;
@@ -731,7 +782,7 @@ void CommImpl::checkHeader(const Transfer& t, const WireHeader& h, int peer) {
   }
   if (same) return;
   Error err(ErrorCode::kMismatch,
-            "collective mismatch between this rank (" + std::to_string(rank_) + ") and " + peerName(peer) +
+            "collective mismatch between rank " + std::to_string(rank_) + " and " + peerName(peer) +
                 ":\n  rank " + std::to_string(rank_) + " called " + describeCall(e) + (e.kind == h.kind &&
                 e.kind != static_cast<uint8_t>(OpKind::kP2P) && h.seq == e.seq && h.bytes != e.bytes
                 ? " expecting " + std::to_string(e.bytes) + " bytes from it" : "") +
@@ -825,6 +876,15 @@ size_t CommImpl::progressRecv(Channel& ch, Transfer& t) {
 }
 
 size_t CommImpl::progressChannel(int lane, int peer) {
+  try {
+    return progressChannelImpl(lane, peer);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kPeerFailure) peerFailed(peer, e.what());
+    throw;
+  }
+}
+
+size_t CommImpl::progressChannelImpl(int lane, int peer) {
   Channel& ch = chans_[lane][static_cast<size_t>(peer)];
   size_t moved = 0;
   while (!ch.sendq.empty()) {
@@ -902,10 +962,7 @@ void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
       try {
         chans_[lane][static_cast<size_t>(peer)].conn->checkAlive();
       } catch (const Error& e) {
-        Error err(ErrorCode::kPeerFailure, std::string(what) + ": peer " + peerName(peer) + " failed: " + e.what());
-        err.ranks = {peer};
-        err.hosts = {peers_[static_cast<size_t>(peer)].hostname};
-        throw err;
+        peerFailed(peer, e.what());
       }
     }
     pollStray();
@@ -1012,7 +1069,10 @@ void CommImpl::shutdown() {
     cv_.notify_all();
     thread_.join();
   }
-  chans_.clear();
+  {
+    std::lock_guard<std::mutex> g(connMu_);
+    chans_.clear();
+  }
   shm_.reset();
   listener_.reset();
 }

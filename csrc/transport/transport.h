@@ -51,6 +51,10 @@ class Connection {
   /// memory). Throws kPeerFailure. Cheap enough to call a few times a second.
   virtual void checkAlive() {}
 
+  /// Tells the peer this side has failed and will not continue the stream: sockets are shut
+  /// down so the peer sees a close at once. Thread-safe (may run on an aborting thread).
+  virtual void markFailed() {}
+
  protected:
   static void copyOut(void* dst, const void* src, size_t n);
 };

@@ -95,8 +95,10 @@ class ShmConnection : public Connection {
   std::string describe() const override { return "shm"; }
 
   void checkAlive() override {
+    if (peerHdr_->failed.load())
+      RAILCC_THROW(kPeerFailure, "it reported a failure of its own");
     if (processGone(peerHdr_->pid))
-      RAILCC_THROW(kPeerFailure, "process ", peerHdr_->pid, " on this host exited");
+      RAILCC_THROW(kPeerFailure, "its process ", peerHdr_->pid, " on this host exited");
   }
 
  private:
@@ -173,6 +175,7 @@ Domain::Domain(const std::string& token, int nslots, size_t slotBytes)
   auto* h = header();
   h->bell.store(0);
   h->sleeping.store(0);
+  h->failed.store(0);
   h->pid = getpid();
   h->nslots = static_cast<uint32_t>(nslots);
   h->slotBytes = slotBytes;

@@ -17,6 +17,7 @@ namespace railcc::transport::shm {
 struct alignas(64) SegmentHeader {
   std::atomic<uint32_t> bell;
   std::atomic<uint32_t> sleeping;
+  std::atomic<uint32_t> failed;  // set when this process's communicator has failed
   int32_t pid;
   uint32_t nslots;
   uint64_t slotBytes;
@@ -75,6 +76,8 @@ class Domain {
   std::unique_ptr<Connection> connect(int myIndex, int peerIndex, int lane, int nlanes);
 
   SegmentHeader* header() const { return reinterpret_cast<SegmentHeader*>(own_->data()); }
+  /// Raises this process's failure flag, which peers see in Connection::checkAlive().
+  void markFailed() { header()->failed.store(1); }
   /// Wakes this process's progress thread (e.g. a new op was queued).
   void ringSelf();
   /// Sleeps until a peer rings the doorbell or `timeoutUs` passes. `recheck` runs after the

@@ -124,6 +124,7 @@ class SocketConnection : public Connection {
 
   int pollFd() const override { return fd_; }
   std::string describe() const override { return "socket " + desc_; }
+  void markFailed() override { ::shutdown(fd_, SHUT_RDWR); }
 
  private:
   void handle(ssize_t r) {
