@@ -75,8 +75,8 @@ class RankPool:
             self.kill()
             raise TaskError(f"process group init failed: {bad}")
 
-    def _collect(self, what, timeout):
-        got = {}
+    def _collect(self, what, timeout, allow_dead=()):
+        got = {r: ("died", None) for r in allow_dead}
         deadline = time.monotonic() + timeout
         while len(got) < self.world_size:
             left = deadline - time.monotonic()
@@ -88,6 +88,8 @@ class RankPool:
                 rank, status, value = self._results.get(timeout=min(left, 0.5))
             except queue.Empty:
                 dead = [r for r, p in enumerate(self._procs) if not p.is_alive() and r not in got]
+                if dead and set(dead) <= set(allow_dead):
+                    continue
                 if dead:
                     self.kill()
                     raise TaskError(f"{what}: ranks {dead} died")
@@ -95,11 +97,12 @@ class RankPool:
             got[rank] = (status, value)
         return got
 
-    def run_raw(self, fn, *args, timeout=60, ranks=None):
-        """Runs fn on every rank; returns {rank: (status, value)}."""
+    def run_raw(self, fn, *args, timeout=60, allow_dead=()):
+        """Runs fn on every rank; returns {rank: (status, value)}. Ranks in allow_dead may
+        die instead of answering (status "died")."""
         for q in self._tasks:
             q.put((fn.__module__, fn.__name__, args))
-        return self._collect(fn.__name__, timeout)
+        return self._collect(fn.__name__, timeout, allow_dead)
 
     def run(self, fn, *args, timeout=60):
         """Runs fn on every rank and returns the list of results; any exception fails."""

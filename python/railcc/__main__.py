@@ -1,0 +1,38 @@
+"""python -m railcc env [--markdown]   list railcc's parameters (effective values, sources)
+python -m railcc bench ...          same as railcc-bench"""
+
+import sys
+
+
+def env_table(markdown=False):
+    from . import params
+
+    rows = params()
+    if markdown:
+        out = ["| variable | NCCL fallback | type | default | meaning |", "|---|---|---|---|---|"]
+        for p in rows:
+            out.append(f"| `{p['env']}` | {('`' + p['fallback'] + '`') if p['fallback'] else ''} | {p['type']} | "
+                       f"`{p['default']}` | {p['description']} |")
+        return "\n".join(out)
+    width = max(len(p["env"]) for p in rows)
+    return "\n".join(f"{p['env']:<{width}}  {p['value']!r:<14} ({p['source']})  {p['description']}" for p in rows)
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    if argv[0] == "env":
+        print(env_table(markdown="--markdown" in argv))
+        return 0
+    if argv[0] == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(argv[1:])
+    print(f"unknown command {argv[0]!r}\n{__doc__}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs everything railcc needs on a fresh Debian machine and builds it in place.
+# Safe to run again: finished steps are quick.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+pkgs=(cmake ninja-build ccache g++ libgtest-dev libhwloc-dev libibverbs-dev iproute2)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+# torch first and pinned, so nothing below pulls a different one; the build then runs
+# without isolation against this torch.
+"$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch==2.13.0"
+"$PY" -m pip install -q pytest pytest-timeout matplotlib
+"$PY" -m pip install -q --no-build-isolation -e .
+"$PY" -c "import railcc, torch; print('railcc', railcc.__version__, 'built against torch', torch.__version__)"

@@ -1,0 +1,23 @@
+"""Builds and runs the GoogleTest binary (engine and transports, no torch), so the one
+test command covers the C++ suite as well."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BUILD = os.path.join(ROOT, "build", "cpp")
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("ninja") is None, reason="cmake/ninja not installed")
+def test_googletest_suite():
+    subprocess.run(["cmake", "-S", ROOT, "-B", BUILD, "-G", "Ninja", "-DRAILCC_BUILD_PYTHON=OFF",
+                    "-DRAILCC_BUILD_TESTS=ON"], check=True, timeout=300, capture_output=True)
+    subprocess.run(["cmake", "--build", BUILD], check=True, timeout=900)
+    r = subprocess.run([os.path.join(BUILD, "railcc_tests"), "--gtest_brief=1"], timeout=600,
+                       capture_output=True, text=True)
+    tail = "\n".join((r.stdout + r.stderr).splitlines()[-40:])
+    assert r.returncode == 0, tail
+    assert "PASSED" in r.stdout, tail

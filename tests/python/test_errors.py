@@ -1,0 +1,152 @@
+"""Bad input, mismatched calls, strangers and dead peers: clear errors, never a hang."""
+
+import os
+import signal
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import harness
+
+
+def _catch(fn):
+    try:
+        fn()
+    except Exception as e:  # the test inspects what was raised
+        return type(e).__name__, str(e)
+    return None
+
+
+def rk_bad_arguments(rank, n):
+    got = {}
+    got["list_len"] = _catch(lambda: dist.all_gather([torch.empty(2)] * (n + 1), torch.ones(2)))
+    got["size"] = _catch(lambda: dist.all_gather_into_tensor(torch.empty(3 * n + 1), torch.ones(3)))
+    got["noncontig"] = _catch(lambda: dist.all_reduce(torch.ones(4, 4).t()))
+    got["avg_int"] = _catch(lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.AVG))
+    got["bxor_float"] = _catch(lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BXOR))
+    got["dtype"] = _catch(lambda: dist.all_reduce(torch.ones(3, dtype=torch.uint16)))
+    be = dist.group.WORLD._get_backend(torch.device("cpu"))
+    opts = dist.BroadcastOptions()
+    opts.rootRank = n + 3
+    got["root"] = _catch(lambda: be.broadcast([torch.ones(1)], opts))
+    # the group is still usable after all of these
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    got["after"] = t.tolist()
+    return got
+
+
+def test_bad_arguments_raise_value_errors_naming_the_problem(pools):
+    n = 2
+    for got in pools(n).run(rk_bad_arguments):
+        assert got["after"] == [float(n)] * 2
+        for key, needle in (("list_len", "output list"), ("size", "elements"), ("noncontig", "contiguous"),
+                            ("avg_int", "AVG"), ("bxor_float", "BXOR"), ("dtype", "dtype"), ("root", "root")):
+            assert got[key] is not None, key
+            assert got[key][0] in ("ValueError", "RuntimeError"), (key, got[key])
+            assert needle in got[key][1], (key, got[key][1])
+
+
+def rk_mismatch(rank, n):
+    import railcc
+
+    t = torch.ones(8)
+    start = time.monotonic()
+    try:
+        if rank == 0:
+            dist.all_reduce(t)
+        else:
+            dist.broadcast(t, src=0)
+    except railcc.CollectiveMismatchError as e:
+        return {"type": type(e).__name__, "msg": str(e), "ranks": list(e.ranks),
+                "is_dist": isinstance(e, dist.DistBackendError), "secs": time.monotonic() - start}
+    return {"type": None}
+
+
+def test_mismatched_collectives_fail_on_every_rank_with_both_calls():
+    pool = harness.RankPool(2)
+    try:
+        got = pool.run(rk_mismatch, timeout=60)
+    finally:
+        pool.kill()
+    for g in got:
+        assert g["type"] == "CollectiveMismatchError", g
+        assert g["is_dist"]
+        assert "allreduce" in g["msg"] and "broadcast" in g["msg"], g["msg"]
+        assert sorted(g["ranks"]) in ([0, 1], [0], [1])
+        assert g["secs"] < 10, g  # promised well under a second; generous for a loaded CI box
+
+
+def rk_listen_address(rank, n):
+    return dist.group.WORLD._get_backend(torch.device("cpu")).listen_address()
+
+
+def rk_allreduce_check(rank, n):
+    t = torch.full((1000,), float(rank + 1))
+    dist.all_reduce(t)
+    return t[0].item() == n * (n + 1) / 2 and bool((t == t[0]).all())
+
+
+def test_stranger_sending_garbage_to_a_railcc_port_is_dropped(pools):
+    pool = pools(2, RAILCC_SHM_DISABLE="1", RAILCC_SOCKET_IFNAME="lo")
+    addrs = pool.run(rk_listen_address)
+    host, port = addrs[1].rsplit(":", 1)
+    assert host.startswith("127."), addrs
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(b"\x00garbage" * 1000)
+        assert pool.run(rk_allreduce_check) == [True, True]
+    assert pool.run(rk_allreduce_check) == [True, True]
+
+
+def rk_peer_dies(rank, n):
+    import railcc
+
+    victim = n - 1
+    dist.barrier()
+    if rank == victim:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    t = torch.ones(1 << 20)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(t)
+    except railcc.PeerFailureError as e:
+        detect = time.monotonic() - start - 0.5
+        t0 = time.monotonic()
+        dist.destroy_process_group()
+        return {"ok": True, "ranks": list(e.ranks), "hosts": list(e.hosts), "msg": str(e),
+                "detect": detect, "destroy": time.monotonic() - t0}
+    except Exception as e:
+        return {"ok": False, "msg": f"{type(e).__name__}: {e}"}
+    return {"ok": False, "msg": "no error"}
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_dead_peer_is_named_within_seconds(transport):
+    env = {"RAILCC_SHM_DISABLE": "1"} if transport == "tcp" else {}
+    n = 3
+    pool = harness.RankPool(n, env=env)
+    try:
+        got = pool.run_raw(rk_peer_dies, timeout=60, allow_dead=(n - 1,))
+    finally:
+        pool.kill()
+    for r in range(n - 1):
+        status, g = got[r]
+        assert status == "ok" and g["ok"], (r, got[r])
+        assert g["ranks"] == [n - 1], g
+        assert f"rank {n - 1}" in g["msg"], g["msg"]
+        assert g["detect"] < 10, g  # promise: 2 s; a wide margin for a loaded machine
+        assert g["destroy"] < 10, g
+
+
+def test_readme_configuration_table_matches_the_parameter_table():
+    import subprocess
+    import sys
+
+    table = subprocess.run([sys.executable, "-m", "railcc", "env", "--markdown"], check=True, capture_output=True,
+                           text=True, timeout=60).stdout.strip()
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    assert table in readme, "README's configuration table is stale: regenerate with python -m railcc env --markdown"
