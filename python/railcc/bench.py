@@ -1,0 +1,1184 @@
+"""railcc-bench: a collective benchmark for torch.distributed backends, in the manner of nccl-tests.
+
+Launch it under torchrun (it then rendezvouses through env://) or let it start its own ranks:
+
+    railcc-bench --nprocs 4 --backend railcc,gloo -b 8 -e 128M -f 2 -o all_reduce,all_gather
+    torchrun --nproc-per-node 4 -m railcc.bench --backend railcc -d bfloat16
+
+Both `-o/--op` spellings take a comma list that may mix collectives (all_reduce, all_gather,
+reduce_scatter, broadcast, reduce, alltoall, sendrecv, allreduce_coalesced) and at most one
+reduction (sum, prod, min, max, avg): nccl-tests uses -o for the reduction, and one tool with many
+collectives needs a way to pick them; the two vocabularies never overlap, so one flag serves both.
+
+Columns and bandwidths follow nccl-tests:
+  * size(B) is the whole array a rank deals with: for all_gather, reduce_scatter and alltoall that
+    is count x nranks elements, where count is the per-rank piece; for allreduce_coalesced it is
+    ntensors x count elements, where count is the size of one tensor (the sweep steps that size).
+  * algbw = size / time, busbw = algbw x factor, the factor being 2(n-1)/n for all_reduce and
+    allreduce_coalesced, (n-1)/n for all_gather, reduce_scatter and alltoall, and 1 otherwise.
+  * time is the median over the timed iterations of the slowest rank's time in each iteration;
+    every iteration starts right after a barrier on a separate gloo group.
+
+torch exposes all_reduce, broadcast, reduce and all_reduce_coalesced only in place. For those the
+out-of-place column runs the collective on a result buffer that is refilled from an untouched
+source before each iteration (outside the timed region), so the source survives as it would with
+separate send and receive buffers; the in-place column runs on one buffer over and over.
+all_gather and reduce_scatter call all_gather_into_tensor / reduce_scatter_tensor (under their newer
+names all_gather_single / reduce_scatter_single where torch has them) and, in place, pass a piece
+of one buffer as the other, as those calls allow; alltoall and sendrecv have no in-place form (N/A).
+
+allreduce_coalesced calls torch.distributed.all_reduce_coalesced, which goes straight to
+ProcessGroup.allreduce_coalesced: the same entry point _coalescing_manager reaches for all_reduce
+on backends without start/end coalescing, minus one Python call per tensor.
+
+Exit status: 0; 1 when a rank failed; 2 for bad arguments; 3 when -c 1 found wrong elements.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import socket
+import statistics
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+
+if not __package__:
+    # Run as a file (python path/to/bench.py): make `import railcc` find this source tree, but
+    # only as a last resort so an installed build wins, and drop this package's own folder from
+    # the path so its module names cannot shadow the standard library.
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+    sys.path.append(os.path.dirname(_here))
+
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_WRONG = 0, 1, 2, 3
+
+# name -> (torch attribute, bytes per element, is floating point)
+DTYPES = {
+    "int8": ("int8", 1, False),
+    "uint8": ("uint8", 1, False),
+    "int32": ("int32", 4, False),
+    "int64": ("int64", 8, False),
+    "half": ("float16", 2, True),
+    "float": ("float32", 4, True),
+    "double": ("float64", 8, True),
+    "bfloat16": ("bfloat16", 2, True),
+}
+DTYPE_ALIASES = {
+    "char": "int8", "byte": "uint8", "int": "int32", "long": "int64",
+    "float16": "half", "fp16": "half", "float32": "float", "fp32": "float",
+    "float64": "double", "fp64": "double", "bf16": "bfloat16",
+}
+
+REDOPS = ("sum", "prod", "min", "max", "avg")
+
+
+@dataclass(frozen=True)
+class Coll:
+    reduces: bool  # takes a reduction, so the redop column means something
+    rooted: bool  # takes a root, so the root column means something
+    chunked: bool  # the buffer is split into one piece per rank
+    inplace: bool  # has an in-place form
+    min_ranks: int
+
+
+COLLS = {
+    "all_reduce": Coll(reduces=True, rooted=False, chunked=False, inplace=True, min_ranks=1),
+    "all_gather": Coll(reduces=False, rooted=False, chunked=True, inplace=True, min_ranks=1),
+    "reduce_scatter": Coll(reduces=True, rooted=False, chunked=True, inplace=True, min_ranks=1),
+    "broadcast": Coll(reduces=False, rooted=True, chunked=False, inplace=True, min_ranks=1),
+    "reduce": Coll(reduces=True, rooted=True, chunked=False, inplace=True, min_ranks=1),
+    "alltoall": Coll(reduces=False, rooted=False, chunked=True, inplace=False, min_ranks=1),
+    # torch refuses a send to oneself, so a ring needs two ranks
+    "sendrecv": Coll(reduces=False, rooted=False, chunked=False, inplace=False, min_ranks=2),
+    "allreduce_coalesced": Coll(reduces=True, rooted=False, chunked=False, inplace=True, min_ranks=1),
+}
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+
+
+# ----------------------------------------------------------------------------------------------
+# Arithmetic: pure functions, unit-tested without processes.
+
+
+def parse_size(text):
+    """'64K' -> 65536. Suffixes are powers of 1024, as in nccl-tests; 'B'/'iB' may follow."""
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise ValueError(f"invalid size {text!r} (expected e.g. 8, 64K, 1.5M, 2G)")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value != int(value):
+        raise ValueError(f"invalid size {text!r}: not a whole number of bytes")
+    return int(value)
+
+
+def size_sweep(minbytes, maxbytes, stepfactor=2.0, stepbytes=None):
+    """The sizes from minbytes up to maxbytes: multiplied by stepfactor, or plus stepbytes if given."""
+    if minbytes < 1:
+        raise ValueError("minbytes must be at least 1")
+    if minbytes > maxbytes:
+        raise ValueError(f"minbytes ({minbytes}) is larger than maxbytes ({maxbytes})")
+    if stepbytes is None and not stepfactor > 1:
+        raise ValueError("stepfactor must be larger than 1")
+    if stepbytes is not None and stepbytes < 1:
+        raise ValueError("stepbytes must be at least 1")
+    sizes = []
+    s = minbytes
+    while s <= maxbytes:
+        sizes.append(s)
+        # a fractional factor could round back to s; always move on
+        s = s + stepbytes if stepbytes is not None else max(s + 1, int(s * stepfactor))
+    return sizes
+
+
+def elem_count(coll, size, elsize, nranks, ntensors=1):
+    """(count, bytes) for one sweep size: count as printed, bytes = the whole array (size column).
+
+    Sizes round down to whole elements (whole per-rank pieces for chunked collectives).
+    """
+    spec = COLLS[coll]
+    pieces = nranks if spec.chunked else 1
+    count = size // (elsize * pieces)
+    nbytes = count * elsize * pieces
+    if coll == "allreduce_coalesced":
+        nbytes *= ntensors
+    return count, nbytes
+
+
+def busbw_factor(coll, nranks):
+    if nranks < 1:
+        raise ValueError("nranks must be at least 1")
+    if coll in ("all_reduce", "allreduce_coalesced"):
+        return 2.0 * (nranks - 1) / nranks
+    if coll in ("all_gather", "reduce_scatter", "alltoall"):
+        return (nranks - 1) / nranks
+    if coll in ("broadcast", "reduce", "sendrecv"):
+        return 1.0
+    raise ValueError(f"unknown collective {coll!r}")
+
+
+def bandwidths(nbytes, time_us, coll, nranks):
+    """(algbw, busbw) in GB/s (1e9 bytes per second) for nbytes moved in time_us microseconds."""
+    if time_us is None or time_us <= 0:
+        return None, None
+    algbw = nbytes / (time_us * 1e3)
+    return algbw, algbw * busbw_factor(coll, nranks)
+
+
+def ratio(first, other):
+    """first / other, or None where it is undefined."""
+    if first is None or other is None or other == 0:
+        return None
+    return first / other
+
+
+def count_wrong(actual, expected, tol=0.0):
+    """Number of elements of actual that differ from expected by more than tol (NaN always counts)."""
+    import torch
+
+    if actual.shape != expected.shape:
+        raise ValueError(f"shape {tuple(actual.shape)} does not match expected {tuple(expected.shape)}")
+    if tol == 0:
+        return int((actual != expected).sum())
+    diff = (actual.to(torch.float64) - expected.to(torch.float64)).abs()
+    return int((~(diff <= tol)).sum())
+
+
+def pattern_kind(coll, redop):
+    if not COLLS[coll].reduces:
+        return "data"
+    return {"sum": "sum", "avg": "sum", "prod": "prod", "min": "minmax", "max": "minmax"}[redop]
+
+
+def pattern(rank, count, dtype, kind, offset=0):
+    """The values rank contributes at elements [offset, offset+count) of its input.
+
+    Small integers, so every reduction is exact in every type (no rounding-order effects, even in
+    bfloat16, for any realistic rank count) and integer wrap-around is the same modular result
+    whatever order a backend combines ranks in. The rank enters every formula so that data coming
+    from the wrong rank, or a rank left out, shows up as wrong elements.
+    """
+    import torch
+
+    i = torch.arange(offset, offset + count, dtype=torch.int64)
+    if kind == "sum":
+        v = (i + rank) % 4
+    elif kind == "prod":
+        v = 1 + (i + rank) % 2  # only 1 and 2: products stay exact powers of two
+    elif kind == "minmax":
+        v = (i * 5 + rank * 3) % 11
+    elif kind == "data":
+        v = (i * 7 + rank * 31) % 97  # below 127: fits int8; distinct per rank for < 97 ranks
+    else:
+        raise ValueError(f"unknown pattern kind {kind!r}")
+    return v.to(dtype)
+
+
+def reduce_patterns(parts, redop, dtype):
+    """Reduction of the tensors in parts, computed in dtype the way any backend must agree with.
+
+    avg comes back in float64: its division rounds, so it is compared with a tolerance.
+    """
+    import torch
+
+    parts = list(parts)
+    if redop == "avg":
+        acc = parts[0].to(torch.float64)
+        for p in parts[1:]:
+            acc = acc + p.to(torch.float64)
+        return acc / len(parts)
+    acc = parts[0].clone()
+    for p in parts[1:]:
+        if redop == "sum":
+            acc = acc + p
+        elif redop == "prod":
+            acc = acc * p
+        elif redop == "min":
+            acc = torch.minimum(acc, p)
+        elif redop == "max":
+            acc = torch.maximum(acc, p)
+        else:
+            raise ValueError(f"unknown reduction {redop!r}")
+    return acc.to(dtype)
+
+
+def expected_output(coll, rank, nranks, count, dtype, redop="sum", root=0, ntensors=1):
+    """What rank must hold after coll when every rank's input is pattern(...); None where nothing
+    is defined (a non-root rank after reduce). allreduce_coalesced gives its tensors concatenated."""
+    import torch
+
+    kind = pattern_kind(coll, redop)
+
+    def pat(r, n=count, off=0):
+        return pattern(r, n, dtype, kind, off)
+
+    if coll == "all_reduce":
+        return reduce_patterns((pat(r) for r in range(nranks)), redop, dtype)
+    if coll == "reduce":
+        return reduce_patterns((pat(r) for r in range(nranks)), redop, dtype) if rank == root else None
+    if coll == "broadcast":
+        return pat(root)
+    if coll == "all_gather":
+        return torch.cat([pat(r) for r in range(nranks)])
+    if coll == "reduce_scatter":
+        return reduce_patterns((pat(r, count, rank * count) for r in range(nranks)), redop, dtype)
+    if coll == "alltoall":
+        return torch.cat([pat(r, count, rank * count) for r in range(nranks)])
+    if coll == "sendrecv":
+        return pat((rank - 1) % nranks)
+    if coll == "allreduce_coalesced":
+        return torch.cat(
+            [reduce_patterns((pat(r, count, k * count) for r in range(nranks)), redop, dtype) for k in range(ntensors)]
+        )
+    raise ValueError(f"unknown collective {coll!r}")
+
+
+def avg_tolerance(dtype_name, nranks):
+    """Slack for avg: a backend may divide before or after summing; patterns stay below 4."""
+    import torch
+
+    return (nranks + 1) * 4 * torch.finfo(getattr(torch, DTYPES[dtype_name][0])).eps
+
+
+def make_record(backend, coll, size, count, dtype, redop, root, inplace, time_us, algbw, busbw, wrong):
+    """One JSON result; redop/root as printed ("none" and -1 where the collective takes neither)."""
+    return {
+        "backend": backend,
+        "op": coll,
+        "size": int(size),
+        "count": int(count),
+        "type": dtype,
+        "redop": redop,
+        "root": int(root),
+        "inplace": bool(inplace),
+        "time_us": time_us,
+        "algbw": algbw,
+        "busbw": busbw,
+        "wrong": wrong,
+    }
+
+
+def make_report(meta, results, bound=None, peak_rss_kib=(), ratios=()):
+    return {
+        "meta": dict(meta),
+        "results": list(results),
+        "bound": bound,
+        "peak_rss_kib": [int(x) for x in peak_rss_kib],
+        "ratios": list(ratios),
+    }
+
+
+def average_busbw(records, backend, coll=None):
+    """Mean busbw over the sizes and both placements measured for backend (and coll)."""
+    vals = [
+        r["busbw"]
+        for r in records
+        if r["backend"] == backend and (coll is None or r["op"] == coll) and r["busbw"] is not None
+    ]
+    return sum(vals) / len(vals) if vals else None
+
+
+def split_ops(tokens):
+    """-o/--op tokens -> (collectives, reduction), checking the names."""
+    colls, redops = [], []
+    for tok in tokens:
+        for name in tok.split(","):
+            name = name.strip().lower()
+            if not name:
+                continue
+            if name in COLLS:
+                if name not in colls:
+                    colls.append(name)
+            elif name in REDOPS:
+                if name not in redops:
+                    redops.append(name)
+            else:
+                raise ValueError(
+                    f"unknown operation {name!r} (collectives: {', '.join(COLLS)}; reductions: {', '.join(REDOPS)})"
+                )
+    if len(redops) > 1:
+        raise ValueError(f"give at most one reduction, got {', '.join(redops)}")
+    return colls or ["all_reduce"], redops[0] if redops else "sum"
+
+
+def canonical_dtype(name):
+    name = name.strip().lower()
+    name = DTYPE_ALIASES.get(name, name)
+    if name not in DTYPES:
+        raise ValueError(f"unknown datatype {name!r} (choose from {', '.join(DTYPES)})")
+    return name
+
+
+# ----------------------------------------------------------------------------------------------
+# Table layout.
+
+_LEFT = [("size", "(B)", 12), ("count", "(elements)", 12), ("type", "", 9), ("redop", "", 6), ("root", "", 5)]
+_SIDE = [("time", "(us)", 10), ("algbw", "(GB/s)", 8), ("busbw", "(GB/s)", 8), ("#wrong", "", 7)]
+
+
+def _fmt_time(t):
+    if t is None:
+        return "N/A"
+    return f"{t:.2f}" if t < 1e4 else f"{t:.1f}" if t < 1e5 else f"{t:.0f}"
+
+
+def _fmt(x, digits=2):
+    return "N/A" if x is None else f"{x:.{digits}f}"
+
+
+def table_columns(backends, bound):
+    """The extra columns after the nccl-tests ones: the backend and ratios when comparing."""
+    extra = []
+    if len(backends) > 1:
+        extra.append(("backend", "", max(8, max(len(b) for b in backends) + 1)))
+        for b in backends[1:]:
+            name = f"{backends[0]}/{b}"
+            extra.append((name, "(busbw)", max(9, len(name) + 1)))
+    if bound:
+        extra.append(("bound", "(frac)", 7))
+    return extra
+
+
+def table_header(backends, bound):
+    extra = table_columns(backends, bound)
+    left_w = sum(w + 1 for _, _, w in _LEFT)
+    side_w = sum(w + 1 for _, _, w in _SIDE)
+    groups = "#" + " " * (left_w - 1) + "out-of-place".center(side_w) + "in-place".center(side_w)
+    names = "#"
+    units = "#"
+    first = True
+    for name, unit, w in _LEFT + _SIDE + _SIDE + extra:
+        w = w - 1 if first else w  # the leading '#' takes a column of the first field
+        names += " " + name.rjust(w)
+        units += " " + unit.rjust(w)
+        first = False
+    return [groups.rstrip(), names, units.rstrip()]
+
+
+def table_row(size, count, dtype, redop, root, oop, inp, extra=()):
+    """oop / inp: (time_us, algbw, busbw, wrong) with None for N/A; extra: preformatted cells."""
+    cells = [str(size), str(count), dtype, redop, str(root)]
+    for side in (oop, inp):
+        t, a, b, wr = side
+        cells += [_fmt_time(t), _fmt(a), _fmt(b), "N/A" if wr is None else str(wr)]
+    out = ""
+    for (name, _, w), cell in zip(_LEFT + _SIDE + _SIDE, cells):
+        out += " " + cell.rjust(w)
+    return out
+
+
+def extra_cells(backends, bound, backend, ratios, bound_frac):
+    cells = []
+    cols = table_columns(backends, bound)
+    vals = []
+    if len(backends) > 1:
+        vals.append(backend)
+        for b in backends[1:]:
+            vals.append(_fmt(ratios.get(b)) if backend == backends[0] else "-")
+    if bound:
+        vals.append(_fmt(bound_frac, 3))
+    for (_, _, w), v in zip(cols, vals):
+        cells.append(" " + v.rjust(w))
+    return "".join(cells)
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line.
+
+
+def _size_arg(text):
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="railcc-bench",
+        description="Collective benchmark for torch.distributed backends (nccl-tests style).",
+        epilog="Sizes take K/M/G suffixes (powers of 1024). Exit status: 0 ok, 1 a rank failed, "
+        "2 bad arguments, 3 wrong results.",
+    )
+    p.add_argument("-b", "--minbytes", type=_size_arg, default=8, help="smallest size (default 8)")
+    p.add_argument("-e", "--maxbytes", type=_size_arg, default=32 << 20, help="largest size (default 32M)")
+    p.add_argument("-f", "--stepfactor", type=float, default=None, help="multiply the size by this (default 2)")
+    p.add_argument("-i", "--stepbytes", type=_size_arg, default=None, help="add this to the size instead")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size (default 20)")
+    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed iterations first (default 5)")
+    p.add_argument("-c", "--check", type=int, default=1, help="1: verify results and count #wrong (default 1)")
+    p.add_argument("-d", "--datatype", default="float", help=f"one of {', '.join(DTYPES)} (default float)")
+    p.add_argument(
+        "-o",
+        "--op",
+        action="append",
+        default=[],
+        help="comma list of collectives (" + ", ".join(COLLS) + "; default all_reduce) and/or one reduction ("
+        + ", ".join(REDOPS)
+        + "; default sum); may be repeated",
+    )
+    p.add_argument("-r", "--root", type=int, default=0, help="root rank of broadcast and reduce (default 0)")
+    p.add_argument(
+        "--ntensors", type=int, default=256, help="tensors per allreduce_coalesced call, each of the swept size"
+    )
+    p.add_argument(
+        "--backend",
+        default="railcc",
+        help="comma list of backends; the first is the default group and the reference of the ratio columns",
+    )
+    p.add_argument("--nprocs", type=int, default=None, help="start this many local ranks instead of using torchrun")
+    p.add_argument("--json", metavar="FILE", help="write every figure to FILE")
+    p.add_argument("--plot", metavar="FILE", help="draw busbw against size into FILE (needs matplotlib)")
+    p.add_argument("--bound", action="store_true", help="also measure single-core memcpy bandwidth and compare")
+    p.add_argument("--bound_bytes", type=_size_arg, default=256 << 20, help="buffer for --bound (default 256M)")
+    p.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a tty")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds before a stuck collective fails")
+    return p
+
+
+@dataclass
+class Config:
+    colls: list
+    redop: str
+    dtype: str
+    sizes: list
+    backends: list
+    iters: int
+    warmup: int
+    check: bool
+    root: int
+    ntensors: int
+    json: str = None
+    plot: str = None
+    bound: bool = False
+    bound_bytes: int = 256 << 20
+    progress: bool = False
+    timeout: float = 300.0
+    argv: list = field(default_factory=list)
+    minbytes: int = 0
+    maxbytes: int = 0
+    stepfactor: float = None
+    stepbytes: int = None
+
+
+def validate(args, world_size, argv=()):
+    """Namespace -> Config; raises ValueError('argument X: why') for anything that cannot run."""
+
+    def bad(arg, msg):
+        raise ValueError(f"argument {arg}: {msg}")
+
+    try:
+        colls, redop = split_ops(args.op)
+    except ValueError as e:
+        bad("-o/--op", e)
+    try:
+        dtype = canonical_dtype(args.datatype)
+    except ValueError as e:
+        bad("-d/--datatype", e)
+    backends = [b.strip().lower() for b in args.backend.split(",") if b.strip()]
+    if not backends:
+        bad("--backend", "no backend given")
+    for b in backends:
+        if backends.count(b) > 1:
+            bad("--backend", f"{b} is given twice")
+    if args.stepfactor is not None and args.stepbytes is not None:
+        bad("-f/--stepfactor", "not allowed with -i/--stepbytes")
+    if args.minbytes < 1:
+        bad("-b/--minbytes", "must be at least 1")
+    if args.minbytes > args.maxbytes:
+        bad("-b/--minbytes", f"{args.minbytes} is larger than -e/--maxbytes {args.maxbytes}")
+    if args.stepfactor is not None and not args.stepfactor > 1:
+        bad("-f/--stepfactor", "must be larger than 1")
+    if args.stepbytes is not None and args.stepbytes < 1:
+        bad("-i/--stepbytes", "must be at least 1")
+    stepfactor = args.stepfactor if args.stepfactor is not None else (None if args.stepbytes else 2.0)
+    sizes = size_sweep(args.minbytes, args.maxbytes, stepfactor or 2.0, args.stepbytes)
+    if args.iters < 1:
+        bad("-n/--iters", "must be at least 1")
+    if args.warmup_iters < 0:
+        bad("-w/--warmup_iters", "must not be negative")
+    if args.check not in (0, 1):
+        bad("-c/--check", "must be 0 or 1")
+    if args.ntensors < 1:
+        bad("--ntensors", "must be at least 1")
+    if args.nprocs is not None and args.nprocs < 1:
+        bad("--nprocs", "must be at least 1")
+    if not args.timeout > 0:
+        bad("--timeout", "must be positive")
+    if args.bound_bytes < 1:
+        bad("--bound_bytes", "must be at least 1")
+    if world_size < 1:
+        bad("--nprocs", "world size must be at least 1")
+    for c in colls:
+        if world_size < COLLS[c].min_ranks:
+            bad("-o/--op", f"{c} needs at least {COLLS[c].min_ranks} ranks, the world size is {world_size}")
+    if any(COLLS[c].rooted for c in colls) and not 0 <= args.root < world_size:
+        bad("-r/--root", f"{args.root} is not a rank of a world of {world_size}")
+    if any(COLLS[c].reduces for c in colls):
+        if redop == "avg" and not DTYPES[dtype][2]:
+            bad("-o/--op", f"avg is defined for floating-point types only, not {dtype}")
+    if args.plot:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            bad("--plot", "needs matplotlib, which is not installed (pip install matplotlib)")
+    return Config(
+        colls=colls,
+        redop=redop,
+        dtype=dtype,
+        sizes=sizes,
+        backends=backends,
+        iters=args.iters,
+        warmup=args.warmup_iters,
+        check=bool(args.check),
+        root=args.root,
+        ntensors=args.ntensors,
+        json=args.json,
+        plot=args.plot,
+        bound=args.bound,
+        bound_bytes=args.bound_bytes,
+        progress=args.progress,
+        timeout=args.timeout,
+        argv=list(argv),
+        minbytes=args.minbytes,
+        maxbytes=args.maxbytes,
+        stepfactor=stepfactor,
+        stepbytes=args.stepbytes,
+    )
+
+
+def check_backends(backends):
+    """Raises ValueError naming --backend when a backend cannot be created here."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise ValueError("argument --backend: this torch build has no torch.distributed")
+    if "railcc" in backends:
+        try:
+            import railcc  # noqa: F401  (registers the backend)
+        except Exception as e:
+            raise ValueError(f"argument --backend: cannot load railcc: {type(e).__name__}: {e}") from None
+    available = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(), "mpi": dist.is_mpi_available()}
+    for b in backends:
+        if b not in dist.Backend.backend_list or not available.get(b, True):
+            known = ", ".join(x for x in dist.Backend.backend_list if available.get(x, True) and x != "undefined")
+            hint = " (is the extension built?)" if b == "railcc" else ""
+            raise ValueError(f"argument --backend: {b} is not available{hint}; available: {known}")
+
+
+# ----------------------------------------------------------------------------------------------
+# One rank.
+
+
+def _torch_redop(name):
+    import torch.distributed as dist
+
+    return {
+        "sum": dist.ReduceOp.SUM,
+        "prod": dist.ReduceOp.PRODUCT,
+        "min": dist.ReduceOp.MIN,
+        "max": dist.ReduceOp.MAX,
+        "avg": dist.ReduceOp.AVG,
+    }[name]
+
+
+_UNSET = object()
+
+
+class Case:
+    """The buffers of one collective at one size, shared by every backend, and how to run it."""
+
+    def __init__(self, coll, count, rank, nranks, cfg):
+        import torch
+
+        self.coll, self.count, self.rank, self.n, self.cfg = coll, count, rank, nranks, cfg
+        self.td = getattr(torch, DTYPES[cfg.dtype][0])
+        self.kind = pattern_kind(coll, cfg.redop)
+        self.redop = _torch_redop(cfg.redop)
+        self._expected = _UNSET  # None is a real answer (reduce on a non-root rank)
+        n, td = nranks, self.td
+
+        def pat(c, off=0):
+            return pattern(rank, c, td, self.kind, off)
+
+        # src is never handed to a collective that may write it, so it can refill the others
+        if coll in ("all_reduce", "broadcast", "reduce"):
+            self.src = pat(count)
+            self.res = torch.empty_like(self.src)
+            self.ip = torch.empty_like(self.src)
+        elif coll == "all_gather":
+            self.src = pat(count)
+            self.res = torch.empty(count * n, dtype=td)
+            self.ip = torch.empty(count * n, dtype=td)
+        elif coll == "reduce_scatter":
+            self.src = pat(count * n)
+            self.res = torch.empty(count, dtype=td)
+            self.ip = torch.empty(count * n, dtype=td)
+        elif coll == "alltoall":
+            self.src = pat(count * n)
+            self.res = torch.empty(count * n, dtype=td)
+            self.ip = None
+        elif coll == "sendrecv":
+            self.src = pat(count)
+            self.res = torch.empty(count, dtype=td)
+            self.ip = None
+        elif coll == "allreduce_coalesced":
+            # torch flags all_reduce_coalesced for deprecation; the warning says nothing about the run
+            warnings.filterwarnings("ignore", message=".*all_reduce_coalesced.*", category=FutureWarning)
+            # separate allocations, as DDP-bucket-sized gradients would be
+            self.src = [pat(count, k * count) for k in range(cfg.ntensors)]
+            self.res = [torch.empty_like(t) for t in self.src]
+            self.ip = [torch.empty_like(t) for t in self.src]
+        else:
+            raise ValueError(coll)
+
+    def _own_piece(self, t):
+        return t.narrow(0, self.rank * self.count, self.count)
+
+    def load(self, inplace):
+        """Puts the inputs where the next run reads them."""
+        import torch
+
+        c = self.coll
+        if c == "allreduce_coalesced":
+            torch._foreach_copy_(self.ip if inplace else self.res, self.src)
+        elif c in ("all_reduce", "broadcast", "reduce"):
+            (self.ip if inplace else self.res).copy_(self.src)
+        elif c == "all_gather" and inplace:
+            self._own_piece(self.ip).copy_(self.src)
+        elif c == "reduce_scatter" and inplace:
+            self.ip.copy_(self.src)
+
+    def refill(self, inplace):
+        """Work to do before each out-of-place iteration of an in-place-only API, or None."""
+        if inplace or self.coll not in ("all_reduce", "broadcast", "reduce", "allreduce_coalesced"):
+            return None
+        return lambda: self.load(False)
+
+    def runner(self, group, inplace):
+        import torch.distributed as dist
+
+        c, op, root = self.coll, self.redop, self.cfg.root
+        buf = self.ip if inplace else self.res
+        if c == "all_reduce":
+            return lambda: dist.all_reduce(buf, op=op, group=group)
+        if c == "broadcast":
+            return lambda: dist.broadcast(buf, src=root, group=group)
+        if c == "reduce":
+            return lambda: dist.reduce(buf, dst=root, op=op, group=group)
+        if c == "allreduce_coalesced":
+            return lambda: dist.all_reduce_coalesced(buf, op=op, group=group)
+        if c == "all_gather":
+            # recent torch renamed all_gather_into_tensor to all_gather_single and left the old
+            # name as a deprecated wrapper: same call, minus a warning inside the timed loop
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+            src = self._own_piece(self.ip) if inplace else self.src
+            return lambda: gather(buf, src, group=group)
+        if c == "reduce_scatter":
+            scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            out = self._own_piece(self.ip) if inplace else self.res
+            inp = self.ip if inplace else self.src
+            return lambda: scatter(out, inp, op=op, group=group)
+        if c == "alltoall":
+            return lambda: dist.all_to_all_single(self.res, self.src, group=group)
+        if c == "sendrecv":
+            ops = [
+                dist.P2POp(dist.isend, self.src, (self.rank + 1) % self.n, group),
+                dist.P2POp(dist.irecv, self.res, (self.rank - 1) % self.n, group),
+            ]
+
+            def ring():
+                for w in dist.batch_isend_irecv(ops):
+                    w.wait()
+
+            return ring
+        raise ValueError(c)
+
+    def _poison(self, inplace):
+        """Fills what the collective must overwrite, so stale results from timing cannot pass."""
+        import torch
+
+        if self.td.is_floating_point:
+            bad = float("nan")
+        else:
+            info = torch.iinfo(self.td)
+            bad = info.max if info.min == 0 else info.min
+        c = self.coll
+        if c == "all_gather":
+            (self.ip if inplace else self.res).fill_(bad)
+        elif c in ("reduce_scatter", "alltoall", "sendrecv") and not inplace:
+            self.res.fill_(bad)
+
+    def result(self, inplace):
+        import torch
+
+        c = self.coll
+        if c == "allreduce_coalesced":
+            return torch.cat(self.ip if inplace else self.res)
+        if c == "reduce_scatter" and inplace:
+            return self._own_piece(self.ip)
+        return self.ip if inplace else self.res
+
+    def check(self, group, inplace):
+        """Runs the collective once on fresh inputs; returns this rank's number of wrong elements."""
+        self._poison(inplace)
+        self.load(inplace)
+        self.runner(group, inplace)()
+        if self._expected is _UNSET:
+            cfg = self.cfg
+            self._expected = expected_output(
+                self.coll, self.rank, self.n, self.count, self.td, cfg.redop, cfg.root, cfg.ntensors
+            )
+        expected = self._expected
+        if expected is None:
+            return 0
+        tol = avg_tolerance(self.cfg.dtype, self.n) if (COLLS[self.coll].reduces and self.cfg.redop == "avg") else 0.0
+        return count_wrong(self.result(inplace), expected, tol)
+
+
+def time_collective(case, group, inplace, iters, warmup, ctrl):
+    """Median over iterations of the slowest rank's time, in microseconds."""
+    import torch
+    import torch.distributed as dist
+
+    # In place, each run reduces the previous result again. The patterns are non-negative, so the
+    # values only grow (at worst to inf or wrapping integers) and never reach the denormals that
+    # would slow CPU arithmetic down and skew the timing.
+    case.load(inplace)
+    refill = case.refill(inplace)
+    run = case.runner(group, inplace)
+    for _ in range(warmup):
+        if refill:
+            refill()
+        run()
+    times = [0.0] * iters
+    clock = time.perf_counter_ns
+    for i in range(iters):
+        if refill:
+            refill()
+        dist.barrier(group=ctrl)
+        t0 = clock()
+        run()
+        times[i] = (clock() - t0) / 1e3
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctrl)
+    return statistics.median(t.tolist())
+
+
+def memcpy_bandwidth(nbytes, repeats=5):
+    """Best single-thread torch copy_ bandwidth over nbytes, in GB/s."""
+    import torch
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        src = torch.ones(nbytes, dtype=torch.uint8)
+        dst = torch.empty_like(src)
+        dst.copy_(src)  # fault the pages in before timing
+        best = math.inf
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(prev)
+    return nbytes / best / 1e9
+
+
+def peak_rss_kib():
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss // 1024 if sys.platform == "darwin" else rss  # macOS reports bytes, Linux KiB
+
+
+class Progress:
+    def __init__(self, enabled, total):
+        self.enabled, self.total, self.done = enabled, total, 0
+        self.tty = sys.stderr.isatty()
+        self.shown = False
+
+    def step(self, label):
+        if not self.enabled:
+            return
+        self.done += 1
+        msg = f"[{self.done}/{self.total}] {label}"
+        if self.tty:
+            sys.stderr.write("\r\033[K" + msg)
+            self.shown = True
+        else:
+            sys.stderr.write(msg + "\n")
+        sys.stderr.flush()
+
+    def clear(self):
+        if self.shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+            self.shown = False
+
+
+def plot(path, records, backends, colls):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise RuntimeError(f"--plot needs matplotlib ({e}); pip install matplotlib") from None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for c in colls:
+        for b in backends:
+            pts = sorted(
+                (r["size"], r["busbw"])
+                for r in records
+                if r["op"] == c and r["backend"] == b and not r["inplace"] and r["busbw"] is not None
+            )
+            if pts:
+                label = b if len(colls) == 1 else f"{c} {b}"
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("size (B)")
+    ax.set_ylabel("busbw (GB/s), out-of-place")
+    ax.set_title(", ".join(colls))
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run_rank(cfg, rank, world_size, store=None):
+    """Benchmarks on one rank; returns its exit status. Only rank 0 prints."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if "railcc" in cfg.backends:
+        import railcc  # noqa: F401  (registers the backend)
+
+    timeout = datetime.timedelta(seconds=cfg.timeout)
+    if store is None:
+        dist.init_process_group(cfg.backends[0], init_method="env://", timeout=timeout)
+    else:
+        dist.init_process_group(cfg.backends[0], store=store, rank=rank, world_size=world_size, timeout=timeout)
+    try:
+        return _bench(cfg, rank, world_size, timeout)
+    finally:
+        dist.destroy_process_group()
+
+
+def _bench(cfg, rank, n, timeout):
+    import torch
+    import torch.distributed as dist
+
+    groups = {cfg.backends[0]: dist.group.WORLD}
+    for b in cfg.backends[1:]:
+        groups[b] = dist.new_group(backend=b, timeout=timeout)
+    # barriers and the max over ranks go over their own gloo group so they never queue behind,
+    # or share connections with, the traffic being measured
+    ctrl = dist.new_group(backend="gloo", timeout=timeout)
+    lead = rank == 0
+
+    def say(line=""):
+        if lead:
+            progress.clear()
+            print(line, flush=True)
+
+    total_steps = sum(len(cfg.sizes) for _ in cfg.colls) * len(cfg.backends)
+    progress = Progress(lead and (cfg.progress or sys.stderr.isatty()), total_steps)
+
+    who = [None] * n
+    dist.all_gather_object(who, (socket.gethostname(), os.getpid()), group=ctrl)
+    meta = {
+        "world_size": n,
+        "backends": cfg.backends,
+        "op": cfg.colls,
+        "dtype": cfg.dtype,
+        "redop": cfg.redop,
+        "hostname": socket.gethostname(),
+        "hosts": [h for h, _ in who],
+        "torch_version": torch.__version__,
+        "argv": cfg.argv,
+        "minbytes": cfg.minbytes,
+        "maxbytes": cfg.maxbytes,
+        "stepfactor": cfg.stepfactor,
+        "stepbytes": cfg.stepbytes,
+        "iters": cfg.iters,
+        "warmup_iters": cfg.warmup,
+        "check": cfg.check,
+        "root": cfg.root,
+        "ntensors": cfg.ntensors,
+        "timing": "median over iterations of the slowest rank per iteration, barrier before each",
+        "coalesced_api": "torch.distributed.all_reduce_coalesced",
+    }
+    say(f"# railcc-bench  backends: {', '.join(cfg.backends)}  world size: {n}  torch {torch.__version__}")
+    step = f"-f {cfg.stepfactor:g}" if cfg.stepbytes is None else f"-i {cfg.stepbytes}"
+    say(
+        f"# -b {cfg.minbytes} -e {cfg.maxbytes} {step} -n {cfg.iters} -w {cfg.warmup} -c {int(cfg.check)}"
+        f" -d {cfg.dtype} -o {cfg.redop} -r {cfg.root}"
+    )
+    say("# time: median over iterations of the slowest rank in each; each iteration starts after a barrier")
+    for r, (h, pid) in enumerate(who):
+        say(f"#  rank {r:3d}  pid {pid:7d}  on {h}")
+
+    bound = None
+    if cfg.bound:
+        bw = 0.0
+        if lead:  # alone, so the other ranks neither share the core nor the memory bus
+            bw = memcpy_bandwidth(cfg.bound_bytes)
+        t = torch.tensor([bw], dtype=torch.float64)
+        dist.broadcast(t, src=0, group=ctrl)
+        bw = float(t[0])
+        bound = {
+            "method": "torch copy_, 1 thread, best of 5",
+            "bytes": cfg.bound_bytes,
+            "memcpy_gbps": bw,
+            "fractions": [],
+        }
+        say(f"# bound: single-core memcpy of {cfg.bound_bytes} B: {bw:.2f} GB/s; bound column = busbw / that")
+
+    records, ratio_rows = [], []
+    total_wrong = 0
+    elsize = DTYPES[cfg.dtype][1]
+    for coll in cfg.colls:
+        spec = COLLS[coll]
+        redop_col = cfg.redop if spec.reduces else "none"
+        root_col = cfg.root if spec.rooted else -1
+        say("#")
+        say(f"# {coll}" + (f": {cfg.ntensors} tensors of count elements each, size is their total"
+                           if coll == "allreduce_coalesced" else ""))
+        for line in table_header(cfg.backends, cfg.bound):
+            say(line)
+        seen = set()
+        for size in cfg.sizes:
+            count, nbytes = elem_count(coll, size, elsize, n, cfg.ntensors)
+            if count == 0 or count in seen:
+                for _ in cfg.backends:
+                    progress.step(f"{coll} {size} B (skipped)")
+                continue
+            seen.add(count)
+            case = Case(coll, count, rank, n, cfg)
+            rows = {}
+            for b in cfg.backends:
+                progress.step(f"{coll} {b} {nbytes} B")
+                sides = []
+                for inplace in (False, True):
+                    if inplace and not spec.inplace:
+                        sides.append((None, None, None, None))
+                        continue
+                    t = time_collective(case, groups[b], inplace, cfg.iters, cfg.warmup, ctrl)
+                    algbw, busbw = bandwidths(nbytes, t, coll, n)
+                    wrong = None
+                    if cfg.check:
+                        w = torch.tensor([case.check(groups[b], inplace)], dtype=torch.int64)
+                        dist.all_reduce(w, op=dist.ReduceOp.SUM, group=ctrl)
+                        wrong = int(w[0])
+                        total_wrong += wrong
+                    sides.append((t, algbw, busbw, wrong))
+                    records.append(
+                        make_record(b, coll, nbytes, count, cfg.dtype, redop_col, root_col, inplace, t, algbw, busbw,
+                                    wrong)
+                    )
+                rows[b] = sides
+            # algbw and busbw differ by the same factor for every backend, so their ratios agree;
+            # algbw keeps the ratio defined on one rank, where busbw is 0
+            ratios = {b: ratio(rows[cfg.backends[0]][0][1], rows[b][0][1]) for b in cfg.backends[1:]}
+            for b, r in ratios.items():
+                ratio_rows.append({"op": coll, "size": nbytes, "backend": cfg.backends[0], "vs": b, "ratio": r})
+            for b in cfg.backends:
+                frac = None
+                if bound is not None:
+                    busbw = rows[b][0][2]
+                    frac = busbw / bound["memcpy_gbps"] if busbw is not None and bound["memcpy_gbps"] > 0 else None
+                    bound["fractions"].append({"backend": b, "op": coll, "size": nbytes, "fraction": frac})
+                say(
+                    table_row(nbytes, count, cfg.dtype, redop_col, root_col, rows[b][0], rows[b][1])
+                    + extra_cells(cfg.backends, cfg.bound, b, ratios, frac)
+                )
+            del case
+        for b in cfg.backends:
+            avg = average_busbw(records, b, coll)
+            tag = f"  ({b})" if len(cfg.backends) > 1 else ""
+            say(f"# Avg bus bandwidth : {_fmt(avg, 4)}{tag}")
+    say("#")
+    if cfg.check:
+        say(f"# #wrong in total : {total_wrong}")
+
+    rss = torch.tensor([peak_rss_kib()], dtype=torch.int64)
+    all_rss = [torch.zeros_like(rss) for _ in range(n)]
+    dist.all_gather(all_rss, rss, group=ctrl)
+    rss_list = [int(x[0]) for x in all_rss]
+    say("# Peak RSS (MiB) per rank : " + "  ".join(f"{r}:{k / 1024:.1f}" for r, k in enumerate(rss_list)))
+
+    if lead:
+        progress.clear()
+        report = make_report(meta, records, bound, rss_list, ratio_rows)
+        if cfg.json:
+            with open(cfg.json, "w") as f:
+                json.dump(report, f, indent=1, allow_nan=False)
+                f.write("\n")
+        if cfg.plot:
+            plot(cfg.plot, records, cfg.backends, cfg.colls)
+    dist.barrier(group=ctrl)  # nobody tears down while rank 0 still writes
+    return EXIT_WRONG if total_wrong else EXIT_OK
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch.
+
+
+def _worker(rank, world_size, cfg, port):
+    """Entry point of a spawned rank."""
+    try:
+        import datetime
+
+        import torch.distributed as dist
+
+        store = dist.TCPStore(
+            "127.0.0.1", port, world_size=None, is_master=False, timeout=datetime.timedelta(seconds=cfg.timeout)
+        )
+        code = run_rank(cfg, rank, world_size, store=store)
+    except KeyboardInterrupt:
+        code = EXIT_FAILED
+    except BaseException:
+        sys.stderr.write(f"railcc-bench: rank {rank} failed:\n{traceback.format_exc()}")
+        code = EXIT_FAILED
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)
+
+
+def supervise(procs, grace=3.0):
+    """Waits for started processes. When one fails the others get grace seconds to report and are
+    then killed, so a dead rank cannot leave its peers hanging. Returns the exit status to use."""
+    from multiprocessing.connection import wait
+
+    pending = {p.sentinel: (r, p) for r, p in enumerate(procs)}
+    status = EXIT_OK
+    deadline = None
+    while pending:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready = wait(list(pending), timeout=left)
+        if not ready:  # grace is over
+            for _, p in pending.values():
+                p.kill()
+            for _, p in pending.values():
+                p.join()
+            break
+        for s in ready:
+            r, p = pending.pop(s)
+            p.join()
+            code = p.exitcode
+            if code == EXIT_WRONG:
+                status = status or EXIT_WRONG
+            elif code != 0:
+                if code != EXIT_FAILED:
+                    # a rank that died without saying why (a signal, os._exit)
+                    sys.stderr.write(f"railcc-bench: rank {r} exited with status {code}\n")
+                status = EXIT_FAILED
+                if deadline is None:
+                    deadline = time.monotonic() + grace
+    return status
+
+
+def spawn(cfg, nprocs):
+    import multiprocessing as mp
+
+    import torch.distributed as dist
+
+    # The parent holds the store: port 0 lets the kernel pick a free port with no race.
+    store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(r, nprocs, cfg, store.port), daemon=False) for r in range(nprocs)]
+    try:
+        for p in procs:
+            p.start()
+        return supervise(procs)
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        return EXIT_FAILED
+    finally:
+        del store
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    rank = int(os.environ.get("RANK", "0")) if under_torchrun else 0
+
+    def error(msg):
+        if rank != 0:  # one copy of the message, not one per rank
+            sys.exit(EXIT_USAGE)
+        parser.error(msg)
+
+    if rank != 0:
+        # argparse prints to stderr on its own; keep the other ranks quiet
+        parser.error = lambda msg: sys.exit(EXIT_USAGE)
+    args = parser.parse_args(argv)
+    if under_torchrun:
+        if args.nprocs is not None:
+            error("argument --nprocs: not allowed under torchrun (RANK and WORLD_SIZE are set)")
+        world_size = int(os.environ["WORLD_SIZE"])
+    else:
+        world_size = args.nprocs or 1
+    try:
+        cfg = validate(args, world_size, ["railcc-bench"] + argv)
+        check_backends(cfg.backends)
+    except ValueError as e:
+        error(str(e))
+    if under_torchrun:
+        return run_rank(cfg, rank, world_size)
+    return spawn(cfg, world_size)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
