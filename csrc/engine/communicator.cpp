@@ -1018,7 +1018,7 @@ void CommImpl::failStalled(const std::vector<Transfer*>& pending, Millis timeout
   std::vector<std::string> hosts;
   for (Transfer* t : pending) {
     os << "\n  " << (t->kind == Transfer::kSend ? "sending to " : "receiving from ") << peerName(t->peer) << ", "
-       << (t->kind == Transfer::kSend ? t->done : t->done) << " of " << t->bytes << " bytes moved";
+       << t->done << " of " << t->bytes << " bytes moved";
     ranks.push_back(t->peer);
     hosts.push_back(peers_[static_cast<size_t>(t->peer)].hostname);
   }

@@ -44,9 +44,8 @@ bool processGone(pid_t pid) {
 
 class ShmConnection : public Connection {
  public:
-  ShmConnection(RingHeader* out, char* outData, SegmentHeader* peerHdr, RingHeader* in, char* inData,
-                SegmentHeader* ownHdr, size_t cap)
-      : out_(out), outData_(outData), peerHdr_(peerHdr), in_(in), inData_(inData), ownHdr_(ownHdr), cap_(cap) {}
+  ShmConnection(RingHeader* out, char* outData, SegmentHeader* peerHdr, RingHeader* in, char* inData, size_t cap)
+      : out_(out), outData_(outData), peerHdr_(peerHdr), in_(in), inData_(inData), cap_(cap) {}
 
   size_t send(const void* p, size_t n) override {
     uint64_t tail = out_->tail.load(std::memory_order_relaxed);
@@ -107,7 +106,6 @@ class ShmConnection : public Connection {
   SegmentHeader* peerHdr_;
   RingHeader* in_;
   char* inData_;
-  SegmentHeader* ownHdr_;
   size_t cap_;
 };
 
@@ -204,7 +202,7 @@ std::unique_ptr<Connection> Domain::connect(int myIndex, int peerIndex, int lane
   char* in = at(own_.get(), peerIndex * nlanes + lane);
   return std::make_unique<ShmConnection>(
       reinterpret_cast<RingHeader*>(out), out + ringHdr, reinterpret_cast<SegmentHeader*>(peer->data()),
-      reinterpret_cast<RingHeader*>(in), in + ringHdr, header(), slotBytes_);
+      reinterpret_cast<RingHeader*>(in), in + ringHdr, slotBytes_);
 }
 
 void Domain::ringSelf() { ring(header()); }
