@@ -33,6 +33,9 @@ bool Request::completed() const {
 }
 
 bool Request::wait(Millis timeout) {
+  // Small ops finish within microseconds of being queued: poll briefly before blocking.
+  auto spinUntil = Clock::now() + std::chrono::microseconds(kWaitSpinUs);
+  while (!doneFlag_.load(std::memory_order_acquire) && Clock::now() < spinUntil) __builtin_ia32_pause();
   std::unique_lock<std::mutex> g(mu_);
   if (timeout.count() < 0) {
     cv_.wait(g, [&] { return done_; });
@@ -64,6 +67,7 @@ void Request::finish(std::exception_ptr err) {
     if (done_) return;
     done_ = true;
     error_ = err;
+    doneFlag_.store(true, std::memory_order_release);
     cbs.swap(callbacks_);
   }
   cv_.notify_all();
@@ -163,6 +167,12 @@ struct Transfer {
   bool finished = false;
 };
 
+// False when a forwarding send has sent all it may until more arrives.
+bool hasBytesToSend(const Transfer& t) {
+  if (t.hdrDone < sizeof(WireHeader) || t.done >= t.bytes) return true;
+  return !t.limit || t.done < std::min(t.bytes, *t.limit);
+}
+
 struct Channel {
   std::unique_ptr<Connection> conn;
   std::deque<Transfer*> sendq, recvq;
@@ -250,6 +260,16 @@ class CommImpl {
   std::unique_ptr<transport::socket::Listener> listener_;
   std::vector<std::vector<Channel>> chans_;  // [lane][peer]
   std::vector<char> bucket_;
+  std::vector<char> scratch_;  // one-shot receive area, n blocks of at most RAILCC_ONESHOT_BYTES
+
+  bool oneshot(size_t bytes) const {
+    return size_ > 1 && static_cast<int64_t>(bytes) <= opts_.config.oneshotBytes;
+  }
+  // One step: `blockOf(p)` goes to every peer p, and every peer's block for us lands in the
+  // scratch area; then out = own (op) peer 0 (op) peer 1 ... in rank order, so every rank
+  // computes bit-identical results whatever order the messages arrived in.
+  void oneshotReduce(const std::function<const char*(int)>& blockOf, char* out, size_t count, DataType dt,
+                     ReduceOp op, double scale);
 
   // queue
   std::mutex mu_;
@@ -412,6 +432,11 @@ void CommImpl::bootstrap(Store& store) {
   for (int r = 0; r < size_; ++r)
     if (peers_[static_cast<size_t>(r)].hostId == hostId && !cfg.shmDisable) localRanks_.push_back(r);
   if (localRanks_.empty()) localRanks_.push_back(rank_);
+  if (opts_.config.spinUs < 0) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN), here = 0;
+    for (const PeerInfo& p : peers_) here += p.hostId == hostId ? 1 : 0;
+    opts_.config.spinUs = cpus >= 2 * here ? 50 : 5;
+  }
 
   chans_.resize(kLanes);
   for (auto& lane : chans_) lane = std::vector<Channel>(static_cast<size_t>(size_));
@@ -694,6 +719,11 @@ void CommImpl::progressLoop() {
       continue;
     }
     if (stop_) break;
+    // A caller that just got its result often posts the next op at once: poll a moment
+    // before sleeping, which saves a wake-up on the latency path.
+    auto spinUntil = Clock::now() + std::chrono::microseconds(opts_.config.spinUs);
+    while (queued_.load(std::memory_order_acquire) == 0 && !stop_ && Clock::now() < spinUntil) __builtin_ia32_pause();
+    if (queued_.load(std::memory_order_acquire) != 0) continue;
     std::unique_lock<std::mutex> g(mu_);
     cv_.wait_for(g, Millis(100), [&] { return !queue_.empty() || stop_.load(); });
     g.unlock();
@@ -975,6 +1005,7 @@ void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
       Channel& ch = chans_[lane][static_cast<size_t>(peer)];
       if (ch.conn->pollFd() >= 0) continue;
       if (!ch.recvq.empty() && ch.conn->peek().second > 0) return true;
+      if (!ch.sendq.empty() && hasBytesToSend(*ch.sendq.front()) && ch.conn->canSend()) return true;
     }
     return queued_.load() > 0;
   };
@@ -1090,9 +1121,32 @@ struct Blocks {
 };
 }  // namespace
 
+void CommImpl::oneshotReduce(const std::function<const char*(int)>& blockOf, char* out, size_t count, DataType dt,
+                             ReduceOp op, double scale) {
+  int n = size_, r = rank_;
+  size_t bytes = count * dtypeSize(dt), stride = pad8(bytes);
+  if (scratch_.size() < stride * static_cast<size_t>(n)) scratch_.resize(stride * static_cast<size_t>(n));
+  char* sc = scratch_.data();
+  auto slot = [&](int p) { return sc + stride * static_cast<size_t>(p); };
+  std::vector<Transfer> xs;
+  xs.reserve(2 * static_cast<size_t>(n));
+  for (int p = 0; p < n; ++p)
+    if (p != r) {
+      xs.push_back(sendTo(p, blockOf(p), bytes));
+      xs.push_back(recvFrom(p, slot(p), bytes));
+    }
+  std::memcpy(slot(r), blockOf(r), bytes);  // `out` may alias our own block
+  exchange(xs);
+  if (op == ReduceOp::kPremulSum) scaleCopy(out, slot(0), count, dt, scale);
+  else std::memcpy(out, slot(0), bytes);
+  for (int p = 1; p < n; ++p) reduceInto(out, slot(p), count, dt, op, scale);
+  if (op == ReduceOp::kAvg) divideBy(out, count, dt, n);
+}
+
 void CommImpl::runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
   int n = size_, r = rank_;
   size_t es = dtypeSize(dt);
+  if (oneshot(count * es)) return oneshotReduce([buf](int) { return buf; }, buf, count, dt, op, scale);
   Blocks b(count, n, es);
   char* mine = buf + b.offset(r);
   if (op == ReduceOp::kPremulSum) scaleCopy(mine, mine, b.count(r), dt, scale);
@@ -1238,11 +1292,16 @@ RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, st
     int n = c->size_, r = c->rank_;
     size_t bytes = count * dtypeSize(dt);
     if (outs[static_cast<size_t>(r)] != in) std::memmove(outs[static_cast<size_t>(r)], in, bytes);
+    // Every peer at once: one synchronization instead of n-1, and nothing is reduced, so the
+    // order in which the pieces land does not matter.
+    std::vector<Transfer> xs;
+    xs.reserve(2 * static_cast<size_t>(n));
     for (int s = 1; s < n; ++s) {
       int to = (r + s) % n, from = (r - s + n) % n;
-      std::vector<Transfer> xs{c->sendTo(to, in, bytes), c->recvFrom(from, outs[static_cast<size_t>(from)], bytes)};
-      c->exchange(xs);
+      xs.push_back(c->sendTo(to, in, bytes));
+      xs.push_back(c->recvFrom(from, outs[static_cast<size_t>(from)], bytes));
     }
+    c->exchange(xs);
   };
   return c->enqueue(std::move(o));
 }
@@ -1258,6 +1317,10 @@ RequestPtr Communicator::reduceScatter(std::vector<const void*> ins, void* out, 
     int n = c->size_, r = c->rank_;
     size_t bytes = count * dtypeSize(dt);
     const void* mine = ins[static_cast<size_t>(r)];
+    if (c->oneshot(bytes)) {
+      auto blockOf = [&ins](int p) { return static_cast<const char*>(ins[static_cast<size_t>(p)]); };
+      return c->oneshotReduce(blockOf, static_cast<char*>(out), count, dt, op, scale);
+    }
     if (op == ReduceOp::kPremulSum) scaleCopy(out, mine, count, dt, scale);
     else if (out != mine) std::memmove(out, mine, bytes);
     for (int s = 1; s < n; ++s) {
@@ -1287,12 +1350,14 @@ RequestPtr Communicator::alltoall(std::vector<const void*> ins, std::vector<size
     size_t es = dtypeSize(dt);
     size_t me = static_cast<size_t>(r);
     if (outs[me] != ins[me]) std::memmove(outs[me], ins[me], inCounts[me] * es);
+    std::vector<Transfer> xs;
+    xs.reserve(2 * static_cast<size_t>(n));
     for (int s = 1; s < n; ++s) {
       size_t to = static_cast<size_t>((r + s) % n), from = static_cast<size_t>((r - s + n) % n);
-      std::vector<Transfer> xs{c->sendTo(static_cast<int>(to), ins[to], inCounts[to] * es),
-                               c->recvFrom(static_cast<int>(from), outs[from], outCounts[from] * es)};
-      c->exchange(xs);
+      xs.push_back(c->sendTo(static_cast<int>(to), ins[to], inCounts[to] * es));
+      xs.push_back(c->recvFrom(static_cast<int>(from), outs[from], outCounts[from] * es));
     }
+    c->exchange(xs);
   };
   return c->enqueue(std::move(o));
 }

@@ -43,6 +43,8 @@ class Request {
   std::exception_ptr error_;
   std::vector<std::function<void()>> callbacks_;
   std::atomic<int> source_{-1};
+  std::atomic<bool> doneFlag_{false};  // done_, readable without the lock
+  static constexpr int kWaitSpinUs = 5;
 };
 
 using RequestPtr = std::shared_ptr<Request>;

@@ -23,6 +23,9 @@ namespace railcc::engine {
     "Bytes of the staging buffer a receive-and-reduce from a socket goes through.")           \
   X(bucketSize, int64_t, "RAILCC_BUCKET_SIZE", "", "8388608",                                 \
     "Bytes of the fusion bucket for coalesced all-reduce; small tensors are packed into it.") \
+  X(oneshotBytes, int64_t, "RAILCC_ONESHOT_BYTES", "", "65536",                              \
+    "All-reduce and reduce-scatter of at most this many bytes per block run in one step: "     \
+    "every rank sends to every peer and reduces in rank order. Must be equal on all ranks.")   \
   X(socketIfname, std::string, "RAILCC_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "",              \
     "Interfaces for TCP: prefixes, comma separated; ^ excludes, = matches exactly. "          \
     "Default: the first up interface that is not loopback or docker.")                        \
@@ -33,8 +36,9 @@ namespace railcc::engine {
     "share memory.")                                                                          \
   X(initTimeoutSec, int64_t, "RAILCC_INIT_TIMEOUT", "", "300",                                \
     "Seconds that communicator set-up may take before it fails naming the missing ranks.")    \
-  X(spinUs, int64_t, "RAILCC_SPIN_US", "", "50",                                              \
-    "Microseconds the progress thread polls before it sleeps on a futex or poll().")
+  X(spinUs, int64_t, "RAILCC_SPIN_US", "", "-1",                                              \
+    "Microseconds the progress thread polls before it sleeps on a futex or poll(). -1: 50 "    \
+    "when the host has two CPUs per local rank, else 5 (spinning steals an oversubscribed core).")
 
 /// Values of every parameter, read once when a communicator is made. Components receive a
 /// Config; nothing below the glue calls getenv.

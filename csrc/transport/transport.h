@@ -40,6 +40,11 @@ class Connection {
     return k;
   }
 
+  /// True when send() would take at least one byte now. Memory-based transports answer it
+  /// exactly (the engine checks it before sleeping so a freed FIFO is never missed); others
+  /// may answer false and rely on pollFd().
+  virtual bool canSend() { return false; }
+
   /// A file descriptor to poll() for readiness, or -1 for memory-based transports, which
   /// wake the peer through a doorbell instead.
   virtual int pollFd() const { return -1; }

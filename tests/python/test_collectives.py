@@ -451,3 +451,11 @@ def test_debug_detail_wrapper(pools):
     # shapes with extra collectives on every call.
     check(pools(2, TORCH_DISTRIBUTED_DEBUG="DETAIL"), rk_seqnum)
     check(pools(2, TORCH_DISTRIBUTED_DEBUG="DETAIL"), rk_async_futures)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("fn", [rk_allreduce, rk_reduce_scatter], ids=lambda f: f.__name__[3:])
+def test_reductions_without_oneshot(pools, n, fn):
+    # The matrix above is small enough for the one-shot path; this runs the same checks through
+    # the pairwise reduce-scatter + all-gather schedule used for larger messages.
+    check(pools(n, RAILCC_ONESHOT_BYTES="0"), fn)

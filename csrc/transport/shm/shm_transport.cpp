@@ -62,6 +62,12 @@ class ShmConnection : public Connection {
     return k;
   }
 
+  bool canSend() override {
+    uint64_t tail = out_->tail.load(std::memory_order_relaxed);
+    uint64_t head = out_->head.load(std::memory_order_seq_cst);
+    return tail - head < cap_;
+  }
+
   std::pair<const void*, size_t> peek() override {
     uint64_t head = in_->head.load(std::memory_order_relaxed);
     uint64_t tail = in_->tail.load(std::memory_order_acquire);
