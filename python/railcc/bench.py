@@ -17,7 +17,9 @@ Columns and bandwidths follow nccl-tests:
   * algbw = size / time, busbw = algbw x factor, the factor being 2(n-1)/n for all_reduce and
     allreduce_coalesced, (n-1)/n for all_gather, reduce_scatter and alltoall, and 1 otherwise.
   * time is the median over the timed iterations of the slowest rank's time in each iteration;
-    every iteration starts right after a barrier on a separate gloo group.
+    the timed iterations run back to back after one barrier on a separate gloo group (a barrier
+    before every iteration would add that barrier's exit skew, hundreds of microseconds on a busy
+    host, to every small-message time).
 
 torch exposes all_reduce, broadcast, reduce and all_reduce_coalesced only in place. For those the
 out-of-place column runs the collective on a result buffer that is refilled from an untouched
@@ -799,10 +801,10 @@ def time_collective(case, group, inplace, iters, warmup, ctrl):
         run()
     times = [0.0] * iters
     clock = time.perf_counter_ns
+    dist.barrier(group=ctrl)
     for i in range(iters):
         if refill:
             refill()
-        dist.barrier(group=ctrl)
         t0 = clock()
         run()
         times[i] = (clock() - t0) / 1e3
@@ -954,7 +956,7 @@ def _bench(cfg, rank, n, timeout):
         "check": cfg.check,
         "root": cfg.root,
         "ntensors": cfg.ntensors,
-        "timing": "median over iterations of the slowest rank per iteration, barrier before each",
+        "timing": "median over iterations of the slowest rank per iteration, iterations back to back after one barrier",
         "coalesced_api": "torch.distributed.all_reduce_coalesced",
     }
     say(f"# railcc-bench  backends: {', '.join(cfg.backends)}  world size: {n}  torch {torch.__version__}")
@@ -963,7 +965,7 @@ def _bench(cfg, rank, n, timeout):
         f"# -b {cfg.minbytes} -e {cfg.maxbytes} {step} -n {cfg.iters} -w {cfg.warmup} -c {int(cfg.check)}"
         f" -d {cfg.dtype} -o {cfg.redop} -r {cfg.root}"
     )
-    say("# time: median over iterations of the slowest rank in each; each iteration starts after a barrier")
+    say("# time: median over iterations of the slowest rank in each; iterations back to back after one barrier")
     for r, (h, pid) in enumerate(who):
         say(f"#  rank {r:3d}  pid {pid:7d}  on {h}")
 
