@@ -1080,8 +1080,13 @@ def _worker(rank, world_size, cfg, port):
     try:
         import datetime
 
+        import torch
         import torch.distributed as dist
 
+        # As torchrun does for several ranks per node: intra-op worker threads of every rank would
+        # otherwise spin on the same cores after each refill copy and slow every backend down.
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(1)
         store = dist.TCPStore(
             "127.0.0.1", port, world_size=None, is_master=False, timeout=datetime.timedelta(seconds=cfg.timeout)
         )
