@@ -48,6 +48,7 @@ const char* pythonClassFor(railcc::ErrorCode code) {
     case railcc::ErrorCode::kPeerFailure: return "PeerFailureError";
     case railcc::ErrorCode::kMismatch: return "CollectiveMismatchError";
     case railcc::ErrorCode::kAborted: return "AbortedError";
+    case railcc::ErrorCode::kStraggler: return "StragglerError";
     default: return "RailccError";
   }
 }
@@ -84,7 +85,16 @@ PYBIND11_MODULE(_C, m) {
         for (auto& p : self.comm().peers()) out.push_back(p.hostname);
         return out;
       })
-      .def("collective_count", [](railcc::ProcessGroupRailcc& self) { return self.comm().collectiveCount(); });
+      .def("collective_count", [](railcc::ProcessGroupRailcc& self) { return self.comm().collectiveCount(); })
+      .def("trace_json", [](railcc::ProcessGroupRailcc& self) { return self.comm().traceJson("on demand"); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("dump_trace",
+           [](railcc::ProcessGroupRailcc& self, const std::string& dir) { return self.comm().dumpTrace("on demand", dir); },
+           py::arg("dir") = "", py::call_guard<py::gil_scoped_release>())
+      .def("straggler_report_json", [](railcc::ProcessGroupRailcc& self) { return self.comm().stragglerReport(); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("abort_group", [](railcc::ProcessGroupRailcc& self) { self.abort(); },
+           py::call_guard<py::gil_scoped_release>());
 
   m.def("params", [] {
     py::list rows;

@@ -16,6 +16,7 @@
 
 #include "engine/error.h"
 #include "engine/log.h"
+#include "engine/telemetry.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/socket/socket_transport.h"
 
@@ -66,6 +67,7 @@ void Request::finish(std::exception_ptr err) {
     std::lock_guard<std::mutex> g(mu_);
     if (done_) return;
     done_ = true;
+    if (!err) err = straggler_;
     error_ = err;
     doneFlag_.store(true, std::memory_order_release);
     cbs.swap(callbacks_);
@@ -119,8 +121,9 @@ struct WireHeader {
   uint64_t seq;
   uint64_t count;
   uint64_t bytes;
+  int64_t startUs;  // when the sender started this collective (wall clock): arrival lag
 };
-static_assert(sizeof(WireHeader) == 40, "wire header layout");
+static_assert(sizeof(WireHeader) == 48, "wire header layout");
 constexpr uint32_t kWireMagic = 0x52434331;  // "RCC1"
 constexpr int kCollLane = 0;
 constexpr int kP2PLane = 1;
@@ -165,6 +168,7 @@ struct Transfer {
   size_t padDone = 0;
   bool matched = false;
   bool finished = false;
+  Clock::time_point began{};  // first byte sent, or header received: for link throughput
 };
 
 // False when a forwarding send has sent all it may until more arrives.
@@ -191,6 +195,7 @@ struct Op {
   bool anySource = false;
   RequestPtr req;
   Millis timeout{0};
+  uint64_t traceId = 0;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -293,6 +298,34 @@ class CommImpl {
   std::vector<std::unique_ptr<Op>> p2pActive_;
   std::vector<std::unique_ptr<Op>> anyPending_;
   Op* current_ = nullptr;
+  std::vector<int64_t> arrivals_;  // per peer: start time stamped in its first message of the current op
+  std::vector<int> waitingOn_;     // peers of the transfers that were unfinished when an op failed
+  std::unique_ptr<Telemetry> tele_;
+  std::string hostname_;
+
+  // watchdog thread: progress record, straggler checks
+  std::thread watchdog_;
+  mutable std::mutex wdMu_;
+  std::condition_variable wdCv_;
+  bool wdStop_ = false;
+  std::vector<bool> lagFlagged_;
+  std::set<std::pair<int, bool>> linkFlagged_;
+  std::string stragglerMsg_;  // pending StragglerError for the next op (RAILCC_STRAGGLER_ACTION=raise)
+  std::vector<int> stragglerRanks_;
+  std::string peerProgressJson_ = "{}";  // what describePeerProgress concluded, for the dump
+  void watchdogLoop();
+  void checkStragglers();
+  std::string progressRecord() const;
+  std::string traceJson(const std::string& reason) const;
+  std::string writeTrace(const std::string& reason, const std::string& dir = "") const;
+  std::string stragglerReport();
+  std::string describePeerProgress(uint64_t seq, std::vector<int>& culprits);
+  // Links are compared with others of the same transport and direction: a send into a shm
+  // FIFO with room is a memcpy, a receive waits for the sender's copy.
+  std::string linkClass(const Telemetry::LinkStats& l) const {
+    std::string t = peers_[static_cast<size_t>(l.peer)].transport;
+    return t.substr(0, t.find(' ')) + (l.send ? " send" : " receive");
+  }
   Clock::time_point lastProgress_;
   Clock::time_point lastAliveCheck_;
 
@@ -308,6 +341,12 @@ class CommImpl {
   size_t progressSend(Channel& ch, Transfer& t);
   size_t progressRecv(Channel& ch, Transfer& t);
   bool readHeader(Channel& ch, size_t& moved);
+  // Times transfers big enough to say something about the link's throughput.
+  void sampleLink(const Transfer& t, bool send) {
+    if (t.bytes < (64u << 10) || t.began == Clock::time_point{}) return;
+    tele_->linkSample(t.peer, send, t.bytes,
+                      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t.began).count());
+  }
   void checkHeader(const Transfer& t, const WireHeader& h, int peer);
   void idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeout, const char* what);
   [[noreturn]] void failStalled(const std::vector<Transfer*>& pending, Millis timeout);
@@ -366,9 +405,18 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   RAILCC_CHECK_ARG(rank_ >= 0 && rank_ < size_, "rank ", rank_, " is out of range for world size ", size_);
   log::setThreadRank(rank_);
   eventFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  tele_ = std::make_unique<Telemetry>(rank_, size_, static_cast<size_t>(std::max<int64_t>(opts_.config.traceSize, 1)),
+                                      static_cast<size_t>(std::max<int64_t>(opts_.config.stragglerWindow, 1)));
+  arrivals_.assign(static_cast<size_t>(size_), 0);
+  lagFlagged_.assign(static_cast<size_t>(size_), false);
   bootstrap(store);
+  hostname_ = peers_[static_cast<size_t>(rank_)].hostname;
+  // A first progress record now, so that a rank frozen before the watchdog's first beat is
+  // still told apart from one that never published anything.
+  if (size_ > 1 && opts_.config.progressIntervalMs > 0) store.set("progress/" + std::to_string(rank_), progressRecord());
   lastProgress_ = lastAliveCheck_ = Clock::now();
   thread_ = std::thread([this] { progressLoop(); });
+  if (size_ > 1) watchdog_ = std::thread([this] { watchdogLoop(); });
 }
 
 CommImpl::~CommImpl() {
@@ -382,10 +430,32 @@ void CommImpl::bootstrap(Store& store) {
   Millis initTimeout(cfg.initTimeoutSec * 1000);
   auto deadline = t0 + initTimeout;
   auto left = [&] { return std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - Clock::now())); };
+  const std::string myHost = hostIdentity(cfg);
+  // Waits in slices; between them, a same-host rank whose process has exited fails init at
+  // once instead of after RAILCC_INIT_TIMEOUT.
+  auto waitKey = [&](const std::string& key) {
+    while (true) {
+      try {
+        return store.get(key, std::min(left(), Millis(1000)));
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kTimeout || Clock::now() >= deadline) throw;
+      }
+      for (const PeerInfo& p : peers_) {
+        if (p.pid <= 0 || p.rank == rank_ || p.hostId != myHost || !transport::shm::processGone(p.pid)) continue;
+        Error err(ErrorCode::kPeerFailure, "railcc init of group '" + opts_.name + "': rank " + std::to_string(p.rank) +
+                                               " (host " + p.hostname + ", pid " + std::to_string(p.pid) +
+                                               ") exited during init");
+        err.ranks = {p.rank};
+        err.hosts = {p.hostname};
+        throw err;
+      }
+    }
+  };
   auto getFrom = [&](const std::string& key, int r, const char* what) {
     try {
-      return store.get(key, left());
+      return waitKey(key);
     } catch (const Error& e) {
+      if (e.code() == ErrorCode::kPeerFailure) throw;
       Error err(e.code() == ErrorCode::kTimeout ? ErrorCode::kTimeout : e.code(),
                 "railcc init of group '" + opts_.name + "': rank " + std::to_string(r) + " did not publish its " +
                     what + " within RAILCC_INIT_TIMEOUT=" + std::to_string(cfg.initTimeoutSec) +
@@ -507,6 +577,17 @@ void CommImpl::bootstrap(Store& store) {
         Error err(ErrorCode::kTimeout, "railcc init: ranks" + missing + " never connected within RAILCC_INIT_TIMEOUT");
         throw err;
       }
+      for (int r : remote) {
+        const PeerInfo& p = peers_[static_cast<size_t>(r)];
+        if (r < rank_ && !chans_[kLanes - 1][static_cast<size_t>(r)].conn && p.hostId == hostId &&
+            transport::shm::processGone(p.pid)) {
+          Error err(ErrorCode::kPeerFailure, "railcc init: rank " + std::to_string(r) + " (host " + p.hostname +
+                                                 ", pid " + std::to_string(p.pid) + ") exited before connecting");
+          err.ranks = {r};
+          err.hosts = {p.hostname};
+          throw err;
+        }
+      }
       pollfd pfd{listener_->fd(), POLLIN, 0};
       poll(&pfd, 1, 100);
       continue;
@@ -546,6 +627,18 @@ void CommImpl::bootstrap(Store& store) {
 RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
   op->req = std::make_shared<Request>();
   if (op->timeout.count() <= 0) op->timeout = opts_.timeout;
+  if (op->p2p) {
+    op->traceId = tele_->opQueued(0, op->xfer.kind == Transfer::kSend ? "send" : "recv", "-", "-", op->xfer.peer,
+                                  op->xfer.bytes);
+  } else {
+    auto k = static_cast<OpKind>(op->fp.kind);
+    bool reduces = k == OpKind::kAllreduce || k == OpKind::kReduce || k == OpKind::kReduceScatter ||
+                   k == OpKind::kAllreduceCoalesced;
+    bool rooted = k == OpKind::kBroadcast || k == OpKind::kReduce || k == OpKind::kGather || k == OpKind::kScatter;
+    op->traceId = tele_->opQueued(op->fp.seq, opKindName(k), dtypeName(static_cast<DataType>(op->fp.dtype)),
+                                  reduces ? reduceOpName(static_cast<ReduceOp>(op->fp.redop)) : "-",
+                                  rooted ? op->fp.root : -1, op->fp.count);
+  }
   RequestPtr req = op->req;
   std::exception_ptr err;
   {
@@ -564,6 +657,17 @@ RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
   if (err) {
     req->finish(err);
     return req;
+  }
+  {
+    // A straggler reported by the watchdog fails the next op when RAILCC_STRAGGLER_ACTION=raise.
+    std::lock_guard<std::mutex> g(wdMu_);
+    if (!stragglerMsg_.empty()) {
+      Error e(ErrorCode::kStraggler, stragglerMsg_);
+      e.ranks = stragglerRanks_;
+      for (int r : e.ranks) e.hosts.push_back(peers_[static_cast<size_t>(r)].hostname);
+      stragglerMsg_.clear();
+      req->setStraggler(std::make_exception_ptr(e));
+    }
   }
   cv_.notify_one();
   if (sleeping_.load()) {
@@ -625,10 +729,22 @@ void CommImpl::fail(std::exception_ptr err) {
     RAILCC_WARN(WATCHDOG, "could not publish the failure through the store: ", e.what());
   }
   if (shm_) shm_->markFailed();
-  std::lock_guard<std::mutex> g(connMu_);
-  for (auto& lane : chans_)
-    for (auto& ch : lane)
-      if (ch.conn) ch.conn->markFailed();
+  {
+    std::lock_guard<std::mutex> g(connMu_);
+    for (auto& lane : chans_)
+      for (auto& ch : lane)
+        if (ch.conn) ch.conn->markFailed();
+  }
+  try {
+    std::string path = writeTrace("failure");
+    if (!path.empty()) RAILCC_WARN(WATCHDOG, "flight recorder written to ", path);
+  } catch (const std::exception& e) {
+    RAILCC_WARN(WATCHDOG, "could not write the flight recorder: ", e.what());
+  }
+  if (opts_.config.abortOnError) {
+    RAILCC_WARN(WATCHDOG, "RAILCC_ABORT_ON_ERROR=1: tearing the process down");
+    std::abort();
+  }
 }
 
 void CommImpl::peerFailed(int peer, const std::string& detail) {
@@ -645,6 +761,9 @@ void CommImpl::peerFailed(int peer, const std::string& detail) {
     msg = "rank " + std::to_string(peer) + " (host " + p.hostname + ") detected a " + reason;
   } else if (!reason.empty()) {
     msg = "rank " + std::to_string(peer) + " (host " + p.hostname + ", " + p.transport + ") failed: " + reason;
+  } else if (detail.find("reported a failure") != std::string::npos) {
+    msg = "rank " + std::to_string(peer) + " (host " + p.hostname + ", pid " + std::to_string(p.pid) + ", " + p.transport +
+          ") failed earlier; its reason is no longer readable from the store (see that rank's log or trace dump)";
   } else {
     msg = "rank " + std::to_string(peer) + " (host " + p.hostname + ", pid " + std::to_string(p.pid) + ", " +
           p.transport + ") is gone: " + detail + "; it left no report, so it most likely died (killed, OOM or crash)";
@@ -681,18 +800,34 @@ void CommImpl::progressLoop() {
       collQueue_.pop_front();
       current_ = op.get();
       lastProgress_ = Clock::now();
+      op->fp.startUs = wallMicros();
+      std::fill(arrivals_.begin(), arrivals_.end(), 0);
+      waitingOn_.clear();
+      tele_->opStarted(op->traceId);
       std::exception_ptr err;
+      std::string what;
       try {
         if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
+        // A peer that failed may have sent its part of this op before failing; taking it
+        // would let this rank succeed where that rank raised.
+        for (int r : localRanks_)
+          if (r != rank_ && chans_[kCollLane][static_cast<size_t>(r)].conn->peerReportedFailure())
+            peerFailed(r, "it reported a failure of its own");
         op->body();
       } catch (const Error& e) {
         err = std::current_exception();
-        fail(err);
-        clearChannels();
+        what = e.what();
       } catch (const std::exception& e) {
         err = std::make_exception_ptr(Error(ErrorCode::kInternal, e.what()));
+        what = e.what();
+      }
+      tele_->opFinished(op->traceId, what, waitingOn_);
+      if (err) {
         fail(err);
         clearChannels();
+      } else if (size_ > 1) {
+        arrivals_[static_cast<size_t>(rank_)] = op->fp.startUs;
+        tele_->arrivals(arrivals_);
       }
       current_ = nullptr;
       op->req->finish(err);
@@ -712,7 +847,9 @@ void CommImpl::progressLoop() {
           Millis to = !p2pActive_.empty() ? p2pActive_.front()->timeout : anyPending_.front()->timeout;
           idle(on, to, "send/recv");
         }
-      } catch (const Error&) {
+      } catch (const Error& e) {
+        for (auto& op : p2pActive_) tele_->opFinished(op->traceId, e.what(), {op->xfer.peer});
+        for (auto& op : anyPending_) tele_->opFinished(op->traceId, e.what(), {});
         fail(std::current_exception());
         clearChannels();
       }
@@ -734,6 +871,7 @@ void CommImpl::progressLoop() {
 // Sends and receives: each is one transfer on the p2p lane, matched in posting order per peer.
 void CommImpl::startP2P(std::unique_ptr<Op> op) {
   if (p2pActive_.empty() && anyPending_.empty()) lastProgress_ = Clock::now();
+  tele_->opStarted(op->traceId);
   if (op->anySource) {
     anyPending_.push_back(std::move(op));
     return;
@@ -781,6 +919,9 @@ size_t CommImpl::progressP2P() {
 void CommImpl::finishP2P() {
   for (auto it = p2pActive_.begin(); it != p2pActive_.end();) {
     if ((*it)->xfer.finished) {
+      const Transfer& t = (*it)->xfer;
+      tele_->opBytes((*it)->traceId, t.peer, t.kind == Transfer::kSend ? t.done : 0, t.kind == Transfer::kSend ? 0 : t.done);
+      tele_->opFinished((*it)->traceId, "", {});
       (*it)->req->finish(nullptr);
       it = p2pActive_.erase(it);
     } else {
@@ -919,8 +1060,12 @@ size_t CommImpl::progressChannelImpl(int lane, int peer) {
   size_t moved = 0;
   while (!ch.sendq.empty()) {
     Transfer& t = *ch.sendq.front();
-    moved += progressSend(ch, t);
+    bool fresh = t.hdrDone == 0;
+    size_t k = progressSend(ch, t);
+    if (fresh && k > 0) t.began = Clock::now();
+    moved += k;
     if (!t.finished) break;
+    sampleLink(t, true);
     ch.sendq.pop_front();
   }
   while (!ch.recvq.empty()) {
@@ -929,9 +1074,13 @@ size_t CommImpl::progressChannelImpl(int lane, int peer) {
       if (!readHeader(ch, moved)) break;
       checkHeader(t, ch.inHdr, peer);
       t.matched = true;
+      t.began = Clock::now();
+      if (lane == kCollLane && arrivals_[static_cast<size_t>(peer)] == 0)
+        arrivals_[static_cast<size_t>(peer)] = ch.inHdr.startUs;
     }
     moved += progressRecv(ch, t);
     if (!t.finished) break;
+    sampleLink(t, false);
     ch.recvq.pop_front();
     ch.inHdrGot = 0;
   }
@@ -949,6 +1098,21 @@ void CommImpl::exchange(std::vector<Transfer>& xs) {
     if (std::find(chans.begin(), chans.end(), std::make_pair(kCollLane, t.peer)) == chans.end())
       chans.push_back({kCollLane, t.peer});
   }
+  // Bytes per peer go to the flight recorder, and on failure the peers still owed bytes.
+  struct Account {
+    CommImpl* c;
+    std::vector<Transfer>& xs;
+    ~Account() {
+      if (!c->current_) return;
+      for (auto& t : xs) {
+        c->tele_->opBytes(c->current_->traceId, t.peer, t.kind == Transfer::kSend ? t.done : 0,
+                          t.kind == Transfer::kSend ? 0 : t.done);
+        if (!t.finished && std::uncaught_exceptions() > 0 &&
+            std::find(c->waitingOn_.begin(), c->waitingOn_.end(), t.peer) == c->waitingOn_.end())
+          c->waitingOn_.push_back(t.peer);
+      }
+    }
+  } account{this, xs};
   while (true) {
     size_t moved = 0;
     bool all = true;
@@ -1053,6 +1217,17 @@ void CommImpl::failStalled(const std::vector<Transfer*>& pending, Millis timeout
     ranks.push_back(t->peer);
     hosts.push_back(peers_[static_cast<size_t>(t->peer)].hostname);
   }
+  if (current_) {
+    // Which ranks never called this op, which froze, which joined and are stuck: from the
+    // progress records every rank publishes.
+    std::vector<int> culprits;
+    os << describePeerProgress(current_->fp.seq, culprits);
+    if (!culprits.empty()) {
+      ranks = culprits;
+      hosts.clear();
+      for (int r : ranks) hosts.push_back(peers_[static_cast<size_t>(r)].hostname);
+    }
+  }
   Error err(ErrorCode::kTimeout, os.str());
   err.ranks = ranks;
   err.hosts = hosts;
@@ -1100,12 +1275,367 @@ void CommImpl::shutdown() {
     cv_.notify_all();
     thread_.join();
   }
+  if (watchdog_.joinable()) {
+    {
+      std::lock_guard<std::mutex> g(wdMu_);
+      wdStop_ = true;
+    }
+    wdCv_.notify_all();
+    watchdog_.join();
+  }
   {
     std::lock_guard<std::mutex> g(connMu_);
     chans_.clear();
   }
   shm_.reset();
   listener_.reset();
+}
+
+// ---------------------------------------------------------------------------------------
+// Watchdog: progress records, stragglers, flight-recorder dumps
+
+namespace {
+
+// Reads a number that follows "key": in a flat JSON record we wrote ourselves.
+bool jsonNumber(const std::string& doc, const char* key, long long& out) {
+  std::string k = std::string("\"") + key + "\": ";
+  auto pos = doc.find(k);
+  if (pos == std::string::npos) return false;
+  out = std::strtoll(doc.c_str() + pos + k.size(), nullptr, 10);
+  return true;
+}
+
+std::string jsonText(const std::string& doc, const char* key) {
+  std::string k = std::string("\"") + key + "\": \"";
+  auto pos = doc.find(k);
+  if (pos == std::string::npos) return "";
+  auto end = doc.find('"', pos + k.size());
+  return doc.substr(pos + k.size(), end - pos - k.size());
+}
+
+std::string transportKind(const std::string& t) { return t.substr(0, t.find(' ')); }
+
+char processState(int pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(f, line);
+  auto rp = line.rfind(')');
+  return rp != std::string::npos && rp + 2 < line.size() ? line[rp + 2] : '?';
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  snprintf(buf, sizeof(buf), f, v);
+  return buf;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+}  // namespace
+
+std::string CommImpl::progressRecord() const {
+  Telemetry::Progress p = tele_->progress();
+  std::ostringstream os;
+  os << "{\"rank\": " << rank_ << ", \"pid\": " << getpid() << ", \"wall_us\": " << wallMicros()
+     << ", \"enqueued\": " << p.enqueued << ", \"started\": " << p.started << ", \"completed\": " << p.completed
+     << ", \"last_op\": " << jsonString(p.lastOp) << ", \"slow_links\": [";
+  std::lock_guard<std::mutex> g(wdMu_);
+  bool first = true;
+  for (const auto& [peer, send] : linkFlagged_) {
+    os << (first ? "" : ", ") << "{\"src\": " << (send ? rank_ : peer) << ", \"dst\": " << (send ? peer : rank_) << "}";
+    first = false;
+  }
+  os << "]}";
+  return os.str();
+}
+
+void CommImpl::watchdogLoop() {
+  log::setThreadRank(rank_);
+  bool storeGone = false;
+  Millis every(opts_.config.progressIntervalMs > 0 ? opts_.config.progressIntervalMs : 1000);
+  while (true) {
+    {
+      std::unique_lock<std::mutex> g(wdMu_);
+      if (wdCv_.wait_for(g, every, [&] { return wdStop_; })) return;
+    }
+    if (opts_.config.stragglerAction != "off") checkStragglers();
+    if (opts_.config.progressIntervalMs <= 0) continue;
+    if (storeGone) continue;
+    try {
+      store_->set("progress/" + std::to_string(rank_), progressRecord());
+    } catch (const std::exception& e) {
+      // The store's host is gone (it usually dies with rank 0 or the launcher): stop trying.
+      std::string what = e.what();
+      RAILCC_WARN(WATCHDOG, "could not publish the progress record, giving up: ", what.substr(0, what.find('\n')));
+      storeGone = true;
+    }
+  }
+}
+
+void CommImpl::checkStragglers() {
+  const Config& cfg = opts_.config;
+  bool raise = cfg.stragglerAction == "raise";
+  std::vector<std::string> news;
+  std::vector<int> newRanks;
+  // Compute stragglers: ranks that arrive last, by far, collective after collective.
+  auto lags = tele_->lags();
+  double limit = static_cast<double>(cfg.stragglerLagMs) * 1000.0;
+  int minOps = static_cast<int>(std::min<int64_t>(8, cfg.stragglerWindow));
+  for (size_t r = 0; r < lags.size(); ++r) {
+    const auto& l = lags[r];
+    std::vector<double> others;  // the typical rank, this one left out (with 2 ranks: the other)
+    for (size_t q = 0; q < lags.size(); ++q)
+      if (q != r && lags[q].ops > 0) others.push_back(lags[q].meanUs);
+    double med = median(others);
+    bool bad = l.ops >= minOps && l.meanUs > limit && l.meanUs > 4 * med;
+    if (bad && !lagFlagged_[r]) {
+      news.push_back("rank " + std::to_string(r) + " (host " + peers_[r].hostname + ") is a straggler: it entered the last " +
+                     std::to_string(l.ops) + " collectives " + fmt("%.1f", l.meanUs / 1000) + " ms after the first rank on average (max " +
+                     fmt("%.1f", l.maxUs / 1000) + " ms; median rank " + fmt("%.1f", med / 1000) + " ms)");
+      newRanks.push_back(static_cast<int>(r));
+    }
+    if (bad) lagFlagged_[r] = true;
+    else if (l.meanUs < limit / 2) lagFlagged_[r] = false;
+  }
+  // Slow links: far below the median link of the same transport.
+  auto links = tele_->links();
+  std::map<std::string, std::vector<double>> byKind;
+  for (auto& l : links)
+    if (l.samples >= 3) byKind[linkClass(l)].push_back(l.gbps());
+  std::set<std::pair<int, bool>> flagged;
+  for (auto& l : links) {
+    auto& all = byKind[linkClass(l)];
+    double m = median(all);
+    if (l.samples < 3 || all.size() < 2 || l.gbps() >= m * static_cast<double>(cfg.stragglerLinkPct) / 100.0) continue;
+    flagged.insert({l.peer, l.send});
+    std::lock_guard<std::mutex> g(wdMu_);
+    if (linkFlagged_.count({l.peer, l.send})) continue;
+    int src = l.send ? rank_ : l.peer, dst = l.send ? l.peer : rank_;
+    news.push_back("slow link: rank " + std::to_string(src) + " -> rank " + std::to_string(dst) + " (" +
+                   peers_[src].hostname + " -> " + peers_[dst].hostname + ", " + peers_[l.peer].transport + ") moves " +
+                   fmt("%.3f", l.gbps()) + " GB/s against a median of " + fmt("%.3f", m) + " GB/s over the " +
+                   std::to_string(all.size()) + " " + linkClass(l) + " links of rank " + std::to_string(rank_));
+    newRanks.push_back(l.peer);
+  }
+  std::lock_guard<std::mutex> g(wdMu_);
+  linkFlagged_ = flagged;
+  for (auto& m : news) RAILCC_WARN(WATCHDOG, m);
+  if (raise && !news.empty()) {
+    stragglerMsg_.clear();
+    for (auto& m : news) stragglerMsg_ += (stragglerMsg_.empty() ? "" : "\n") + m;
+    stragglerRanks_ = newRanks;
+  }
+}
+
+std::string CommImpl::stragglerReport() {
+  checkStragglers();
+  std::ostringstream os;
+  auto lags = tele_->lags();
+  os << "{\"rank\": " << rank_ << ", \"window\": " << opts_.config.stragglerWindow << ", \"ranks\": [";
+  {
+    std::lock_guard<std::mutex> g(wdMu_);
+    for (size_t r = 0; r < lags.size(); ++r)
+      os << (r ? ", " : "") << "{\"rank\": " << r << ", \"host\": " << jsonString(peers_[r].hostname)
+         << ", \"lag_us_mean\": " << fmt("%.1f", lags[r].meanUs) << ", \"lag_us_max\": " << fmt("%.1f", lags[r].maxUs)
+         << ", \"ops\": " << lags[r].ops << ", \"straggler\": " << (lagFlagged_[r] ? "true" : "false") << "}";
+  }
+  os << "], \"links\": [";
+  auto links = tele_->links();
+  std::map<std::string, std::vector<double>> byKind;
+  for (auto& l : links)
+    if (l.samples >= 3) byKind[linkClass(l)].push_back(l.gbps());
+  std::set<std::pair<int, int>> slow;
+  bool first = true;
+  for (auto& l : links) {
+    std::string kind = transportKind(peers_[l.peer].transport);
+    double m = median(byKind[linkClass(l)]);
+    int src = l.send ? rank_ : l.peer, dst = l.send ? l.peer : rank_;
+    bool isSlow;
+    {
+      std::lock_guard<std::mutex> g(wdMu_);
+      isSlow = linkFlagged_.count({l.peer, l.send}) > 0;
+    }
+    if (isSlow) slow.insert({src, dst});
+    os << (first ? "" : ", ") << "{\"src\": " << src << ", \"dst\": " << dst << ", \"src_host\": "
+       << jsonString(peers_[src].hostname) << ", \"dst_host\": " << jsonString(peers_[dst].hostname)
+       << ", \"transport\": " << jsonString(kind) << ", \"bytes\": " << l.bytes << ", \"samples\": " << l.samples << ", \"gbps\": " << fmt("%.4f", l.gbps())
+       << ", \"median_gbps\": " << fmt("%.4f", m) << ", \"slow\": " << (isSlow ? "true" : "false") << "}";
+    first = false;
+  }
+  // Slow links other ranks found (published with their progress records).
+  if (opts_.config.progressIntervalMs > 0) {
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      std::string rec;
+      try {
+        rec = store_->get("progress/" + std::to_string(r), Millis(20));
+      } catch (const std::exception&) {
+        continue;
+      }
+      size_t pos = 0;
+      while ((pos = rec.find("{\"src\": ", pos)) != std::string::npos) {
+        long long a = std::strtoll(rec.c_str() + pos + 8, nullptr, 10), b = -1;
+        jsonNumber(rec.substr(pos, rec.find('}', pos) - pos + 1), "dst", b);
+        if (a >= 0 && a < size_ && b >= 0 && b < size_) slow.insert({static_cast<int>(a), static_cast<int>(b)});
+        ++pos;
+      }
+    }
+  }
+  os << "], \"stragglers\": [";
+  first = true;
+  {
+    std::lock_guard<std::mutex> g(wdMu_);
+    for (size_t r = 0; r < lagFlagged_.size(); ++r)
+      if (lagFlagged_[r]) {
+        os << (first ? "" : ", ") << r;
+        first = false;
+      }
+  }
+  os << "], \"slow_links\": [";
+  first = true;
+  for (auto& [a, b] : slow) {
+    os << (first ? "" : ", ") << "{\"src\": " << a << ", \"dst\": " << b << ", \"src_host\": " << jsonString(peers_[a].hostname)
+       << ", \"dst_host\": " << jsonString(peers_[b].hostname) << "}";
+    first = false;
+  }
+  os << "]}";
+  return os.str();
+}
+
+std::string CommImpl::describePeerProgress(uint64_t seq, std::vector<int>& culprits) {
+  if (opts_.config.progressIntervalMs <= 0) return "";
+  std::ostringstream os;
+  std::vector<int> never, frozen, joined;
+  int64_t now = wallMicros();
+  int64_t staleUs = 3 * opts_.config.progressIntervalMs * 1000 + 1000000;
+  auto deadline = Clock::now() + Millis(2000);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const PeerInfo& p = peers_[static_cast<size_t>(r)];
+    std::string rec;
+    try {
+      auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+      rec = store_->get("progress/" + std::to_string(r), std::max(Millis(1), std::min(Millis(100), left)));
+    } catch (const std::exception&) {
+      os << "\n  rank " << r << " (host " << p.hostname << ") never published a progress record";
+      frozen.push_back(r);
+      continue;
+    }
+    long long enq = 0, comp = 0, wall = 0;
+    jsonNumber(rec, "enqueued", enq);
+    jsonNumber(rec, "completed", comp);
+    jsonNumber(rec, "wall_us", wall);
+    if (comp >= static_cast<long long>(seq)) continue;
+    double age = static_cast<double>(now - wall) / 1e6;
+    bool stale = now - wall > staleUs;
+    bool stopped = p.hostId == peers_[static_cast<size_t>(rank_)].hostId && processState(p.pid) == 'T';
+    std::string last = jsonText(rec, "last_op");
+    std::string lastCall = "seq " + std::to_string(enq) + (enq > 0 && !last.empty() ? " (" + last + ")" : "");
+    os << "\n  rank " << r << " (host " << p.hostname << ") ";
+    if (stopped || stale) {
+      // Its record is old: whether it reached this op is unknown, but it is not running.
+      os << (stopped ? "is frozen: its process " + std::to_string(p.pid) + " is stopped (SIGSTOP or a debugger)"
+                     : "is frozen or unreachable: it stopped reporting (SIGSTOP, debugger, swap storm, or hung "
+                       "outside railcc)")
+         << "; its last report, " << fmt("%.1f", age) << " s ago, said its last call was " << lastCall;
+      frozen.push_back(r);
+    } else if (enq < static_cast<long long>(seq)) {
+      os << "never called seq " << seq << ": its last call was " << lastCall
+         << "; it is alive and reporting, so it is still in code before this call";
+      never.push_back(r);
+    } else {
+      os << "joined seq " << seq << " but has not finished it";
+      joined.push_back(r);
+    }
+  }
+  culprits = !never.empty() ? never : frozen;
+  {
+    std::ostringstream js;
+    js << "{";
+    bool first = true;
+    for (auto* group : {&never, &frozen, &joined})
+      for (int r : *group) {
+        js << (first ? "" : ", ") << "\"" << r << "\": \""
+           << (group == &never ? "never_called" : group == &frozen ? "frozen" : "joined") << "\"";
+        first = false;
+      }
+    js << "}";
+    std::lock_guard<std::mutex> g(wdMu_);
+    peerProgressJson_ = js.str();
+  }
+  std::string body = os.str();
+  return body.empty() ? "" : "\nprogress of the other ranks:" + body;
+}
+
+std::string CommImpl::traceJson(const std::string& reason) const {
+  std::ostringstream os;
+  Telemetry::Progress p = tele_->progress();
+  os << "{\n  \"version\": 1, \"group\": " << jsonString(opts_.name) << ", \"rank\": " << rank_ << ", \"size\": " << size_
+     << ", \"host\": " << jsonString(hostname_) << ", \"pid\": " << getpid() << ",\n  \"dumped_at_us\": " << wallMicros()
+     << ", \"reason\": " << jsonString(reason) << ",\n  \"error\": ";
+  std::exception_ptr broken;
+  {
+    std::lock_guard<std::mutex> g(errMu_);
+    broken = broken_;
+  }
+  if (!broken) {
+    os << "null";
+  } else {
+    try {
+      std::rethrow_exception(broken);
+    } catch (const Error& e) {
+      std::string code = errorCodeName(e.code());
+      std::transform(code.begin(), code.end(), code.begin(), ::tolower);
+      if (code == "peerfailure") code = "peer_failure";
+      os << "{\"code\": " << jsonString(code) << ", \"message\": " << jsonString(e.what()) << ", \"ranks\": [";
+      for (size_t i = 0; i < e.ranks.size(); ++i) os << (i ? ", " : "") << e.ranks[i];
+      os << "], \"hosts\": [";
+      for (size_t i = 0; i < e.hosts.size(); ++i) os << (i ? ", " : "") << jsonString(e.hosts[i]);
+      os << "], \"seq\": " << (e.seq < 0 ? std::string("null") : std::to_string(e.seq))
+         << ", \"op\": " << (e.op.empty() ? std::string("null") : jsonString(e.op)) << "}";
+    } catch (const std::exception& e) {
+      os << "{\"code\": \"internal\", \"message\": " << jsonString(e.what()) << "}";
+    }
+  }
+  os << ",\n  \"progress\": {\"enqueued\": " << p.enqueued << ", \"started\": " << p.started
+     << ", \"completed\": " << p.completed << "},\n  \"peers\": [";
+  for (size_t r = 0; r < peers_.size(); ++r)
+    os << (r ? ", " : "") << "{\"rank\": " << r << ", \"host\": " << jsonString(peers_[r].hostname)
+       << ", \"transport\": " << jsonString(static_cast<int>(r) == rank_ ? "self" : peers_[r].transport) << "}";
+  auto lags = tele_->lags();
+  const auto& mine = lags[static_cast<size_t>(rank_)];
+  os << "],\n  \"ops\": " << tele_->opsJson() << ",\n  \"links\": " << tele_->linksJson()
+     << ",\n  \"arrival\": {\"lag_us_mean\": " << fmt("%.1f", mine.meanUs) << ", \"lag_us_max\": " << fmt("%.1f", mine.maxUs)
+     << ", \"last_count\": " << mine.ops << "},\n  \"lags\": " << tele_->lagsJson();
+  {
+    std::lock_guard<std::mutex> g(wdMu_);
+    os << ",\n  \"peer_progress\": " << peerProgressJson_ << "\n}\n";
+  }
+  return os.str();
+}
+
+std::string CommImpl::writeTrace(const std::string& reason, const std::string& dirArg) const {
+  std::string dir = dirArg.empty() ? opts_.config.traceDir : dirArg;
+  if (dir.empty()) return "";
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    RAILCC_THROW(kSystem, "cannot create RAILCC_TRACE_DIR ", dir, ": ", detail::errnoString());
+  std::string group = opts_.name.empty() ? "default" : opts_.name;
+  for (char& c : group)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
+  std::string path = dir + "/railcc-trace-" + group + "-rank" + std::to_string(rank_) + ".json";
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << traceJson(reason);
+    if (!f) RAILCC_THROW(kSystem, "writing ", tmp, " failed");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) RAILCC_THROW(kSystem, "renaming ", tmp, ": ", detail::errnoString());
+  return path;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1179,6 +1709,11 @@ std::exception_ptr Communicator::brokenError() const {
   std::lock_guard<std::mutex> g(impl_->errMu_);
   return impl_->broken_;
 }
+std::string Communicator::traceJson(const std::string& reason) const { return impl_->traceJson(reason); }
+std::string Communicator::dumpTrace(const std::string& reason, const std::string& dir) const {
+  return impl_->writeTrace(reason, dir);
+}
+std::string Communicator::stragglerReport() { return impl_->stragglerReport(); }
 uint64_t Communicator::collectiveCount() const {
   std::lock_guard<std::mutex> g(impl_->mu_);
   return impl_->collSeq_;

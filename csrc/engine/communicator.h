@@ -35,12 +35,18 @@ class Request {
   // Engine side.
   void finish(std::exception_ptr err);
   void setSourceRank(int r) { source_.store(r); }
+  /// The op runs, but completes with this error (a straggler report) if it succeeds.
+  void setStraggler(std::exception_ptr e) {
+    std::lock_guard<std::mutex> g(mu_);
+    straggler_ = std::move(e);
+  }
 
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;
+  std::exception_ptr straggler_;
   std::vector<std::function<void()>> callbacks_;
   std::atomic<int> source_{-1};
   std::atomic<bool> doneFlag_{false};  // done_, readable without the lock
@@ -130,6 +136,16 @@ class Communicator {
   void shutdown();
   /// The error that broke the communicator, if any.
   std::exception_ptr brokenError() const;
+
+  /// The flight recorder as a JSON document (read by `python -m railcc trace`): recent ops with their
+  /// state, times and bytes per peer, this rank's progress and link throughput.
+  std::string traceJson(const std::string& reason) const;
+  /// Writes traceJson() to RAILCC_TRACE_DIR (or `dir` when given); returns the file's path,
+  /// or "" when there is no directory to write to. Throws kSystem if writing fails.
+  std::string dumpTrace(const std::string& reason, const std::string& dir = "") const;
+  /// Straggler report as JSON: lag of every rank, throughput of every link of this rank
+  /// against the median link of its transport, and the slow links other ranks published.
+  std::string stragglerReport();
 
  private:
   std::unique_ptr<CommImpl> impl_;

@@ -36,6 +36,29 @@ namespace railcc::engine {
     "share memory.")                                                                          \
   X(initTimeoutSec, int64_t, "RAILCC_INIT_TIMEOUT", "", "300",                                \
     "Seconds that communicator set-up may take before it fails naming the missing ranks.")    \
+  X(traceDir, std::string, "RAILCC_TRACE_DIR", "", "",                                        \
+    "Directory for flight-recorder dumps (railcc-trace-<group>-rank<R>.json), written on any "  \
+    "failure and by railcc.dump_trace(). Read them with `python -m railcc trace DIR`.")       \
+  X(traceSize, int64_t, "RAILCC_TRACE_SIZE", "", "256",                                       \
+    "Ops the flight recorder keeps per communicator.")                                       \
+  X(progressIntervalMs, int64_t, "RAILCC_PROGRESS_INTERVAL_MS", "", "1000",                   \
+    "How often each rank publishes its progress record (last op called, started, finished) "   \
+    "through the store, from a watchdog thread. Timeouts use it to tell ranks that never "     \
+    "called an op from ranks that froze. 0 turns it off.")                                    \
+  X(stragglerAction, std::string, "RAILCC_STRAGGLER_ACTION", "", "warn",                      \
+    "warn: log a straggling rank or slow link once per episode; raise: also fail the next "    \
+    "wait with railcc.StragglerError; off: do not check.")                                    \
+  X(stragglerLagMs, int64_t, "RAILCC_STRAGGLER_LAG_MS", "", "50",                             \
+    "A rank whose mean arrival lag over the last RAILCC_STRAGGLER_WINDOW collectives exceeds " \
+    "this (and 4x the median rank's) is a straggler.")                                        \
+  X(stragglerLinkPct, int64_t, "RAILCC_STRAGGLER_LINK_PCT", "", "25",                         \
+    "A link (peer and direction) slower than this percentage of the median link of the same "  \
+    "transport is slow. Only transfers of 64 KiB or more are timed.")                         \
+  X(stragglerWindow, int64_t, "RAILCC_STRAGGLER_WINDOW", "", "32",                            \
+    "Collectives (lag) and transfers per link (throughput) in the sliding window.")           \
+  X(abortOnError, bool, "RAILCC_ABORT_ON_ERROR", "", "0",                                     \
+    "1 tears the process down (SIGABRT, after the trace dump) when a communicator fails, as "  \
+    "NCCL's watchdog does. By default the error is raised in Python instead.")               \
   X(spinUs, int64_t, "RAILCC_SPIN_US", "", "-1",                                              \
     "Microseconds the progress thread polls before it sleeps on a futex or poll(). -1: 50 "    \
     "when the host has two CPUs per local rank, else 5 (spinning steals an oversubscribed core).")

@@ -15,6 +15,7 @@ enum class ErrorCode {
   kPeerFailure,   // a peer closed its connection, died or stopped answering
   kMismatch,      // ranks called different collectives at the same sequence number
   kAborted,       // abort() or shutdown() ended the op
+  kStraggler,     // a rank or link is far slower than the rest (RAILCC_STRAGGLER_ACTION=raise)
   kInternal,
 };
 

@@ -21,6 +21,7 @@ const char* errorCodeName(ErrorCode code) {
     case ErrorCode::kPeerFailure: return "PeerFailure";
     case ErrorCode::kMismatch: return "Mismatch";
     case ErrorCode::kAborted: return "Aborted";
+    case ErrorCode::kStraggler: return "Straggler";
     case ErrorCode::kInternal: return "Internal";
   }
   return "Unknown";

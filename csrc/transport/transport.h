@@ -56,6 +56,10 @@ class Connection {
   /// memory). Throws kPeerFailure. Cheap enough to call a few times a second.
   virtual void checkAlive() {}
 
+  /// True when the peer has flagged a failure of its own (memory-based transports; a socket
+  /// peer shuts its connections down instead). One atomic load: checked before every op.
+  virtual bool peerReportedFailure() { return false; }
+
   /// Tells the peer this side has failed and will not continue the stream: sockets are shut
   /// down so the peer sees a close at once. Thread-safe (may run on an aborting thread).
   virtual void markFailed() {}

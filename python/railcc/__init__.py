@@ -4,6 +4,8 @@
     torch.distributed.init_process_group(backend="railcc")
 """
 
+import json
+
 import torch
 import torch.distributed as dist
 
@@ -26,6 +28,9 @@ __all__ = [
     "StragglerError",
     "params",
     "backend_of",
+    "dump_trace",
+    "straggler_report",
+    "abort",
 ]
 
 __version__ = "0.1.0"
@@ -57,3 +62,36 @@ def backend_of(group=None, device="cpu"):
     if not isinstance(backend, _C.ProcessGroupRailcc):
         raise TypeError(f"group is served by {type(backend).__name__}, not railcc")
     return backend
+
+
+def dump_trace(group=None, dir=None):
+    """The flight recorder of this rank for `group` (default group if None), as a dict: recent ops
+    with their state, times and bytes per peer, this rank's progress, links and arrival lags.
+
+    Also written to `dir`, or to RAILCC_TRACE_DIR when `dir` is None and it is set, as
+    railcc-trace-<group>-rank<R>.json; the dict's "path" says where ("" when not written).
+    `python -m railcc trace DIR` merges the files of all ranks into one verdict."""
+    backend = backend_of(group)
+    doc = json.loads(backend.trace_json())
+    doc["path"] = backend.dump_trace(dir or "")
+    return doc
+
+
+def straggler_report(group=None):
+    """Straggler report of this rank for `group`, as a dict:
+
+    * "ranks": every rank's arrival lag at collectives over the sliding window, as this rank saw
+      it (lag_us_mean, lag_us_max, ops, straggler),
+    * "links": this rank's links (src, dst, hosts, transport, gbps) with the median gbps of the
+      links of the same transport, and whether each is slow,
+    * "stragglers": ranks flagged as stragglers, and "slow_links": slow links flagged here or
+      published by other ranks.
+
+    Not a collective: it reads what this rank measured and what the others published."""
+    return json.loads(backend_of(group).straggler_report_json())
+
+
+def abort(group=None):
+    """Aborts `group` from any thread: every pending and later op on it fails at once with
+    railcc.AbortedError. The group cannot be used again; destroy it afterwards."""
+    backend_of(group).abort_group()

@@ -1,5 +1,6 @@
 """python -m railcc env [--markdown]   list railcc's parameters (effective values, sources)
-python -m railcc bench ...          same as railcc-bench"""
+python -m railcc bench ...          same as railcc-bench
+python -m railcc trace DIR [--json]  merge the flight-recorder dumps of all ranks into one verdict"""
 
 import sys
 
@@ -26,6 +27,10 @@ def main(argv=None):
     if argv[0] == "env":
         print(env_table(markdown="--markdown" in argv))
         return 0
+    if argv[0] == "trace":
+        from .trace import main as trace_main
+
+        return trace_main(argv[1:])
     if argv[0] == "bench":
         from .bench import main as bench_main
 

@@ -27,6 +27,8 @@ constexpr uint64_t kMagic = 0x7261696c63637368ull;  // "railccsh"
 
 size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
+}  // namespace
+
 bool processGone(pid_t pid) {
   if (kill(pid, 0) != 0 && errno == ESRCH) return true;
   // A killed child that its parent has not reaped yet is a zombie: gone for our purposes.
@@ -41,6 +43,8 @@ bool processGone(pid_t pid) {
   const char* rp = strrchr(buf, ')');
   return rp != nullptr && (rp[2] == 'Z' || rp[2] == 'X');
 }
+
+namespace {
 
 class ShmConnection : public Connection {
  public:
@@ -98,6 +102,8 @@ class ShmConnection : public Connection {
   }
 
   std::string describe() const override { return "shm"; }
+
+  bool peerReportedFailure() override { return peerHdr_->failed.load(std::memory_order_relaxed) != 0; }
 
   void checkAlive() override {
     if (peerHdr_->failed.load())

@@ -12,6 +12,9 @@
 
 namespace railcc::transport::shm {
 
+/// True when process `pid` of this host has exited (including a zombie nobody reaped yet).
+bool processGone(pid_t pid);
+
 /// Header of one process's segment: its doorbell, which peers ring after they produced
 /// data for it or freed space it was waiting for.
 struct alignas(64) SegmentHeader {

@@ -247,8 +247,13 @@ int connectTo(const sockaddr_in& to, const Hello& hello, std::chrono::steady_clo
       ::close(fd);
       RAILCC_THROW(kPeerFailure, "peer at ", where, " did not accept railcc's handshake");
     }
+    int code = errno;
     std::string err = detail::errnoString();
     ::close(fd);
+    // Peers publish their address only once they listen, so a refusal means the process
+    // (or its listener) is gone: waiting for the init timeout would only hide that.
+    if (code == ECONNREFUSED)
+      RAILCC_THROW(kPeerFailure, "connection to ", where, " refused: the process that published this address has exited");
     if (std::chrono::steady_clock::now() >= deadline)
       RAILCC_THROW(kTimeout, "could not connect to ", where, ": ", err);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -1,0 +1,248 @@
+#include "engine/telemetry.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+namespace railcc::engine {
+
+int64_t wallMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string jsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+namespace {
+const char* stateName(Telemetry::State s) {
+  switch (s) {
+    case Telemetry::State::kQueued: return "queued";
+    case Telemetry::State::kRunning: return "running";
+    case Telemetry::State::kCompleted: return "completed";
+    case Telemetry::State::kFailed: return "failed";
+  }
+  return "?";
+}
+
+std::string orNull(int64_t us) { return us > 0 ? std::to_string(us) : "null"; }
+}  // namespace
+
+Telemetry::Telemetry(int rank, int size, size_t ringSize, size_t window)
+    : rank_(rank), size_(size), window_(std::max<size_t>(window, 1)), ring_(std::max<size_t>(ringSize, 1)) {
+  lag_.assign(static_cast<size_t>(size), {});
+  lagPos_.assign(static_cast<size_t>(size), 0);
+  for (int d = 0; d < 2; ++d) {
+    link_[d].assign(static_cast<size_t>(size), {});
+    linkPos_[d].assign(static_cast<size_t>(size), 0);
+  }
+}
+
+Telemetry::OpTrace* Telemetry::find(uint64_t id) {
+  OpTrace& t = ring_[id % ring_.size()];
+  return t.id == id ? &t : nullptr;
+}
+
+uint64_t Telemetry::opQueued(uint64_t seq, const char* op, const char* dtype, const char* redop, int root,
+                             uint64_t count) {
+  std::lock_guard<std::mutex> g(mu_);
+  uint64_t id = nextId_++;
+  OpTrace& t = ring_[id % ring_.size()];
+  t = OpTrace{};
+  t.id = id;
+  t.seq = seq;
+  t.op = op;
+  t.dtype = dtype;
+  t.redop = redop;
+  t.root = root;
+  t.count = count;
+  t.enqueueUs = wallMicros();
+  if (seq > 0) {
+    progress_.enqueued = seq;
+    progress_.lastOp = op;
+  }
+  return id;
+}
+
+void Telemetry::opStarted(uint64_t id) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (OpTrace* t = find(id)) {
+    t->state = State::kRunning;
+    t->startUs = wallMicros();
+    if (t->seq > 0) progress_.started = t->seq;
+  }
+}
+
+void Telemetry::opBytes(uint64_t id, int peer, uint64_t sent, uint64_t recvd) {
+  if (peer < 0 || peer >= size_) return;
+  std::lock_guard<std::mutex> g(mu_);
+  if (OpTrace* t = find(id)) {
+    if (t->sent.empty()) {
+      t->sent.assign(static_cast<size_t>(size_), 0);
+      t->recvd.assign(static_cast<size_t>(size_), 0);
+    }
+    t->sent[static_cast<size_t>(peer)] += sent;
+    t->recvd[static_cast<size_t>(peer)] += recvd;
+  }
+}
+
+void Telemetry::opFinished(uint64_t id, const std::string& error, const std::vector<int>& waitingOn) {
+  std::lock_guard<std::mutex> g(mu_);
+  OpTrace* t = find(id);
+  if (!t) return;
+  t->state = error.empty() ? State::kCompleted : State::kFailed;
+  t->endUs = wallMicros();
+  if (t->startUs == 0) t->startUs = t->endUs;
+  t->error = error.substr(0, error.find('\n'));
+  t->waitingOn = waitingOn;
+  if (t->seq > 0 && error.empty()) progress_.completed = std::max(progress_.completed, t->seq);
+}
+
+void Telemetry::arrivals(const std::vector<int64_t>& startUs) {
+  int64_t first = 0;
+  for (int64_t s : startUs)
+    if (s > 0 && (first == 0 || s < first)) first = s;
+  if (first == 0) return;
+  std::lock_guard<std::mutex> g(mu_);
+  for (size_t r = 0; r < startUs.size() && r < lag_.size(); ++r) {
+    if (startUs[r] <= 0) continue;
+    auto& w = lag_[r];
+    double lag = static_cast<double>(startUs[r] - first);
+    if (w.size() < window_) w.push_back(lag);
+    else w[lagPos_[r]++ % window_] = lag;
+  }
+}
+
+void Telemetry::linkSample(int peer, bool send, uint64_t bytes, int64_t busyUs) {
+  if (peer < 0 || peer >= size_ || bytes == 0) return;
+  std::lock_guard<std::mutex> g(mu_);
+  auto& w = link_[send ? 1 : 0][static_cast<size_t>(peer)];
+  Sample s{bytes, std::max<int64_t>(busyUs, 1)};
+  size_t& pos = linkPos_[send ? 1 : 0][static_cast<size_t>(peer)];
+  if (w.size() < window_) w.push_back(s);
+  else w[pos++ % window_] = s;
+}
+
+std::vector<Telemetry::LagStats> Telemetry::lags() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<LagStats> out(lag_.size());
+  for (size_t r = 0; r < lag_.size(); ++r) {
+    for (double v : lag_[r]) {
+      out[r].meanUs += v;
+      out[r].maxUs = std::max(out[r].maxUs, v);
+    }
+    out[r].ops = static_cast<int>(lag_[r].size());
+    if (out[r].ops > 0) out[r].meanUs /= out[r].ops;
+  }
+  return out;
+}
+
+std::vector<Telemetry::LinkStats> Telemetry::links() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<LinkStats> out;
+  for (int d = 0; d < 2; ++d)
+    for (size_t p = 0; p < link_[d].size(); ++p) {
+      if (link_[d][p].empty()) continue;
+      LinkStats l;
+      l.peer = static_cast<int>(p);
+      l.send = d == 1;
+      for (const Sample& s : link_[d][p]) {
+        l.bytes += s.bytes;
+        l.busyUs += s.busyUs;
+      }
+      l.samples = static_cast<int>(link_[d][p].size());
+      out.push_back(l);
+    }
+  return out;
+}
+
+Telemetry::Progress Telemetry::progress() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return progress_;
+}
+
+std::string Telemetry::opsJson() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<const OpTrace*> live;
+  for (const OpTrace& t : ring_)
+    if (t.id != 0) live.push_back(&t);
+  std::sort(live.begin(), live.end(), [](const OpTrace* a, const OpTrace* b) { return a->id < b->id; });
+  std::ostringstream os;
+  os << "[";
+  bool firstOp = true;
+  for (const OpTrace* t : live) {
+    os << (firstOp ? "\n    " : ",\n    ");
+    firstOp = false;
+    os << "{\"seq\": " << t->seq << ", \"op\": " << jsonString(t->op) << ", \"dtype\": " << jsonString(t->dtype)
+       << ", \"count\": " << t->count << ", \"redop\": " << jsonString(t->redop) << ", \"root\": " << t->root
+       << ", \"state\": \"" << stateName(t->state) << "\", \"enqueue_us\": " << t->enqueueUs
+       << ", \"start_us\": " << orNull(t->startUs) << ", \"end_us\": " << orNull(t->endUs);
+    for (int dir = 0; dir < 2; ++dir) {
+      const auto& v = dir == 0 ? t->sent : t->recvd;
+      os << (dir == 0 ? ", \"bytes_sent\": {" : ", \"bytes_recv\": {");
+      bool first = true;
+      for (size_t p = 0; p < v.size(); ++p) {
+        if (static_cast<int>(p) == rank_ || v[p] == 0) continue;
+        os << (first ? "" : ", ") << "\"" << p << "\": " << v[p];
+        first = false;
+      }
+      os << "}";
+    }
+    os << ", \"waiting_on\": [";
+    for (size_t i = 0; i < t->waitingOn.size(); ++i) os << (i ? ", " : "") << t->waitingOn[i];
+    os << "], \"error\": " << (t->error.empty() ? "null" : jsonString(t->error)) << "}";
+  }
+  os << (live.empty() ? "]" : "\n  ]");
+  return os.str();
+}
+
+std::string Telemetry::linksJson() const {
+  std::ostringstream os;
+  os << "[";
+  bool first = true;
+  char buf[32];
+  for (const LinkStats& l : links()) {
+    snprintf(buf, sizeof(buf), "%.4f", l.gbps());
+    os << (first ? "" : ", ") << "{\"peer\": " << l.peer << ", \"dir\": \"" << (l.send ? "send" : "recv")
+       << "\", \"bytes\": " << l.bytes << ", \"busy_us\": " << l.busyUs << ", \"gbps\": " << buf << "}";
+    first = false;
+  }
+  os << "]";
+  return os.str();
+}
+
+std::string Telemetry::lagsJson() const {
+  std::ostringstream os;
+  os << "[";
+  auto l = lags();
+  char buf[96];
+  for (size_t r = 0; r < l.size(); ++r) {
+    snprintf(buf, sizeof(buf), "{\"rank\": %zu, \"lag_us_mean\": %.1f, \"lag_us_max\": %.1f, \"ops\": %d}", r,
+             l[r].meanUs, l[r].maxUs, l[r].ops);
+    os << (r ? ", " : "") << buf;
+  }
+  os << "]";
+  return os.str();
+}
+
+}  // namespace railcc::engine

@@ -1,0 +1,104 @@
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace railcc::engine {
+
+/// Wall-clock microseconds since the epoch: comparable across ranks of one host, and across
+/// hosts as far as their clocks agree (NTP keeps that within about a millisecond).
+int64_t wallMicros();
+
+/// What one communicator remembers about its recent ops, its peers' arrival times and its
+/// links. Feeds the flight recorder dump, the progress record published through the store,
+/// and straggler detection. Thread-safe: callers queue ops, the progress thread runs them,
+/// and anyone may ask for a dump.
+class Telemetry {
+ public:
+  enum class State : uint8_t { kQueued, kRunning, kCompleted, kFailed };
+
+  struct OpTrace {
+    uint64_t id = 0;   // 1, 2, ... over all ops of the communicator
+    uint64_t seq = 0;  // collective sequence number, 0 for send/recv
+    std::string op, dtype, redop;
+    int root = -1;
+    uint64_t count = 0;
+    State state = State::kQueued;
+    int64_t enqueueUs = 0, startUs = 0, endUs = 0;
+    std::vector<uint64_t> sent, recvd;  // bytes per peer rank
+    std::vector<int> waitingOn;         // peers with unfinished transfers when it failed
+    std::string error;                  // first line
+  };
+
+  struct LagStats {
+    double meanUs = 0, maxUs = 0;
+    int ops = 0;
+  };
+  struct LinkStats {
+    int peer = -1;
+    bool send = false;
+    uint64_t bytes = 0;
+    int64_t busyUs = 0;
+    int samples = 0;
+    double gbps() const { return busyUs > 0 ? static_cast<double>(bytes) / static_cast<double>(busyUs) / 1e3 : 0; }
+  };
+
+  Telemetry(int rank, int size, size_t ringSize, size_t window);
+
+  // Flight recorder. Every call is cheap (a lock and a slot write).
+  uint64_t opQueued(uint64_t seq, const char* op, const char* dtype, const char* redop, int root, uint64_t count);
+  void opStarted(uint64_t id);
+  void opBytes(uint64_t id, int peer, uint64_t sent, uint64_t recvd);
+  void opFinished(uint64_t id, const std::string& error, const std::vector<int>& waitingOn);
+
+  /// Start times of one collective: this rank's and what each peer stamped in its messages
+  /// (0 where nothing arrived). Updates the lag window of every rank.
+  void arrivals(const std::vector<int64_t>& startUs);
+  /// One transfer of `bytes` that kept a link busy for `busyUs`.
+  void linkSample(int peer, bool send, uint64_t bytes, int64_t busyUs);
+
+  /// Lag of every rank (as this rank saw them arrive) over the window.
+  std::vector<LagStats> lags() const;
+  /// Throughput per peer and direction over the window (links that carried nothing are left out).
+  std::vector<LinkStats> links() const;
+
+  /// Sequence numbers of the last collective queued, started and finished, and its name.
+  struct Progress {
+    uint64_t enqueued = 0, started = 0, completed = 0;
+    std::string lastOp;
+  };
+  Progress progress() const;
+
+  /// JSON array of the ring, oldest first.
+  std::string opsJson() const;
+  /// JSON of links() and lags().
+  std::string linksJson() const;
+  std::string lagsJson() const;
+
+ private:
+  OpTrace* find(uint64_t id);  // under mu_; null once overwritten
+
+  int rank_, size_;
+  size_t window_;
+  mutable std::mutex mu_;
+  std::vector<OpTrace> ring_;
+  uint64_t nextId_ = 1;
+  Progress progress_;
+  // per rank: recent lags (ring of window_)
+  std::vector<std::vector<double>> lag_;
+  std::vector<size_t> lagPos_;
+  // per peer and direction: recent samples
+  struct Sample {
+    uint64_t bytes;
+    int64_t busyUs;
+  };
+  std::vector<std::vector<Sample>> link_[2];
+  std::vector<size_t> linkPos_[2];
+};
+
+/// Escapes a string for a JSON literal (quotes included).
+std::string jsonString(const std::string& s);
+
+}  // namespace railcc::engine

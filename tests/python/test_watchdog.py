@@ -1,0 +1,319 @@
+"""The watchdog with real processes: hangs told apart (a rank that never calls the op versus a
+frozen one), compute stragglers, abort from another thread, errors of ops nobody waited on,
+init-time deaths, the flight recorder and its analyzer, and that nothing leaks (threads, fds,
+/dev/shm) once a failed group is destroyed.
+
+Each scenario runs in a fresh subgroup of a RankPool, so the pool's default group stays usable
+and the leak checks compare the process before the subgroup was made with after it is gone.
+Time bounds are generous: they catch detection that takes far longer than promised, not noise.
+"""
+
+import datetime
+import gc
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import harness
+
+TIMEOUT_S = 4  # the subgroups' op timeout in the hang scenarios
+
+
+def _resources():
+    shm = sorted(f for f in os.listdir("/dev/shm") if f.startswith(f"railcc-{os.getuid()}-{os.getpid()}-"))
+    return {"fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")), "shm": shm}
+
+
+def _leaks(before):
+    # The caller has dropped its last reference to the group; the backend goes with it.
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while True:
+        after = _resources()
+        if after == before or time.monotonic() > deadline:
+            return {} if after == before else {"before": before, "after": after}
+        time.sleep(0.1)
+
+
+def _new_group(**kw):
+    return dist.new_group(backend="railcc", timeout=datetime.timedelta(seconds=TIMEOUT_S), **kw)
+
+
+# ------------------------------------------------------------------------------ hangs
+
+
+def rk_never_calls(rank, n, trace_dir):
+    import railcc
+
+    os.environ["RAILCC_TRACE_DIR"] = trace_dir
+    before = _resources()
+    g = _new_group()
+    t = torch.ones(1000)
+    for _ in range(3):
+        dist.all_reduce(t, group=g)
+    out = {}
+    late = n - 1
+    if rank == late:
+        time.sleep(TIMEOUT_S + 3)  # still "in user code" while the others time out
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(t, group=g)
+            out["late"] = "no error"
+        except railcc.RailccError as e:
+            out["late"] = type(e).__name__
+            out["late_s"] = time.monotonic() - t0
+    else:
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(t, group=g)
+            out["error"] = "no error"
+        except railcc.CollectiveTimeoutError as e:
+            out.update(error=type(e).__name__, ranks=list(e.ranks), seq=e.seq, msg=str(e), after=time.monotonic() - t0)
+    t0 = time.monotonic()
+    dist.destroy_process_group(g)
+    out["destroy_s"] = time.monotonic() - t0
+    del g
+    out["leaks"] = _leaks(before)
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_rank_that_never_calls_is_named_and_the_trace_says_so(pools, tmp_path, n):
+    trace_dir = str(tmp_path / "trace")
+    got = pools(n).run(rk_never_calls, trace_dir, timeout=90)
+    late = n - 1
+    for r in range(n - 1):
+        g = got[r]
+        assert g["error"] == "CollectiveTimeoutError", g
+        assert g["ranks"] == [late], g
+        assert g["seq"] == 4, g
+        assert f"rank {late} (host" in g["msg"] and f"never called seq 4" in g["msg"], g["msg"]
+        assert "alive and reporting" in g["msg"], g["msg"]
+        assert TIMEOUT_S - 0.5 < g["after"] < TIMEOUT_S + 10, g
+    assert got[late]["late"] in ("PeerFailureError", "CollectiveTimeoutError"), got[late]
+    assert got[late]["late_s"] < 10, got[late]
+    for r, g in enumerate(got):
+        assert g["destroy_s"] < 2, (r, g)
+        assert not g["leaks"], (r, g["leaks"])
+    # The analyzer, on the dumps all ranks wrote, names the rank and the op.
+    files = sorted(os.listdir(trace_dir))
+    assert len(files) == n, files
+    doc = json.load(open(os.path.join(trace_dir, files[0])))
+    assert doc["error"]["code"] == "timeout" and doc["peer_progress"][str(late)] == "never_called", doc
+    out = subprocess.run([sys.executable, "-m", "railcc", "trace", trace_dir], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    headline = out.stdout.splitlines()[0]
+    assert f"rank {late} never called allreduce seq 4" in headline, out.stdout
+
+
+def rk_frozen(rank, n):
+    import railcc
+
+    before = _resources()
+    g = _new_group()
+    t = torch.ones(1000)
+    dist.all_reduce(t, group=g)
+    time.sleep(1.5)  # let the watchdog publish a progress record that says seq 1
+    out = {}
+    if rank == n - 1:
+        os.kill(os.getpid(), signal.SIGSTOP)  # the test sends SIGCONT after the others timed out
+        try:
+            dist.all_reduce(t, group=g)
+            out["late"] = "no error"
+        except railcc.RailccError as e:
+            out["late"] = type(e).__name__
+    else:
+        try:
+            dist.all_reduce(t, group=g)
+            out["error"] = "no error"
+        except railcc.CollectiveTimeoutError as e:
+            out.update(error=type(e).__name__, ranks=list(e.ranks), msg=str(e))
+    dist.destroy_process_group(g)
+    del g
+    out["leaks"] = _leaks(before)
+    return out
+
+
+def test_frozen_rank_is_told_apart_from_one_that_never_calls(pools):
+    n = 3
+    pool = pools(n)
+    frozen = pool._procs[n - 1].pid
+    timer = threading.Timer(TIMEOUT_S + 4, lambda: os.kill(frozen, signal.SIGCONT))
+    timer.start()
+    try:
+        got = pool.run(rk_frozen, timeout=90)
+    finally:
+        timer.cancel()
+        os.kill(frozen, signal.SIGCONT)
+    for r in range(n - 1):
+        g = got[r]
+        assert g["error"] == "CollectiveTimeoutError" and g["ranks"] == [n - 1], g
+        assert f"rank {n - 1} (host" in g["msg"] and "is frozen" in g["msg"] and "stopped" in g["msg"], g["msg"]
+        assert "never called" not in g["msg"], g["msg"]
+    assert got[n - 1]["late"] != "no error", got[n - 1]
+    for g in got:
+        assert not g["leaks"], g["leaks"]
+
+
+# ------------------------------------------------------------------------------ stragglers
+
+
+def rk_compute_straggler(rank, n, slow, raise_):
+    import railcc
+
+    g = _new_group()
+    t = torch.ones(1 << 16)
+    raised = None
+    for _ in range(24):
+        if rank == slow:
+            time.sleep(0.08)  # "compute" before every collective
+        try:
+            dist.all_reduce(t, group=g)
+        except railcc.StragglerError as e:
+            raised = raised or {"ranks": list(e.ranks), "msg": str(e)}
+        if raise_:
+            time.sleep(0.05)  # let the watchdog look
+    time.sleep(1.5)
+    rep = railcc.straggler_report(g)
+    dist.barrier(group=g)
+    dist.destroy_process_group(g)
+    return {"stragglers": rep["stragglers"], "lags": [r["lag_us_mean"] for r in rep["ranks"]], "raised": raised}
+
+
+def test_compute_straggler_is_reported(pools):
+    n = 4
+    got = pools(n).run(rk_compute_straggler, 2, False, timeout=120)
+    for r, g in enumerate(got):
+        assert g["stragglers"] == [2], (r, g)
+        assert g["lags"][2] > 50_000, (r, g)  # it arrives ~80 ms late every time
+        assert g["raised"] is None, (r, g)  # the default action only warns
+
+
+def test_straggler_raises_when_asked(pools):
+    n = 2
+    got = pools(n, RAILCC_STRAGGLER_ACTION="raise").run(rk_compute_straggler, 1, True, timeout=120)
+    for r, g in enumerate(got):
+        assert g["raised"] is not None, (r, g)
+        assert g["raised"]["ranks"] == [1] and "rank 1 (host" in g["raised"]["msg"], (r, g)
+
+
+# ------------------------------------------------------------------------------ abort, async errors
+
+
+def rk_abort_from_thread(rank, n):
+    import railcc
+
+    before = _resources()
+    g = _new_group()
+    out = {}
+    if rank == 0:
+        t = torch.zeros(10)
+        threading.Timer(1.0, lambda: railcc.abort(g)).start()
+        t0 = time.monotonic()
+        try:
+            dist.recv(t, src=1, group=g)  # rank 1 never sends
+            out["error"] = "no error"
+        except railcc.AbortedError as e:
+            out["error"] = type(e).__name__
+            out["after"] = time.monotonic() - t0
+        try:
+            dist.all_reduce(t, group=g)
+            out["next"] = "no error"
+        except railcc.RailccError as e:
+            out["next"] = type(e).__name__
+    dist.destroy_process_group(g)
+    del g
+    out["leaks"] = _leaks(before)
+    return out
+
+
+def test_abort_from_another_thread_unblocks_the_waiter(pools):
+    got = pools(2).run(rk_abort_from_thread, timeout=60)
+    assert got[0]["error"] == "AbortedError", got[0]
+    assert got[0]["after"] < 5, got[0]
+    assert got[0]["next"] == "AbortedError", got[0]
+    for g in got:
+        assert not g["leaks"], g["leaks"]
+
+
+def rk_unwaited_error(rank, n):
+    import railcc
+
+    g = _new_group()
+    t = torch.ones(8)
+    # Mismatched async ops that nobody waits on...
+    if rank == 0:
+        dist.all_reduce(t, group=g, async_op=True)
+    else:
+        dist.broadcast(t, src=1, group=g, async_op=True)
+    time.sleep(1)
+    # ...surface at the next collective on the group.
+    try:
+        dist.barrier(group=g)
+        out = "no error"
+    except railcc.RailccError as e:
+        out = type(e).__name__
+    dist.destroy_process_group(g)
+    return out
+
+
+def test_error_of_an_op_nobody_waited_on_surfaces_at_the_next_call(pools):
+    got = pools(2).run(rk_unwaited_error, timeout=60)
+    assert got == ["CollectiveMismatchError"] * 2, got
+
+
+# ------------------------------------------------------------------------------ init
+
+
+def _init_worker(rank, world, store_path, q):
+    try:
+        import railcc  # noqa: F401
+
+        store = dist.FileStore(store_path, world)
+        if rank == 1:
+            time.sleep(3)  # arrives late: rank 2 dies meanwhile
+        if rank == 2:
+            # Dies inside init, while it waits for rank 1.
+            threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+        t0 = time.monotonic()
+        dist.init_process_group("railcc", store=store, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=60))
+        q.put((rank, "ok", time.monotonic() - t0))
+    except Exception as e:
+        q.put((rank, type(e).__name__ + ": " + str(e)[:400], time.monotonic() - t0))
+
+
+def test_peer_dying_during_init_fails_init_quickly(tmp_path):
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    world = 3
+    procs = [ctx.Process(target=_init_worker, args=(r, world, str(tmp_path / "store"), q), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        got = {}
+        deadline = time.monotonic() + 60
+        while len(got) < 2 and time.monotonic() < deadline:
+            try:
+                r, status, took = q.get(timeout=1)
+                got[r] = (status, took)
+            except Exception:
+                pass
+    finally:
+        for p in procs:
+            p.kill()
+    assert set(got) == {0, 1}, got
+    for r, (status, took) in got.items():
+        assert "rank 2" in status and "exited" in status, (r, status)
+        assert took < 15, (r, took)  # rank 1 arrives 3 s late; then both are told within about a second
