@@ -197,6 +197,23 @@ def check_barrier(dist, rank, world):
     return None
 
 
+def check_straggler_report(dist, rank, world):
+    """railcc only: traffic for the link statistics, then the straggler report (in "extra")."""
+    import torch
+
+    import railcc
+
+    t = torch.ones(1 << 18)  # 1 MiB: above the one-shot size, so the pairwise steps time each link
+    for _ in range(30):
+        dist.all_reduce(t)
+    time.sleep(2.5)  # the watchdog checks and publishes once a second
+    EXTRA["straggler_report"] = railcc.straggler_report()
+    dist.barrier()
+    return None
+
+
+EXTRA = {}  # what checks hand back besides pass/fail
+
 CHECKS = {
     "all_reduce": check_all_reduce,
     "all_gather_into_tensor": check_all_gather_into_tensor,
@@ -206,6 +223,7 @@ CHECKS = {
     "send_recv_ring": check_send_recv_ring,
     "barrier": check_barrier,
 }
+OPTIONAL_CHECKS = {"straggler_report": check_straggler_report}  # not part of "all"
 
 
 def _emit(obj):
@@ -229,6 +247,7 @@ def main(argv=None):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", args.ifname)
         os.environ.setdefault("RAILCC_SOCKET_IFNAME", args.ifname)
     names = list(CHECKS) if args.check == "all" else [c.strip() for c in args.check.split(",") if c.strip()]
+    CHECKS.update(OPTIONAL_CHECKS) if args.check != "all" else None
     unknown = [c for c in names if c not in CHECKS]
     if unknown:
         ap.error(f"unknown checks {unknown}; known: {list(CHECKS)}")
@@ -306,6 +325,7 @@ def main(argv=None):
         ok = False
         report["error"] = "shutdown: " + traceback.format_exc()
     report["ok"] = ok
+    report["extra"] = EXTRA
     report["total_s"] = round(time.time() - t_start, 3)
     _emit(report)
     return 0 if ok else 1

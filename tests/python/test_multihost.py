@@ -252,3 +252,28 @@ def test_railcc_transport_selection_log(hosts, tmp_path):
             if not seen.get(transport):
                 problems.append(f"rank {rank}: no 'via {transport}' line")
     assert not problems, "\n".join(problems) + "\n" + launch.describe()
+
+
+@RAILCC_SKIP
+def test_slow_cable_is_named_by_the_straggler_report(hosts, tmp_path):
+    """One bad cable: host A's egress is shaped to 200 Mbit/s with tbf. Rank 0 lives on A,
+    ranks 1 and 2 on B and talk TCP to each other too (RAILCC_SHM_DISABLE=1), so each rank on
+    B has a fast socket link to compare the slow one with. Every rank's report must list the
+    links out of rank 0, and only those."""
+    placement = [0, 1, 1]
+    hosts.slow_link(rate="200mbit", side="a")
+    try:
+        launch = _run_store_mode(hosts, tmp_path, "railcc", placement, check="straggler_report",
+                                 extra_env={"RAILCC_SHM_DISABLE": "1"})
+    finally:
+        hosts.clear_link()
+    launch.assert_ok(len(placement))
+    a, b = hosts.hostname_of(0), hosts.hostname_of(1)
+    for rank, res in launch.results.items():
+        rep = res["extra"]["straggler_report"]
+        slow = {(link["src"], link["dst"]) for link in rep["slow_links"]}
+        # Rank 0 itself sees nothing odd (its sends land in socket buffers; what it receives
+        # is fast): it learns of the slow links from the records ranks 1 and 2 publish.
+        assert slow == {(0, 1), (0, 2)}, (rank, rep)
+        for link in rep["slow_links"]:
+            assert (link["src_host"], link["dst_host"]) == (a, b), (rank, link)
