@@ -221,6 +221,10 @@ class CommImpl {
 
   // algorithms (progress thread)
   void runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
+  void runBroadcastRing(char* buf, size_t bytes, int root);
+  int localIndex(int r) const {
+    return static_cast<int>(std::find(localRanks_.begin(), localRanks_.end(), r) - localRanks_.begin());
+  }
   void exchange(std::vector<Transfer>& xs);
 
   Transfer sendTo(int peer, const void* p, size_t bytes) {
@@ -348,7 +352,16 @@ class CommImpl {
                       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t.began).count());
   }
   void checkHeader(const Transfer& t, const WireHeader& h, int peer);
-  void idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeout, const char* what);
+  void idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeout, const char* what,
+            const std::function<bool()>& alsoReady = {});
+  // Keeps sends and receives moving while a collective waits; returns bytes moved.
+  size_t pumpP2P() {
+    if (p2pActive_.empty() && anyPending_.empty() && queued_.load(std::memory_order_relaxed) == 0) return 0;
+    drainQueue();
+    size_t moved = progressP2P();
+    finishP2P();
+    return moved;
+  }
   [[noreturn]] void failStalled(const std::vector<Transfer*>& pending, Millis timeout);
   void fail(std::exception_ptr err);
   [[noreturn]] void peerFailed(int peer, const std::string& detail);
@@ -1118,11 +1131,7 @@ void CommImpl::exchange(std::vector<Transfer>& xs) {
     bool all = true;
     for (auto& [lane, peer] : chans) moved += progressChannel(lane, peer);
     for (auto& t : xs) all = all && t.finished;
-    if (!p2pActive_.empty() || !anyPending_.empty() || queued_.load(std::memory_order_relaxed)) {
-      drainQueue();
-      moved += progressP2P();
-      finishP2P();
-    }
+    moved += pumpP2P();
     if (all) return;
     if (moved) {
       lastProgress_ = Clock::now();
@@ -1136,7 +1145,8 @@ void CommImpl::exchange(std::vector<Transfer>& xs) {
   }
 }
 
-void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeout, const char* what) {
+void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeout, const char* what,
+                    const std::function<bool()>& alsoReady) {
   auto now = Clock::now();
   if (stop_ && now - lastProgress_ > Millis(1000))
     RAILCC_THROW(kAborted, what, " was still pending when the process group was shut down");
@@ -1165,6 +1175,7 @@ void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
   // core do not starve the one that has work.
   auto spinUntil = now + std::chrono::microseconds(opts_.config.spinUs);
   auto anyReady = [&] {
+    if (alsoReady && alsoReady()) return true;
     for (auto& [lane, peer] : waitOn) {
       Channel& ch = chans_[lane][static_cast<size_t>(peer)];
       if (ch.conn->pollFd() >= 0) continue;
@@ -1673,6 +1684,67 @@ void CommImpl::oneshotReduce(const std::function<const char*(int)>& blockOf, cha
   if (op == ReduceOp::kAvg) divideBy(out, count, dt, n);
 }
 
+// Broadcast when every rank shares this host: the root writes each byte once into its ring and
+// every other rank copies it out (n copies of the data in all; a chain of FIFOs makes 2(n-1)).
+// Header-only messages go first, so a rank that called something else sees the mismatch.
+void CommImpl::runBroadcastRing(char* buf, size_t bytes, int root) {
+  std::vector<Transfer> xs;
+  if (rank_ == root) {
+    for (int p = 0; p < size_; ++p)
+      if (p != root) xs.push_back(sendTo(p, nullptr, 0));
+  } else {
+    xs.push_back(recvFrom(root, nullptr, 0));
+  }
+  exchange(xs);
+  const Millis timeout = current_->timeout;
+  const size_t chunk = 256u << 10;  // consumers start copying after the first chunk lands
+  size_t done = 0;
+  if (rank_ == root) {
+    transport::shm::BcastRing ring = shm_->bcastRing(-1);
+    std::vector<int> consumers;
+    std::vector<transport::shm::SegmentHeader*> wake;
+    std::vector<std::pair<int, int>> on;
+    for (int p = 0; p < size_; ++p)
+      if (p != root) {
+        consumers.push_back(localIndex(p));
+        wake.push_back(shm_->headerOf(localIndex(p)));
+        on.push_back({kCollLane, p});
+      }
+    while (done < bytes) {
+      size_t k = ring.write(buf + done, std::min(chunk, bytes - done), consumers, wake);
+      done += k;
+      if (k + pumpP2P() > 0) {
+        lastProgress_ = Clock::now();
+        continue;
+      }
+      if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
+      idle(on, timeout, "broadcast", [&] { return ring.canWrite(consumers); });
+    }
+  } else {
+    transport::shm::BcastRing ring = shm_->bcastRing(localIndex(root));
+    int me = localIndex(rank_);
+    std::vector<std::pair<int, int>> on{{kCollLane, root}};
+    while (done < bytes) {
+      auto [p, avail] = ring.peek(me);
+      size_t k = std::min(avail, bytes - done);
+      if (k > 0) {
+        std::memcpy(buf + done, p, k);
+        ring.consume(me, k);
+        done += k;
+      }
+      if (k + pumpP2P() > 0) {
+        lastProgress_ = Clock::now();
+        continue;
+      }
+      if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
+      idle(on, timeout, "broadcast", [&] { return ring.readable(me); });
+    }
+  }
+  for (int p = 0; p < size_; ++p)
+    if (rank_ == root ? p != root : p == root)
+      tele_->opBytes(current_->traceId, p, rank_ == root ? bytes : 0, rank_ == root ? 0 : bytes);
+}
+
 void CommImpl::runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
   int n = size_, r = rank_;
   size_t es = dtypeSize(dt);
@@ -1781,6 +1853,8 @@ RequestPtr Communicator::broadcast(void* buf, size_t count, DataType dt, int roo
     int n = c->size_, r = c->rank_;
     if (n == 1) return;
     size_t bytes = count * dtypeSize(dt);
+    if (n > 2 && static_cast<int>(c->localRanks_.size()) == n && static_cast<int64_t>(bytes) > c->opts_.config.oneshotBytes)
+      return c->runBroadcastRing(static_cast<char*>(buf), bytes, root);
     int pos = (r - root + n) % n;
     // A pipelined chain: each rank forwards bytes as soon as they arrive.
     std::vector<Transfer> xs;

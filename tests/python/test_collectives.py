@@ -120,6 +120,21 @@ def rk_allreduce_large(rank, n):
     return bad
 
 
+def rk_broadcast_large(rank, n):
+    # Above the one-shot size every rank of one host shares the root's ring; past 4 MiB the
+    # ring wraps, and consecutive roots check that every ring's positions stay in step.
+    bad = []
+    for dt, count in ((torch.uint8, 70_001), (torch.float32, 1_500_007), (torch.int64, 3)):
+        for root in range(n):
+            want = make_input(root, dt, count, salt=root)
+            t = want.clone() if rank == root else torch.zeros(count, dtype=dt)
+            dist.broadcast(t, src=root)
+            if not torch.equal(t, want):
+                idx = (t != want).nonzero()[:5].flatten().tolist()
+                bad.append(f"broadcast {dt} count={count} root={root}: first bad indices {idx}")
+    return bad
+
+
 def rk_reduce(rank, n):
     bad = []
     for dt in DTYPES:
@@ -440,6 +455,12 @@ def test_collective(pools, n, transport, fn):
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_allreduce_larger_than_fifo(pools, n, transport):
     check(pool_for(pools, n, transport), rk_allreduce_large, timeout=180)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_broadcast_larger_than_fifo(pools, n, transport):
+    check(pool_for(pools, n, transport), rk_broadcast_large, timeout=180)
 
 
 def test_device_map_string(pools):

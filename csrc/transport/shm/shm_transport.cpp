@@ -9,6 +9,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -172,9 +173,69 @@ void Segment::unlink() {
     RAILCC_WARN(SHM, "shm_unlink(", name_, ") failed: ", detail::errnoString());
 }
 
-size_t Domain::segmentBytes(int nslots, size_t slotBytes) {
+namespace {
+// Layout: segment header | nslots x (FIFO header, FIFO data) | broadcast ring header (tail,
+// then one cache line per consumer) | broadcast ring data.
+size_t fifosEnd(int nslots, size_t slotBytes) {
   return alignUp(sizeof(SegmentHeader), 4096) +
          static_cast<size_t>(nslots) * (alignUp(sizeof(RingHeader), 4096) + alignUp(slotBytes, 4096));
+}
+size_t bcastHeaderBytes(int nslots) { return alignUp(64 * (1 + static_cast<size_t>(nslots)), 4096); }
+}  // namespace
+
+size_t Domain::segmentBytes(int nslots, size_t slotBytes) {
+  return fifosEnd(nslots, slotBytes) + bcastHeaderBytes(nslots) + alignUp(slotBytes, 4096);
+}
+
+BcastRing Domain::bcastRing(int index) {
+  Segment* seg = index < 0 ? own_.get() : peers_.at(static_cast<size_t>(index)).get();
+  RAILCC_CHECK_ARG(seg != nullptr, "shm peer ", index, " not attached");
+  char* base = seg->data() + fifosEnd(nslots_, slotBytes_);
+  return BcastRing(reinterpret_cast<SegmentHeader*>(seg->data()), reinterpret_cast<std::atomic<uint64_t>*>(base),
+                   base + 64, base + bcastHeaderBytes(nslots_), slotBytes_);
+}
+
+SegmentHeader* Domain::headerOf(int index) {
+  Segment* seg = index < 0 ? own_.get() : peers_.at(static_cast<size_t>(index)).get();
+  return reinterpret_cast<SegmentHeader*>(seg->data());
+}
+
+size_t BcastRing::write(const void* p, size_t n, const std::vector<int>& consumers,
+                        const std::vector<SegmentHeader*>& wake) {
+  uint64_t tail = tail_->load(std::memory_order_relaxed);
+  uint64_t low = tail;
+  for (int c : consumers) low = std::min<uint64_t>(low, head(c).load(std::memory_order_acquire));
+  size_t space = cap_ - static_cast<size_t>(tail - low);
+  size_t k = n < space ? n : space;
+  if (k == 0) return 0;
+  size_t off = static_cast<size_t>(tail % cap_);
+  size_t first = k < cap_ - off ? k : cap_ - off;
+  std::memcpy(data_ + off, p, first);
+  if (k > first) std::memcpy(data_, static_cast<const char*>(p) + first, k - first);
+  tail_->store(tail + k, std::memory_order_seq_cst);
+  for (SegmentHeader* h : wake)
+    if (h->sleeping.load(std::memory_order_seq_cst)) Domain::ring(h);
+  return k;
+}
+
+bool BcastRing::canWrite(const std::vector<int>& consumers) const {
+  uint64_t tail = tail_->load(std::memory_order_relaxed);
+  for (int c : consumers)
+    if (tail - head(c).load(std::memory_order_seq_cst) >= cap_) return false;
+  return true;
+}
+
+std::pair<const void*, size_t> BcastRing::peek(int c) const {
+  uint64_t h = head(c).load(std::memory_order_relaxed);
+  uint64_t tail = tail_->load(std::memory_order_acquire);
+  size_t avail = static_cast<size_t>(tail - h);
+  size_t off = static_cast<size_t>(h % cap_);
+  return {data_ + off, avail < cap_ - off ? avail : cap_ - off};
+}
+
+void BcastRing::consume(int c, size_t n) {
+  head(c).store(head(c).load(std::memory_order_relaxed) + n, std::memory_order_seq_cst);
+  if (owner_->sleeping.load(std::memory_order_seq_cst)) Domain::ring(owner_);  // the producer may wait for space
 }
 
 Domain::Domain(const std::string& token, int nslots, size_t slotBytes)

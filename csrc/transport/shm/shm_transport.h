@@ -34,6 +34,33 @@ struct alignas(64) RingHeader {
   alignas(64) std::atomic<uint64_t> tail;  // producer position
 };
 
+/// One producer, many consumers: a process's broadcast ring, which every same-host peer
+/// reads. The producer writes each byte once however many peers read it (a broadcast through
+/// per-peer FIFOs would copy it once per peer). Positions only grow; consumer c's position
+/// lives at heads[c] in the producer's segment, each on its own cache line.
+class BcastRing {
+ public:
+  BcastRing() = default;
+  BcastRing(SegmentHeader* owner, std::atomic<uint64_t>* tail, char* heads, char* data, size_t cap)
+      : owner_(owner), tail_(tail), heads_(heads), data_(data), cap_(cap) {}
+
+  // Producer side. `consumers` are the local indices that read this ring.
+  size_t write(const void* p, size_t n, const std::vector<int>& consumers, const std::vector<SegmentHeader*>& wake);
+  bool canWrite(const std::vector<int>& consumers) const;
+  // Consumer side, as local index c.
+  std::pair<const void*, size_t> peek(int c) const;
+  void consume(int c, size_t n);
+  bool readable(int c) const { return tail_->load(std::memory_order_acquire) > head(c).load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t>& head(int c) const { return *reinterpret_cast<std::atomic<uint64_t>*>(heads_ + 64 * c); }
+  SegmentHeader* owner_ = nullptr;
+  std::atomic<uint64_t>* tail_ = nullptr;
+  char* heads_ = nullptr;
+  char* data_ = nullptr;
+  size_t cap_ = 0;
+};
+
 /// A mapped POSIX shared-memory segment. The creator unlinks the name as soon as every
 /// peer has mapped it, so a killed job leaves nothing in /dev/shm.
 class Segment {
@@ -77,6 +104,11 @@ class Domain {
   /// A connection whose outgoing FIFO is slot `myIndex` of the peer's segment and whose
   /// incoming FIFO is slot `peerIndex` of ours.
   std::unique_ptr<Connection> connect(int myIndex, int peerIndex, int lane, int nlanes);
+
+  /// The broadcast ring of local rank `index` (ours or an attached peer's).
+  BcastRing bcastRing(int index);
+  /// Segment header of local rank `index`, for doorbells.
+  SegmentHeader* headerOf(int index);
 
   SegmentHeader* header() const { return reinterpret_cast<SegmentHeader*>(own_->data()); }
   /// Raises this process's failure flag, which peers see in Connection::checkAlive().
