@@ -1,5 +1,6 @@
 """Builds and runs the GoogleTest binary (engine and transports, no torch), so the one
-test command covers the C++ suite as well."""
+test command covers the C++ suite as well. The same build compiles the CUDA kernels
+(csrc/cuda) with nvcc when the machine has it; without a GPU they are compiled, not run."""
 
 import os
 import shutil
@@ -21,3 +22,13 @@ def test_googletest_suite():
     tail = "\n".join((r.stdout + r.stderr).splitlines()[-40:])
     assert r.returncode == 0, tail
     assert "PASSED" in r.stdout, tail
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed: the CUDA kernels cannot be compiled here")
+def test_cuda_kernels_compile():
+    # The GoogleTest build above configures the CUDA target when nvcc is on PATH.
+    subprocess.run(["cmake", "-S", ROOT, "-B", BUILD, "-G", "Ninja", "-DRAILCC_BUILD_PYTHON=OFF",
+                    "-DRAILCC_BUILD_TESTS=ON"], check=True, timeout=300, capture_output=True)
+    r = subprocess.run(["cmake", "--build", BUILD, "--target", "railcc_cuda"], timeout=900, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
