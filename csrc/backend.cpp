@@ -262,12 +262,13 @@ engine::Config configFromEnv() {
 
 ProcessGroupRailcc::ProcessGroupRailcc(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                        std::chrono::milliseconds timeout, std::string groupName)
-    : c10d::Backend(rank, size), store_(std::make_unique<C10dStore>(store)), timeout_(timeout) {
+    : c10d::Backend(rank, size), store_(std::make_shared<C10dStore>(store)), timeout_(timeout) {
   engine::CommOptions o;
   o.rank = rank;
   o.size = size;
   o.name = std::move(groupName);
   o.timeout = timeout;
+  o.storeKeepAlive = store_;
   o.config = configFromEnv();
   comm_ = guard("init", [&] { return std::make_unique<engine::Communicator>(*store_, o); });
   init();

@@ -90,7 +90,7 @@ class ProcessGroupRailcc : public c10d::Backend {
                                           std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep = {});
   std::chrono::milliseconds opTimeout(std::chrono::milliseconds requested) const;
 
-  std::unique_ptr<engine::Store> store_;
+  std::shared_ptr<engine::Store> store_;  // shared with a watchdog thread that may outlive us
   std::unique_ptr<engine::Communicator> comm_;
   std::chrono::milliseconds timeout_;
   uint64_t seq_ = 0;

@@ -307,17 +307,30 @@ class CommImpl {
   std::unique_ptr<Telemetry> tele_;
   std::string hostname_;
 
-  // watchdog thread: progress record, straggler checks
+  // watchdog thread: progress record, straggler checks. It also does every store write after
+  // set-up, so a store whose host froze or became unreachable can block only it, never the
+  // progress thread. What it shares lives in WatchdogShared, so that a watchdog stuck in the
+  // store can be detached at shutdown.
+  struct WatchdogShared {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool stop = false, exited = false;
+    std::vector<std::pair<std::string, std::string>> publish;  // keys to set now (failure reports)
+    std::shared_ptr<Store> keep;  // keeps the store alive for a detached watchdog
+    Store* store = nullptr;
+  };
+  std::shared_ptr<WatchdogShared> wd_;
   std::thread watchdog_;
-  mutable std::mutex wdMu_;
-  std::condition_variable wdCv_;
-  bool wdStop_ = false;
+  mutable std::mutex wdMu_;  // straggler state below
   std::vector<bool> lagFlagged_;
   std::set<std::pair<int, bool>> linkFlagged_;
   std::string stragglerMsg_;  // pending StragglerError for the next op (RAILCC_STRAGGLER_ACTION=raise)
   std::vector<int> stragglerRanks_;
   std::string peerProgressJson_ = "{}";  // what describePeerProgress concluded, for the dump
-  void watchdogLoop();
+  void watchdogLoop(std::shared_ptr<WatchdogShared> w);
+  // Reads `key` within about `wait` even when the store itself hangs (its host frozen or the
+  // network cut): the read then runs on a helper thread that is left behind if it overruns.
+  bool storeTryGet(const std::string& key, Millis wait, std::string& out);
   void checkStragglers();
   std::string progressRecord() const;
   std::string traceJson(const std::string& reason) const;
@@ -418,6 +431,9 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   RAILCC_CHECK_ARG(rank_ >= 0 && rank_ < size_, "rank ", rank_, " is out of range for world size ", size_);
   log::setThreadRank(rank_);
   eventFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  wd_ = std::make_shared<WatchdogShared>();
+  wd_->keep = opts_.storeKeepAlive;
+  wd_->store = store_;
   tele_ = std::make_unique<Telemetry>(rank_, size_, static_cast<size_t>(std::max<int64_t>(opts_.config.traceSize, 1)),
                                       static_cast<size_t>(std::max<int64_t>(opts_.config.stragglerWindow, 1)));
   arrivals_.assign(static_cast<size_t>(size_), 0);
@@ -429,7 +445,7 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   if (size_ > 1 && opts_.config.progressIntervalMs > 0) store.set("progress/" + std::to_string(rank_), progressRecord());
   lastProgress_ = lastAliveCheck_ = Clock::now();
   thread_ = std::thread([this] { progressLoop(); });
-  if (size_ > 1) watchdog_ = std::thread([this] { watchdogLoop(); });
+  if (size_ > 1) watchdog_ = std::thread([this, w = wd_] { watchdogLoop(w); });
 }
 
 CommImpl::~CommImpl() {
@@ -735,11 +751,15 @@ void CommImpl::fail(std::exception_ptr err) {
     msg = e.what();
   }
   RAILCC_WARN(WATCHDOG, "group '", opts_.name, "' failed: ", msg);
-  // Tell the peers at once, and why: they would otherwise wait for their timeout.
-  try {
-    store_->set("failed/" + std::to_string(rank_), msg);
-  } catch (const std::exception& e) {
-    RAILCC_WARN(WATCHDOG, "could not publish the failure through the store: ", e.what());
+  // Tell the peers at once, and why: they would otherwise wait for their timeout. The reason
+  // goes through the store (from the watchdog thread); peers that see the flags below wait
+  // a moment for it.
+  if (wd_) {
+    {
+      std::lock_guard<std::mutex> g(wd_->mu);
+      wd_->publish.push_back({"failed/" + std::to_string(rank_), msg});
+    }
+    wd_->cv.notify_all();
   }
   if (shm_) shm_->markFailed();
   {
@@ -763,10 +783,7 @@ void CommImpl::fail(std::exception_ptr err) {
 void CommImpl::peerFailed(int peer, const std::string& detail) {
   const PeerInfo& p = peers_[static_cast<size_t>(peer)];
   std::string reason;
-  try {
-    reason = store_->get("failed/" + std::to_string(peer), Millis(200));
-  } catch (const std::exception&) {
-  }
+  storeTryGet("failed/" + std::to_string(peer), Millis(200), reason);
   ErrorCode code = ErrorCode::kPeerFailure;
   std::string msg;
   if (reason.rfind("collective mismatch", 0) == 0) {
@@ -1287,12 +1304,19 @@ void CommImpl::shutdown() {
     thread_.join();
   }
   if (watchdog_.joinable()) {
-    {
-      std::lock_guard<std::mutex> g(wdMu_);
-      wdStop_ = true;
+    std::unique_lock<std::mutex> g(wd_->mu);
+    wd_->stop = true;
+    wd_->cv.notify_all();
+    // A watchdog blocked in an unreachable store must not hold up destroy_process_group: it
+    // never touches the communicator once `stop` is set, so it can be left to finish alone.
+    if (wd_->cv.wait_for(g, Millis(2000), [&] { return wd_->exited; })) {
+      g.unlock();
+      watchdog_.join();
+    } else {
+      g.unlock();
+      RAILCC_WARN(WATCHDOG, "the watchdog thread is blocked in the c10d store; leaving it behind");
+      watchdog_.detach();
     }
-    wdCv_.notify_all();
-    watchdog_.join();
   }
   {
     std::lock_guard<std::mutex> g(connMu_);
@@ -1365,27 +1389,79 @@ std::string CommImpl::progressRecord() const {
   return os.str();
 }
 
-void CommImpl::watchdogLoop() {
-  log::setThreadRank(rank_);
-  bool storeGone = false;
-  Millis every(opts_.config.progressIntervalMs > 0 ? opts_.config.progressIntervalMs : 1000);
-  while (true) {
-    {
-      std::unique_lock<std::mutex> g(wdMu_);
-      if (wdCv_.wait_for(g, every, [&] { return wdStop_; })) return;
-    }
-    if (opts_.config.stragglerAction != "off") checkStragglers();
-    if (opts_.config.progressIntervalMs <= 0) continue;
-    if (storeGone) continue;
+bool CommImpl::storeTryGet(const std::string& key, Millis wait, std::string& out) {
+  if (!wd_->keep) {  // a store the caller owns (tests): read in place, it cannot be left behind
     try {
-      store_->set("progress/" + std::to_string(rank_), progressRecord());
-    } catch (const std::exception& e) {
-      // The store's host is gone (it usually dies with rank 0 or the launcher): stop trying.
-      std::string what = e.what();
-      RAILCC_WARN(WATCHDOG, "could not publish the progress record, giving up: ", what.substr(0, what.find('\n')));
-      storeGone = true;
+      out = store_->get(key, wait);
+      return true;
+    } catch (const std::exception&) {
+      return false;
     }
   }
+  struct Slot {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false, ok = false;
+    std::string value;
+  };
+  auto slot = std::make_shared<Slot>();
+  std::thread([slot, store = wd_->keep, key, wait] {
+    std::string v;
+    bool ok = false;
+    try {
+      v = store->get(key, wait);
+      ok = true;
+    } catch (const std::exception&) {
+    }
+    std::lock_guard<std::mutex> g(slot->mu);
+    slot->done = true;
+    slot->ok = ok;
+    slot->value = std::move(v);
+    slot->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> g(slot->mu);
+  if (!slot->cv.wait_for(g, wait + Millis(100), [&] { return slot->done; })) return false;
+  out = slot->value;
+  return slot->ok;
+}
+
+void CommImpl::watchdogLoop(std::shared_ptr<WatchdogShared> w) {
+  log::setThreadRank(rank_);
+  const int rank = rank_;
+  const bool stragglers = opts_.config.stragglerAction != "off";
+  const bool records = opts_.config.progressIntervalMs > 0;
+  const Millis every(records ? opts_.config.progressIntervalMs : 1000);
+  bool storeGone = false;
+  auto nextBeat = Clock::now() + every;
+  while (true) {
+    std::vector<std::pair<std::string, std::string>> todo;
+    {
+      std::unique_lock<std::mutex> g(w->mu);
+      w->cv.wait_until(g, nextBeat, [&] { return w->stop || !w->publish.empty(); });
+      if (w->stop) break;  // from here on the communicator may be gone
+      todo.swap(w->publish);
+      if (Clock::now() >= nextBeat) {
+        nextBeat = Clock::now() + every;
+        if (stragglers) checkStragglers();
+        if (records) todo.push_back({"progress/" + std::to_string(rank), progressRecord()});
+      }
+    }
+    for (auto& [key, value] : todo) {
+      if (storeGone) break;
+      try {
+        w->store->set(key, value);
+      } catch (const std::exception& e) {
+        // The store's host is gone (it usually dies with rank 0 or the launcher): stop trying.
+        std::string what = e.what();
+        RAILCC_WARN(WATCHDOG, "could not write '", key, "' to the store, giving up on it: ",
+                    what.substr(0, what.find('\n')));
+        storeGone = true;
+      }
+    }
+  }
+  std::lock_guard<std::mutex> g(w->mu);
+  w->exited = true;
+  w->cv.notify_all();
 }
 
 void CommImpl::checkStragglers() {
@@ -1483,11 +1559,7 @@ std::string CommImpl::stragglerReport() {
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       std::string rec;
-      try {
-        rec = store_->get("progress/" + std::to_string(r), Millis(20));
-      } catch (const std::exception&) {
-        continue;
-      }
+      if (!storeTryGet("progress/" + std::to_string(r), Millis(20), rec)) continue;
       size_t pos = 0;
       while ((pos = rec.find("{\"src\": ", pos)) != std::string::npos) {
         long long a = std::strtoll(rec.c_str() + pos + 8, nullptr, 10), b = -1;
@@ -1529,11 +1601,9 @@ std::string CommImpl::describePeerProgress(uint64_t seq, std::vector<int>& culpr
     if (r == rank_) continue;
     const PeerInfo& p = peers_[static_cast<size_t>(r)];
     std::string rec;
-    try {
-      auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
-      rec = store_->get("progress/" + std::to_string(r), std::max(Millis(1), std::min(Millis(100), left)));
-    } catch (const std::exception&) {
-      os << "\n  rank " << r << " (host " << p.hostname << ") never published a progress record";
+    auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+    if (!storeTryGet("progress/" + std::to_string(r), std::max(Millis(1), std::min(Millis(100), left)), rec)) {
+      os << "\n  rank " << r << " (host " << p.hostname << ") has no progress record in the store";
       frozen.push_back(r);
       continue;
     }

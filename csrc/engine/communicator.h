@@ -62,6 +62,9 @@ struct CommOptions {
   std::string name;          // group name, for logs
   Millis timeout{Millis(30 * 60 * 1000)};  // per-op timeout (no progress for this long fails the op)
   Config config = Config::defaults();
+  /// Optional owner of the store, so that a watchdog thread stuck in an unreachable store can
+  /// outlive the communicator (it is then left behind at shutdown instead of joined).
+  std::shared_ptr<Store> storeKeepAlive;
 };
 
 /// What one peer told us about itself at bootstrap.

@@ -212,6 +212,36 @@ def check_straggler_report(dist, rank, world):
     return None
 
 
+def check_cable_cut(dist, rank, world):
+    """railcc only: the last rank takes its own host's link down (no FIN, no RST: a cut cable)
+    while the others are inside an all_reduce; every rank must get PeerFailureError naming a
+    rank on the other host within seconds, not the op timeout. Result in "extra"."""
+    import subprocess
+
+    import torch
+
+    import railcc
+
+    t = torch.ones(1 << 20)
+    dist.all_reduce(t)
+    dist.barrier()
+    if rank == world - 1:
+        time.sleep(0.5)
+        ifname = os.environ["RAILCC_SOCKET_IFNAME"]
+        subprocess.run(["ip", "link", "set", "dev", ifname, "down"], check=True, timeout=20)
+    t0 = time.time()
+    try:
+        for _ in range(1000):
+            dist.all_reduce(t)
+        EXTRA["cable_cut"] = {"error": None}
+    except railcc.PeerFailureError as e:
+        EXTRA["cable_cut"] = {"error": type(e).__name__, "ranks": list(e.ranks), "msg": str(e),
+                              "after_s": round(time.time() - t0, 3)}
+    except Exception as e:  # reported, and the test says what it expected instead
+        EXTRA["cable_cut"] = {"error": type(e).__name__, "msg": str(e), "after_s": round(time.time() - t0, 3)}
+    return None
+
+
 EXTRA = {}  # what checks hand back besides pass/fail
 
 CHECKS = {
@@ -223,7 +253,7 @@ CHECKS = {
     "send_recv_ring": check_send_recv_ring,
     "barrier": check_barrier,
 }
-OPTIONAL_CHECKS = {"straggler_report": check_straggler_report}  # not part of "all"
+OPTIONAL_CHECKS = {"straggler_report": check_straggler_report, "cable_cut": check_cable_cut}  # not in "all"
 
 
 def _emit(obj):
@@ -311,6 +341,11 @@ def main(argv=None):
             report["results"][name]["error"] = err
 
     ok = all(r["ok"] for r in report["results"].values())
+    if "cable_cut" in names:  # the network is gone: report and leave without the closing barrier
+        report["ok"] = ok
+        report["extra"] = EXTRA
+        _emit(report)
+        os._exit(0)
     try:
         dist.barrier()
         if store is not None:

@@ -277,3 +277,20 @@ def test_slow_cable_is_named_by_the_straggler_report(hosts, tmp_path):
         assert slow == {(0, 1), (0, 2)}, (rank, rep)
         for link in rep["slow_links"]:
             assert (link["src_host"], link["dst_host"]) == (a, b), (rank, link)
+
+
+@RAILCC_SKIP
+def test_cut_cable_is_reported_as_peer_failure_within_seconds(tmp_path):
+    """Host B takes its veth down in the middle of all_reduce traffic: no FIN or RST ever
+    arrives, so only keepalive and the unacknowledged-data timeout can tell. Every rank must
+    raise PeerFailureError naming a rank of the other host well before the 60 s op timeout."""
+    with two_hosts(prefix="rcut") as h:  # its own pair: the cut link does not come back
+        placement = [0, 1]
+        launch = _run_store_mode(h, tmp_path, "railcc", placement, check="cable_cut")
+    assert sorted(launch.results) == [0, 1], launch.describe()
+    for rank, res in launch.results.items():
+        cut = res["extra"]["cable_cut"]
+        assert cut["error"] == "PeerFailureError", (rank, cut, launch.describe())
+        other = 1 - rank
+        assert cut["ranks"] == [other] and f"rank {other}" in cut["msg"], (rank, cut)
+        assert cut["after_s"] < 30, (rank, cut)  # keepalive ~5 s, unacknowledged data 8 s
