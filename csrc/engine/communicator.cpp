@@ -222,6 +222,11 @@ class CommImpl {
   // algorithms (progress thread)
   void runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
   void runBroadcastRing(char* buf, size_t bytes, int root);
+  void runAllgatherRing(const char* mine, const std::vector<size_t>& sizes, const std::vector<char*>& outs,
+                        bool headers);
+  // Whether every rank shares this host's memory and there are enough of them for the
+  // broadcast rings to save copies (with two ranks a ring and a FIFO copy the same).
+  bool ringsCover() const { return size_ > 2 && static_cast<int>(localRanks_.size()) == size_; }
   int localIndex(int r) const {
     return static_cast<int>(std::find(localRanks_.begin(), localRanks_.end(), r) - localRanks_.begin());
   }
@@ -1829,11 +1834,99 @@ void CommImpl::runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, d
     exchange(xs);
   }
   if (op == ReduceOp::kAvg) divideBy(mine, b.count(r), dt, n);
+  if (ringsCover()) {
+    // The reduce-scatter above already checked every peer's fingerprint.
+    std::vector<size_t> sizes(static_cast<size_t>(n));
+    std::vector<char*> outs(static_cast<size_t>(n));
+    for (int p = 0; p < n; ++p) {
+      sizes[static_cast<size_t>(p)] = b.count(p) * es;
+      outs[static_cast<size_t>(p)] = buf + b.offset(p);
+    }
+    return runAllgatherRing(mine, sizes, outs, false);
+  }
   for (int s = 1; s < n; ++s) {
     int to = (r + s) % n, from = (r - s + n) % n;
     std::vector<Transfer> xs{sendTo(to, mine, b.count(r) * es), recvFrom(from, buf + b.offset(from), b.count(from) * es)};
     exchange(xs);
   }
+}
+
+// All-gather through the broadcast rings: each rank writes its piece once into its own ring
+// and copies every peer's piece out of theirs, n copies of each piece in all where per-peer
+// FIFOs make 2(n-1). With `headers`, header-only messages check every peer's call first.
+void CommImpl::runAllgatherRing(const char* mine, const std::vector<size_t>& sizes, const std::vector<char*>& outs,
+                                bool headers) {
+  int n = size_, me = rank_;
+  if (headers) {
+    std::vector<Transfer> xs;
+    xs.reserve(2 * static_cast<size_t>(n));
+    for (int p = 0; p < n; ++p)
+      if (p != me) {
+        xs.push_back(sendTo(p, nullptr, 0));
+        xs.push_back(recvFrom(p, nullptr, 0));
+      }
+    exchange(xs);
+  }
+  const Millis timeout = current_->timeout;
+  const size_t chunk = 256u << 10;
+  const int myIdx = localIndex(me);
+  transport::shm::BcastRing own = shm_->bcastRing(-1);
+  std::vector<transport::shm::BcastRing> rings(static_cast<size_t>(n));
+  std::vector<int> consumers;
+  std::vector<transport::shm::SegmentHeader*> wake;
+  std::vector<std::pair<int, int>> on;
+  for (int p = 0; p < n; ++p)
+    if (p != me) {
+      rings[static_cast<size_t>(p)] = shm_->bcastRing(localIndex(p));
+      consumers.push_back(localIndex(p));
+      wake.push_back(shm_->headerOf(localIndex(p)));
+      on.push_back({kCollLane, p});
+    }
+  const size_t myBytes = sizes[static_cast<size_t>(me)];
+  size_t wrote = 0;
+  std::vector<size_t> got(static_cast<size_t>(n), 0);
+  got[static_cast<size_t>(me)] = myBytes;
+  auto complete = [&] {
+    if (wrote < myBytes) return false;
+    for (int p = 0; p < n; ++p)
+      if (got[static_cast<size_t>(p)] < sizes[static_cast<size_t>(p)]) return false;
+    return true;
+  };
+  while (!complete()) {
+    size_t moved = 0;
+    if (wrote < myBytes) {
+      size_t k = own.write(mine + wrote, std::min(chunk, myBytes - wrote), consumers, wake);
+      wrote += k;
+      moved += k;
+    }
+    for (int p = 0; p < n; ++p) {
+      size_t want = sizes[static_cast<size_t>(p)] - got[static_cast<size_t>(p)];
+      if (p == me || want == 0) continue;
+      auto& ring = rings[static_cast<size_t>(p)];
+      auto [src, avail] = ring.peek(myIdx);
+      size_t k = std::min(avail, want);
+      if (k == 0) continue;
+      std::memcpy(outs[static_cast<size_t>(p)] + got[static_cast<size_t>(p)], src, k);
+      ring.consume(myIdx, k);
+      got[static_cast<size_t>(p)] += k;
+      moved += k;
+    }
+    if (moved + pumpP2P() > 0) {
+      lastProgress_ = Clock::now();
+      continue;
+    }
+    if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
+    idle(on, timeout, opKindName(current_->kind), [&] {
+      if (wrote < myBytes && own.canWrite(consumers)) return true;
+      for (int p = 0; p < n; ++p)
+        if (p != me && got[static_cast<size_t>(p)] < sizes[static_cast<size_t>(p)] &&
+            rings[static_cast<size_t>(p)].readable(myIdx))
+          return true;
+      return false;
+    });
+  }
+  for (int p = 0; p < n; ++p)
+    if (p != me) tele_->opBytes(current_->traceId, p, myBytes, sizes[static_cast<size_t>(p)]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1923,7 +2016,7 @@ RequestPtr Communicator::broadcast(void* buf, size_t count, DataType dt, int roo
     int n = c->size_, r = c->rank_;
     if (n == 1) return;
     size_t bytes = count * dtypeSize(dt);
-    if (n > 2 && static_cast<int>(c->localRanks_.size()) == n && static_cast<int64_t>(bytes) > c->opts_.config.oneshotBytes)
+    if (c->ringsCover() && static_cast<int64_t>(bytes) > c->opts_.config.oneshotBytes)
       return c->runBroadcastRing(static_cast<char*>(buf), bytes, root);
     int pos = (r - root + n) % n;
     // A pipelined chain: each rank forwards bytes as soon as they arrive.
@@ -1971,6 +2064,11 @@ RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, st
     int n = c->size_, r = c->rank_;
     size_t bytes = count * dtypeSize(dt);
     if (outs[static_cast<size_t>(r)] != in) std::memmove(outs[static_cast<size_t>(r)], in, bytes);
+    if (c->ringsCover() && static_cast<int64_t>(bytes) > c->opts_.config.oneshotBytes) {
+      std::vector<char*> o(outs.size());
+      for (size_t i = 0; i < outs.size(); ++i) o[i] = static_cast<char*>(outs[i]);
+      return c->runAllgatherRing(static_cast<const char*>(in), std::vector<size_t>(outs.size(), bytes), o, true);
+    }
     // Every peer at once: one synchronization instead of n-1, and nothing is reduced, so the
     // order in which the pieces land does not matter.
     std::vector<Transfer> xs;

@@ -135,6 +135,21 @@ def rk_broadcast_large(rank, n):
     return bad
 
 
+def rk_allgather_large(rank, n):
+    # Above the one-shot size every rank of one host writes its piece into its ring and reads
+    # the others'; 1.5 M floats per rank wrap the 4 MiB rings.
+    bad = []
+    for dt, count in ((torch.uint8, 70_001), (torch.float32, 1_500_007)):
+        mine = make_input(rank, dt, count, salt=7)
+        out = torch.empty(count * n, dtype=dt)
+        dist.all_gather_into_tensor(out, mine)
+        want = torch.cat([make_input(r, dt, count, salt=7) for r in range(n)])
+        if not torch.equal(out, want):
+            idx = (out != want).nonzero()[:5].flatten().tolist()
+            bad.append(f"all_gather {dt} count={count}: first bad indices {idx}")
+    return bad
+
+
 def rk_reduce(rank, n):
     bad = []
     for dt in DTYPES:
@@ -451,10 +466,16 @@ def test_collective(pools, n, transport, fn):
     check(pool_for(pools, n, transport), fn)
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, 3, 4])
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_allreduce_larger_than_fifo(pools, n, transport):
     check(pool_for(pools, n, transport), rk_allreduce_large, timeout=180)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_allgather_larger_than_fifo(pools, n, transport):
+    check(pool_for(pools, n, transport), rk_allgather_large, timeout=180)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

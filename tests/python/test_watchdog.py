@@ -100,6 +100,8 @@ def test_rank_that_never_calls_is_named_and_the_trace_says_so(pools, tmp_path, n
         assert TIMEOUT_S - 0.5 < g["after"] < TIMEOUT_S + 10, g
     assert got[late]["late"] in ("PeerFailureError", "CollectiveTimeoutError"), got[late]
     assert got[late]["late_s"] < 10, got[late]
+    print(f"\nmeasured (n={n}): timeout raised after {[round(g['after'], 2) for g in got[:-1]]} s "
+          f"(timeout {TIMEOUT_S} s); the late rank failed {got[late]['late_s']:.3f} s into its call")
     for r, g in enumerate(got):
         assert g["destroy_s"] < 2, (r, g)
         assert not g["leaks"], (r, g["leaks"])
@@ -131,11 +133,12 @@ def rk_frozen(rank, n):
         except railcc.RailccError as e:
             out["late"] = type(e).__name__
     else:
+        t0 = time.monotonic()
         try:
             dist.all_reduce(t, group=g)
             out["error"] = "no error"
         except railcc.CollectiveTimeoutError as e:
-            out.update(error=type(e).__name__, ranks=list(e.ranks), msg=str(e))
+            out.update(error=type(e).__name__, ranks=list(e.ranks), msg=str(e), after=time.monotonic() - t0)
     dist.destroy_process_group(g)
     del g
     out["leaks"] = _leaks(before)
@@ -159,6 +162,7 @@ def test_frozen_rank_is_told_apart_from_one_that_never_calls(pools):
         assert f"rank {n - 1} (host" in g["msg"] and "is frozen" in g["msg"] and "stopped" in g["msg"], g["msg"]
         assert "never called" not in g["msg"], g["msg"]
     assert got[n - 1]["late"] != "no error", got[n - 1]
+    print(f"\nmeasured: frozen rank named after {[round(g['after'], 2) for g in got[:-1]]} s (timeout {TIMEOUT_S} s)")
     for g in got:
         assert not g["leaks"], g["leaks"]
 
@@ -239,6 +243,7 @@ def test_abort_from_another_thread_unblocks_the_waiter(pools):
     got = pools(2).run(rk_abort_from_thread, timeout=60)
     assert got[0]["error"] == "AbortedError", got[0]
     assert got[0]["after"] < 5, got[0]
+    print(f"\nmeasured: abort() unblocked the waiter {got[0]['after'] - 1.0:.3f} s after it was called")
     assert got[0]["next"] == "AbortedError", got[0]
     for g in got:
         assert not g["leaks"], g["leaks"]
@@ -317,3 +322,5 @@ def test_peer_dying_during_init_fails_init_quickly(tmp_path):
     for r, (status, took) in got.items():
         assert "rank 2" in status and "exited" in status, (r, status)
         assert took < 15, (r, took)  # rank 1 arrives 3 s late; then both are told within about a second
+    print(f"\nmeasured: init failed after {({r: round(t, 2) for r, (_, t) in got.items()})} s of init "
+          "(rank 1 entered init 3 s late; rank 2 died 1 s into its init)")

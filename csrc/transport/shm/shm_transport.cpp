@@ -128,14 +128,17 @@ Segment::Segment(const std::string& name, size_t bytes) : name_(name), size_(byt
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   RAILCC_SYSCHECK(fd, "shm_open(" + name + ")");
   linked_ = true;
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    std::string err = detail::errnoString();
+  // Reserve the pages now: a /dev/shm too small for them (64 MiB in a default container) then
+  // fails here with a message, instead of a SIGBUS at the first write into a hole later.
+  int rc = ftruncate(fd, static_cast<off_t>(bytes)) != 0 ? errno : posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (rc != 0) {
     close(fd);
     shm_unlink(name.c_str());
-    RAILCC_THROW(kSystem, "ftruncate of shared memory ", name, " to ", bytes, " bytes: ", err,
-                 " (is /dev/shm large enough? lower RAILCC_BUFFSIZE)");
+    RAILCC_THROW(kSystem, "reserving ", bytes, " bytes of shared memory for ", name, ": ", std::strerror(rc),
+                 " (is /dev/shm large enough? docker: --shm-size; or lower RAILCC_BUFFSIZE)");
   }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // Faulted in at once, so the first collectives do not pay for page faults.
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (p == MAP_FAILED) {
     std::string err = detail::errnoString();
@@ -154,7 +157,7 @@ Segment::Segment(const std::string& name) : name_(name) {
     RAILCC_THROW(kSystem, "fstat of ", name, ": ", detail::errnoString());
   }
   size_ = static_cast<size_t>(st.st_size);
-  void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (p == MAP_FAILED) RAILCC_THROW(kSystem, "mmap of ", name, ": ", detail::errnoString());
   base_ = static_cast<char*>(p);
