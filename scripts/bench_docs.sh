@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 out=${1:-docs/bench}
 mkdir -p "$out"
 B="railcc-bench --backend railcc,gloo"
-SAME="-o all_reduce,all_gather,reduce_scatter,broadcast -b 1M -e 256M -f 4 -n 5 -w 1"
+SAME="-o all_reduce,all_gather,reduce_scatter,broadcast -b 1M -e 256M -f 4 -n 10 -w 2"
 
 for n in 2 4; do
   echo "== same host, $n ranks: sizes 1 MiB .. 256 MiB"
@@ -20,13 +20,15 @@ for n in 2 4; do
   $B --nprocs $n -o allreduce_coalesced --ntensors 256 -b 4K -e 4K -n 50 -w 5 | tee "$out/coalesced-$n.txt"
 done
 
-echo "== memory: peak RSS at 8 MiB and at 256 MiB (railcc only)"
-for s in 8M 256M; do
-  railcc-bench --backend railcc --nprocs 2 -o all_reduce -b $s -e $s -n 3 -w 1 | tee "$out/rss-$s.txt"
+echo "== memory: peak RSS at 8 MiB and at 256 MiB, each backend alone, no result check"
+for b in railcc gloo; do
+  for s in 8M 256M; do
+    railcc-bench --backend $b --nprocs 2 -o all_reduce -b $s -e $s -n 3 -w 1 -c 0 | tee "$out/rss-$b-$s.txt"
+  done
 done
 
 for per in 1 2; do
   echo "== two namespaces (TCP across), $per rank(s) per host"
-  python3 scripts/bench_netns.py --per-host $per -- --backend railcc,gloo -o all_reduce -b 1M -e 256M -f 4 -n 5 -w 1 \
+  python3 scripts/bench_netns.py --per-host $per -- --backend railcc,gloo -o all_reduce -b 1M -e 256M -f 4 -n 10 -w 2 \
     --json "$out/netns-$((2 * per)).json" | tee "$out/netns-$((2 * per)).txt"
 done
