@@ -18,7 +18,8 @@ namespace railcc::engine {
   X(debugFile, std::string, "RAILCC_DEBUG_FILE", "NCCL_DEBUG_FILE", "",                       \
     "Write the log to this file instead of stderr; %h is replaced by the host, %p by the pid.") \
   X(buffSize, int64_t, "RAILCC_BUFFSIZE", "NCCL_BUFFSIZE", "4194304",                         \
-    "Bytes of each shared-memory FIFO (one per peer and direction). Bounds shm memory.")      \
+    "Bytes of each shared-memory FIFO (one per peer, lane and direction) and of each rank's "  \
+    "broadcast ring. Bounds shm memory, which is reserved at init.")                          \
   X(stagingSize, int64_t, "RAILCC_STAGING_SIZE", "", "1048576",                               \
     "Bytes of the staging buffer a receive-and-reduce from a socket goes through.")           \
   X(bucketSize, int64_t, "RAILCC_BUCKET_SIZE", "", "8388608",                                 \
