@@ -19,7 +19,9 @@ Columns and bandwidths follow nccl-tests:
   * time is the median over the timed iterations of the slowest rank's time in each iteration;
     the timed iterations run back to back after one barrier on a separate gloo group (a barrier
     before every iteration would add that barrier's exit skew, hundreds of microseconds on a busy
-    host, to every small-message time).
+    host, to every small-message time). Only where a refill of 1 MiB or more precedes each
+    iteration (below) is there a barrier after it, so that ranks finishing the copy at different
+    times do not have that skew timed as part of the call.
 
 torch exposes all_reduce, broadcast, reduce and all_reduce_coalesced only in place. For those the
 out-of-place column runs the collective on a result buffer that is refilled from an untouched
@@ -683,6 +685,11 @@ class Case:
     def _own_piece(self, t):
         return t.narrow(0, self.rank * self.count, self.count)
 
+    def nbytes(self):
+        """Bytes of the source buffer(s): what a refill copies."""
+        srcs = self.src if isinstance(self.src, list) else [self.src]
+        return sum(t.numel() * t.element_size() for t in srcs)
+
     def load(self, inplace):
         """Puts the inputs where the next run reads them."""
         import torch
@@ -784,6 +791,9 @@ class Case:
         return count_wrong(self.result(inplace), expected, tol)
 
 
+REALIGN_BYTES = 1 << 20  # refills at least this large are followed by a barrier before timing
+
+
 def time_collective(case, group, inplace, iters, warmup, ctrl):
     """Median over iterations of the slowest rank's time, in microseconds."""
     import torch
@@ -801,10 +811,17 @@ def time_collective(case, group, inplace, iters, warmup, ctrl):
         run()
     times = [0.0] * iters
     clock = time.perf_counter_ns
+    # A refill copies the whole buffer on every rank, and ranks sharing cores finish it at
+    # different times; without lining up again that skew would be timed as part of the next
+    # call. Large refills are therefore followed by a barrier (small ones cost less than the
+    # barrier's own exit skew).
+    realign = refill is not None and case.nbytes() >= REALIGN_BYTES
     dist.barrier(group=ctrl)
     for i in range(iters):
         if refill:
             refill()
+            if realign:
+                dist.barrier(group=ctrl)
         t0 = clock()
         run()
         times[i] = (clock() - t0) / 1e3

@@ -324,3 +324,30 @@ def test_peer_dying_during_init_fails_init_quickly(tmp_path):
         assert took < 15, (r, took)  # rank 1 arrives 3 s late; then both are told within about a second
     print(f"\nmeasured: init failed after {({r: round(t, 2) for r, (_, t) in got.items()})} s of init "
           "(rank 1 entered init 3 s late; rank 2 died 1 s into its init)")
+
+
+# ------------------------------------------------------------------------------ opt-in teardown
+
+
+def rk_mismatch_then_wait(rank, n):
+    t = torch.ones(8)
+    if rank == 0:
+        dist.all_reduce(t)
+    else:
+        dist.broadcast(t, src=1)  # the root only sends: it learns of the failure at the barrier
+    dist.barrier()
+    time.sleep(10)  # with RAILCC_ABORT_ON_ERROR=1 the process is gone before this ends
+    return "survived"
+
+
+def test_abort_on_error_tears_the_process_down_when_asked():
+    pool = harness.RankPool(2, env={"RAILCC_ABORT_ON_ERROR": "1"})
+    try:
+        # Both ranks may die, so run_raw cannot wait for answers: wait for the processes.
+        pool.run_raw(rk_mismatch_then_wait, timeout=60, allow_dead=(0, 1))
+        for p in pool._procs:
+            p.join(30)
+        codes = [p.exitcode for p in pool._procs]
+    finally:
+        pool.kill()
+    assert codes == [-signal.SIGABRT] * 2, codes
