@@ -1053,7 +1053,8 @@ size_t CommImpl::progressRecv(Channel& ch, Transfer& t) {
         continue;
       }
       auto [p, avail] = ch.conn->peek();
-      size_t want = std::min(avail, t.bytes - t.done);
+      // In pieces, so that the sender can refill the FIFO while this reduces.
+      size_t want = std::min({avail, t.bytes - t.done, size_t(256u << 10)});
       size_t whole = want / es * es;
       if (whole == 0) {
         if (want == 0) return moved;
