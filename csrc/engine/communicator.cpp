@@ -365,7 +365,8 @@ class CommImpl {
   bool readHeader(Channel& ch, size_t& moved);
   // Times transfers big enough to say something about the link's throughput.
   void sampleLink(const Transfer& t, bool send) {
-    if (t.bytes < (64u << 10) || t.began == Clock::time_point{}) return;
+    // Below a few hundred KiB a transfer's time is mostly wake-up latency, not the link.
+    if (t.bytes < (256u << 10) || t.began == Clock::time_point{}) return;
     tele_->linkSample(t.peer, send, t.bytes,
                       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t.began).count());
   }

@@ -54,7 +54,7 @@ namespace railcc::engine {
     "this (and 4x the median rank's) is a straggler.")                                        \
   X(stragglerLinkPct, int64_t, "RAILCC_STRAGGLER_LINK_PCT", "", "25",                         \
     "A link (peer and direction) slower than this percentage of the median link of the same "  \
-    "transport is slow. Only transfers of 64 KiB or more are timed.")                         \
+    "transport is slow. Only transfers of 256 KiB or more are timed.")                         \
   X(stragglerWindow, int64_t, "RAILCC_STRAGGLER_WINDOW", "", "32",                            \
     "Collectives (lag) and transfers per link (throughput) in the sliding window.")           \
   X(abortOnError, bool, "RAILCC_ABORT_ON_ERROR", "", "0",                                     \

@@ -224,7 +224,8 @@ std::string Telemetry::linksJson() const {
   for (const LinkStats& l : links()) {
     snprintf(buf, sizeof(buf), "%.4f", l.gbps());
     os << (first ? "" : ", ") << "{\"peer\": " << l.peer << ", \"dir\": \"" << (l.send ? "send" : "recv")
-       << "\", \"bytes\": " << l.bytes << ", \"busy_us\": " << l.busyUs << ", \"gbps\": " << buf << "}";
+       << "\", \"bytes\": " << l.bytes << ", \"samples\": " << l.samples << ", \"busy_us\": " << l.busyUs
+       << ", \"gbps\": " << buf << "}";
     first = false;
   }
   os << "]";

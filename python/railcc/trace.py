@@ -53,7 +53,7 @@ How a group is judged (N = its size: `--size`, or else the largest `size` in its
   between their hosts is the likely culprit. There is none when some rank never called S, is frozen, or is
   missing and waited on: that rank explains every wait, directly or down the chain.
 * Slow link: each `links` entry that moved bytes is a directed edge (send: rank -> peer, recv: peer -> rank);
-  an edge whose gbps is below half the median gbps of all entries of the same dir is slow. Both ends may
+  an edge whose gbps is below a quarter of the median gbps of the entries with the same transport and dir is slow. Both ends may
   report one edge; it is listed once, at the lower rate. gbps is printed as GB/s, the unit railcc-bench uses.
 * Straggler: a rank whose arrival.lag_us_mean exceeds 3x the median of the other ranks' and 1000 us.
 * The headline names the most likely root cause, in this order: mismatch; a dead rank (named by a peer_failure
@@ -117,7 +117,7 @@ PEER_STATES = ("never_called", "frozen", "joined")
 PROGRESS_LINE = re.compile(r"^rank \d+\b.*\b(never called seq|is frozen)")
 STATUS_ORDER = ("failed", "hung", "incomplete", "degraded", "ok")
 ERROR_LINE_MAX = 160
-SLOW_FRACTION = 0.5
+SLOW_FRACTION = 0.25  # as RAILCC_STRAGGLER_LINK_PCT's default
 STRAGGLER_FACTOR = 3.0
 STRAGGLER_MIN_US = 1000.0
 # at most this many lines per list in the printed verdict; the rest is counted, and all of it is in --json
@@ -592,15 +592,20 @@ class _Group:
                 gbps, peer = link.get("gbps"), _int(link.get("peer"), -1)
                 if not isinstance(gbps, (int, float)) or peer < 0 or _int(link.get("bytes"), 1) <= 0:
                     continue  # an idle link in the window says nothing about its speed
+                if _int(link.get("samples"), 3) < 3:
+                    continue  # too few transfers to judge (the engine uses the same floor)
                 src, dst = (r, peer) if link["dir"] == "send" else (peer, r)
-                samples.append((link["dir"], src, dst, float(gbps), r))
+                # Links are compared with links of the same transport and direction: a shm send
+                # into a FIFO with room is a memcpy, a socket receive waits on the wire.
+                kind = str(self.transport(r, peer) or "").split(" ")[0]
+                samples.append(((kind, link["dir"]), src, dst, float(gbps), r))
         slow: dict[tuple, dict] = {}
-        for direction in ("send", "recv"):
-            rates = [s[3] for s in samples if s[0] == direction]
+        for klass in sorted({s[0] for s in samples}):
+            rates = [s[3] for s in samples if s[0] == klass]
             if len(rates) < 2:
                 continue
             median = statistics.median(rates)
-            for _, src, dst, gbps, reporter in (s for s in samples if s[0] == direction):
+            for _, src, dst, gbps, reporter in (s for s in samples if s[0] == klass):
                 if gbps >= SLOW_FRACTION * median:
                     continue
                 item = slow.setdefault((src, dst), {"src": src, "dst": dst, "src_host": self.host(src),
