@@ -319,7 +319,7 @@ class CommImpl {
   struct WatchdogShared {
     std::mutex mu;
     std::condition_variable cv;
-    bool stop = false, exited = false;
+    bool stop = false, exited = false, drained = true;
     std::vector<std::pair<std::string, std::string>> publish;  // keys to set now (failure reports)
     std::shared_ptr<Store> keep;  // keeps the store alive for a detached watchdog
     Store* store = nullptr;
@@ -327,6 +327,8 @@ class CommImpl {
   std::shared_ptr<WatchdogShared> wd_;
   std::thread watchdog_;
   mutable std::mutex wdMu_;  // straggler state below
+  std::mutex stragglerMu_;   // one checkStragglers() at a time
+  mutable std::mutex traceMu_;      // one trace file write at a time
   std::vector<bool> lagFlagged_;
   std::set<std::pair<int, bool>> linkFlagged_;
   std::string stragglerMsg_;  // pending StragglerError for the next op (RAILCC_STRAGGLER_ACTION=raise)
@@ -476,7 +478,11 @@ void CommImpl::bootstrap(Store& store) {
         if (e.code() != ErrorCode::kTimeout || Clock::now() >= deadline) throw;
       }
       for (const PeerInfo& p : peers_) {
-        if (p.pid <= 0 || p.rank == rank_ || p.hostId != myHost || !transport::shm::processGone(p.pid)) continue;
+        // Only peers we will share memory with: their pids are ours to check (ranks in other pid
+        // namespaces on one host must run with RAILCC_SHM_DISABLE=1 or distinct RAILCC_HOST_ID).
+        if (cfg.shmDisable || p.pid <= 0 || p.rank == rank_ || p.hostId != myHost ||
+            !transport::shm::processGone(p.pid))
+          continue;
         Error err(ErrorCode::kPeerFailure, "railcc init of group '" + opts_.name + "': rank " + std::to_string(p.rank) +
                                                " (host " + p.hostname + ", pid " + std::to_string(p.pid) +
                                                ") exited during init");
@@ -612,17 +618,6 @@ void CommImpl::bootstrap(Store& store) {
         Error err(ErrorCode::kTimeout, "railcc init: ranks" + missing + " never connected within RAILCC_INIT_TIMEOUT");
         throw err;
       }
-      for (int r : remote) {
-        const PeerInfo& p = peers_[static_cast<size_t>(r)];
-        if (r < rank_ && !chans_[kLanes - 1][static_cast<size_t>(r)].conn && p.hostId == hostId &&
-            transport::shm::processGone(p.pid)) {
-          Error err(ErrorCode::kPeerFailure, "railcc init: rank " + std::to_string(r) + " (host " + p.hostname +
-                                                 ", pid " + std::to_string(p.pid) + ") exited before connecting");
-          err.ranks = {r};
-          err.hosts = {p.hostname};
-          throw err;
-        }
-      }
       pollfd pfd{listener_->fd(), POLLIN, 0};
       poll(&pfd, 1, 100);
       continue;
@@ -675,6 +670,18 @@ RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
                                   rooted ? op->fp.root : -1, op->fp.count);
   }
   RequestPtr req = op->req;
+  {
+    // A straggler reported by the watchdog fails the next op when RAILCC_STRAGGLER_ACTION=raise.
+    // Attached before the op is queued: a small op may be finished before enqueue() returns.
+    std::lock_guard<std::mutex> g(wdMu_);
+    if (!stragglerMsg_.empty()) {
+      Error e(ErrorCode::kStraggler, stragglerMsg_);
+      e.ranks = stragglerRanks_;
+      for (int r : e.ranks) e.hosts.push_back(peers_[static_cast<size_t>(r)].hostname);
+      stragglerMsg_.clear();
+      req->setStraggler(std::make_exception_ptr(e));
+    }
+  }
   std::exception_ptr err;
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -692,17 +699,6 @@ RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
   if (err) {
     req->finish(err);
     return req;
-  }
-  {
-    // A straggler reported by the watchdog fails the next op when RAILCC_STRAGGLER_ACTION=raise.
-    std::lock_guard<std::mutex> g(wdMu_);
-    if (!stragglerMsg_.empty()) {
-      Error e(ErrorCode::kStraggler, stragglerMsg_);
-      e.ranks = stragglerRanks_;
-      for (int r : e.ranks) e.hosts.push_back(peers_[static_cast<size_t>(r)].hostname);
-      stragglerMsg_.clear();
-      req->setStraggler(std::make_exception_ptr(e));
-    }
   }
   cv_.notify_one();
   if (sleeping_.load()) {
@@ -760,10 +756,11 @@ void CommImpl::fail(std::exception_ptr err) {
   // Tell the peers at once, and why: they would otherwise wait for their timeout. The reason
   // goes through the store (from the watchdog thread); peers that see the flags below wait
   // a moment for it.
-  if (wd_) {
+  if (wd_ && size_ > 1) {
     {
       std::lock_guard<std::mutex> g(wd_->mu);
       wd_->publish.push_back({"failed/" + std::to_string(rank_), msg});
+      wd_->drained = false;
     }
     wd_->cv.notify_all();
   }
@@ -780,8 +777,20 @@ void CommImpl::fail(std::exception_ptr err) {
   } catch (const std::exception& e) {
     RAILCC_WARN(WATCHDOG, "could not write the flight recorder: ", e.what());
   }
-  if (opts_.config.abortOnError) {
+  bool userEnded = false;  // abort() or shutdown(): asked for, not a failure to tear down for
+  try {
+    std::rethrow_exception(err);
+  } catch (const Error& e) {
+    userEnded = e.code() == ErrorCode::kAborted;
+  } catch (...) {
+  }
+  if (opts_.config.abortOnError && !userEnded) {
     RAILCC_WARN(WATCHDOG, "RAILCC_ABORT_ON_ERROR=1: tearing the process down");
+    {
+      // Give the watchdog a moment to put the reason in the store for the peers.
+      std::unique_lock<std::mutex> g(wd_->mu);
+      wd_->cv.wait_for(g, Millis(1000), [&] { return wd_->drained; });
+    }
     std::abort();
   }
 }
@@ -839,7 +848,7 @@ void CommImpl::progressLoop() {
       op->fp.startUs = wallMicros();
       std::fill(arrivals_.begin(), arrivals_.end(), 0);
       waitingOn_.clear();
-      tele_->opStarted(op->traceId);
+      tele_->opStarted(op->traceId, op->p2p ? 0 : op->fp.seq);
       std::exception_ptr err;
       std::string what;
       try {
@@ -857,7 +866,7 @@ void CommImpl::progressLoop() {
         err = std::make_exception_ptr(Error(ErrorCode::kInternal, e.what()));
         what = e.what();
       }
-      tele_->opFinished(op->traceId, what, waitingOn_);
+      tele_->opFinished(op->traceId, op->fp.seq, what, waitingOn_);
       if (err) {
         fail(err);
         clearChannels();
@@ -884,8 +893,8 @@ void CommImpl::progressLoop() {
           idle(on, to, "send/recv");
         }
       } catch (const Error& e) {
-        for (auto& op : p2pActive_) tele_->opFinished(op->traceId, e.what(), {op->xfer.peer});
-        for (auto& op : anyPending_) tele_->opFinished(op->traceId, e.what(), {});
+        for (auto& op : p2pActive_) tele_->opFinished(op->traceId, 0, e.what(), {op->xfer.peer});
+        for (auto& op : anyPending_) tele_->opFinished(op->traceId, 0, e.what(), {});
         fail(std::current_exception());
         clearChannels();
       }
@@ -907,7 +916,7 @@ void CommImpl::progressLoop() {
 // Sends and receives: each is one transfer on the p2p lane, matched in posting order per peer.
 void CommImpl::startP2P(std::unique_ptr<Op> op) {
   if (p2pActive_.empty() && anyPending_.empty()) lastProgress_ = Clock::now();
-  tele_->opStarted(op->traceId);
+  tele_->opStarted(op->traceId, op->p2p ? 0 : op->fp.seq);
   if (op->anySource) {
     anyPending_.push_back(std::move(op));
     return;
@@ -957,7 +966,7 @@ void CommImpl::finishP2P() {
     if ((*it)->xfer.finished) {
       const Transfer& t = (*it)->xfer;
       tele_->opBytes((*it)->traceId, t.peer, t.kind == Transfer::kSend ? t.done : 0, t.kind == Transfer::kSend ? 0 : t.done);
-      tele_->opFinished((*it)->traceId, "", {});
+      tele_->opFinished((*it)->traceId, 0, "", {});
       (*it)->req->finish(nullptr);
       it = p2pActive_.erase(it);
     } else {
@@ -1316,7 +1325,9 @@ void CommImpl::shutdown() {
     wd_->cv.notify_all();
     // A watchdog blocked in an unreachable store must not hold up destroy_process_group: it
     // never touches the communicator once `stop` is set, so it can be left to finish alone.
-    if (wd_->cv.wait_for(g, Millis(2000), [&] { return wd_->exited; })) {
+    // Without a keep-alive the store is the caller's, and may go right after us: always join.
+    if (!wd_->keep || wd_->cv.wait_for(g, Millis(2000), [&] { return wd_->exited; })) {
+      wd_->cv.wait(g, [&] { return wd_->exited; });
       g.unlock();
       watchdog_.join();
     } else {
@@ -1412,7 +1423,8 @@ bool CommImpl::storeTryGet(const std::string& key, Millis wait, std::string& out
     std::string value;
   };
   auto slot = std::make_shared<Slot>();
-  std::thread([slot, store = wd_->keep, key, wait] {
+  try {
+    std::thread([slot, store = wd_->keep, key, wait] {
     std::string v;
     bool ok = false;
     try {
@@ -1425,7 +1437,10 @@ bool CommImpl::storeTryGet(const std::string& key, Millis wait, std::string& out
     slot->ok = ok;
     slot->value = std::move(v);
     slot->cv.notify_all();
-  }).detach();
+    }).detach();
+  } catch (const std::system_error&) {
+    return false;  // no thread to spare (helpers stuck in a dead store): go without the value
+  }
   std::unique_lock<std::mutex> g(slot->mu);
   if (!slot->cv.wait_for(g, wait + Millis(100), [&] { return slot->done; })) return false;
   out = slot->value;
@@ -1445,8 +1460,17 @@ void CommImpl::watchdogLoop(std::shared_ptr<WatchdogShared> w) {
     {
       std::unique_lock<std::mutex> g(w->mu);
       w->cv.wait_until(g, nextBeat, [&] { return w->stop || !w->publish.empty(); });
-      if (w->stop) break;  // from here on the communicator may be gone
       todo.swap(w->publish);
+      if (w->stop) {  // from here on the communicator may be gone: only the queued reports go out
+        g.unlock();
+        for (auto& [key, value] : todo) {
+          try {
+            w->store->set(key, value);
+          } catch (const std::exception&) {
+          }
+        }
+        break;
+      }
       if (Clock::now() >= nextBeat) {
         nextBeat = Clock::now() + every;
         if (stragglers) checkStragglers();
@@ -1454,17 +1478,24 @@ void CommImpl::watchdogLoop(std::shared_ptr<WatchdogShared> w) {
       }
     }
     for (auto& [key, value] : todo) {
-      if (storeGone) break;
+      bool record = key.rfind("progress/", 0) == 0;
+      if (record && storeGone) continue;  // failure reports are always tried
       try {
         w->store->set(key, value);
       } catch (const std::exception& e) {
-        // The store's host is gone (it usually dies with rank 0 or the launcher): stop trying.
+        // The store's host is gone (it usually dies with rank 0 or the launcher): stop sending
+        // progress records, which would only fail again.
         std::string what = e.what();
-        RAILCC_WARN(WATCHDOG, "could not write '", key, "' to the store, giving up on it: ",
-                    what.substr(0, what.find('\n')));
-        storeGone = true;
+        RAILCC_WARN(WATCHDOG, "could not write '", key, "' to the store", record ? ", no more progress records" : "",
+                    ": ", what.substr(0, what.find('\n')));
+        if (record) storeGone = true;
       }
     }
+    {
+      std::lock_guard<std::mutex> g(w->mu);
+      w->drained = w->publish.empty();
+    }
+    w->cv.notify_all();
   }
   std::lock_guard<std::mutex> g(w->mu);
   w->exited = true;
@@ -1472,6 +1503,7 @@ void CommImpl::watchdogLoop(std::shared_ptr<WatchdogShared> w) {
 }
 
 void CommImpl::checkStragglers() {
+  std::lock_guard<std::mutex> serial(stragglerMu_);  // the watchdog and straggler_report() both call this
   const Config& cfg = opts_.config;
   bool raise = cfg.stragglerAction == "raise";
   std::vector<std::string> news;
@@ -1609,6 +1641,10 @@ std::string CommImpl::describePeerProgress(uint64_t seq, std::vector<int>& culpr
     const PeerInfo& p = peers_[static_cast<size_t>(r)];
     std::string rec;
     auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      os << "\n  (no time left to read the progress of ranks " << r << " and up: the store is slow)";
+      break;
+    }
     if (!storeTryGet("progress/" + std::to_string(r), std::max(Millis(1), std::min(Millis(100), left)), rec)) {
       os << "\n  rank " << r << " (host " << p.hostname << ") has no progress record in the store";
       frozen.push_back(r);
@@ -1708,6 +1744,7 @@ std::string CommImpl::traceJson(const std::string& reason) const {
 }
 
 std::string CommImpl::writeTrace(const std::string& reason, const std::string& dirArg) const {
+  std::lock_guard<std::mutex> serial(traceMu_);
   std::string dir = dirArg.empty() ? opts_.config.traceDir : dirArg;
   if (dir.empty()) return "";
   if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)

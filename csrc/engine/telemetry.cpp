@@ -77,19 +77,19 @@ uint64_t Telemetry::opQueued(uint64_t seq, const char* op, const char* dtype, co
   t.root = root;
   t.count = count;
   t.enqueueUs = wallMicros();
-  if (seq > 0) {
+  if (seq > progress_.enqueued) {
     progress_.enqueued = seq;
     progress_.lastOp = op;
   }
   return id;
 }
 
-void Telemetry::opStarted(uint64_t id) {
+void Telemetry::opStarted(uint64_t id, uint64_t seq) {
   std::lock_guard<std::mutex> g(mu_);
+  if (seq > 0) progress_.started = std::max(progress_.started, seq);
   if (OpTrace* t = find(id)) {
     t->state = State::kRunning;
     t->startUs = wallMicros();
-    if (t->seq > 0) progress_.started = t->seq;
   }
 }
 
@@ -106,8 +106,9 @@ void Telemetry::opBytes(uint64_t id, int peer, uint64_t sent, uint64_t recvd) {
   }
 }
 
-void Telemetry::opFinished(uint64_t id, const std::string& error, const std::vector<int>& waitingOn) {
+void Telemetry::opFinished(uint64_t id, uint64_t seq, const std::string& error, const std::vector<int>& waitingOn) {
   std::lock_guard<std::mutex> g(mu_);
+  if (seq > 0 && error.empty()) progress_.completed = std::max(progress_.completed, seq);
   OpTrace* t = find(id);
   if (!t) return;
   t->state = error.empty() ? State::kCompleted : State::kFailed;
@@ -115,7 +116,6 @@ void Telemetry::opFinished(uint64_t id, const std::string& error, const std::vec
   if (t->startUs == 0) t->startUs = t->endUs;
   t->error = error.substr(0, error.find('\n'));
   t->waitingOn = waitingOn;
-  if (t->seq > 0 && error.empty()) progress_.completed = std::max(progress_.completed, t->seq);
 }
 
 void Telemetry::arrivals(const std::vector<int64_t>& startUs) {

@@ -49,9 +49,11 @@ class Telemetry {
 
   // Flight recorder. Every call is cheap (a lock and a slot write).
   uint64_t opQueued(uint64_t seq, const char* op, const char* dtype, const char* redop, int root, uint64_t count);
-  void opStarted(uint64_t id);
+  // `seq` updates the progress counters even when the op's slot was overwritten (more ops in
+  // flight than the ring holds).
+  void opStarted(uint64_t id, uint64_t seq);
   void opBytes(uint64_t id, int peer, uint64_t sent, uint64_t recvd);
-  void opFinished(uint64_t id, const std::string& error, const std::vector<int>& waitingOn);
+  void opFinished(uint64_t id, uint64_t seq, const std::string& error, const std::vector<int>& waitingOn);
 
   /// Start times of one collective: this rank's and what each peer stamped in its messages
   /// (0 where nothing arrived). Updates the lag window of every rank.

@@ -214,8 +214,9 @@ def check_straggler_report(dist, rank, world):
 
 def check_cable_cut(dist, rank, world):
     """railcc only: the last rank takes its own host's link down (no FIN, no RST: a cut cable)
-    while the others are inside an all_reduce; every rank must get PeerFailureError naming a
-    rank on the other host within seconds, not the op timeout. Result in "extra"."""
+    while every rank waits to receive from a rank on the other host with nothing of its own in
+    flight; keepalive must turn that into PeerFailureError naming the other rank within
+    seconds, not the op timeout. Result in "extra"."""
     import subprocess
 
     import torch
@@ -226,13 +227,11 @@ def check_cable_cut(dist, rank, world):
     dist.all_reduce(t)
     dist.barrier()
     if rank == world - 1:
-        time.sleep(0.5)
         ifname = os.environ["RAILCC_SOCKET_IFNAME"]
         subprocess.run(["ip", "link", "set", "dev", ifname, "down"], check=True, timeout=20)
     t0 = time.time()
     try:
-        for _ in range(1000):
-            dist.all_reduce(t)
+        dist.recv(t, src=(rank + 1) % world)  # nobody sends: only the cable's state can end this
         EXTRA["cable_cut"] = {"error": None}
     except railcc.PeerFailureError as e:
         EXTRA["cable_cut"] = {"error": type(e).__name__, "ranks": list(e.ranks), "msg": str(e),

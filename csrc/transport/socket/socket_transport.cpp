@@ -33,16 +33,16 @@ void tune(int fd) {
   int buf = 4 << 20;
   setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
-  // A host that vanishes (power, cable, kernel panic) sends no FIN or RST. Keepalive probes
-  // after 2 s of silence find it within about 5 s; sent data unacknowledged for 8 s also ends
-  // the connection. Either way the peer is reported instead of waiting for the op timeout.
+  // A host that vanishes (power, cable, kernel panic) sends no FIN or RST. While nothing is
+  // in flight, keepalive probes after 2 s of silence find it within about 5 s. There is no
+  // TCP_USER_TIMEOUT: it also ends connections whose live peer just has not read for a while
+  // (zero window), which a rank late to a collective does; data stuck in flight is left to
+  // the op timeout.
   int idle = 2, intvl = 1, cnt = 3;
-  unsigned userTimeoutMs = 8000;
   setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
-  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &userTimeoutMs, sizeof(userTimeoutMs));
 }
 
 // Moves exactly n bytes with poll() between tries, until the deadline.
@@ -231,6 +231,7 @@ int Listener::accept(sockaddr_in* from) {
 
 int connectTo(const sockaddr_in& to, const Hello& hello, std::chrono::steady_clock::time_point deadline) {
   std::string where = formatAddr(to);
+  std::chrono::steady_clock::time_point refusedSince{};
   while (true) {
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     RAILCC_SYSCHECK(fd, "socket");
@@ -260,10 +261,17 @@ int connectTo(const sockaddr_in& to, const Hello& hello, std::chrono::steady_clo
     int code = errno;
     std::string err = detail::errnoString();
     ::close(fd);
-    // Peers publish their address only once they listen, so a refusal means the process
-    // (or its listener) is gone: waiting for the init timeout would only hide that.
-    if (code == ECONNREFUSED)
-      RAILCC_THROW(kPeerFailure, "connection to ", where, " refused: the process that published this address has exited");
+    // Peers publish their address only once they listen, so refusals that go on for 2 s mean
+    // the process (or its listener) is gone: waiting for the init timeout would only hide that.
+    // (A brief refusal can be an overflowing accept queue.)
+    if (code == ECONNREFUSED) {
+      if (refusedSince == std::chrono::steady_clock::time_point{}) refusedSince = std::chrono::steady_clock::now();
+      if (std::chrono::steady_clock::now() - refusedSince > std::chrono::seconds(2))
+        RAILCC_THROW(kPeerFailure, "connection to ", where,
+                     " refused for 2 s: the process that published this address has exited");
+    } else {
+      refusedSince = {};
+    }
     if (std::chrono::steady_clock::now() >= deadline)
       RAILCC_THROW(kTimeout, "could not connect to ", where, ": ", err);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
