@@ -1798,65 +1798,15 @@ void CommImpl::oneshotReduce(const std::function<const char*(int)>& blockOf, cha
   if (op == ReduceOp::kAvg) divideBy(out, count, dt, n);
 }
 
-// Broadcast when every rank shares this host: the root writes each byte once into its ring and
-// every other rank copies it out (n copies of the data in all; a chain of FIFOs makes 2(n-1)).
-// Header-only messages go first, so a rank that called something else sees the mismatch.
+// Broadcast when every rank shares this host: an all-gather through the rings in which only
+// the root's piece is not empty. The root writes each byte once and every other rank copies it
+// out (n copies of the data in all; a chain of FIFOs makes 2(n-1)).
 void CommImpl::runBroadcastRing(char* buf, size_t bytes, int root) {
-  std::vector<Transfer> xs;
-  if (rank_ == root) {
-    for (int p = 0; p < size_; ++p)
-      if (p != root) xs.push_back(sendTo(p, nullptr, 0));
-  } else {
-    xs.push_back(recvFrom(root, nullptr, 0));
-  }
-  exchange(xs);
-  const Millis timeout = current_->timeout;
-  const size_t chunk = 256u << 10;  // consumers start copying after the first chunk lands
-  size_t done = 0;
-  if (rank_ == root) {
-    transport::shm::BcastRing ring = shm_->bcastRing(-1);
-    std::vector<int> consumers;
-    std::vector<transport::shm::SegmentHeader*> wake;
-    std::vector<std::pair<int, int>> on;
-    for (int p = 0; p < size_; ++p)
-      if (p != root) {
-        consumers.push_back(localIndex(p));
-        wake.push_back(shm_->headerOf(localIndex(p)));
-        on.push_back({kCollLane, p});
-      }
-    while (done < bytes) {
-      size_t k = ring.write(buf + done, std::min(chunk, bytes - done), consumers, wake);
-      done += k;
-      if (k + pumpP2P() > 0) {
-        lastProgress_ = Clock::now();
-        continue;
-      }
-      if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
-      idle(on, timeout, "broadcast", [&] { return ring.canWrite(consumers); });
-    }
-  } else {
-    transport::shm::BcastRing ring = shm_->bcastRing(localIndex(root));
-    int me = localIndex(rank_);
-    std::vector<std::pair<int, int>> on{{kCollLane, root}};
-    while (done < bytes) {
-      auto [p, avail] = ring.peek(me);
-      size_t k = std::min(avail, bytes - done);
-      if (k > 0) {
-        std::memcpy(buf + done, p, k);
-        ring.consume(me, k);
-        done += k;
-      }
-      if (k + pumpP2P() > 0) {
-        lastProgress_ = Clock::now();
-        continue;
-      }
-      if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
-      idle(on, timeout, "broadcast", [&] { return ring.readable(me); });
-    }
-  }
-  for (int p = 0; p < size_; ++p)
-    if (rank_ == root ? p != root : p == root)
-      tele_->opBytes(current_->traceId, p, rank_ == root ? bytes : 0, rank_ == root ? 0 : bytes);
+  std::vector<size_t> sizes(static_cast<size_t>(size_), 0);
+  std::vector<char*> outs(static_cast<size_t>(size_), nullptr);
+  sizes[static_cast<size_t>(root)] = bytes;
+  outs[static_cast<size_t>(root)] = buf;
+  runAllgatherRing(buf, sizes, outs, true);
 }
 
 void CommImpl::runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
