@@ -55,7 +55,8 @@ How a group is judged (N = its size: `--size`, or else the largest `size` in its
 * Slow link: each `links` entry that moved bytes is a directed edge (send: rank -> peer, recv: peer -> rank);
   an edge whose gbps is below a quarter of the median gbps of the entries with the same transport and dir is slow. Both ends may
   report one edge; it is listed once, at the lower rate. gbps is printed as GB/s, the unit railcc-bench uses.
-* Straggler: a rank whose arrival.lag_us_mean exceeds 3x the median of the other ranks' and 1000 us.
+* Straggler: a rank whose arrival.lag_us_mean exceeds 4x the median of the other ranks' and 50 ms (the engine's
+  defaults).
 * The headline names the most likely root cause, in this order: mismatch; a dead rank (named by a peer_failure
   that is not a consequence, with no dump and no frozen evidence); ranks that never called S (seen by
   peer_progress, then by timing, then by their own progress); frozen ranks; a rank blamed by peer_failure
@@ -118,8 +119,8 @@ PROGRESS_LINE = re.compile(r"^rank \d+\b.*\b(never called seq|is frozen)")
 STATUS_ORDER = ("failed", "hung", "incomplete", "degraded", "ok")
 ERROR_LINE_MAX = 160
 SLOW_FRACTION = 0.25  # as RAILCC_STRAGGLER_LINK_PCT's default
-STRAGGLER_FACTOR = 3.0
-STRAGGLER_MIN_US = 1000.0
+STRAGGLER_FACTOR = 4.0  # as the engine's check
+STRAGGLER_MIN_US = 50_000.0  # RAILCC_STRAGGLER_LAG_MS's default: a few ms of lag is scheduling noise
 # at most this many lines per list in the printed verdict; the rest is counted, and all of it is in --json
 MAX_RANK_LINES = 12
 MAX_LIST_LINES = 4
@@ -797,8 +798,9 @@ def _analyze_group(name: str, dumps: list[dict], expected_size: int | None) -> d
         "group": name, "size": grp.size, "dumps": len(grp.dumps), "status": None, "headline": None,
         "seq": seq, "hung": hung, "op": ref.get("op"), "dtype": ref.get("dtype"), "count": ref.get("count"),
         "redop": _redop(ref.get("redop")), "root": ref.get("root"),
-        "ranks": ranks, "missing": missing, "mismatch": grp.mismatches(),
-        "suspect_links": grp.suspect_links(seq, ranks), "slow_links": grp.slow_links(),
+        "ranks": ranks, "missing": missing, "mismatch": (mismatch := grp.mismatches()),
+        # Ranks that called different ops wait on each other by design: no link is to blame.
+        "suspect_links": [] if mismatch else grp.suspect_links(seq, ranks), "slow_links": grp.slow_links(),
         "stragglers": grp.stragglers(), "errors": grp.error_list(ranks),
         "dumped_at_us": [min(stamps), max(stamps)] if stamps else None, "reasons": reasons, "notes": grp.notes,
     }

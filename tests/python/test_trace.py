@@ -169,7 +169,7 @@ def test_all_completed_says_no_failure(tmp_path):
 
 
 def test_straggler_is_named(tmp_path):
-    g = only_group(tmp_path, [dump(r, progress=(40, 40, 40), ops=history(40), arrival=5000.0 if r == 1 else 10.0 + r)
+    g = only_group(tmp_path, [dump(r, progress=(40, 40, 40), ops=history(40), arrival=80_000.0 if r == 1 else 10.0 + r)
                               for r in range(4)])
     assert [s["rank"] for s in g["stragglers"]] == [1]
     assert "straggler: rank 1 (node01)" in g["headline"]
