@@ -350,6 +350,14 @@ class CommImpl {
     std::string t = peers_[static_cast<size_t>(l.peer)].transport;
     return t.substr(0, t.find(' ')) + (l.send ? " send" : " receive");
   }
+  static constexpr int kMinLinkSamples = 3;  // fewer timed transfers say nothing about a link
+  // Throughputs of the links with enough samples, by class.
+  std::map<std::string, std::vector<double>> ratesByClass(const std::vector<Telemetry::LinkStats>& links) const {
+    std::map<std::string, std::vector<double>> out;
+    for (auto& l : links)
+      if (l.samples >= kMinLinkSamples) out[linkClass(l)].push_back(l.gbps());
+    return out;
+  }
   Clock::time_point lastProgress_;
   Clock::time_point lastAliveCheck_;
 
@@ -467,7 +475,7 @@ void CommImpl::bootstrap(Store& store) {
   Millis initTimeout(cfg.initTimeoutSec * 1000);
   auto deadline = t0 + initTimeout;
   auto left = [&] { return std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - Clock::now())); };
-  const std::string myHost = hostIdentity(cfg);
+  const std::string hostId = hostIdentity(cfg);
   // Waits in slices; between them, a same-host rank whose process has exited fails init at
   // once instead of after RAILCC_INIT_TIMEOUT.
   auto waitKey = [&](const std::string& key) {
@@ -480,7 +488,7 @@ void CommImpl::bootstrap(Store& store) {
       for (const PeerInfo& p : peers_) {
         // Only peers we will share memory with: their pids are ours to check (ranks in other pid
         // namespaces on one host must run with RAILCC_SHM_DISABLE=1 or distinct RAILCC_HOST_ID).
-        if (cfg.shmDisable || p.pid <= 0 || p.rank == rank_ || p.hostId != myHost ||
+        if (cfg.shmDisable || p.pid <= 0 || p.rank == rank_ || p.hostId != hostId ||
             !transport::shm::processGone(p.pid))
           continue;
         Error err(ErrorCode::kPeerFailure, "railcc init of group '" + opts_.name + "': rank " + std::to_string(p.rank) +
@@ -516,7 +524,6 @@ void CommImpl::bootstrap(Store& store) {
   }
 
   peers_.resize(static_cast<size_t>(size_));
-  std::string hostId = hostIdentity(cfg);
   char hn[256] = {0};
   gethostname(hn, sizeof(hn) - 1);
   std::string addr = "-";
@@ -551,9 +558,6 @@ void CommImpl::bootstrap(Store& store) {
 
   chans_.resize(kLanes);
   for (auto& lane : chans_) lane = std::vector<Channel>(static_cast<size_t>(size_));
-  auto localIndex = [&](int r) {
-    return static_cast<int>(std::find(localRanks_.begin(), localRanks_.end(), r) - localRanks_.begin());
-  };
 
   // Same host: shared memory. Each rank creates one segment holding its incoming FIFOs and
   // maps its neighbours'; names are unlinked as soon as everyone has mapped them.
@@ -1530,14 +1534,12 @@ void CommImpl::checkStragglers() {
   }
   // Slow links: far below the median link of the same transport.
   auto links = tele_->links();
-  std::map<std::string, std::vector<double>> byKind;
-  for (auto& l : links)
-    if (l.samples >= 3) byKind[linkClass(l)].push_back(l.gbps());
+  auto byKind = ratesByClass(links);
   std::set<std::pair<int, bool>> flagged;
   for (auto& l : links) {
     auto& all = byKind[linkClass(l)];
     double m = median(all);
-    if (l.samples < 3 || all.size() < 2 || l.gbps() >= m * static_cast<double>(cfg.stragglerLinkPct) / 100.0) continue;
+    if (l.samples < kMinLinkSamples || all.size() < 2 || l.gbps() >= m * static_cast<double>(cfg.stragglerLinkPct) / 100.0) continue;
     flagged.insert({l.peer, l.send});
     std::lock_guard<std::mutex> g(wdMu_);
     if (linkFlagged_.count({l.peer, l.send})) continue;
@@ -1572,9 +1574,7 @@ std::string CommImpl::stragglerReport() {
   }
   os << "], \"links\": [";
   auto links = tele_->links();
-  std::map<std::string, std::vector<double>> byKind;
-  for (auto& l : links)
-    if (l.samples >= 3) byKind[linkClass(l)].push_back(l.gbps());
+  auto byKind = ratesByClass(links);
   std::set<std::pair<int, int>> slow;
   bool first = true;
   for (auto& l : links) {

@@ -68,7 +68,16 @@ uint64_t Telemetry::opQueued(uint64_t seq, const char* op, const char* dtype, co
   std::lock_guard<std::mutex> g(mu_);
   uint64_t id = nextId_++;
   OpTrace& t = ring_[id % ring_.size()];
+  // Reuse the slot's per-peer vectors: recording an op allocates nothing once the ring is warm.
+  std::vector<uint64_t> sent = std::move(t.sent), recvd = std::move(t.recvd);
+  std::vector<int> waiting = std::move(t.waitingOn);
   t = OpTrace{};
+  sent.assign(static_cast<size_t>(size_), 0);
+  recvd.assign(static_cast<size_t>(size_), 0);
+  waiting.clear();
+  t.sent = std::move(sent);
+  t.recvd = std::move(recvd);
+  t.waitingOn = std::move(waiting);
   t.id = id;
   t.seq = seq;
   t.op = op;
@@ -97,10 +106,6 @@ void Telemetry::opBytes(uint64_t id, int peer, uint64_t sent, uint64_t recvd) {
   if (peer < 0 || peer >= size_) return;
   std::lock_guard<std::mutex> g(mu_);
   if (OpTrace* t = find(id)) {
-    if (t->sent.empty()) {
-      t->sent.assign(static_cast<size_t>(size_), 0);
-      t->recvd.assign(static_cast<size_t>(size_), 0);
-    }
     t->sent[static_cast<size_t>(peer)] += sent;
     t->recvd[static_cast<size_t>(peer)] += recvd;
   }

@@ -22,7 +22,9 @@ class Telemetry {
   struct OpTrace {
     uint64_t id = 0;   // 1, 2, ... over all ops of the communicator
     uint64_t seq = 0;  // collective sequence number, 0 for send/recv
-    std::string op, dtype, redop;
+    const char* op = "";     // static strings (opKindName, dtypeName, ...): no allocation per op
+    const char* dtype = "";
+    const char* redop = "";
     int root = -1;
     uint64_t count = 0;
     State state = State::kQueued;
@@ -47,7 +49,7 @@ class Telemetry {
 
   Telemetry(int rank, int size, size_t ringSize, size_t window);
 
-  // Flight recorder. Every call is cheap (a lock and a slot write).
+  // Flight recorder. Every call is cheap (a lock and a slot write). Names must be static strings.
   uint64_t opQueued(uint64_t seq, const char* op, const char* dtype, const char* redop, int root, uint64_t count);
   // `seq` updates the progress counters even when the op's slot was overwritten (more ops in
   // flight than the ring holds).
@@ -69,7 +71,7 @@ class Telemetry {
   /// Sequence numbers of the last collective queued, started and finished, and its name.
   struct Progress {
     uint64_t enqueued = 0, started = 0, completed = 0;
-    std::string lastOp;
+    const char* lastOp = "";
   };
   Progress progress() const;
 

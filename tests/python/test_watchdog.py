@@ -50,33 +50,43 @@ def _new_group(**kw):
 # ------------------------------------------------------------------------------ hangs
 
 
-def rk_never_calls(rank, n, trace_dir):
+def _waits_for_the_others(t, g):
+    """all_reduce that must end in CollectiveTimeoutError; what it said and when."""
     import railcc
 
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(t, group=g)
+        return {"error": "no error"}
+    except railcc.CollectiveTimeoutError as e:
+        return {"error": type(e).__name__, "ranks": list(e.ranks), "seq": e.seq, "msg": str(e),
+                "after": time.monotonic() - t0}
+
+
+def _arrives_late(t, g):
+    """all_reduce after the others gave up: it must fail at once."""
+    import railcc
+
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(t, group=g)
+        return {"late": "no error"}
+    except railcc.RailccError as e:
+        return {"late": type(e).__name__, "late_s": time.monotonic() - t0}
+
+
+def rk_never_calls(rank, n, trace_dir):
     os.environ["RAILCC_TRACE_DIR"] = trace_dir
     before = _resources()
     g = _new_group()
     t = torch.ones(1000)
     for _ in range(3):
         dist.all_reduce(t, group=g)
-    out = {}
-    late = n - 1
-    if rank == late:
+    if rank == n - 1:
         time.sleep(TIMEOUT_S + 3)  # still "in user code" while the others time out
-        t0 = time.monotonic()
-        try:
-            dist.all_reduce(t, group=g)
-            out["late"] = "no error"
-        except railcc.RailccError as e:
-            out["late"] = type(e).__name__
-            out["late_s"] = time.monotonic() - t0
+        out = _arrives_late(t, g)
     else:
-        t0 = time.monotonic()
-        try:
-            dist.all_reduce(t, group=g)
-            out["error"] = "no error"
-        except railcc.CollectiveTimeoutError as e:
-            out.update(error=type(e).__name__, ranks=list(e.ranks), seq=e.seq, msg=str(e), after=time.monotonic() - t0)
+        out = _waits_for_the_others(t, g)
     t0 = time.monotonic()
     dist.destroy_process_group(g)
     out["destroy_s"] = time.monotonic() - t0
@@ -117,28 +127,16 @@ def test_rank_that_never_calls_is_named_and_the_trace_says_so(pools, tmp_path, n
 
 
 def rk_frozen(rank, n):
-    import railcc
-
     before = _resources()
     g = _new_group()
     t = torch.ones(1000)
     dist.all_reduce(t, group=g)
     time.sleep(1.5)  # let the watchdog publish a progress record that says seq 1
-    out = {}
     if rank == n - 1:
         os.kill(os.getpid(), signal.SIGSTOP)  # the test sends SIGCONT after the others timed out
-        try:
-            dist.all_reduce(t, group=g)
-            out["late"] = "no error"
-        except railcc.RailccError as e:
-            out["late"] = type(e).__name__
+        out = _arrives_late(t, g)
     else:
-        t0 = time.monotonic()
-        try:
-            dist.all_reduce(t, group=g)
-            out["error"] = "no error"
-        except railcc.CollectiveTimeoutError as e:
-            out.update(error=type(e).__name__, ranks=list(e.ranks), msg=str(e), after=time.monotonic() - t0)
+        out = _waits_for_the_others(t, g)
     dist.destroy_process_group(g)
     del g
     out["leaks"] = _leaks(before)
