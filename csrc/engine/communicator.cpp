@@ -13,7 +13,9 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <thread>
 
+#include "engine/device.h"
 #include "engine/error.h"
 #include "engine/log.h"
 #include "engine/telemetry.h"
@@ -231,6 +233,29 @@ class CommImpl {
     return static_cast<int>(std::find(localRanks_.begin(), localRanks_.end(), r) - localRanks_.begin());
   }
   void exchange(std::vector<Transfer>& xs);
+
+  // Device buffers (progress thread). An op on device memory runs its host algorithm chunk by
+  // chunk on pinned staging: the copy to host of chunk k+1 and the copy back of chunk k-1
+  // overlap the network part of chunk k. Each region is one buffer of the op; regions with the
+  // same address are staged once (in-place ops).
+  struct Region {
+    char* dev;
+    size_t count;  // elements
+    bool in, out;  // copied to host before / back to the device after
+  };
+  using StagedBody = std::function<void(const std::vector<char*>& host, const std::vector<size_t>& counts)>;
+  // `slots` is the most regions any rank of the group passes for this op, so every rank cuts
+  // the same chunks; `agree` first agrees on the largest region across ranks (alltoall, whose
+  // splits differ per rank).
+  void runStaged(const Placement& where, DataType dt, size_t slots, std::vector<Region> regions, const StagedBody& body,
+                 bool agree = false);
+  void deviceWait(const cuda::DeviceApi& api, void* ev, int device, const char* what);
+  void releaseDevice();
+  char* stage_ = nullptr;     // pinned: two sets of staging chunks
+  size_t stageCap_ = 0;
+  void* stageEv_[2] = {nullptr, nullptr};
+  void* ownStream_ = nullptr;  // for ops that name no stream
+  int devOf_ = -1;             // device the events and stream above belong to
 
   Transfer sendTo(int peer, const void* p, size_t bytes) {
     Transfer t;
@@ -1346,6 +1371,7 @@ void CommImpl::shutdown() {
   }
   shm_.reset();
   listener_.reset();
+  releaseDevice();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1943,70 +1969,231 @@ uint64_t Communicator::collectiveCount() const {
   return impl_->collSeq_;
 }
 
+// ---------------------------------------------------------------------------------------
+// Device buffers: pinned staging
+
+void CommImpl::deviceWait(const cuda::DeviceApi& api, void* ev, int device, const char* what) {
+  auto t0 = Clock::now();
+  Millis limit = current_ ? current_->timeout : opts_.timeout;
+  for (int spins = 0;; ++spins) {
+    int e = api.eventQuery(ev);
+    if (e == 0) return;
+    if (e != api.notReady) checkDevice(e, "cudaEventQuery", device);
+    if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
+    if (Clock::now() - t0 > limit)
+      RAILCC_THROW(kTimeout, what, " on cuda:", device, " did not finish within ", limit.count(),
+                   " ms: the GPU is hung, or busy with work queued before this op on the caller's stream");
+    // The copies take tens of microseconds to milliseconds: poll briefly, then nap.
+    if (spins < 64) __builtin_ia32_pause();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+void CommImpl::releaseDevice() {
+  if (devOf_ < 0 && !stage_) return;
+  const cuda::DeviceApi* api = nullptr;
+  try {
+    api = &deviceApi();
+  } catch (const Error&) {
+    return;
+  }
+  // Errors are ignored here: at process exit the CUDA runtime may already be gone.
+  if (devOf_ >= 0) api->setDevice(devOf_);
+  for (auto& ev : stageEv_)
+    if (ev) api->eventDestroy(ev), ev = nullptr;
+  if (ownStream_) api->streamDestroy(ownStream_), ownStream_ = nullptr;
+  if (stage_) api->hostFree(stage_), stage_ = nullptr;
+  stageCap_ = 0;
+  devOf_ = -1;
+}
+
+void CommImpl::runStaged(const Placement& where, DataType dt, size_t slots, std::vector<Region> regions,
+                         const StagedBody& body, bool agree) {
+  const cuda::DeviceApi& api = deviceApi();
+  const int d = where.device;
+  checkDevice(api.setDevice(d), "cudaSetDevice", d);
+  if (devOf_ != d) {
+    // Events and streams belong to one device; a group that moves to another starts afresh.
+    for (auto& ev : stageEv_)
+      if (ev) api.eventDestroy(ev), ev = nullptr;
+    if (ownStream_) api.streamDestroy(ownStream_), ownStream_ = nullptr;
+    devOf_ = d;
+    for (auto& ev : stageEv_) checkDevice(api.eventCreate(&ev), "cudaEventCreate", d);
+  }
+  void* stream = where.stream;
+  if (!stream) {
+    if (!ownStream_) checkDevice(api.streamCreate(&ownStream_), "cudaStreamCreate", d);
+    stream = ownStream_;
+  }
+  if (where.waitEvent) checkDevice(api.streamWaitEvent(stream, where.waitEvent), "cudaStreamWaitEvent", d);
+
+  // Regions at one address are staged once, so an in-place op stays in place on the host.
+  std::vector<size_t> slot(regions.size());
+  std::vector<Region> uniq;
+  for (size_t i = 0; i < regions.size(); ++i) {
+    size_t j = 0;
+    while (j < uniq.size() && !(regions[i].dev != nullptr && uniq[j].dev == regions[i].dev && uniq[j].count == regions[i].count))
+      ++j;
+    if (j == uniq.size()) uniq.push_back(regions[i]);
+    uniq[j].in |= regions[i].in;
+    uniq[j].out |= regions[i].out;
+    slot[i] = j;
+  }
+
+  const size_t es = dtypeSize(dt);
+  const size_t setBytes = static_cast<size_t>(std::max<int64_t>(opts_.config.cudaStagingBytes / 2, 4096));
+  const size_t per = std::max<size_t>(setBytes / std::max<size_t>(slots, 1) / es, 1);  // elements per region and chunk
+  const size_t stride = (per * es + 63) / 64 * 64;
+  size_t maxCount = 0;
+  for (auto& r : regions) maxCount = std::max(maxCount, r.count);
+  if (agree && size_ > 1) {
+    int64_t m = static_cast<int64_t>(maxCount);
+    runAllreduce(reinterpret_cast<char*>(&m), 1, DataType::kInt64, ReduceOp::kMax, 1.0);
+    maxCount = static_cast<size_t>(m);
+  }
+  const size_t chunks = std::max<size_t>(1, (maxCount + per - 1) / per);
+  const size_t need = 2 * std::max<size_t>(uniq.size(), 1) * stride;
+  if (stageCap_ < need) {
+    if (stage_) checkDevice(api.hostFree(stage_), "cudaFreeHost", d), stage_ = nullptr, stageCap_ = 0;
+    void* p = nullptr;
+    checkDevice(api.hostAlloc(&p, need), "cudaHostAlloc (pinned staging)", d);
+    stage_ = static_cast<char*>(p);
+    stageCap_ = need;
+    RAILCC_INFO(COLL, "group '", opts_.name, "': ", need >> 10, " KiB of pinned staging for cuda:", d,
+                " (RAILCC_CUDA_STAGING_BYTES=", opts_.config.cudaStagingBytes, ")");
+  }
+  auto hostOf = [&](size_t set, size_t j) { return stage_ + (set * uniq.size() + j) * stride; };
+  auto piece = [&](size_t count, size_t k) {
+    size_t lo = k * per;
+    return lo >= count ? size_t(0) : std::min(per, count - lo);
+  };
+  auto toHost = [&](size_t k, size_t set) {
+    for (size_t j = 0; j < uniq.size(); ++j) {
+      size_t n = uniq[j].in ? piece(uniq[j].count, k) : 0;
+      if (n)
+        checkDevice(api.memcpyAsync(hostOf(set, j), uniq[j].dev + k * per * es, n * es, stream),
+                    "cudaMemcpyAsync (device to pinned host)", d);
+    }
+    checkDevice(api.eventRecord(stageEv_[set], stream), "cudaEventRecord", d);
+  };
+  auto toDevice = [&](size_t k, size_t set) {
+    for (size_t j = 0; j < uniq.size(); ++j) {
+      size_t n = uniq[j].out ? piece(uniq[j].count, k) : 0;
+      if (n)
+        checkDevice(api.memcpyAsync(uniq[j].dev + k * per * es, hostOf(set, j), n * es, stream),
+                    "cudaMemcpyAsync (pinned host to device)", d);
+    }
+  };
+
+  std::vector<char*> host(regions.size());
+  std::vector<size_t> counts(regions.size());
+  toHost(0, 0);
+  for (size_t k = 0; k < chunks; ++k) {
+    size_t set = k & 1;
+    // Stream order keeps the copy back of chunk k-1 (same set) ahead of this copy out.
+    if (k + 1 < chunks) toHost(k + 1, set ^ 1);
+    deviceWait(api, stageEv_[set], d, "the copy of a chunk to pinned host memory");
+    for (size_t i = 0; i < regions.size(); ++i) {
+      host[i] = hostOf(set, slot[i]);
+      counts[i] = piece(regions[i].count, k);
+    }
+    body(host, counts);
+    lastProgress_ = Clock::now();
+    toDevice(k, set);
+  }
+  // The op completes once its results are on the device: the staging is then free for the
+  // next op, and the caller's buffers are no longer touched.
+  checkDevice(api.eventRecord(stageEv_[0], stream), "cudaEventRecord", d);
+  deviceWait(api, stageEv_[0], d, "the copy of the result back to the device");
+}
+
 namespace {
 void checkRoot(int root, int size, const char* what) {
   RAILCC_CHECK_ARG(root >= 0 && root < size, what, ": root rank ", root, " is out of range for a group of size ", size);
 }
 }  // namespace
 
-RequestPtr Communicator::allreduce(void* buf, size_t count, DataType dt, ReduceOp op, double scale, Millis timeout) {
+RequestPtr Communicator::allreduce(void* buf, size_t count, DataType dt, ReduceOp op, double scale, Millis timeout,
+                                   Placement where) {
   checkReduceSupported(op, dt);
   CommImpl* c = impl_.get();
   auto o = c->collective(OpKind::kAllreduce, dt, op, 0, count, timeout);
-  o->body = [c, buf, count, dt, op, scale] {
-    c->runAllreduce(static_cast<char*>(buf), count, dt, op, scale);
-  };
+  auto run = [c, dt, op, scale](char* b, size_t n) { c->runAllreduce(b, n, dt, op, scale); };
+  if (where.onDevice())
+    o->body = [c, where, buf, count, dt, run] {
+      c->runStaged(where, dt, 1, {{static_cast<char*>(buf), count, true, true}},
+                   [&](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); });
+    };
+  else
+    o->body = [buf, count, run] { run(static_cast<char*>(buf), count); };
   return c->enqueue(std::move(o));
 }
 
+namespace {
+// Fuses small buffers into buckets of RAILCC_BUCKET_SIZE; one all-reduce per bucket.
+void coalescedAllreduce(CommImpl* c, const std::vector<char*>& bufs, const std::vector<size_t>& counts, DataType dt,
+                        ReduceOp op, double scale) {
+  size_t es = dtypeSize(dt);
+  size_t cap = static_cast<size_t>(std::max<int64_t>(c->opts_.config.bucketSize, 1)) / es * es;
+  size_t i = 0;
+  while (i < bufs.size()) {
+    // A tensor that fills a bucket alone is reduced in place; smaller ones are packed.
+    if (counts[i] * es >= cap || cap == 0) {
+      c->runAllreduce(bufs[i], counts[i], dt, op, scale);
+      ++i;
+      continue;
+    }
+    if (c->bucket_.size() < cap) c->bucket_.resize(cap);
+    size_t j = i, used = 0;
+    while (j < bufs.size() && used + counts[j] * es <= cap) {
+      if (counts[j]) std::memcpy(c->bucket_.data() + used, bufs[j], counts[j] * es);
+      used += counts[j] * es;
+      ++j;
+    }
+    c->runAllreduce(c->bucket_.data(), used / es, dt, op, scale);
+    used = 0;
+    for (size_t k = i; k < j; ++k) {
+      if (counts[k]) std::memcpy(bufs[k], c->bucket_.data() + used, counts[k] * es);
+      used += counts[k] * es;
+    }
+    i = j;
+  }
+}
+}  // namespace
+
 RequestPtr Communicator::allreduceCoalesced(std::vector<void*> bufs, std::vector<size_t> counts, DataType dt,
-                                            ReduceOp op, double scale, Millis timeout) {
+                                            ReduceOp op, double scale, Millis timeout, Placement where) {
   checkReduceSupported(op, dt);
   RAILCC_CHECK_ARG(bufs.size() == counts.size(), "allreduce_coalesced: ", bufs.size(), " buffers but ", counts.size(), " counts");
   CommImpl* c = impl_.get();
   size_t total = 0;
   for (size_t n : counts) total += n;
   auto o = c->collective(OpKind::kAllreduceCoalesced, dt, op, 0, total, timeout);
-  o->body = [c, bufs, counts, dt, op, scale] {
-    size_t es = dtypeSize(dt);
-    size_t cap = static_cast<size_t>(std::max<int64_t>(c->opts_.config.bucketSize, 1)) / es * es;
-    size_t i = 0;
-    while (i < bufs.size()) {
-      // A tensor that fills a bucket alone is reduced in place; smaller ones are packed.
-      if (counts[i] * es >= cap || cap == 0) {
-        c->runAllreduce(static_cast<char*>(bufs[i]), counts[i], dt, op, scale);
-        ++i;
-        continue;
-      }
-      if (c->bucket_.size() < cap) c->bucket_.resize(cap);
-      size_t j = i, used = 0;
-      while (j < bufs.size() && used + counts[j] * es <= cap) {
-        std::memcpy(c->bucket_.data() + used, bufs[j], counts[j] * es);
-        used += counts[j] * es;
-        ++j;
-      }
-      c->runAllreduce(c->bucket_.data(), used / es, dt, op, scale);
-      used = 0;
-      for (size_t k = i; k < j; ++k) {
-        std::memcpy(bufs[k], c->bucket_.data() + used, counts[k] * es);
-        used += counts[k] * es;
-      }
-      i = j;
-    }
-  };
+  std::vector<char*> ptrs;
+  for (void* b : bufs) ptrs.push_back(static_cast<char*>(b));
+  if (where.onDevice())
+    o->body = [c, where, ptrs, counts, dt, op, scale] {
+      std::vector<CommImpl::Region> regs;
+      for (size_t i = 0; i < ptrs.size(); ++i) regs.push_back({ptrs[i], counts[i], true, true});
+      c->runStaged(where, dt, regs.size(), regs, [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
+        coalescedAllreduce(c, h, n, dt, op, scale);
+      });
+    };
+  else
+    o->body = [c, ptrs, counts, dt, op, scale] { coalescedAllreduce(c, ptrs, counts, dt, op, scale); };
   return c->enqueue(std::move(o));
 }
 
-RequestPtr Communicator::broadcast(void* buf, size_t count, DataType dt, int root, Millis timeout) {
+RequestPtr Communicator::broadcast(void* buf, size_t count, DataType dt, int root, Millis timeout, Placement where) {
   CommImpl* c = impl_.get();
   checkRoot(root, c->size_, "broadcast");
   auto o = c->collective(OpKind::kBroadcast, dt, ReduceOp::kSum, root, count, timeout);
-  o->body = [c, buf, count, dt, root] {
+  auto run = [c, dt, root](char* buf, size_t count) {
     int n = c->size_, r = c->rank_;
     if (n == 1) return;
     size_t bytes = count * dtypeSize(dt);
     if (c->ringsCover() && static_cast<int64_t>(bytes) > c->opts_.config.oneshotBytes)
-      return c->runBroadcastRing(static_cast<char*>(buf), bytes, root);
+      return c->runBroadcastRing(buf, bytes, root);
     int pos = (r - root + n) % n;
     // A pipelined chain: each rank forwards bytes as soon as they arrive.
     std::vector<Transfer> xs;
@@ -2018,15 +2205,24 @@ RequestPtr Communicator::broadcast(void* buf, size_t count, DataType dt, int roo
     }
     c->exchange(xs);
   };
+  if (where.onDevice())
+    o->body = [c, where, buf, count, dt, root, run] {
+      bool isRoot = c->rank_ == root;
+      c->runStaged(where, dt, 1, {{static_cast<char*>(buf), count, isRoot, !isRoot}},
+                   [&](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); });
+    };
+  else
+    o->body = [buf, count, run] { run(static_cast<char*>(buf), count); };
   return c->enqueue(std::move(o));
 }
 
-RequestPtr Communicator::reduce(void* buf, size_t count, DataType dt, ReduceOp op, int root, double scale, Millis timeout) {
+RequestPtr Communicator::reduce(void* buf, size_t count, DataType dt, ReduceOp op, int root, double scale, Millis timeout,
+                                Placement where) {
   checkReduceSupported(op, dt);
   CommImpl* c = impl_.get();
   checkRoot(root, c->size_, "reduce");
   auto o = c->collective(OpKind::kReduce, dt, op, root, count, timeout);
-  o->body = [c, buf, count, dt, op, root, scale] {
+  auto run = [c, dt, op, root, scale](char* buf, size_t count) {
     int n = c->size_, r = c->rank_;
     size_t bytes = count * dtypeSize(dt);
     if (r != root) {
@@ -2041,23 +2237,28 @@ RequestPtr Communicator::reduce(void* buf, size_t count, DataType dt, ReduceOp o
     }
     if (op == ReduceOp::kAvg) divideBy(buf, count, dt, n);
   };
+  if (where.onDevice())
+    o->body = [c, where, buf, count, dt, root, run] {
+      c->runStaged(where, dt, 1, {{static_cast<char*>(buf), count, true, c->rank_ == root}},
+                   [&](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); });
+    };
+  else
+    o->body = [buf, count, run] { run(static_cast<char*>(buf), count); };
   return c->enqueue(std::move(o));
 }
 
-RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, std::vector<void*> outs, Millis timeout) {
+RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, std::vector<void*> outs, Millis timeout,
+                                   Placement where) {
   CommImpl* c = impl_.get();
   RAILCC_CHECK_ARG(static_cast<int>(outs.size()) == c->size_, "allgather: ", outs.size(),
                    " output buffers for a group of size ", c->size_);
   auto o = c->collective(OpKind::kAllgather, dt, ReduceOp::kSum, 0, count, timeout);
-  o->body = [c, in, count, dt, outs] {
+  auto run = [c, dt](const char* in, size_t count, const std::vector<char*>& outs) {
     int n = c->size_, r = c->rank_;
     size_t bytes = count * dtypeSize(dt);
-    if (outs[static_cast<size_t>(r)] != in) std::memmove(outs[static_cast<size_t>(r)], in, bytes);
-    if (c->ringsCover() && static_cast<int64_t>(bytes) > c->opts_.config.oneshotBytes) {
-      std::vector<char*> o(outs.size());
-      for (size_t i = 0; i < outs.size(); ++i) o[i] = static_cast<char*>(outs[i]);
-      return c->runAllgatherRing(static_cast<const char*>(in), std::vector<size_t>(outs.size(), bytes), o, true);
-    }
+    if (outs[static_cast<size_t>(r)] != in && bytes) std::memmove(outs[static_cast<size_t>(r)], in, bytes);
+    if (c->ringsCover() && static_cast<int64_t>(bytes) > c->opts_.config.oneshotBytes)
+      return c->runAllgatherRing(in, std::vector<size_t>(outs.size(), bytes), outs, true);
     // Every peer at once: one synchronization instead of n-1, and nothing is reduced, so the
     // order in which the pieces land does not matter.
     std::vector<Transfer> xs;
@@ -2069,26 +2270,39 @@ RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, st
     }
     c->exchange(xs);
   };
+  std::vector<char*> o8;
+  for (void* p : outs) o8.push_back(static_cast<char*>(p));
+  char* in8 = const_cast<char*>(static_cast<const char*>(in));
+  if (where.onDevice())
+    o->body = [c, where, in8, count, dt, o8, run] {
+      std::vector<CommImpl::Region> regs{{in8, count, true, false}};
+      for (char* p : o8) regs.push_back({p, count, false, true});
+      c->runStaged(where, dt, o8.size() + 1, regs, [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
+        run(h[0], n[0], std::vector<char*>(h.begin() + 1, h.end()));
+      });
+    };
+  else
+    o->body = [in8, count, o8, run] { run(in8, count, o8); };
   return c->enqueue(std::move(o));
 }
 
 RequestPtr Communicator::reduceScatter(std::vector<const void*> ins, void* out, size_t count, DataType dt, ReduceOp op,
-                                       double scale, Millis timeout) {
+                                       double scale, Millis timeout, Placement where) {
   checkReduceSupported(op, dt);
   CommImpl* c = impl_.get();
   RAILCC_CHECK_ARG(static_cast<int>(ins.size()) == c->size_, "reduce_scatter: ", ins.size(),
                    " input buffers for a group of size ", c->size_);
   auto o = c->collective(OpKind::kReduceScatter, dt, op, 0, count, timeout);
-  o->body = [c, ins, out, count, dt, op, scale] {
+  auto run = [c, dt, op, scale](const std::vector<char*>& ins, char* out, size_t count) {
     int n = c->size_, r = c->rank_;
     size_t bytes = count * dtypeSize(dt);
-    const void* mine = ins[static_cast<size_t>(r)];
+    const char* mine = ins[static_cast<size_t>(r)];
     if (c->oneshot(bytes)) {
       auto blockOf = [&ins](int p) { return static_cast<const char*>(ins[static_cast<size_t>(p)]); };
-      return c->oneshotReduce(blockOf, static_cast<char*>(out), count, dt, op, scale);
+      return c->oneshotReduce(blockOf, out, count, dt, op, scale);
     }
     if (op == ReduceOp::kPremulSum) scaleCopy(out, mine, count, dt, scale);
-    else if (out != mine) std::memmove(out, mine, bytes);
+    else if (out != mine && bytes) std::memmove(out, mine, bytes);
     for (int s = 1; s < n; ++s) {
       int to = (r + s) % n, from = (r - s + n) % n;
       std::vector<Transfer> xs{c->sendTo(to, ins[static_cast<size_t>(to)], bytes),
@@ -2097,11 +2311,25 @@ RequestPtr Communicator::reduceScatter(std::vector<const void*> ins, void* out, 
     }
     if (op == ReduceOp::kAvg) divideBy(out, count, dt, n);
   };
+  std::vector<char*> i8;
+  for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
+  char* out8 = static_cast<char*>(out);
+  if (where.onDevice())
+    o->body = [c, where, i8, out8, count, dt, run] {
+      std::vector<CommImpl::Region> regs;
+      for (char* p : i8) regs.push_back({p, count, true, false});
+      regs.push_back({out8, count, false, true});
+      c->runStaged(where, dt, i8.size() + 1, regs, [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
+        run(std::vector<char*>(h.begin(), h.end() - 1), h.back(), n.back());
+      });
+    };
+  else
+    o->body = [i8, out8, count, run] { run(i8, out8, count); };
   return c->enqueue(std::move(o));
 }
 
 RequestPtr Communicator::alltoall(std::vector<const void*> ins, std::vector<size_t> inCounts, std::vector<void*> outs,
-                                  std::vector<size_t> outCounts, DataType dt, Millis timeout) {
+                                  std::vector<size_t> outCounts, DataType dt, Millis timeout, Placement where) {
   CommImpl* c = impl_.get();
   size_t n = static_cast<size_t>(c->size_);
   RAILCC_CHECK_ARG(ins.size() == n && inCounts.size() == n, "alltoall: need ", n, " input splits, got ", inCounts.size());
@@ -2111,11 +2339,12 @@ RequestPtr Communicator::alltoall(std::vector<const void*> ins, std::vector<size
                    " elements (input split) but expects ", outCounts[r], " (output split)");
   // Splits may differ per rank, so the fingerprint leaves count out; sizes are checked per message.
   auto o = c->collective(OpKind::kAlltoall, dt, ReduceOp::kSum, 0, 0, timeout);
-  o->body = [c, ins, inCounts, outs, outCounts, dt] {
+  auto run = [c, dt](const std::vector<char*>& ins, const std::vector<size_t>& inCounts, const std::vector<char*>& outs,
+                     const std::vector<size_t>& outCounts) {
     int n = c->size_, r = c->rank_;
     size_t es = dtypeSize(dt);
     size_t me = static_cast<size_t>(r);
-    if (outs[me] != ins[me]) std::memmove(outs[me], ins[me], inCounts[me] * es);
+    if (outs[me] != ins[me] && inCounts[me]) std::memmove(outs[me], ins[me], inCounts[me] * es);
     std::vector<Transfer> xs;
     xs.reserve(2 * static_cast<size_t>(n));
     for (int s = 1; s < n; ++s) {
@@ -2125,52 +2354,105 @@ RequestPtr Communicator::alltoall(std::vector<const void*> ins, std::vector<size
     }
     c->exchange(xs);
   };
+  std::vector<char*> i8, o8;
+  for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
+  for (void* p : outs) o8.push_back(static_cast<char*>(p));
+  if (where.onDevice())
+    o->body = [c, where, i8, o8, inCounts, outCounts, dt, run, n] {
+      std::vector<CommImpl::Region> regs;
+      for (size_t i = 0; i < n; ++i) regs.push_back({i8[i], inCounts[i], true, false});
+      for (size_t i = 0; i < n; ++i) regs.push_back({o8[i], outCounts[i], false, true});
+      c->runStaged(
+          where, dt, 2 * n, regs,
+          [&](const std::vector<char*>& h, const std::vector<size_t>& k) {
+            run(std::vector<char*>(h.begin(), h.begin() + static_cast<long>(n)),
+                std::vector<size_t>(k.begin(), k.begin() + static_cast<long>(n)),
+                std::vector<char*>(h.begin() + static_cast<long>(n), h.end()),
+                std::vector<size_t>(k.begin() + static_cast<long>(n), k.end()));
+          },
+          /*agree=*/true);
+    };
+  else
+    o->body = [i8, o8, inCounts, outCounts, run] { run(i8, inCounts, o8, outCounts); };
   return c->enqueue(std::move(o));
 }
 
-RequestPtr Communicator::gather(const void* in, size_t count, DataType dt, std::vector<void*> outs, int root, Millis timeout) {
+RequestPtr Communicator::gather(const void* in, size_t count, DataType dt, std::vector<void*> outs, int root, Millis timeout,
+                                Placement where) {
   CommImpl* c = impl_.get();
   checkRoot(root, c->size_, "gather");
   if (c->rank_ == root)
     RAILCC_CHECK_ARG(static_cast<int>(outs.size()) == c->size_, "gather: root needs ", c->size_, " output buffers, got ", outs.size());
   auto o = c->collective(OpKind::kGather, dt, ReduceOp::kSum, root, count, timeout);
-  o->body = [c, in, count, dt, outs, root] {
+  auto run = [c, dt, root](const char* in, size_t count, const std::vector<char*>& outs) {
     int n = c->size_, r = c->rank_;
     size_t bytes = count * dtypeSize(dt);
     std::vector<Transfer> xs;
     if (r != root) {
       xs.push_back(c->sendTo(root, in, bytes));
     } else {
-      if (outs[static_cast<size_t>(r)] != in) std::memmove(outs[static_cast<size_t>(r)], in, bytes);
+      if (outs[static_cast<size_t>(r)] != in && bytes) std::memmove(outs[static_cast<size_t>(r)], in, bytes);
       xs.reserve(static_cast<size_t>(n));
       for (int p = 0; p < n; ++p)
         if (p != r) xs.push_back(c->recvFrom(p, outs[static_cast<size_t>(p)], bytes));
     }
     c->exchange(xs);
   };
+  std::vector<char*> o8;
+  if (c->rank_ == root)
+    for (void* p : outs) o8.push_back(static_cast<char*>(p));
+  char* in8 = const_cast<char*>(static_cast<const char*>(in));
+  if (where.onDevice())
+    o->body = [c, where, in8, count, dt, o8, run] {
+      std::vector<CommImpl::Region> regs{{in8, count, true, false}};
+      for (char* p : o8) regs.push_back({p, count, false, true});
+      c->runStaged(where, dt, static_cast<size_t>(c->size_) + 1, regs,
+                   [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
+                     run(h[0], n[0], std::vector<char*>(h.begin() + 1, h.end()));
+                   });
+    };
+  else
+    o->body = [in8, count, o8, run] { run(in8, count, o8); };
   return c->enqueue(std::move(o));
 }
 
-RequestPtr Communicator::scatter(std::vector<const void*> ins, void* out, size_t count, DataType dt, int root, Millis timeout) {
+RequestPtr Communicator::scatter(std::vector<const void*> ins, void* out, size_t count, DataType dt, int root, Millis timeout,
+                                 Placement where) {
   CommImpl* c = impl_.get();
   checkRoot(root, c->size_, "scatter");
   if (c->rank_ == root)
     RAILCC_CHECK_ARG(static_cast<int>(ins.size()) == c->size_, "scatter: root needs ", c->size_, " input buffers, got ", ins.size());
   auto o = c->collective(OpKind::kScatter, dt, ReduceOp::kSum, root, count, timeout);
-  o->body = [c, ins, out, count, dt, root] {
+  auto run = [c, dt, root](const std::vector<char*>& ins, char* out, size_t count) {
     int n = c->size_, r = c->rank_;
     size_t bytes = count * dtypeSize(dt);
     std::vector<Transfer> xs;
     if (r != root) {
       xs.push_back(c->recvFrom(root, out, bytes));
     } else {
-      if (ins[static_cast<size_t>(r)] != out) std::memmove(out, ins[static_cast<size_t>(r)], bytes);
+      if (ins[static_cast<size_t>(r)] != out && bytes) std::memmove(out, ins[static_cast<size_t>(r)], bytes);
       xs.reserve(static_cast<size_t>(n));
       for (int p = 0; p < n; ++p)
         if (p != r) xs.push_back(c->sendTo(p, ins[static_cast<size_t>(p)], bytes));
     }
     c->exchange(xs);
   };
+  std::vector<char*> i8;
+  if (c->rank_ == root)
+    for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
+  char* out8 = static_cast<char*>(out);
+  if (where.onDevice())
+    o->body = [c, where, i8, out8, count, dt, run] {
+      std::vector<CommImpl::Region> regs;
+      for (char* p : i8) regs.push_back({p, count, true, false});
+      regs.push_back({out8, count, false, true});
+      c->runStaged(where, dt, static_cast<size_t>(c->size_) + 1, regs,
+                   [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
+                     run(std::vector<char*>(h.begin(), h.end() - 1), h.back(), n.back());
+                   });
+    };
+  else
+    o->body = [i8, out8, count, run] { run(i8, out8, count); };
   return c->enqueue(std::move(o));
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/device.h"
 #include "engine/store.h"
 #include "engine/types.h"
 
@@ -86,8 +87,10 @@ class CommImpl;
 /// Collectives run one at a time in call order; sends and receives run beside them on their
 /// own lane, so a posted receive never blocks a later collective.
 ///
-/// All pointers are host memory; counts are elements of `dtype`. The caller keeps buffers
-/// alive until the Request completes.
+/// Pointers are host memory, or device memory of one GPU when the op's Placement names it
+/// (collectives only: the op then runs through pinned staging, see runStaged in the .cpp).
+/// Counts are elements of `dtype`. The caller keeps buffers alive until the Request
+/// completes; a device op completes once its results are on the device.
 class Communicator {
  public:
   Communicator(Store& store, CommOptions opts);
@@ -101,28 +104,31 @@ class Communicator {
   const Config& config() const;
 
   // `scale` is PREMUL_SUM's factor; `timeout` of 0 means the communicator's.
-  RequestPtr allreduce(void* buf, size_t count, DataType dt, ReduceOp op, double scale = 1.0, Millis timeout = Millis(0));
+  RequestPtr allreduce(void* buf, size_t count, DataType dt, ReduceOp op, double scale = 1.0, Millis timeout = Millis(0),
+                       Placement where = {});
   /// Fuses the buffers into buckets of RAILCC_BUCKET_SIZE and runs one all-reduce per bucket.
   RequestPtr allreduceCoalesced(std::vector<void*> bufs, std::vector<size_t> counts, DataType dt, ReduceOp op,
-                                double scale = 1.0, Millis timeout = Millis(0));
-  RequestPtr broadcast(void* buf, size_t count, DataType dt, int root, Millis timeout = Millis(0));
+                                double scale = 1.0, Millis timeout = Millis(0), Placement where = {});
+  RequestPtr broadcast(void* buf, size_t count, DataType dt, int root, Millis timeout = Millis(0),
+                       Placement where = {});
   /// Result lands in root's `buf`; other ranks' buffers are left as they were.
   RequestPtr reduce(void* buf, size_t count, DataType dt, ReduceOp op, int root, double scale = 1.0,
-                    Millis timeout = Millis(0));
+                    Millis timeout = Millis(0), Placement where = {});
   /// outs[r] (count elements each) receives rank r's `in`. outs[rank()] may equal `in`.
-  RequestPtr allgather(const void* in, size_t count, DataType dt, std::vector<void*> outs, Millis timeout = Millis(0));
+  RequestPtr allgather(const void* in, size_t count, DataType dt, std::vector<void*> outs, Millis timeout = Millis(0),
+                       Placement where = {});
   /// ins[r] (count elements each) is this rank's contribution to rank r's `out`.
   RequestPtr reduceScatter(std::vector<const void*> ins, void* out, size_t count, DataType dt, ReduceOp op,
-                           double scale = 1.0, Millis timeout = Millis(0));
+                           double scale = 1.0, Millis timeout = Millis(0), Placement where = {});
   /// ins[r] (inCounts[r] elements) goes to rank r; outs[r] (outCounts[r]) comes from rank r.
   RequestPtr alltoall(std::vector<const void*> ins, std::vector<size_t> inCounts, std::vector<void*> outs,
-                      std::vector<size_t> outCounts, DataType dt, Millis timeout = Millis(0));
+                      std::vector<size_t> outCounts, DataType dt, Millis timeout = Millis(0), Placement where = {});
   /// On root, outs[r] receives rank r's `in`; elsewhere `outs` is ignored.
   RequestPtr gather(const void* in, size_t count, DataType dt, std::vector<void*> outs, int root,
-                    Millis timeout = Millis(0));
+                    Millis timeout = Millis(0), Placement where = {});
   /// On root, ins[r] goes to rank r's `out`; elsewhere `ins` is ignored.
   RequestPtr scatter(std::vector<const void*> ins, void* out, size_t count, DataType dt, int root,
-                     Millis timeout = Millis(0));
+                     Millis timeout = Millis(0), Placement where = {});
   RequestPtr barrier(Millis timeout = Millis(0));
   RequestPtr send(const void* buf, size_t bytes, int peer, int tag, Millis timeout = Millis(0));
   /// peer == -1 receives from any source; Request::sourceRank() then tells which.

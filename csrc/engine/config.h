@@ -22,6 +22,9 @@ namespace railcc::engine {
     "broadcast ring. Bounds shm memory, which is reserved at init.")                          \
   X(stagingSize, int64_t, "RAILCC_STAGING_SIZE", "", "1048576",                               \
     "Bytes of the staging buffer a receive-and-reduce from a socket goes through.")           \
+  X(cudaStagingBytes, int64_t, "RAILCC_CUDA_STAGING_BYTES", "", "33554432",                  \
+    "Bytes of pinned host memory per group through which collectives on CUDA tensors are "    \
+    "staged (two halves, so copies overlap the network). Must be equal on all ranks.")      \
   X(bucketSize, int64_t, "RAILCC_BUCKET_SIZE", "", "8388608",                                 \
     "Bytes of the fusion bucket for coalesced all-reduce; small tensors are packed into it.") \
   X(oneshotBytes, int64_t, "RAILCC_ONESHOT_BYTES", "", "65536",                              \

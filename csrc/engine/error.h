@@ -16,6 +16,7 @@ enum class ErrorCode {
   kMismatch,      // ranks called different collectives at the same sequence number
   kAborted,       // abort() or shutdown() ended the op
   kStraggler,     // a rank or link is far slower than the rest (RAILCC_STRAGGLER_ACTION=raise)
+  kDevice,        // a GPU runtime call failed, or there is no GPU runtime
   kInternal,
 };
 

@@ -22,6 +22,7 @@ const char* errorCodeName(ErrorCode code) {
     case ErrorCode::kMismatch: return "Mismatch";
     case ErrorCode::kAborted: return "Aborted";
     case ErrorCode::kStraggler: return "Straggler";
+    case ErrorCode::kDevice: return "Device";
     case ErrorCode::kInternal: return "Internal";
   }
   return "Unknown";

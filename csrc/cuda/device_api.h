@@ -1,0 +1,54 @@
+#pragma once
+
+// The engine's view of a GPU runtime: a table of plain functions, filled by the CUDA plugin
+// (csrc/cuda/plugin.cu, built by nvcc into librailcc_cuda.so and loaded with dlopen only when
+// a device buffer first appears). Neither torch nor a CUDA header is needed to use it, so the
+// engine and the CPU-only build never link the CUDA runtime.
+//
+// Every handle is the runtime's own (cudaStream_t, cudaEvent_t) passed as void*. Every
+// function returns the runtime's error code, 0 on success; errorString() names it.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "engine/types.h"
+
+namespace railcc::cuda {
+
+constexpr uint32_t kDeviceApiVersion = 1;
+
+struct DeviceApi {
+  uint32_t version;      // kDeviceApiVersion
+  const char* name;      // "cuda 13.0 runtime", or what a test fake calls itself
+  int notReady;          // the code eventQuery returns while the event is pending
+
+  const char* (*errorString)(int err);
+  int (*deviceCount)(int* n);
+  int (*setDevice)(int device);
+  int (*getDevice)(int* device);
+  /// Device of a pointer: *device = -1 when it is host memory the runtime does not know.
+  int (*pointerDevice)(const void* p, int* device);
+
+  int (*hostAlloc)(void** p, size_t bytes);  // pinned host memory
+  int (*hostFree)(void* p);
+  int (*streamCreate)(void** stream);        // non-blocking with respect to the legacy stream
+  int (*streamDestroy)(void* stream);
+  int (*streamSynchronize)(void* stream);
+  int (*eventCreate)(void** event);          // timing disabled
+  int (*eventDestroy)(void* event);
+  int (*eventRecord)(void* event, void* stream);
+  int (*eventQuery)(void* event);            // 0 done, notReady pending, else an error
+  int (*streamWaitEvent)(void* stream, void* event);
+  /// Copies between any two of host, pinned host and device memory (unified addressing).
+  int (*memcpyAsync)(void* dst, const void* src, size_t bytes, void* stream);
+
+  /// dst[i] = dst[i] (op) (scale * src[i]), the semantics of railcc::reduceInto, as a kernel.
+  int (*reduceAsync)(void* dst, const void* src, size_t count, DataType t, ReduceOp op, double scale, void* stream);
+  /// buf[i] /= n (floating types): finishes AVG.
+  int (*divideAsync)(void* buf, size_t count, DataType t, double n, void* stream);
+};
+
+}  // namespace railcc::cuda
+
+/// The plugin's one exported symbol.
+extern "C" const railcc::cuda::DeviceApi* railcc_device_api_v1();

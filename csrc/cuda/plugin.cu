@@ -1,0 +1,81 @@
+// The CUDA plugin: fills railcc::cuda::DeviceApi with the CUDA runtime and railcc's kernels.
+// Built into librailcc_cuda.so, linked against the shared runtime (the same libcudart that
+// torch loads, so streams and events are shared with it), and dlopen'ed by the engine.
+#include <cuda_runtime.h>
+
+#include "cuda/device_api.h"
+#include "cuda/reduce_kernels.h"
+
+namespace railcc::cuda {
+namespace {
+
+const char* errorString(int err) { return cudaGetErrorString(static_cast<cudaError_t>(err)); }
+int deviceCount(int* n) { return cudaGetDeviceCount(n); }
+int setDevice(int d) { return cudaSetDevice(d); }
+int getDevice(int* d) { return cudaGetDevice(d); }
+
+int pointerDevice(const void* p, int* device) {
+  cudaPointerAttributes a{};
+  cudaError_t e = cudaPointerGetAttributes(&a, p);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // older runtimes flag plain host pointers; do not leave it sticky
+    *device = -1;
+    return e == cudaErrorInvalidValue ? 0 : e;
+  }
+  *device = (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) ? a.device : -1;
+  return 0;
+}
+
+int hostAlloc(void** p, size_t bytes) { return cudaHostAlloc(p, bytes, cudaHostAllocPortable); }
+int hostFree(void* p) { return cudaFreeHost(p); }
+int streamCreate(void** s) {
+  return cudaStreamCreateWithFlags(reinterpret_cast<cudaStream_t*>(s), cudaStreamNonBlocking);
+}
+int streamDestroy(void* s) { return cudaStreamDestroy(static_cast<cudaStream_t>(s)); }
+int streamSynchronize(void* s) { return cudaStreamSynchronize(static_cast<cudaStream_t>(s)); }
+int eventCreate(void** e) {
+  return cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(e), cudaEventDisableTiming);
+}
+int eventDestroy(void* e) { return cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
+int eventRecord(void* e, void* s) { return cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(s)); }
+int eventQuery(void* e) { return cudaEventQuery(static_cast<cudaEvent_t>(e)); }
+int streamWaitEvent(void* s, void* e) {
+  return cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0);
+}
+int memcpyAsync(void* dst, const void* src, size_t bytes, void* s) {
+  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(s));
+}
+
+#define RAILCC_STR2(x) #x
+#define RAILCC_STR(x) RAILCC_STR2(x)
+
+const DeviceApi kApi = {
+    kDeviceApiVersion,
+    "cuda runtime " RAILCC_STR(CUDART_VERSION),
+    static_cast<int>(cudaErrorNotReady),
+    errorString,
+    deviceCount,
+    setDevice,
+    getDevice,
+    pointerDevice,
+    hostAlloc,
+    hostFree,
+    streamCreate,
+    streamDestroy,
+    streamSynchronize,
+    eventCreate,
+    eventDestroy,
+    eventRecord,
+    eventQuery,
+    streamWaitEvent,
+    memcpyAsync,
+    reduceAsync,
+    divideAsync,
+};
+
+}  // namespace
+}  // namespace railcc::cuda
+
+extern "C" __attribute__((visibility("default"))) const railcc::cuda::DeviceApi* railcc_device_api_v1() {
+  return &railcc::cuda::kApi;
+}

@@ -1,0 +1,39 @@
+#pragma once
+
+// Device memory for the engine: where an op's buffers live, and the GPU runtime that moves
+// them (the CUDA plugin, loaded on first use). Torch-free and CUDA-header-free.
+
+#include <cstddef>
+#include <string>
+
+#include "cuda/device_api.h"
+
+namespace railcc::engine {
+
+/// Where an op's buffers live. Host memory unless device >= 0.
+struct Placement {
+  int device = -1;           // CUDA ordinal of every buffer of the op
+  void* stream = nullptr;    // cudaStream_t the op's copies run on (the communicator's stream
+                             // for this device); null: the engine's own stream
+  void* waitEvent = nullptr; // cudaEvent_t recorded on the caller's stream: the op reads its
+                             // buffers only after it has completed on the GPU
+  bool onDevice() const { return device >= 0; }
+};
+
+/// The GPU runtime. The first call loads the CUDA plugin (librailcc_cuda.so next to the
+/// module that holds the engine, or RAILCC_CUDA_PLUGIN) and throws Error(kDevice) saying why
+/// when it cannot. Thread-safe.
+const cuda::DeviceApi& deviceApi();
+
+/// For tests: use `api` instead of the plugin (nullptr restores the plugin). `api` must
+/// outlive every communicator that uses it.
+void setDeviceApiForTesting(const cuda::DeviceApi* api);
+
+/// Whether deviceApi() can be had, and if not, why (without throwing).
+bool deviceApiAvailable(std::string* why);
+
+/// Throws Error(kDevice) "<call> on cuda:<device> failed: <runtime's message> (error <err>)"
+/// unless err is 0.
+void checkDevice(int err, const char* call, int device);
+
+}  // namespace railcc::engine

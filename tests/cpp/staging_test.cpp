@@ -1,0 +1,279 @@
+// Collectives on "device" buffers through the engine's pinned staging, without a GPU.
+//
+// FakeDeviceApi is a fake, named so: there is no GPU on the machines that run this suite, so
+// "device memory" is host memory. What it does keep from a real GPU is the part the staging
+// logic can get wrong: copies are only queued by memcpyAsync and run, in stream order, when
+// an event recorded after them is polled (which first answers "not ready"), so a chunk used
+// before its copy was waited for, or a result not copied back before the op completes, shows
+// up as wrong data. The real runtime behind the same table is csrc/cuda/plugin.cu.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "engine/communicator.h"
+#include "engine/device.h"
+#include "engine/error.h"
+
+using namespace railcc;
+using namespace railcc::engine;
+
+namespace {
+
+constexpr int kNotReady = 600;
+
+struct FakeStream {
+  std::mutex mu;
+  std::deque<std::function<void()>> q;
+  uint64_t queued = 0, done = 0;
+};
+struct FakeEvent {
+  FakeStream* s = nullptr;
+  uint64_t at = 0;
+  int polls = 0;
+};
+
+struct Fake {
+  static const char* errorString(int) { return "fake device error"; }
+  static int deviceCount(int* n) { return *n = 1, 0; }
+  static int setDevice(int d) { return d == 0 ? 0 : 101; }
+  static int getDevice(int* d) { return *d = 0, 0; }
+  static int pointerDevice(const void*, int* d) { return *d = 0, 0; }
+  static int hostAlloc(void** p, size_t n) {
+    *p = std::malloc(n);
+    std::memset(*p, 0xAB, n);  // stale bytes, not zeros: unstaged data must not pass
+    return 0;
+  }
+  static int hostFree(void* p) { return std::free(p), 0; }
+  static int streamCreate(void** s) { return *s = new FakeStream, 0; }
+  static int streamDestroy(void* s) { return delete static_cast<FakeStream*>(s), 0; }
+  static int streamSynchronize(void* s) { return drain(static_cast<FakeStream*>(s), ~uint64_t(0)), 0; }
+  static int eventCreate(void** e) { return *e = new FakeEvent, 0; }
+  static int eventDestroy(void* e) { return delete static_cast<FakeEvent*>(e), 0; }
+  static int eventRecord(void* e, void* s) {
+    auto* ev = static_cast<FakeEvent*>(e);
+    auto* st = static_cast<FakeStream*>(s);
+    std::lock_guard<std::mutex> g(st->mu);
+    ev->s = st;
+    ev->at = st->queued;
+    return 0;
+  }
+  static int eventQuery(void* e) {
+    auto* ev = static_cast<FakeEvent*>(e);
+    if (!ev->s) return 0;
+    if (++ev->polls % 2 == 1) return kNotReady;
+    drain(ev->s, ev->at);
+    return 0;
+  }
+  static int streamWaitEvent(void*, void*) { return 0; }
+  static int memcpyAsync(void* dst, const void* src, size_t n, void* s) {
+    auto* st = static_cast<FakeStream*>(s);
+    std::lock_guard<std::mutex> g(st->mu);
+    st->q.push_back([=] { std::memcpy(dst, src, n); });
+    ++st->queued;
+    return 0;
+  }
+  static void drain(FakeStream* s, uint64_t upTo) {
+    std::lock_guard<std::mutex> g(s->mu);
+    while (s->done < upTo && !s->q.empty()) {
+      s->q.front()();
+      s->q.pop_front();
+      ++s->done;
+    }
+  }
+};
+
+const cuda::DeviceApi kFake = {
+    cuda::kDeviceApiVersion, "fake device (host memory)", kNotReady, Fake::errorString, Fake::deviceCount,
+    Fake::setDevice, Fake::getDevice, Fake::pointerDevice, Fake::hostAlloc, Fake::hostFree, Fake::streamCreate,
+    Fake::streamDestroy, Fake::streamSynchronize, Fake::eventCreate, Fake::eventDestroy, Fake::eventRecord,
+    Fake::eventQuery, Fake::streamWaitEvent, Fake::memcpyAsync, nullptr, nullptr,
+};
+
+struct Param {
+  int size;
+  bool shm;
+  int64_t staging;  // RAILCC_CUDA_STAGING_BYTES: small ones cut many chunks
+};
+
+std::string paramName(const testing::TestParamInfo<Param>& p) {
+  return std::string(p.param.shm ? "shm" : "tcp") + "_n" + std::to_string(p.param.size) + "_stage" +
+         std::to_string(p.param.staging);
+}
+
+void runRanks(const Param& p, const std::function<void(Communicator&)>& body) {
+  static int group = 0;
+  MemoryStore store;
+  PrefixStore prefixed("s" + std::to_string(group++) + "/", store);
+  Config cfg = Config::defaults();
+  cfg.shmDisable = !p.shm;
+  cfg.initTimeoutSec = 30;
+  cfg.cudaStagingBytes = p.staging;
+  cfg.buffSize = 64 * 1024;
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(static_cast<size_t>(p.size));
+  for (int r = 0; r < p.size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions o;
+        o.rank = r;
+        o.size = p.size;
+        o.name = "staging";
+        o.timeout = Millis(60000);
+        o.config = cfg;
+        Communicator c(prefixed, o);
+        body(c);
+        c.shutdown();
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < p.size; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+}
+
+void waitOk(const RequestPtr& req) {
+  ASSERT_TRUE(req->wait(Millis(60000)));
+  if (req->error()) std::rethrow_exception(req->error());
+}
+
+const Placement kDev{0, nullptr, nullptr};
+
+class Staged : public testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override { setDeviceApiForTesting(&kFake); }
+  void TearDown() override { setDeviceApiForTesting(nullptr); }
+};
+
+TEST_P(Staged, AllreduceReduceBroadcast) {
+  runRanks(GetParam(), [](Communicator& c) {
+    int n = c.size(), me = c.rank();
+    for (size_t count : {size_t(0), size_t(1), size_t(1001), size_t(40009)}) {
+      std::vector<int64_t> v(count);
+      for (size_t i = 0; i < count; ++i) v[i] = static_cast<int64_t>(i) * (me + 1);
+      waitOk(c.allreduce(v.data(), count, DataType::kInt64, ReduceOp::kSum, 1.0, Millis(0), kDev));
+      int64_t f = static_cast<int64_t>(n) * (n + 1) / 2;
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(v[i], static_cast<int64_t>(i) * f) << "count " << count << " i " << i;
+
+      std::vector<float> a(count, static_cast<float>(me + 1));
+      waitOk(c.allreduce(a.data(), count, DataType::kFloat32, ReduceOp::kAvg, 1.0, Millis(0), kDev));
+      for (float x : a) ASSERT_FLOAT_EQ(x, (n + 1) / 2.0f);
+
+      std::vector<int32_t> r(count, me + 1);
+      int root = n - 1;
+      waitOk(c.reduce(r.data(), count, DataType::kInt32, ReduceOp::kMax, root, 1.0, Millis(0), kDev));
+      for (int32_t x : r) ASSERT_EQ(x, me == root ? n : me + 1);  // other ranks keep their input
+
+      std::vector<int16_t> b(count, static_cast<int16_t>(me == root ? 7 : -1));
+      waitOk(c.broadcast(b.data(), count, DataType::kInt16, root, Millis(0), kDev));
+      for (int16_t x : b) ASSERT_EQ(x, 7);
+    }
+  });
+}
+
+TEST_P(Staged, AllgatherReduceScatterInPlaceToo) {
+  runRanks(GetParam(), [](Communicator& c) {
+    int n = c.size(), me = c.rank();
+    const size_t count = 2999;
+    std::vector<int32_t> in(count), out(count * static_cast<size_t>(n), -1);
+    for (size_t i = 0; i < count; ++i) in[i] = static_cast<int32_t>(i) + 10000 * me;
+    std::vector<void*> outs;
+    for (int r = 0; r < n; ++r) outs.push_back(out.data() + count * static_cast<size_t>(r));
+    waitOk(c.allgather(in.data(), count, DataType::kInt32, outs, Millis(0), kDev));
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[count * static_cast<size_t>(r) + i], static_cast<int32_t>(i) + 10000 * r);
+
+    // In place: the input is this rank's slice of the output.
+    std::fill(out.begin(), out.end(), -1);
+    int32_t* mine = out.data() + count * static_cast<size_t>(me);
+    for (size_t i = 0; i < count; ++i) mine[i] = static_cast<int32_t>(i) + 10000 * me;
+    waitOk(c.allgather(mine, count, DataType::kInt32, outs, Millis(0), kDev));
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[count * static_cast<size_t>(r) + i], static_cast<int32_t>(i) + 10000 * r);
+
+    // reduce_scatter: rank r's block of the result is sum over ranks of their block r.
+    std::vector<double> full(count * static_cast<size_t>(n));
+    for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<double>(i) + me;
+    std::vector<const void*> ins;
+    for (int r = 0; r < n; ++r) ins.push_back(full.data() + count * static_cast<size_t>(r));
+    std::vector<double> rs(count, -1);
+    waitOk(c.reduceScatter(ins, rs.data(), count, DataType::kFloat64, ReduceOp::kSum, 1.0, Millis(0), kDev));
+    double rankSum = n * (n - 1) / 2.0;
+    for (size_t i = 0; i < count; ++i)
+      ASSERT_DOUBLE_EQ(rs[i], n * static_cast<double>(count * static_cast<size_t>(me) + i) + rankSum) << i;
+  });
+}
+
+TEST_P(Staged, AlltoallUnevenGatherScatterCoalesced) {
+  runRanks(GetParam(), [](Communicator& c) {
+    int n = c.size(), me = c.rank();
+    auto split = [](int from, int to) { return static_cast<size_t>((from * 7 + to * 1301) % 3001); };  // 0 included
+    std::vector<std::vector<int32_t>> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
+    std::vector<const void*> ins;
+    std::vector<void*> outs;
+    std::vector<size_t> inC, outC;
+    for (int p = 0; p < n; ++p) {
+      send[static_cast<size_t>(p)].assign(split(me, p), me * 100 + p);
+      recv[static_cast<size_t>(p)].assign(split(p, me), -1);
+      ins.push_back(send[static_cast<size_t>(p)].data());
+      inC.push_back(split(me, p));
+      outs.push_back(recv[static_cast<size_t>(p)].data());
+      outC.push_back(split(p, me));
+    }
+    waitOk(c.alltoall(ins, inC, outs, outC, DataType::kInt32, Millis(0), kDev));
+    for (int p = 0; p < n; ++p)
+      for (int32_t x : recv[static_cast<size_t>(p)]) ASSERT_EQ(x, p * 100 + me) << "from " << p;
+
+    const size_t count = 1777;
+    int root = n / 2;
+    std::vector<uint8_t> g(count, static_cast<uint8_t>(me + 1)), all(count * static_cast<size_t>(n), 0);
+    std::vector<void*> gouts;
+    if (me == root)
+      for (int r = 0; r < n; ++r) gouts.push_back(all.data() + count * static_cast<size_t>(r));
+    waitOk(c.gather(g.data(), count, DataType::kUInt8, gouts, root, Millis(0), kDev));
+    if (me == root)
+      for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(all[i], i / count + 1);
+
+    std::vector<const void*> sins;
+    std::vector<uint8_t> src(count * static_cast<size_t>(n));
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i / count * 3 + 1);
+    if (me == root)
+      for (int r = 0; r < n; ++r) sins.push_back(src.data() + count * static_cast<size_t>(r));
+    std::vector<uint8_t> got(count, 0);
+    waitOk(c.scatter(sins, got.data(), count, DataType::kUInt8, root, Millis(0), kDev));
+    for (uint8_t x : got) ASSERT_EQ(x, me * 3 + 1);
+
+    // Coalesced: sizes 0, 1, odd and one larger than a chunk.
+    std::vector<std::vector<float>> ts;
+    for (size_t sz : {size_t(0), size_t(1), size_t(333), size_t(20011)}) ts.emplace_back(sz, static_cast<float>(me));
+    std::vector<void*> bufs;
+    std::vector<size_t> counts;
+    for (auto& t : ts) bufs.push_back(t.data()), counts.push_back(t.size());
+    waitOk(c.allreduceCoalesced(bufs, counts, DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), kDev));
+    for (auto& t : ts)
+      for (float x : t) ASSERT_FLOAT_EQ(x, n * (n - 1) / 2.0f);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Chunks, Staged,
+                         testing::Values(Param{1, true, 4096}, Param{2, true, 4096}, Param{3, true, 4096},
+                                         Param{4, true, 65536}, Param{3, false, 4096}, Param{2, true, 33554432}),
+                         paramName);
+
+TEST(StagedErrors, MissingPluginIsAClearDeviceError) {
+  setDeviceApiForTesting(nullptr);
+  setenv("RAILCC_CUDA_PLUGIN", "/nonexistent/librailcc_cuda.so", 1);
+  std::string why;
+  // The loader remembers its first answer per process; only check the message when this
+  // test is the first to load it.
+  if (!deviceApiAvailable(&why)) EXPECT_NE(why.find("CUDA plugin"), std::string::npos) << why;
+  unsetenv("RAILCC_CUDA_PLUGIN");
+}
+
+}  // namespace
