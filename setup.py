@@ -37,6 +37,26 @@ def pybind_defs(torch):
 
 
 class CMakeBuild(build_ext):
+    # The CUDA plugin is a plain shared library beside _C: listed among the outputs (wheels)
+    # and copied with _C into the source tree (editable installs).
+    def _plugin(self):
+        return os.path.join(os.path.dirname(self.get_ext_fullpath("railcc._C")), "librailcc_cuda.so")
+
+    def get_outputs(self):
+        outs = super().get_outputs()
+        return outs + [self._plugin()] if os.path.exists(self._plugin()) else outs
+
+    def copy_extensions_to_source(self):
+        super().copy_extensions_to_source()
+        build_py = self.get_finalized_command("build_py")
+        inplace_c, built_c = self._get_inplace_equivalent(build_py, self.extensions[0])
+        built = os.path.join(os.path.dirname(built_c), "librailcc_cuda.so")
+        inplace = os.path.join(os.path.dirname(inplace_c), "librailcc_cuda.so")
+        if os.path.exists(built):
+            self.copy_file(built, inplace, level=self.verbose)
+        elif os.path.exists(inplace):
+            os.remove(inplace)
+
     def build_extension(self, ext):
         import torch
         from torch.utils import cmake_prefix_path
@@ -53,13 +73,21 @@ class CMakeBuild(build_ext):
         ]
         subprocess.check_call(cfg)
         jobs = os.environ.get("RAILCC_BUILD_JOBS", str(os.cpu_count() or 2))
-        subprocess.check_call(["cmake", "--build", build_dir, "--target", "_C", "-j", jobs])
+        # Everything the build defines: the _C module and, where nvcc was found, the CUDA plugin.
+        subprocess.check_call(["cmake", "--build", build_dir, "-j", jobs])
         built = [f for f in os.listdir(build_dir) if f.startswith("_C.") and f.endswith(".so")]
         if not built:
             raise RuntimeError(f"CMake built no _C module in {build_dir}")
         dest = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         shutil.copyfile(os.path.join(build_dir, built[0]), dest)
+        # The engine looks for the plugin beside _C; a stale one from an earlier build goes.
+        plugin = os.path.join(build_dir, "librailcc_cuda.so")
+        plugin_dest = os.path.join(os.path.dirname(dest), "librailcc_cuda.so")
+        if os.path.exists(plugin):
+            shutil.copyfile(plugin, plugin_dest)
+        elif os.path.exists(plugin_dest):
+            os.remove(plugin_dest)
 
 
 setup(

@@ -1,6 +1,9 @@
 #include "backend.h"
 
+#include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -84,10 +87,8 @@ DataType toDtype(const at::Tensor& t, const char* what) {
 void checkTensor(const at::Tensor& t, const char* what) {
   if (!t.defined()) invalid(std::string(what) + ": tensor is undefined");
   if (t.is_sparse()) invalid(std::string(what) + ": sparse tensors are not supported");
-  if (!t.device().is_cpu())
-    invalid(std::string(what) + ": tensor is on " + t.device().str() +
-            ", but this railcc build serves CPU tensors only (use a device map such as "
-            "backend=\"cpu:railcc,cuda:nccl\" for GPU tensors)");
+  if (!t.device().is_cpu() && !t.device().is_cuda())
+    invalid(std::string(what) + ": tensor is on " + t.device().str() + "; railcc serves CPU and CUDA tensors");
   if (!t.is_contiguous())
     invalid(std::string(what) + ": tensor must be contiguous (got sizes " + c10::str(t.sizes()) + ", strides " +
             c10::str(t.strides()) + "); call .contiguous() first");
@@ -155,11 +156,14 @@ auto guard(const char* what, F&& f) -> decltype(f()) {
   }
 }
 
+engine::Placement placed(const DeviceCallPtr& dev) { return dev ? dev->where() : engine::Placement{}; }
+
 // ------------------------------------------------------------------ Work
 class WorkRailcc : public c10d::Work {
  public:
   WorkRailcc(int rank, OpType type, const char* name, uint64_t seq, std::vector<RequestPtr> reqs,
-             std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep, engine::Communicator* comm)
+             std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep, engine::Communicator* comm,
+             DeviceCallPtr dev, std::function<void()> after)
       : c10d::Work(rank, type),
         name_(name),
         seq_(seq),
@@ -167,7 +171,13 @@ class WorkRailcc : public c10d::Work {
         outputs_(std::move(outputs)),
         keep_(std::move(keep)),
         comm_(comm),
-        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+        dev_(std::move(dev)),
+        after_(std::move(after)),
+        // A future on CUDA tensors carries its device, so then() callbacks and DDP comm hooks
+        // wait for the group's stream instead of racing it.
+        future_(c10::make_intrusive<c10::ivalue::Future>(
+            c10::ListType::create(c10::TensorType::get()),
+            dev_ ? std::vector<c10::Device>{dev_->device} : std::vector<c10::Device>{})) {}
 
   // Called once all requests exist; hooks completion of the last one to the future.
   void arm() {
@@ -192,7 +202,13 @@ class WorkRailcc : public c10d::Work {
     return -1;
   }
   std::vector<at::Tensor> result() override { return outputs_; }
-  void synchronize() override {}
+  // The caller's current stream waits for the op; the CPU does not.
+  void synchronize() override {
+    if (dev_ && done_.load() && !error_) {
+      c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+      dev_->end->block(impl.getStream(dev_->device));
+    }
+  }
   uint64_t getSequencenumber() const override { return seq_; }
 
   bool wait(std::chrono::milliseconds timeout) override {
@@ -219,6 +235,7 @@ class WorkRailcc : public c10d::Work {
     }
     while (!done_.load()) std::this_thread::yield();  // the completion callback is finishing
     if (error_) std::rethrow_exception(error_);
+    synchronize();
     return true;
   }
 
@@ -232,8 +249,32 @@ class WorkRailcc : public c10d::Work {
         err = toTorchError(r->error(), std::string("railcc ") + name_ + ": ");
         break;
       }
+    if (!dev_) {
+      finish(err);
+      return;
+    }
+    // Runs on the progress thread. With the group's stream current (and its device set),
+    // the end event and the future's events mark the point where the results are ready.
+    try {
+      c10::StreamGuard g(dev_->comm);
+      if (!err && after_) {
+        dev_->start->block(dev_->comm);
+        after_();
+      }
+      dev_->end->record(dev_->comm);
+      finish(err);
+    } catch (const std::exception& e) {
+      if (!done_.load()) {
+        Error ee(ErrorCode::kDevice, std::string("finishing on ") + dev_->device.str() + " failed: " + e.what());
+        finish(std::make_exception_ptr(RailccError(ee, std::string("railcc ") + name_ + ": ")));
+      }
+    }
+  }
+
+  void finish(std::exception_ptr err) {
     error_ = err;
     keep_.clear();
+    after_ = nullptr;
     done_.store(true);
     if (err) future_->setError(err);
     else future_->markCompleted(c10::IValue(outputs_));
@@ -245,6 +286,8 @@ class WorkRailcc : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_;
   engine::Communicator* comm_;
+  DeviceCallPtr dev_;
+  std::function<void()> after_;  // on CUDA tensors: what runs on the group's stream once the engine is done
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<int> remaining_{0};
   std::atomic<bool> done_{false};
@@ -309,39 +352,83 @@ void ProcessGroupRailcc::startCoalescing() {
   coalescing_ = true;
   coalescedReqs_.clear();
   coalescedOutputs_.clear();
+  coalescedDev_ = nullptr;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::endCoalescing() {
   coalescing_ = false;
   auto reqs = std::move(coalescedReqs_);
   auto outs = std::move(coalescedOutputs_);
+  auto dev = std::move(coalescedDev_);
   coalescedReqs_.clear();
   coalescedOutputs_.clear();
-  return makeWork(OpType::COALESCED, "coalesced", std::move(reqs), std::move(outs));
+  coalescedDev_ = nullptr;
+  if (dev) {
+    // The group's stream is ordered, so the last op's end event covers them all.
+    auto last = std::make_shared<DeviceCall>(*dev);
+    last->start = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
+    last->end = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
+    dev = last;
+  }
+  return makeWork(OpType::COALESCED, "coalesced", std::move(reqs), std::move(outs), {}, dev);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::makeWork(OpType type, const char* name, std::vector<RequestPtr> reqs,
-                                                            std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep) {
+                                                            std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep,
+                                                            DeviceCallPtr dev, std::function<void()> after) {
   if (type != OpType::SEND && type != OpType::RECV && type != OpType::RECVANYSOURCE && type != OpType::COALESCED) ++seq_;
   if (coalescing_) {
     coalescedReqs_.insert(coalescedReqs_.end(), reqs.begin(), reqs.end());
     coalescedOutputs_.insert(coalescedOutputs_.end(), outputs.begin(), outputs.end());
+    if (dev) coalescedDev_ = dev;
   }
   auto w = c10::make_intrusive<WorkRailcc>(getRank(), type, name, seq_, std::move(reqs), std::move(outputs),
-                                           std::move(keep), comm_.get());
+                                           std::move(keep), comm_.get(), std::move(dev), std::move(after));
   w->arm();
   return w;
+}
+
+DeviceCallPtr ProcessGroupRailcc::deviceCall(const char* what, const std::vector<at::Tensor>& tensors) {
+  const at::Tensor* first = nullptr;
+  for (auto& t : tensors) {
+    if (!t.defined()) continue;
+    if (!first) first = &t;
+    else if (t.device() != first->device())
+      invalid(std::string(what) + ": tensors of one call must be on one device; got " + first->device().str() +
+              " and " + t.device().str());
+  }
+  if (!first || !first->device().is_cuda()) return nullptr;
+  std::string why;
+  if (!engine::deviceApiAvailable(&why)) invalid(std::string(what) + ": " + first->device().str() + " tensor: " + why);
+  auto dev = std::make_shared<DeviceCall>();
+  dev->device = first->device();
+  c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  {
+    std::lock_guard<std::mutex> g(streamsMu_);
+    auto it = std::find_if(commStreams_.begin(), commStreams_.end(),
+                           [&](const auto& p) { return p.first == dev->device.index(); });
+    if (it == commStreams_.end()) {
+      commStreams_.emplace_back(dev->device.index(), impl.getStreamFromGlobalPool(dev->device, /*isHighPriority=*/false));
+      it = commStreams_.end() - 1;
+    }
+    dev->comm = it->second;
+  }
+  dev->start = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
+  dev->end = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
+  dev->start->record(impl.getStream(dev->device));
+  return dev;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::broadcast(std::vector<at::Tensor>& tensors,
                                                              const c10d::BroadcastOptions& opts) {
   const at::Tensor& t = single(tensors, "broadcast");
   checkRank(static_cast<int>(opts.rootRank), getSize(), "broadcast", "root");
+  auto dev = deviceCall("broadcast", tensors);
   auto req = guard("broadcast", [&] {
     return comm_->broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), toDtype(t, "broadcast"),
-                            static_cast<int>(opts.rootRank), opTimeout(opts.timeout));
+                            static_cast<int>(opts.rootRank), opTimeout(opts.timeout), placed(dev));
   });
-  return makeWork(OpType::BROADCAST, "broadcast", {req}, tensors);
+  return makeWork(OpType::BROADCAST, "broadcast", {req}, tensors, {}, dev);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allreduce(std::vector<at::Tensor>& tensors,
@@ -349,11 +436,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allreduce(std::vector<at::Ten
   const at::Tensor& t = single(tensors, "allreduce");
   double scale;
   ReduceOp op = toReduceOp(opts.reduceOp, scale, "allreduce");
+  auto dev = deviceCall("allreduce", tensors);
   auto req = guard("allreduce", [&] {
     return comm_->allreduce(t.data_ptr(), static_cast<size_t>(t.numel()), toDtype(t, "allreduce"), op, scale,
-                            opTimeout(opts.timeout));
+                            opTimeout(opts.timeout), placed(dev));
   });
-  return makeWork(OpType::ALLREDUCE, "allreduce", {req}, tensors);
+  return makeWork(OpType::ALLREDUCE, "allreduce", {req}, tensors, {}, dev);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -372,11 +460,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allreduce_coalesced(std::vect
   }
   double scale;
   ReduceOp op = toReduceOp(opts.reduceOp, scale, "allreduce_coalesced");
+  auto dev = deviceCall("allreduce_coalesced", tensors);
   auto req = guard("allreduce_coalesced", [&] {
     return comm_->allreduceCoalesced(bufs, counts, toDtype(tensors[0], "allreduce_coalesced"), op, scale,
-                                     opTimeout(opts.timeout));
+                                     opTimeout(opts.timeout), placed(dev));
   });
-  return makeWork(OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", {req}, tensors);
+  return makeWork(OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", {req}, tensors, {}, dev);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reduce(std::vector<at::Tensor>& tensors,
@@ -385,11 +474,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reduce(std::vector<at::Tensor
   checkRank(static_cast<int>(opts.rootRank), getSize(), "reduce", "root");
   double scale;
   ReduceOp op = toReduceOp(opts.reduceOp, scale, "reduce");
+  auto dev = deviceCall("reduce", tensors);
   auto req = guard("reduce", [&] {
     return comm_->reduce(t.data_ptr(), static_cast<size_t>(t.numel()), toDtype(t, "reduce"), op,
-                         static_cast<int>(opts.rootRank), scale, opTimeout(opts.timeout));
+                         static_cast<int>(opts.rootRank), scale, opTimeout(opts.timeout), placed(dev));
   });
-  return makeWork(OpType::REDUCE, "reduce", {req}, tensors);
+  return makeWork(OpType::REDUCE, "reduce", {req}, tensors, {}, dev);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -407,11 +497,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allgather(std::vector<std::ve
     sameShape(in, outs[i], "allgather", "output tensor " + std::to_string(i));
     ptrs.push_back(outs[i].data_ptr());
   }
+  std::vector<at::Tensor> all(outs);
+  all.push_back(in);
+  auto dev = deviceCall("allgather", all);
   auto req = guard("allgather", [&] {
     return comm_->allgather(in.data_ptr(), static_cast<size_t>(in.numel()), toDtype(in, "allgather"), ptrs,
-                            opTimeout(opts.timeout));
+                            opTimeout(opts.timeout), placed(dev));
   });
-  return makeWork(OpType::ALLGATHER, "allgather", {req}, outs, inputs);
+  return makeWork(OpType::ALLGATHER, "allgather", {req}, outs, inputs, dev);
 }
 
 namespace {
@@ -431,11 +524,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::_allgather_base(at::Tensor& o
   if (output.numel() != input.numel() * getSize())
     invalid("all_gather_into_tensor: output has " + std::to_string(output.numel()) + " elements; it needs input (" +
             std::to_string(input.numel()) + ") x world size (" + std::to_string(getSize()) + ")");
+  auto dev = deviceCall("all_gather_into_tensor", {output, input});
   auto req = guard("all_gather_into_tensor", [&] {
     return comm_->allgather(input.data_ptr(), static_cast<size_t>(input.numel()), toDtype(input, "allgather"),
-                            slices(output, getSize()), opTimeout(opts.timeout));
+                            slices(output, getSize()), opTimeout(opts.timeout), placed(dev));
   });
-  return makeWork(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {req}, {output}, {input});
+  return makeWork(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {req}, {output}, {input}, dev);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -452,12 +546,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allgather_into_tensor_coalesc
       invalid("allgather_into_tensor_coalesced: output " + std::to_string(i) + " must have the input's dtype and " +
               "world size x its elements");
   }
+  std::vector<at::Tensor> all(outputs);
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  auto dev = deviceCall("allgather_into_tensor_coalesced", all);
   for (size_t i = 0; i < inputs.size(); ++i)
     reqs.push_back(guard("allgather_into_tensor_coalesced", [&] {
       return comm_->allgather(inputs[i].data_ptr(), static_cast<size_t>(inputs[i].numel()),
-                              toDtype(inputs[i], "allgather"), slices(outputs[i], getSize()), opTimeout(opts.timeout));
+                              toDtype(inputs[i], "allgather"), slices(outputs[i], getSize()), opTimeout(opts.timeout),
+                              placed(dev));
     }));
-  return makeWork(OpType::COALESCED, "allgather_into_tensor_coalesced", reqs, outputs, inputs);
+  return makeWork(OpType::COALESCED, "allgather_into_tensor_coalesced", reqs, outputs, inputs, dev);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -480,11 +578,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::gather(std::vector<std::vecto
   } else if (!outputs.empty() && !outputs[0].empty()) {
     invalid("gather: only the root (rank " + std::to_string(root) + ") may pass output tensors");
   }
+  std::vector<at::Tensor> all(outs);
+  all.push_back(in);
+  auto dev = deviceCall("gather", all);
   auto req = guard("gather", [&] {
     return comm_->gather(in.data_ptr(), static_cast<size_t>(in.numel()), toDtype(in, "gather"), ptrs, root,
-                         opTimeout(opts.timeout));
+                         opTimeout(opts.timeout), placed(dev));
   });
-  return makeWork(OpType::GATHER, "gather", {req}, outs, inputs);
+  return makeWork(OpType::GATHER, "gather", {req}, outs, inputs, dev);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::scatter(std::vector<at::Tensor>& outputs,
@@ -507,11 +608,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::scatter(std::vector<at::Tenso
   } else if (!inputs.empty() && !inputs[0].empty()) {
     invalid("scatter: only the root (rank " + std::to_string(root) + ") may pass input tensors");
   }
+  std::vector<at::Tensor> all(keep);
+  all.push_back(out);
+  auto dev = deviceCall("scatter", all);
   auto req = guard("scatter", [&] {
     return comm_->scatter(ptrs, out.data_ptr(), static_cast<size_t>(out.numel()), toDtype(out, "scatter"), root,
-                          opTimeout(opts.timeout));
+                          opTimeout(opts.timeout), placed(dev));
   });
-  return makeWork(OpType::SCATTER, "scatter", {req}, outputs, keep);
+  return makeWork(OpType::SCATTER, "scatter", {req}, outputs, keep, dev);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -528,11 +632,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reduce_scatter(std::vector<at
   }
   double scale;
   ReduceOp op = toReduceOp(opts.reduceOp, scale, "reduce_scatter");
+  std::vector<at::Tensor> all(inputs[0]);
+  all.push_back(out);
+  auto dev = deviceCall("reduce_scatter", all);
   auto req = guard("reduce_scatter", [&] {
     return comm_->reduceScatter(ptrs, out.data_ptr(), static_cast<size_t>(out.numel()), toDtype(out, "reduce_scatter"),
-                                op, scale, opTimeout(opts.timeout));
+                                op, scale, opTimeout(opts.timeout), placed(dev));
   });
-  return makeWork(OpType::REDUCE_SCATTER, "reduce_scatter", {req}, outputs, inputs[0]);
+  return makeWork(OpType::REDUCE_SCATTER, "reduce_scatter", {req}, outputs, inputs[0], dev);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -547,11 +654,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::_reduce_scatter_base(at::Tens
   ReduceOp op = toReduceOp(opts.reduceOp, scale, "reduce_scatter_tensor");
   auto s = slices(input, getSize());
   std::vector<const void*> ins(s.begin(), s.end());
+  auto dev = deviceCall("reduce_scatter_tensor", {output, input});
   auto req = guard("reduce_scatter_tensor", [&] {
     return comm_->reduceScatter(ins, output.data_ptr(), static_cast<size_t>(output.numel()),
-                                toDtype(output, "reduce_scatter"), op, scale, opTimeout(opts.timeout));
+                                toDtype(output, "reduce_scatter"), op, scale, opTimeout(opts.timeout), placed(dev));
   });
-  return makeWork(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {req}, {output}, {input});
+  return makeWork(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {req}, {output}, {input}, dev);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -569,16 +677,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reduce_scatter_tensor_coalesc
       invalid("reduce_scatter_tensor_coalesced: input " + std::to_string(i) +
               " must have the output's dtype and world size x its elements");
   }
+  std::vector<at::Tensor> all(outputs);
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  auto dev = deviceCall("reduce_scatter_tensor_coalesced", all);
   std::vector<RequestPtr> reqs;
   for (size_t i = 0; i < inputs.size(); ++i) {
     auto s = slices(inputs[i], getSize());
     std::vector<const void*> ins(s.begin(), s.end());
     reqs.push_back(guard("reduce_scatter_tensor_coalesced", [&] {
       return comm_->reduceScatter(ins, outputs[i].data_ptr(), static_cast<size_t>(outputs[i].numel()),
-                                  toDtype(outputs[i], "reduce_scatter"), op, scale, opTimeout(opts.timeout));
+                                  toDtype(outputs[i], "reduce_scatter"), op, scale, opTimeout(opts.timeout),
+                                  placed(dev));
     }));
   }
-  return makeWork(OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_tensor_coalesced", reqs, outputs, inputs);
+  return makeWork(OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_tensor_coalesced", reqs, outputs, inputs,
+                  dev);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -629,10 +742,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::alltoall_base(at::Tensor& out
     outs.push_back(static_cast<char*>(output.data_ptr()) + off * es);
     off += c;
   }
+  auto dev = deviceCall("all_to_all_single", {output, input});
   auto req = guard("all_to_all_single", [&] {
-    return comm_->alltoall(ins, inCounts, outs, outCounts, toDtype(input, "alltoall"), opTimeout(opts.timeout));
+    return comm_->alltoall(ins, inCounts, outs, outCounts, toDtype(input, "alltoall"), opTimeout(opts.timeout),
+                           placed(dev));
   });
-  return makeWork(OpType::ALLTOALL_BASE, "all_to_all_single", {req}, {output}, {input});
+  return makeWork(OpType::ALLTOALL_BASE, "all_to_all_single", {req}, {output}, {input}, dev);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::alltoall(std::vector<at::Tensor>& outputs,
@@ -656,36 +771,53 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::alltoall(std::vector<at::Tens
     inCounts.push_back(static_cast<size_t>(inputs[static_cast<size_t>(i)].numel()));
     outCounts.push_back(static_cast<size_t>(outputs[static_cast<size_t>(i)].numel()));
   }
+  std::vector<at::Tensor> all(outputs);
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  auto dev = deviceCall("all_to_all", all);
   auto req = guard("all_to_all", [&] {
-    return comm_->alltoall(ins, inCounts, outs, outCounts, toDtype(inputs[0], "alltoall"), opTimeout(opts.timeout));
+    return comm_->alltoall(ins, inCounts, outs, outCounts, toDtype(inputs[0], "alltoall"), opTimeout(opts.timeout),
+                           placed(dev));
   });
-  return makeWork(OpType::ALLTOALL, "all_to_all", {req}, outputs, inputs);
+  return makeWork(OpType::ALLTOALL, "all_to_all", {req}, outputs, inputs, dev);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   const at::Tensor& t = single(tensors, "send");
   checkRank(dstRank, getSize(), "send", "destination rank");
+  auto dev = deviceCall("send", tensors);
+  // A CUDA tensor is sent from a pinned copy, taken on the caller's stream (the CPU waits for
+  // that copy, so the tensor may be reused as soon as send() returns).
+  at::Tensor src = dev ? at::empty_like(t, t.options().device(at::kCPU).pinned_memory(true)).copy_(t) : t;
   auto req = guard("send", [&] {
-    return comm_->send(t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size(), dstRank, tag, Millis(0));
+    return comm_->send(src.data_ptr(), static_cast<size_t>(src.numel()) * src.element_size(), dstRank, tag, Millis(0));
   });
-  return makeWork(OpType::SEND, "send", {req}, tensors);
+  return makeWork(OpType::SEND, "send", {req}, tensors, {src}, dev);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
   const at::Tensor& t = single(tensors, "recv");
   checkRank(srcRank, getSize(), "recv", "source rank");
+  auto dev = deviceCall("recv", tensors);
+  // A CUDA tensor receives into a pinned buffer, copied in on the group's stream afterwards.
+  at::Tensor dst = dev ? at::empty_like(t, t.options().device(at::kCPU).pinned_memory(true)) : t;
   auto req = guard("recv", [&] {
-    return comm_->recv(t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size(), srcRank, tag, Millis(0));
+    return comm_->recv(dst.data_ptr(), static_cast<size_t>(dst.numel()) * dst.element_size(), srcRank, tag, Millis(0));
   });
-  return makeWork(OpType::RECV, "recv", {req}, tensors);
+  std::function<void()> after;
+  if (dev) after = [t, dst]() mutable { t.copy_(dst, /*non_blocking=*/true); };
+  return makeWork(OpType::RECV, "recv", {req}, tensors, {dst}, dev, after);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   const at::Tensor& t = single(tensors, "recv");
+  auto dev = deviceCall("recv", tensors);
+  at::Tensor dst = dev ? at::empty_like(t, t.options().device(at::kCPU).pinned_memory(true)) : t;
   auto req = guard("recv", [&] {
-    return comm_->recv(t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size(), -1, tag, Millis(0));
+    return comm_->recv(dst.data_ptr(), static_cast<size_t>(dst.numel()) * dst.element_size(), -1, tag, Millis(0));
   });
-  return makeWork(OpType::RECVANYSOURCE, "recv", {req}, tensors);
+  std::function<void()> after;
+  if (dev) after = [t, dst]() mutable { t.copy_(dst, /*non_blocking=*/true); };
+  return makeWork(OpType::RECVANYSOURCE, "recv", {req}, tensors, {dst}, dev, after);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::barrier(const c10d::BarrierOptions& opts) {

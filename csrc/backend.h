@@ -6,6 +6,10 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -15,6 +19,20 @@
 #include "engine/error.h"
 
 namespace railcc {
+
+/// What a call on CUDA tensors carries besides its buffers: the device, the group's stream
+/// for it, an event recorded on the caller's current stream when the call was made (the
+/// engine's copies wait for it) and one the glue records on the group's stream when the op
+/// is done (wait() makes the caller's current stream wait for it).
+struct DeviceCall {
+  c10::Device device{c10::kCPU};
+  c10::Stream comm{c10::Stream::DEFAULT, c10::Device(c10::kCPU)};
+  std::shared_ptr<c10::Event> start, end;
+  engine::Placement where() const {
+    return {device.index(), comm.native_handle(), start->eventId()};
+  }
+};
+using DeviceCallPtr = std::shared_ptr<DeviceCall>;
 
 /// A DistBackendError that remembers what the engine knew (code, ranks, hosts, seq, op), so
 /// the Python translator can raise the matching railcc exception with those attributes.
@@ -87,7 +105,11 @@ class ProcessGroupRailcc : public c10d::Backend {
 
  private:
   c10::intrusive_ptr<c10d::Work> makeWork(c10d::OpType type, const char* name, std::vector<engine::RequestPtr> reqs,
-                                          std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep = {});
+                                          std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep = {},
+                                          DeviceCallPtr dev = nullptr, std::function<void()> after = {});
+  /// Checks that every tensor of a call is on one device. nullptr for CPU tensors; for CUDA
+  /// tensors the group's stream and the caller's start event.
+  DeviceCallPtr deviceCall(const char* what, const std::vector<at::Tensor>& tensors);
   std::chrono::milliseconds opTimeout(std::chrono::milliseconds requested) const;
 
   std::shared_ptr<engine::Store> store_;  // shared with a watchdog thread that may outlive us
@@ -97,6 +119,9 @@ class ProcessGroupRailcc : public c10d::Backend {
   bool coalescing_ = false;
   std::vector<engine::RequestPtr> coalescedReqs_;
   std::vector<at::Tensor> coalescedOutputs_;
+  DeviceCallPtr coalescedDev_;
+  std::mutex streamsMu_;
+  std::vector<std::pair<c10::DeviceIndex, c10::Stream>> commStreams_;  // one per device used
 };
 
 }  // namespace railcc

@@ -113,6 +113,26 @@ PYBIND11_MODULE(_C, m) {
     return rows;
   });
 
+  m.def("cuda_info", [] {
+    // Loads the CUDA plugin if it can: what railcc would use for CUDA tensors, or why not.
+    py::dict d;
+    std::string why;
+    bool ok = railcc::engine::deviceApiAvailable(&why);
+    d["plugin"] = ok;
+    d["runtime"] = ok ? py::object(py::str(railcc::engine::deviceApi().name)) : py::object(py::none());
+    int n = 0;
+    if (ok) {
+      int err = railcc::engine::deviceApi().deviceCount(&n);
+      if (err != 0) {
+        why = std::string("cudaGetDeviceCount failed: ") + railcc::engine::deviceApi().errorString(err);
+        n = 0;
+      }
+    }
+    d["devices"] = n;
+    d["error"] = why.empty() ? py::object(py::none()) : py::object(py::str(why));
+    return d;
+  });
+
   m.def("peer_transports", [](const c10::intrusive_ptr<c10d::Backend>& b) { return asRailcc(b).peerTransports(); });
 
   py::register_exception_translator([](std::exception_ptr p) {

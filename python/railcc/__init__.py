@@ -31,6 +31,7 @@ __all__ = [
     "dump_trace",
     "straggler_report",
     "abort",
+    "cuda_info",
 ]
 
 __version__ = "0.1.0"
@@ -53,6 +54,12 @@ _register()
 def params():
     """Every railcc parameter with its effective value and which variable set it."""
     return _C.params()
+
+
+def cuda_info():
+    """What railcc uses for CUDA tensors: {"plugin": loaded?, "runtime": its CUDA runtime,
+    "devices": GPUs it sees, "error": why not, or None}. Never raises."""
+    return _C.cuda_info()
 
 
 def backend_of(group=None, device="cpu"):

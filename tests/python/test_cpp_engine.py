@@ -1,6 +1,7 @@
 """Builds and runs the GoogleTest binary (engine and transports, no torch), so the one
-test command covers the C++ suite as well. The same build compiles the CUDA kernels
-(csrc/cuda) with nvcc when the machine has it; without a GPU they are compiled, not run."""
+test command covers the C++ suite as well. The same build compiles the CUDA plugin
+(csrc/cuda) with nvcc when the machine has it; without a GPU it is compiled and loaded, and
+its kernels are not run."""
 
 import os
 import shutil
@@ -25,10 +26,10 @@ def test_googletest_suite():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed: the CUDA kernels cannot be compiled here")
-def test_cuda_kernels_compile():
-    # The GoogleTest build above configures the CUDA target when nvcc is on PATH.
+def test_cuda_plugin_compiles():
+    # The GoogleTest build above configures the CUDA plugin when nvcc is on PATH.
     subprocess.run(["cmake", "-S", ROOT, "-B", BUILD, "-G", "Ninja", "-DRAILCC_BUILD_PYTHON=OFF",
                     "-DRAILCC_BUILD_TESTS=ON"], check=True, timeout=300, capture_output=True)
-    r = subprocess.run(["cmake", "--build", BUILD, "--target", "railcc_cuda"], timeout=900, capture_output=True,
+    r = subprocess.run(["cmake", "--build", BUILD, "--target", "railcc_cuda_plugin"], timeout=900, capture_output=True,
                        text=True)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]

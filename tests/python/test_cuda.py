@@ -1,0 +1,259 @@
+"""CUDA tensors: every collective x dtype x reduce op against torch's local result, stream
+semantics, and DDP / FSDP2 training on the GPU.
+
+These need a GPU and a CUDA build of torch; ranks share GPUs round-robin (rank % device
+count), so one GPU runs 2, 3 and 4 ranks. Without a GPU everything here skips with the reason,
+except the plugin checks at the top, which run everywhere nvcc built the plugin.
+"""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import railcc
+from test_collectives import DTYPES, close, make_input, op_obj, ops_for, reduce_ref
+
+INFO = railcc.cuda_info()
+HAVE_GPU = torch.cuda.is_available() and INFO["devices"] > 0
+PLUGIN = os.path.join(os.path.dirname(railcc.__file__), "librailcc_cuda.so")
+
+needs_gpu = pytest.mark.skipif(
+    not HAVE_GPU,
+    reason=f"needs a GPU and a CUDA build of torch (torch.cuda.is_available()={torch.cuda.is_available()}, "
+           f"railcc.cuda_info()={INFO})")
+
+
+# ------------------------------------------------------------------------- no GPU needed
+
+@pytest.mark.skipif(not os.path.exists(PLUGIN), reason="this build has no CUDA plugin (nvcc was not found)")
+def test_plugin_loads_and_reports_devices():
+    # The real plugin, loaded through the engine's dlopen path: on a machine without a GPU
+    # driver it must say so, not crash.
+    assert INFO["plugin"] is True, INFO
+    assert INFO["runtime"].startswith("cuda runtime"), INFO
+    if INFO["devices"] == 0:
+        assert INFO["error"], INFO
+
+
+def test_cuda_info_never_raises():
+    info = railcc.cuda_info()
+    assert set(info) == {"plugin", "runtime", "devices", "error"}
+
+
+# ------------------------------------------------------------------------- rank functions
+
+def _dev(rank):
+    d = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(d)
+    return d
+
+
+def rk_cuda_reductions(rank, n, counts):
+    dev = _dev(rank)
+    bad = []
+    for dt in DTYPES:
+        for name in ops_for(dt):
+            for count in counts:
+                refs = [make_input(r, dt, count) for r in range(n)]
+                exp = reduce_ref(refs, name, n)
+                t = make_input(rank, dt, count).to(dev)
+                dist.all_reduce(t, op=op_obj(name))
+                if not close(t.cpu(), exp):
+                    bad.append(f"all_reduce {dt} {name} count={count}")
+                root = (count + 1) % n
+                t = make_input(rank, dt, count).to(dev)
+                dist.reduce(t, dst=root, op=op_obj(name))
+                if rank == root and not close(t.cpu(), exp):
+                    bad.append(f"reduce {dt} {name} count={count}")
+                # reduce_scatter_tensor: rank r gets block r of the reduction
+                full = [make_input(r, dt, count * n, salt=1) for r in range(n)]
+                out = torch.empty(count, dtype=dt, device=dev)
+                dist.reduce_scatter_tensor(out, full[rank].to(dev), op=op_obj(name))
+                want = reduce_ref([f[rank * count:(rank + 1) * count] for f in full], name, n)
+                if not close(out.cpu(), want):
+                    bad.append(f"reduce_scatter_tensor {dt} {name} count={count}")
+    return bad
+
+
+def rk_cuda_movement(rank, n, counts):
+    dev = _dev(rank)
+    bad = []
+    for dt in DTYPES:
+        for count in counts:
+            mine = make_input(rank, dt, count, salt=2)
+            alls = [make_input(r, dt, count, salt=2) for r in range(n)]
+            out = torch.empty(count * n, dtype=dt, device=dev)
+            dist.all_gather_into_tensor(out, mine.to(dev))
+            if not torch.equal(out.cpu(), torch.cat(alls)):
+                bad.append(f"all_gather_into_tensor {dt} count={count}")
+            outs = [torch.empty(count, dtype=dt, device=dev) for _ in range(n)]
+            dist.all_gather(outs, mine.to(dev))
+            if not all(torch.equal(o.cpu(), a) for o, a in zip(outs, alls)):
+                bad.append(f"all_gather {dt} count={count}")
+            root = count % n
+            b = (alls[root] if rank == root else torch.zeros(count, dtype=dt)).to(dev)
+            dist.broadcast(b, src=root)
+            if not torch.equal(b.cpu(), alls[root]):
+                bad.append(f"broadcast {dt} count={count}")
+            g = [torch.empty(count, dtype=dt, device=dev) for _ in range(n)] if rank == root else None
+            dist.gather(mine.to(dev), gather_list=g, dst=root)
+            if rank == root and not all(torch.equal(x.cpu(), a) for x, a in zip(g, alls)):
+                bad.append(f"gather {dt} count={count}")
+            s = torch.empty(count, dtype=dt, device=dev)
+            dist.scatter(s, scatter_list=[a.to(dev) for a in alls] if rank == root else None, src=root)
+            if not torch.equal(s.cpu(), alls[rank]):
+                bad.append(f"scatter {dt} count={count}")
+            # all_to_all_single with uneven splits (some empty)
+            split = lambda i, j: (i * 3 + j * 5 + count) % 4  # noqa: E731
+            ins = torch.cat([make_input(rank * n + j, dt, split(rank, j)) for j in range(n)])
+            out = torch.empty(sum(split(j, rank) for j in range(n)), dtype=dt, device=dev)
+            dist.all_to_all_single(out, ins.to(dev), [split(j, rank) for j in range(n)],
+                                   [split(rank, j) for j in range(n)])
+            want = torch.cat([make_input(j * n + rank, dt, split(j, rank)) for j in range(n)])
+            if not torch.equal(out.cpu(), want):
+                bad.append(f"all_to_all_single {dt} count={count}")
+            # send/recv around a ring
+            if n > 1:
+                nxt, prv = (rank + 1) % n, (rank - 1) % n
+                r = torch.empty(count, dtype=dt, device=dev)
+                reqs = [dist.isend(mine.to(dev), nxt), dist.irecv(r, prv)]
+                for q in reqs:
+                    q.wait()
+                if not torch.equal(r.cpu(), alls[prv]):
+                    bad.append(f"send/recv {dt} count={count}")
+    return bad
+
+
+def rk_cuda_coalesced(rank, n):
+    dev = _dev(rank)
+    sizes = [0, 1, 4096, 13, 300001]
+    ts = [make_input(rank, torch.float32, s, salt=i).to(dev) for i, s in enumerate(sizes)]
+    dist.all_reduce_coalesced(ts)
+    bad = []
+    for i, (t, s) in enumerate(zip(ts, sizes)):
+        want = reduce_ref([make_input(r, torch.float32, s, salt=i) for r in range(n)], "SUM", n)
+        if not close(t.cpu(), want):
+            bad.append(f"all_reduce_coalesced tensor {i}")
+    return bad
+
+
+def rk_cuda_streams(rank, n):
+    """The caller never synchronizes: ordering must come from railcc's events alone."""
+    dev = _dev(rank)
+    bad = []
+    total = n * (n + 1) / 2
+    for side in (False, True):
+        s = torch.cuda.Stream() if side else torch.cuda.current_stream()
+        with torch.cuda.stream(s):
+            # 1. the op must wait for work queued before it on the caller's stream
+            x = torch.zeros(1 << 20, device=dev)
+            torch.cuda._sleep(50_000_000)  # ~tens of ms of GPU time ahead of the fill
+            x.fill_(rank + 1)
+            dist.all_reduce(x)
+            y = x * 1  # queued on the caller's stream right after; no synchronize
+            if not torch.all(y == total).item():
+                bad.append(f"sync all_reduce (side stream={side}) read data before the caller's stream wrote it")
+            # 2. async op, wait(), then use at once
+            x = torch.full((1 << 20,), float(rank + 1), device=dev)
+            w = dist.all_reduce(x, async_op=True)
+            w.wait()
+            if not torch.all((x + 0) == total).item():
+                bad.append(f"async all_reduce + wait (side stream={side})")
+            # 3. the caller drops its tensor before the op ran: the Work keeps it alive
+            x = torch.full((1 << 20,), float(rank + 1), device=dev)
+            w = dist.all_reduce(x, async_op=True)
+            del x
+            junk = [torch.full((1 << 20,), -7.0, device=dev) for _ in range(4)]  # would reuse the block
+            w.wait()
+            if not torch.all(w.result()[0] == total).item():
+                bad.append(f"freed input (side stream={side})")
+            del junk
+            # 4. futures: then() sees the result without a synchronize
+            x = torch.full((1 << 16,), float(rank + 1), device=dev)
+            fut = dist.all_reduce(x, async_op=True).get_future()
+            got = fut.then(lambda f: f.value()[0] * 2).wait()
+            if not torch.all(got == 2 * total).item():
+                bad.append(f"future.then (side stream={side})")
+            # 5. FSDP2-style synchronous all-gather into a fresh buffer, consumed at once
+            shard = torch.full((1000,), float(rank), device=dev)
+            out = torch.empty(1000 * n, device=dev)
+            dist.all_gather_into_tensor(out, shard)
+            want = torch.arange(n, device=dev, dtype=torch.float32).repeat_interleave(1000)
+            if not torch.equal(out, want):
+                bad.append(f"all_gather_into_tensor consumed at once (side stream={side})")
+    torch.cuda.synchronize()
+    return bad
+
+
+def rk_cuda_errors(rank, n):
+    dev = _dev(rank)
+    bad = []
+    try:
+        dist.all_gather_into_tensor(torch.empty(4 * n, device=dev), torch.ones(4))
+        bad.append("mixed cpu/cuda tensors were accepted")
+    except ValueError as e:
+        if "one device" not in str(e):
+            bad.append(f"mixed devices: unclear message: {e}")
+    return bad
+
+
+# ------------------------------------------------------------------------- tests
+
+SMALL_STAGING = {"RAILCC_CUDA_STAGING_BYTES": "65536"}  # many chunks per op
+
+
+@needs_gpu
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_cuda_reductions(pools, n):
+    results = pools(n, **SMALL_STAGING).run(rk_cuda_reductions, [0, 1, 13, 20011], timeout=600)
+    bad = [f"rank {r}: {m}" for r, lst in enumerate(results) for m in lst]
+    assert not bad, "\n".join(bad[:30])
+
+
+@needs_gpu
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_cuda_movement(pools, n):
+    results = pools(n, **SMALL_STAGING).run(rk_cuda_movement, [0, 1, 13, 20011], timeout=600)
+    bad = [f"rank {r}: {m}" for r, lst in enumerate(results) for m in lst]
+    assert not bad, "\n".join(bad[:30])
+
+
+@needs_gpu
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("fn", [rk_cuda_coalesced, rk_cuda_streams, rk_cuda_errors], ids=lambda f: f.__name__[3:])
+def test_cuda_semantics(pools, n, fn):
+    results = pools(n).run(fn, timeout=300)
+    bad = [f"rank {r}: {m}" for r, lst in enumerate(results) for m in lst]
+    assert not bad, "\n".join(bad[:30])
+
+
+@needs_gpu
+@pytest.mark.parametrize("n", [2, 3])
+def test_cuda_over_tcp(pools, n):
+    results = pools(n, RAILCC_SHM_DISABLE="1", **SMALL_STAGING).run(rk_cuda_movement, [13, 20011], timeout=600)
+    bad = [f"rank {r}: {m}" for r, lst in enumerate(results) for m in lst]
+    assert not bad, "\n".join(bad[:30])
+
+
+@needs_gpu
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_cuda_ddp_matches_reference(world_size, tmp_path):
+    from test_training import STEPS, assert_same_training, launch, run_reference, _load
+    save = tmp_path / "final.pt"
+    out = launch("ddp_train.py", world_size, "railcc",
+                 [*STEPS, "--device", "cuda", "--bucket-cap-mb", "0.001", "--save", str(save)], tmp_path / "job")
+    ref_out, ref_state = run_reference("ddp_train.py", list(STEPS), tmp_path / "ref")
+    assert_same_training(out, _load(save), ref_out, ref_state, f"ddp on cuda x{world_size}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_cuda_fsdp2_matches_reference(world_size, tmp_path):
+    from test_training import STEPS, assert_same_training, launch, run_reference, _load
+    save = tmp_path / "final.pt"
+    out = launch("fsdp2_train.py", world_size, "railcc", [*STEPS, "--device", "cuda", "--save", str(save)],
+                 tmp_path / "job")
+    ref_out, ref_state = run_reference("fsdp2_train.py", list(STEPS), tmp_path / "ref")
+    assert_same_training(out, _load(save), ref_out, ref_state, f"fsdp2 on cuda x{world_size}")
