@@ -35,6 +35,14 @@ allreduce_coalesced calls torch.distributed.all_reduce_coalesced, which goes str
 ProcessGroup.allreduce_coalesced: the same entry point _coalescing_manager reaches for all_reduce
 on backends without start/end coalescing, minus one Python call per tensor.
 
+--device cuda puts every buffer on GPU LOCAL_RANK % device count (several ranks may share one GPU)
+and calls torch.cuda.synchronize() before each clock read, so a time includes the device finishing
+the work. A backend that fails there (nccl with two ranks on one GPU) is reported as "not run" for
+that collective instead of stopping the run. With --bound the reference is then the device's own
+copy rate B, counted as bytes read plus bytes written, and the bound column of all_reduce and
+allreduce_coalesced is t_min / time with t_min = 2*N*S/B when all N ranks share one device: each
+S-byte input read once and each output written once (N/A for the other collectives).
+
 Exit status: 0; 1 when a rank failed; 2 for bad arguments; 3 when -c 1 found wrong elements.
 """
 
@@ -182,6 +190,68 @@ def ratio(first, other):
     return first / other
 
 
+# the collectives whose traffic on a shared device is one read of each input and one write of each
+# output, S bytes each per rank, so that 2*N*S/B bounds their time from below
+SHARED_BOUND_COLLS = ("all_reduce", "allreduce_coalesced")
+
+
+def shared_device_min_time_us(nbytes, nranks, copy_gbps):
+    """t_min = 2*N*S/B in microseconds: N ranks on one device each read an S-byte input once and
+    write an S-byte output once, at B GB/s counted as bytes read plus bytes written."""
+    if nranks < 1:
+        raise ValueError("nranks must be at least 1")
+    if copy_gbps is None or copy_gbps <= 0:
+        return None
+    return 2.0 * nranks * nbytes / (copy_gbps * 1e3)
+
+
+def bound_fraction(coll, nbytes, time_us, busbw, rate_gbps, device="cpu", ranks_per_device=None):
+    """The bound column, or None where it is undefined.
+
+    cpu: busbw / the single-core memcpy rate. cuda: t_min / time for the SHARED_BOUND_COLLS when
+    all ranks share one device (ranks_per_device = the world size), None for anything else.
+    """
+    if not rate_gbps or rate_gbps <= 0:
+        return None
+    if device == "cpu":
+        return busbw / rate_gbps if busbw is not None else None
+    if coll not in SHARED_BOUND_COLLS or not ranks_per_device or time_us is None or time_us <= 0:
+        return None
+    return shared_device_min_time_us(nbytes, ranks_per_device, rate_gbps) / time_us
+
+
+def bound_formula(device, ranks_per_device=None):
+    """What the bound column is, in words, for the table and the JSON report."""
+    if device == "cpu":
+        return "busbw / memcpy_gbps"
+    if ranks_per_device:
+        return (f"t_min / time, t_min = 2*N*S/B, N = {ranks_per_device} ranks sharing one device,"
+                f" S = size, B = device copy (read+write); {', '.join(SHARED_BOUND_COLLS)} only")
+    return "N/A: t_min = 2*N*S/B holds for ranks sharing one device, and these ranks use several devices"
+
+
+def cuda_device_index(local_rank, ndevices):
+    """The GPU of a rank: ranks beyond the device count wrap around and share GPUs."""
+    if ndevices < 1:
+        raise ValueError("no CUDA device")
+    return local_rank % ndevices
+
+
+def failure_reason(exc, limit=300):
+    """One line saying why a backend failed: the exception's type and the telling line of its
+    message (NCCL errors put the cause after a 'Last error:' line)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    for i, ln in enumerate(lines):
+        if ln.startswith("Last error:"):
+            cause = [ln[len("Last error:"):].strip()] + lines[i + 1:]
+            cause = [c for c in cause if c]
+            if cause:
+                lines = cause
+            break
+    text = f"{type(exc).__name__}: {lines[0] if lines else 'no message'}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def count_wrong(actual, expected, tol=0.0):
     """Number of elements of actual that differ from expected by more than tol (NaN always counts)."""
     import torch
@@ -308,13 +378,15 @@ def make_record(backend, coll, size, count, dtype, redop, root, inplace, time_us
     }
 
 
-def make_report(meta, results, bound=None, peak_rss_kib=(), ratios=()):
+def make_report(meta, results, bound=None, peak_rss_kib=(), ratios=(), not_run=()):
+    """not_run: {"backend", "op", "size", "reason"} for each backend and collective that failed."""
     return {
         "meta": dict(meta),
         "results": list(results),
         "bound": bound,
         "peak_rss_kib": [int(x) for x in peak_rss_kib],
         "ratios": list(ratios),
+        "not_run": list(not_run),
     }
 
 
@@ -479,7 +551,18 @@ def build_parser():
     p.add_argument("--nprocs", type=int, default=None, help="start this many local ranks instead of using torchrun")
     p.add_argument("--json", metavar="FILE", help="write every figure to FILE")
     p.add_argument("--plot", metavar="FILE", help="draw busbw against size into FILE (needs matplotlib)")
-    p.add_argument("--bound", action="store_true", help="also measure single-core memcpy bandwidth and compare")
+    p.add_argument(
+        "--device",
+        type=str.lower,
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the buffers live (default cpu); with cuda rank r uses GPU LOCAL_RANK %% device count",
+    )
+    p.add_argument(
+        "--bound",
+        action="store_true",
+        help="also measure single-core memcpy bandwidth (with --device cuda: the device copy rate) and compare",
+    )
     p.add_argument("--bound_bytes", type=_size_arg, default=256 << 20, help="buffer for --bound (default 256M)")
     p.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a tty")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a stuck collective fails")
@@ -509,6 +592,7 @@ class Config:
     maxbytes: int = 0
     stepfactor: float = None
     stepbytes: int = None
+    device: str = "cpu"
 
 
 def validate(args, world_size, argv=()):
@@ -557,6 +641,13 @@ def validate(args, world_size, argv=()):
         bad("--timeout", "must be positive")
     if args.bound_bytes < 1:
         bad("--bound_bytes", "must be at least 1")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            why = (f"this torch build ({torch.__version__}) has no CUDA support" if torch.version.cuda is None
+                   else "no CUDA device is visible")
+            bad("--device", f"cuda requested but torch.cuda.is_available() is False: {why}")
     if world_size < 1:
         bad("--nprocs", "world size must be at least 1")
     for c in colls:
@@ -594,6 +685,7 @@ def validate(args, world_size, argv=()):
         maxbytes=args.maxbytes,
         stepfactor=stepfactor,
         stepbytes=args.stepbytes,
+        device=args.device,
     )
 
 
@@ -638,10 +730,12 @@ _UNSET = object()
 class Case:
     """The buffers of one collective at one size, shared by every backend, and how to run it."""
 
-    def __init__(self, coll, count, rank, nranks, cfg):
+    def __init__(self, coll, count, rank, nranks, cfg, device=None):
         import torch
 
         self.coll, self.count, self.rank, self.n, self.cfg = coll, count, rank, nranks, cfg
+        self.device = torch.device("cpu") if device is None else torch.device(device)
+        dev = self.device
         self.td = getattr(torch, DTYPES[cfg.dtype][0])
         self.kind = pattern_kind(coll, cfg.redop)
         self.redop = _torch_redop(cfg.redop)
@@ -649,7 +743,7 @@ class Case:
         n, td = nranks, self.td
 
         def pat(c, off=0):
-            return pattern(rank, c, td, self.kind, off)
+            return pattern(rank, c, td, self.kind, off).to(dev)
 
         # src is never handed to a collective that may write it, so it can refill the others
         if coll in ("all_reduce", "broadcast", "reduce"):
@@ -658,19 +752,19 @@ class Case:
             self.ip = torch.empty_like(self.src)
         elif coll == "all_gather":
             self.src = pat(count)
-            self.res = torch.empty(count * n, dtype=td)
-            self.ip = torch.empty(count * n, dtype=td)
+            self.res = torch.empty(count * n, dtype=td, device=dev)
+            self.ip = torch.empty(count * n, dtype=td, device=dev)
         elif coll == "reduce_scatter":
             self.src = pat(count * n)
-            self.res = torch.empty(count, dtype=td)
-            self.ip = torch.empty(count * n, dtype=td)
+            self.res = torch.empty(count, dtype=td, device=dev)
+            self.ip = torch.empty(count * n, dtype=td, device=dev)
         elif coll == "alltoall":
             self.src = pat(count * n)
-            self.res = torch.empty(count * n, dtype=td)
+            self.res = torch.empty(count * n, dtype=td, device=dev)
             self.ip = None
         elif coll == "sendrecv":
             self.src = pat(count)
-            self.res = torch.empty(count, dtype=td)
+            self.res = torch.empty(count, dtype=td, device=dev)
             self.ip = None
         elif coll == "allreduce_coalesced":
             # torch flags all_reduce_coalesced for deprecation; the warning says nothing about the run
@@ -788,7 +882,8 @@ class Case:
         if expected is None:
             return 0
         tol = avg_tolerance(self.cfg.dtype, self.n) if (COLLS[self.coll].reduces and self.cfg.redop == "avg") else 0.0
-        return count_wrong(self.result(inplace), expected, tol)
+        # the expected values are computed on the CPU
+        return count_wrong(self.result(inplace).cpu(), expected, tol)
 
 
 REALIGN_BYTES = 1 << 20  # refills at least this large are followed by a barrier before timing
@@ -805,10 +900,15 @@ def time_collective(case, group, inplace, iters, warmup, ctrl):
     case.load(inplace)
     refill = case.refill(inplace)
     run = case.runner(group, inplace)
+    # On a GPU the calls only queue work: the clock is read once the device is idle again, and the
+    # loads, warm-up and refills are drained first so that none of them is timed with a call.
+    sync = (lambda: torch.cuda.synchronize(case.device)) if case.device.type == "cuda" else None
     for _ in range(warmup):
         if refill:
             refill()
         run()
+    if sync:
+        sync()
     times = [0.0] * iters
     clock = time.perf_counter_ns
     # A refill copies the whole buffer on every rank, and ranks sharing cores finish it at
@@ -820,10 +920,14 @@ def time_collective(case, group, inplace, iters, warmup, ctrl):
     for i in range(iters):
         if refill:
             refill()
+            if sync:
+                sync()
             if realign:
                 dist.barrier(group=ctrl)
         t0 = clock()
         run()
+        if sync:
+            sync()
         times[i] = (clock() - t0) / 1e3
     t = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctrl)
@@ -848,6 +952,27 @@ def memcpy_bandwidth(nbytes, repeats=5):
     finally:
         torch.set_num_threads(prev)
     return nbytes / best / 1e9
+
+
+def device_copy_bandwidth(nbytes, device, repeats=5):
+    """Best torch copy_ rate between two buffers on one CUDA device, in GB/s of bytes read plus
+    bytes written (2 x nbytes per copy); 0.0 when the copy is too quick to time."""
+    import torch
+
+    with torch.cuda.device(device):
+        src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        dst.copy_(src)  # the first launch pays for setup
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        best = math.inf
+        for _ in range(repeats):
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) / 1e3)  # ms -> s
+        del src, dst
+    return 2 * nbytes / best / 1e9 if 0 < best < math.inf else 0.0
 
 
 def peak_rss_kib():
@@ -921,18 +1046,41 @@ def run_rank(cfg, rank, world_size, store=None):
     if "railcc" in cfg.backends:
         import railcc  # noqa: F401  (registers the backend)
 
+    device = None
+    if cfg.device == "cuda":
+        import torch
+
+        # torchrun numbers the ranks of a node by LOCAL_RANK; ranks started here are all local
+        local_rank = int(os.environ.get("LOCAL_RANK", rank)) if store is None else rank
+        device = torch.device("cuda", cuda_device_index(local_rank, torch.cuda.device_count()))
+        torch.cuda.set_device(device)  # before any tensor or communicator takes the current device
     timeout = datetime.timedelta(seconds=cfg.timeout)
     if store is None:
         dist.init_process_group(cfg.backends[0], init_method="env://", timeout=timeout)
     else:
         dist.init_process_group(cfg.backends[0], store=store, rank=rank, world_size=world_size, timeout=timeout)
     try:
-        return _bench(cfg, rank, world_size, timeout)
+        return _bench(cfg, rank, world_size, timeout, device)
     finally:
         dist.destroy_process_group()
 
 
-def _bench(cfg, rank, n, timeout):
+def run_agreed(fn, ctrl, nranks):
+    """fn() on every rank; (its result, None), or (None, reason) on every rank when it raised on any,
+    so that all ranks drop a failed backend together and stay in step."""
+    import torch.distributed as dist
+
+    try:
+        out, reason = fn(), None
+    except Exception as e:
+        out, reason = None, failure_reason(e)
+    reasons = [None] * nranks
+    dist.all_gather_object(reasons, reason, group=ctrl)
+    reason = next((r for r in reasons if r), None)
+    return (None, reason) if reason else (out, None)
+
+
+def _bench(cfg, rank, n, timeout, device=None):
     import torch
     import torch.distributed as dist
 
@@ -954,6 +1102,18 @@ def _bench(cfg, rank, n, timeout):
 
     who = [None] * n
     dist.all_gather_object(who, (socket.gethostname(), os.getpid()), group=ctrl)
+    cuda = device is not None and device.type == "cuda"
+    device_name, rank_devices, ranks_per_device = "cpu", None, None
+    if cuda:
+        props = torch.cuda.get_device_properties(device)
+        # the uuid tells GPUs apart even where ranks see different CUDA_VISIBLE_DEVICES
+        ident = str(getattr(props, "uuid", device.index))
+        devs = [None] * n
+        dist.all_gather_object(devs, (socket.gethostname(), ident, str(device), props.name), group=ctrl)
+        device_name = f"cuda:{devs[0][3]}"
+        rank_devices = [f"{d} ({name})" for _, _, d, name in devs]
+        if len({(h, i) for h, i, _, _ in devs}) == 1:
+            ranks_per_device = n
     meta = {
         "world_size": n,
         "backends": cfg.backends,
@@ -975,34 +1135,53 @@ def _bench(cfg, rank, n, timeout):
         "ntensors": cfg.ntensors,
         "timing": "median over iterations of the slowest rank per iteration, iterations back to back after one barrier",
         "coalesced_api": "torch.distributed.all_reduce_coalesced",
+        "device": device_name,
     }
-    say(f"# railcc-bench  backends: {', '.join(cfg.backends)}  world size: {n}  torch {torch.__version__}")
+    if cuda:
+        meta["rank_devices"] = rank_devices
+        meta["ranks_per_device"] = ranks_per_device
+        meta["device_sync"] = "torch.cuda.synchronize() after the warm-up, each refill and each timed iteration"
+    say(f"# railcc-bench  backends: {', '.join(cfg.backends)}  world size: {n}  torch {torch.__version__}"
+        + (f"  device: {device_name}" if cuda else ""))
     step = f"-f {cfg.stepfactor:g}" if cfg.stepbytes is None else f"-i {cfg.stepbytes}"
     say(
         f"# -b {cfg.minbytes} -e {cfg.maxbytes} {step} -n {cfg.iters} -w {cfg.warmup} -c {int(cfg.check)}"
-        f" -d {cfg.dtype} -o {cfg.redop} -r {cfg.root}"
+        f" -d {cfg.dtype} -o {cfg.redop} -r {cfg.root}" + (" --device cuda" if cuda else "")
     )
-    say("# time: median over iterations of the slowest rank in each; iterations back to back after one barrier")
+    say("# time: median over iterations of the slowest rank in each; iterations back to back after one barrier"
+        + ("; torch.cuda.synchronize() before each clock read" if cuda else ""))
     for r, (h, pid) in enumerate(who):
-        say(f"#  rank {r:3d}  pid {pid:7d}  on {h}")
+        say(f"#  rank {r:3d}  pid {pid:7d}  on {h}" + (f"  {rank_devices[r]}" if cuda else ""))
 
     bound = None
     if cfg.bound:
         bw = 0.0
         if lead:  # alone, so the other ranks neither share the core nor the memory bus
-            bw = memcpy_bandwidth(cfg.bound_bytes)
+            bw = device_copy_bandwidth(cfg.bound_bytes, device) if cuda else memcpy_bandwidth(cfg.bound_bytes)
         t = torch.tensor([bw], dtype=torch.float64)
         dist.broadcast(t, src=0, group=ctrl)
         bw = float(t[0])
+        formula = bound_formula(cfg.device, ranks_per_device)
         bound = {
             "method": "torch copy_, 1 thread, best of 5",
             "bytes": cfg.bound_bytes,
-            "memcpy_gbps": bw,
+            "memcpy_gbps": bw,  # the rate the bound column uses: on cuda B, bytes read plus written
             "fractions": [],
+            "device": device_name,
+            "formula": formula,
         }
-        say(f"# bound: single-core memcpy of {cfg.bound_bytes} B: {bw:.2f} GB/s; bound column = busbw / that")
+        if cuda:
+            bound["method"] = f"torch copy_ on {rank_devices[0]}, device to device, best of 5, cuda events"
+            bound["device_copy_gbps"] = bw
+            bound["counts"] = "bytes read + bytes written"
+            bound["ranks_per_device"] = ranks_per_device
+            say(f"# bound: device copy (read+write) of {cfg.bound_bytes} B on {rank_devices[0]}: {bw:.2f} GB/s;"
+                f" bound column = {formula}")
+        else:
+            say(f"# bound: single-core memcpy of {cfg.bound_bytes} B: {bw:.2f} GB/s; bound column = busbw / that")
 
-    records, ratio_rows = [], []
+    records, ratio_rows, not_run = [], [], []
+    failed = set()  # (backend, collective) that raised on cuda: skipped at the larger sizes
     total_wrong = 0
     elsize = DTYPES[cfg.dtype][1]
     for coll in cfg.colls:
@@ -1012,6 +1191,9 @@ def _bench(cfg, rank, n, timeout):
         say("#")
         say(f"# {coll}" + (f": {cfg.ntensors} tensors of count elements each, size is their total"
                            if coll == "allreduce_coalesced" else ""))
+        if cuda and cfg.bound:
+            say("# bound column: " + (bound["formula"] if coll in SHARED_BOUND_COLLS else
+                                      f"N/A, 2*N*S/B bounds {', '.join(SHARED_BOUND_COLLS)} only"))
         for line in table_header(cfg.backends, cfg.bound):
             say(line)
         seen = set()
@@ -1022,11 +1204,11 @@ def _bench(cfg, rank, n, timeout):
                     progress.step(f"{coll} {size} B (skipped)")
                 continue
             seen.add(count)
-            case = Case(coll, count, rank, n, cfg)
-            rows = {}
-            for b in cfg.backends:
-                progress.step(f"{coll} {b} {nbytes} B")
-                sides = []
+            case = Case(coll, count, rank, n, cfg, device)
+
+            def measure(b):
+                """Both placements on backend b: (table sides, records, wrong elements)."""
+                sides, recs, wrong_sum = [], [], 0
                 for inplace in (False, True):
                     if inplace and not spec.inplace:
                         sides.append((None, None, None, None))
@@ -1038,23 +1220,50 @@ def _bench(cfg, rank, n, timeout):
                         w = torch.tensor([case.check(groups[b], inplace)], dtype=torch.int64)
                         dist.all_reduce(w, op=dist.ReduceOp.SUM, group=ctrl)
                         wrong = int(w[0])
-                        total_wrong += wrong
+                        wrong_sum += wrong
                     sides.append((t, algbw, busbw, wrong))
-                    records.append(
+                    recs.append(
                         make_record(b, coll, nbytes, count, cfg.dtype, redop_col, root_col, inplace, t, algbw, busbw,
                                     wrong)
                     )
-                rows[b] = sides
+                return sides, recs, wrong_sum
+
+            rows = {}
+            for b in cfg.backends:
+                progress.step(f"{coll} {b} {nbytes} B")
+                rows[b] = None
+                if (b, coll) in failed:
+                    continue
+                if not cuda:
+                    out = measure(b)
+                else:
+                    # a backend may not take device buffers, or not this way (nccl refuses two ranks
+                    # on one GPU): report it and go on with the others
+                    out, reason = run_agreed(lambda: measure(b), ctrl, n)
+                    if reason:
+                        failed.add((b, coll))
+                        not_run.append({"backend": b, "op": coll, "size": nbytes, "reason": reason})
+                        say(f"# {b}: not run ({reason})")
+                        continue
+                rows[b], recs, wrong_sum = out
+                records.extend(recs)
+                total_wrong += wrong_sum
             # algbw and busbw differ by the same factor for every backend, so their ratios agree;
             # algbw keeps the ratio defined on one rank, where busbw is 0
-            ratios = {b: ratio(rows[cfg.backends[0]][0][1], rows[b][0][1]) for b in cfg.backends[1:]}
+            first = rows[cfg.backends[0]]
+            ratios = {
+                b: ratio(first[0][1] if first else None, rows[b][0][1] if rows[b] else None)
+                for b in cfg.backends[1:]
+            }
             for b, r in ratios.items():
                 ratio_rows.append({"op": coll, "size": nbytes, "backend": cfg.backends[0], "vs": b, "ratio": r})
             for b in cfg.backends:
+                if rows[b] is None:
+                    continue
                 frac = None
                 if bound is not None:
-                    busbw = rows[b][0][2]
-                    frac = busbw / bound["memcpy_gbps"] if busbw is not None and bound["memcpy_gbps"] > 0 else None
+                    t, _, busbw, _ = rows[b][0]
+                    frac = bound_fraction(coll, nbytes, t, busbw, bound["memcpy_gbps"], cfg.device, ranks_per_device)
                     bound["fractions"].append({"backend": b, "op": coll, "size": nbytes, "fraction": frac})
                 say(
                     table_row(nbytes, count, cfg.dtype, redop_col, root_col, rows[b][0], rows[b][1])
@@ -1077,7 +1286,7 @@ def _bench(cfg, rank, n, timeout):
 
     if lead:
         progress.clear()
-        report = make_report(meta, records, bound, rss_list, ratio_rows)
+        report = make_report(meta, records, bound, rss_list, ratio_rows, not_run)
         if cfg.json:
             with open(cfg.json, "w") as f:
                 json.dump(report, f, indent=1, allow_nan=False)

@@ -39,7 +39,7 @@ needs_railcc = pytest.mark.skipif(not _railcc_built(), reason="the railcc extens
 RESULT_KEYS = {
     "backend", "op", "size", "count", "type", "redop", "root", "inplace", "time_us", "algbw", "busbw", "wrong",
 }
-META_KEYS = {"world_size", "backends", "op", "dtype", "redop", "hostname", "torch_version", "argv"}
+META_KEYS = {"world_size", "backends", "op", "dtype", "redop", "hostname", "torch_version", "argv", "device"}
 ALL_COLLS = list(bench.COLLS)
 
 
@@ -54,9 +54,10 @@ def run_bench(args, timeout=180, script=BENCH):
 
 
 def assert_schema(doc, world_size, backends, colls):
-    assert set(doc) >= {"meta", "results", "bound", "peak_rss_kib"}
+    assert set(doc) >= {"meta", "results", "bound", "peak_rss_kib", "not_run"}
     meta = doc["meta"]
     assert META_KEYS <= set(meta)
+    assert meta["device"] == "cpu" or meta["device"].startswith("cuda:")
     assert meta["world_size"] == world_size
     assert meta["backends"] == backends
     assert meta["op"] == colls
@@ -200,6 +201,64 @@ def test_bandwidths():
     assert bench.bandwidths(8, 0.0, "all_reduce", 2) == (None, None)
 
 
+def test_shared_device_min_time_us():
+    # N ranks read S bytes each and write S bytes each: 2*N*S bytes at B GB/s (read+write)
+    assert bench.shared_device_min_time_us(10**9, 2, 100.0) == pytest.approx(40000.0)
+    assert bench.shared_device_min_time_us(1000, 1, 1.0) == pytest.approx(2.0)
+    for n in (1, 3, 8):
+        s, b = 12345, 987.5
+        assert bench.shared_device_min_time_us(s, n, b) == pytest.approx(2 * n * s / (b * 1e9) * 1e6)
+    assert bench.shared_device_min_time_us(1000, 2, 0.0) is None
+    assert bench.shared_device_min_time_us(1000, 2, None) is None
+    with pytest.raises(ValueError):
+        bench.shared_device_min_time_us(1000, 0, 1.0)
+
+
+def test_bound_fraction():
+    # cpu: busbw against the memcpy rate, whatever the collective
+    assert bench.bound_fraction("broadcast", 8, 5.0, 2.0, 8.0) == 0.25
+    assert bench.bound_fraction("all_reduce", 8, 5.0, None, 8.0) is None
+    assert bench.bound_fraction("all_reduce", 8, 5.0, 2.0, 0.0) is None
+    # cuda, 4 ranks on one device: t_min = 2*4*1e6 B / 100 GB/s = 80 us, timed at 160 us
+    assert bench.bound_fraction("all_reduce", 10**6, 160.0, 1.0, 100.0, "cuda", 4) == pytest.approx(0.5)
+    assert bench.bound_fraction("allreduce_coalesced", 10**6, 80.0, 1.0, 100.0, "cuda", 4) == pytest.approx(1.0)
+    # no formula for other collectives, for ranks on several devices, or without a time
+    assert bench.bound_fraction("all_gather", 10**6, 160.0, 1.0, 100.0, "cuda", 4) is None
+    assert bench.bound_fraction("all_reduce", 10**6, 160.0, 1.0, 100.0, "cuda", None) is None
+    assert bench.bound_fraction("all_reduce", 10**6, None, None, 100.0, "cuda", 4) is None
+
+
+def test_bound_formula():
+    assert bench.bound_formula("cpu") == "busbw / memcpy_gbps"
+    shared = bench.bound_formula("cuda", 4)
+    assert "2*N*S/B" in shared and "N = 4" in shared and "read+write" in shared
+    assert bench.bound_formula("cuda", None).startswith("N/A")
+
+
+def test_cuda_device_index():
+    assert [bench.cuda_device_index(r, 1) for r in range(4)] == [0, 0, 0, 0]
+    assert [bench.cuda_device_index(r, 2) for r in range(4)] == [0, 1, 0, 1]
+    with pytest.raises(ValueError):
+        bench.cuda_device_index(0, 0)
+
+
+def test_failure_reason():
+    nccl = RuntimeError(
+        "NCCL error in: ProcessGroupNCCL.cpp:1970, invalid usage (run with NCCL_DEBUG=WARN for details), "
+        "NCCL version 2.21.5\nncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
+        "Last error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000"
+    )
+    assert bench.failure_reason(nccl) == (
+        "RuntimeError: Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000"
+    )
+    # an empty 'Last error:' keeps the first line
+    assert bench.failure_reason(RuntimeError("NCCL error: x\nLast error:\n")) == "RuntimeError: NCCL error: x"
+    assert bench.failure_reason(ValueError("bad\nmore")) == "ValueError: bad"
+    assert bench.failure_reason(KeyError()) == "KeyError: no message"
+    long = bench.failure_reason(RuntimeError("x" * 1000), limit=50)
+    assert len(long) == 50 and long.endswith("...") and "\n" not in long
+
+
 def test_ratio():
     assert bench.ratio(10.0, 5.0) == 2.0
     assert bench.ratio(3.0, 6.0) == 0.5
@@ -330,12 +389,13 @@ def test_record_and_report_schema():
     assert rec["inplace"] is True and rec["wrong"] == 0
     meta = {
         "world_size": 2, "backends": ["gloo"], "op": ["all_gather"], "dtype": "float", "redop": "sum",
-        "hostname": "h", "torch_version": torch.__version__, "argv": ["railcc-bench"],
+        "hostname": "h", "torch_version": torch.__version__, "argv": ["railcc-bench"], "device": "cpu",
     }
     doc = bench.make_report(meta, [rec], None, [1000, 2000])
     text = json.dumps(doc, allow_nan=False)
     back = json.loads(text)
     assert back["bound"] is None
+    assert back["not_run"] == []
     assert back["peak_rss_kib"] == [1000, 2000]
     assert back["results"] == [rec]
     assert META_KEYS <= set(back["meta"])
@@ -388,6 +448,29 @@ def test_validate_defaults():
     assert cfg.colls == ["all_reduce"] and cfg.redop == "sum" and cfg.dtype == "float"
     assert cfg.sizes[0] == 8 and cfg.sizes[-1] == 32 << 20
     assert cfg.backends == ["railcc"]
+
+
+def test_validate_device():
+    assert parse([]).device == "cpu"
+    assert parse(["--device", "CPU"]).device == "cpu"
+
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+
+
+@no_cuda
+def test_validate_cuda_without_cuda():
+    with pytest.raises(ValueError, match=re.escape("argument --device:") + ".*cuda"):
+        parse(["--device", "cuda"])
+
+
+@no_cuda
+def test_device_cuda_without_cuda_exits_2_before_any_rank():
+    p = run_bench(["--device", "cuda", "--nprocs", "2", "--backend", "gloo"], timeout=60)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert "error: argument --device:" in p.stderr and "cuda" in p.stderr
+    assert "Traceback" not in p.stderr
+    assert p.stdout == ""
 
 
 def test_validate_aliases_and_lists():
@@ -447,6 +530,7 @@ def test_bad_arguments_exit_2_naming_the_argument():
         (["-d", "nosuchtype", "--backend", "gloo"], "-d/--datatype"),
         (["-o", "sendrecv", "--nprocs", "1", "--backend", "gloo"], "-o/--op"),
         (["--backend", "nosuchbackend"], "--backend"),
+        (["--device", "gpu", "--backend", "gloo"], "--device"),
     ]:
         p = run_bench(argv, timeout=60)
         assert p.returncode == 2, (argv, p.stdout, p.stderr)
@@ -549,6 +633,23 @@ def test_case_checks_and_catches_a_corrupted_result(one_rank_gloo, coll, monkeyp
         assert case.check(group, inplace) == 1, inplace
 
 
+def test_case_buffers_on_the_given_device(one_rank_gloo):
+    case = bench.Case("allreduce_coalesced", 8, 0, 1, _cfg(colls=["allreduce_coalesced"]), device="cpu")
+    assert case.device == torch.device("cpu")
+    assert all(t.device == case.device for t in case.src + case.res + case.ip)
+    assert case.check(one_rank_gloo, False) == 0
+
+
+def test_run_agreed(one_rank_gloo):
+    assert bench.run_agreed(lambda: 5, one_rank_gloo, 1) == (5, None)
+
+    def fails():
+        raise RuntimeError("no device buffers here\nmore detail")
+
+    # every rank gets the reason, in one line, and no result
+    assert bench.run_agreed(fails, one_rank_gloo, 1) == (None, "RuntimeError: no device buffers here")
+
+
 def test_case_catches_a_collective_that_writes_nothing(one_rank_gloo, monkeypatch):
     group = one_rank_gloo
     case = bench.Case("all_gather", 16, 0, 1, _cfg(colls=["all_gather"]))
@@ -620,7 +721,9 @@ def test_e2e_gloo_json(gloo_run):
     assert_schema(doc, 2, ["gloo"], E2E_COLLS)
     assert all(r["wrong"] == 0 for r in doc["results"])
     assert doc["bound"]["memcpy_gbps"] > 0
+    assert doc["bound"]["device"] == "cpu" and doc["bound"]["formula"] == "busbw / memcpy_gbps"
     assert len(doc["bound"]["fractions"]) == 7 * len(E2E_COLLS)
+    assert doc["meta"]["device"] == "cpu" and doc["not_run"] == []
     sizes = sorted({r["size"] for r in doc["results"] if r["op"] == "all_reduce"})
     assert sizes == [8, 32, 128, 512, 2048, 8192, 32768]
     coalesced = [r for r in doc["results"] if r["op"] == "allreduce_coalesced"]
@@ -662,7 +765,7 @@ def test_e2e_two_backends(tmp_path):
     out = tmp_path / "two.json"
     p = run_bench(
         ["--nprocs", "2", "--backend", "gloo,gloo2", "-b", "8", "-e", "4K", "-f", "8", "-n", "2", "-w", "1",
-         "-c", "1", "-o", "all_reduce,sendrecv", "--json", str(out)],
+         "-c", "1", "-o", "all_reduce,sendrecv", "--json", str(out), "--device", "cpu"],
         timeout=180,
         script=str(wrapper),
     )
