@@ -405,6 +405,10 @@ DeviceCallPtr ProcessGroupRailcc::deviceCall(const char* what, const std::vector
   c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
   {
     std::lock_guard<std::mutex> g(streamsMu_);
+    if (boundDevice_ < 0) boundDevice_ = dev->device.index();
+    if (boundDevice_ != dev->device.index())
+      invalid(std::string(what) + ": this group serves cuda:" + std::to_string(boundDevice_) + " (its first CUDA call); " +
+              "got a tensor on " + dev->device.str() + ". Use one group per device, as with NCCL");
     auto it = std::find_if(commStreams_.begin(), commStreams_.end(),
                            [&](const auto& p) { return p.first == dev->device.index(); });
     if (it == commStreams_.end()) {

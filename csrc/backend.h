@@ -122,6 +122,7 @@ class ProcessGroupRailcc : public c10d::Backend {
   DeviceCallPtr coalescedDev_;
   std::mutex streamsMu_;
   std::vector<std::pair<c10::DeviceIndex, c10::Stream>> commStreams_;  // one per device used
+  c10::DeviceIndex boundDevice_ = -1;  // a group serves one CUDA device, as in NCCL
 };
 
 }  // namespace railcc

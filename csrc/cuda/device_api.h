@@ -15,7 +15,8 @@
 
 namespace railcc::cuda {
 
-constexpr uint32_t kDeviceApiVersion = 1;
+constexpr uint32_t kDeviceApiVersion = 2;
+constexpr size_t kIpcHandleBytes = 64;  // cudaIpcMemHandle_t and cudaIpcEventHandle_t
 
 struct DeviceApi {
   uint32_t version;      // kDeviceApiVersion
@@ -42,10 +43,23 @@ struct DeviceApi {
   /// Copies between any two of host, pinned host and device memory (unified addressing).
   int (*memcpyAsync)(void* dst, const void* src, size_t bytes, void* stream);
 
+  // Device memory and CUDA IPC, for the cuda_ipc path between processes on one host.
+  int (*deviceMalloc)(void** p, size_t bytes);
+  int (*deviceFree)(void* p);
+  int (*canAccessPeer)(int device, int peerDevice, int* can);
+  int (*ipcGetMemHandle)(void* handle, void* devPtr);           // handle: kIpcHandleBytes
+  int (*ipcOpenMemHandle)(void** devPtr, const void* handle);   // with lazy peer access
+  int (*ipcCloseMemHandle)(void* devPtr);
+  int (*ipcEventCreate)(void** event);                          // interprocess, timing disabled
+  int (*ipcGetEventHandle)(void* handle, void* event);
+  int (*ipcOpenEventHandle)(void** event, const void* handle);
+
   /// dst[i] = dst[i] (op) (scale * src[i]), the semantics of railcc::reduceInto, as a kernel.
   int (*reduceAsync)(void* dst, const void* src, size_t count, DataType t, ReduceOp op, double scale, void* stream);
   /// buf[i] /= n (floating types): finishes AVG.
   int (*divideAsync)(void* buf, size_t count, DataType t, double n, void* stream);
+  /// dst[i] = scale * src[i] (floating types; dst may equal src): PREMUL_SUM's first term.
+  int (*scaleCopyAsync)(void* dst, const void* src, size_t count, DataType t, double scale, void* stream);
 };
 
 }  // namespace railcc::cuda

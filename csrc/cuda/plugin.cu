@@ -3,6 +3,8 @@
 // torch loads, so streams and events are shared with it), and dlopen'ed by the engine.
 #include <cuda_runtime.h>
 
+#include <cstring>
+
 #include "cuda/device_api.h"
 #include "cuda/reduce_kernels.h"
 
@@ -46,6 +48,33 @@ int memcpyAsync(void* dst, const void* src, size_t bytes, void* s) {
   return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(s));
 }
 
+int deviceMalloc(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
+int deviceFree(void* p) { return cudaFree(p); }
+int canAccessPeer(int d, int peer, int* can) {
+  if (d == peer) return *can = 1, 0;
+  return cudaDeviceCanAccessPeer(can, d, peer);
+}
+static_assert(sizeof(cudaIpcMemHandle_t) == kIpcHandleBytes, "IPC handle size");
+static_assert(sizeof(cudaIpcEventHandle_t) == kIpcHandleBytes, "IPC event handle size");
+int ipcGetMemHandle(void* h, void* p) { return cudaIpcGetMemHandle(static_cast<cudaIpcMemHandle_t*>(h), p); }
+int ipcOpenMemHandle(void** p, const void* h) {
+  cudaIpcMemHandle_t handle;
+  memcpy(&handle, h, sizeof(handle));
+  return cudaIpcOpenMemHandle(p, handle, cudaIpcMemLazyEnablePeerAccess);
+}
+int ipcCloseMemHandle(void* p) { return cudaIpcCloseMemHandle(p); }
+int ipcEventCreate(void** e) {
+  return cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(e), cudaEventDisableTiming | cudaEventInterprocess);
+}
+int ipcGetEventHandle(void* h, void* e) {
+  return cudaIpcGetEventHandle(static_cast<cudaIpcEventHandle_t*>(h), static_cast<cudaEvent_t>(e));
+}
+int ipcOpenEventHandle(void** e, const void* h) {
+  cudaIpcEventHandle_t handle;
+  memcpy(&handle, h, sizeof(handle));
+  return cudaIpcOpenEventHandle(reinterpret_cast<cudaEvent_t*>(e), handle);
+}
+
 #define RAILCC_STR2(x) #x
 #define RAILCC_STR(x) RAILCC_STR2(x)
 
@@ -69,8 +98,18 @@ const DeviceApi kApi = {
     eventQuery,
     streamWaitEvent,
     memcpyAsync,
+    deviceMalloc,
+    deviceFree,
+    canAccessPeer,
+    ipcGetMemHandle,
+    ipcOpenMemHandle,
+    ipcCloseMemHandle,
+    ipcEventCreate,
+    ipcGetEventHandle,
+    ipcOpenEventHandle,
     reduceAsync,
     divideAsync,
+    scaleCopyAsync,
 };
 
 }  // namespace

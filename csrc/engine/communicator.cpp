@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -249,8 +250,29 @@ class CommImpl {
   // splits differ per rank).
   void runStaged(const Placement& where, DataType dt, size_t slots, std::vector<Region> regions, const StagedBody& body,
                  bool agree = false);
+  // Sets the device, makes the events (and own stream) for it, orders the op's stream after
+  // the caller's event; returns the stream.
+  void* prepareDevice(const cuda::DeviceApi& api, const Placement& where);
   void deviceWait(const cuda::DeviceApi& api, void* ev, int device, const char* what);
   void releaseDevice();
+
+  // CUDA IPC (every rank on this host): each rank owns a device pool of two slots, each an
+  // input chunk and a reduced chunk, mapped by every peer, and three interprocess events. GPU
+  // work of different ranks is ordered only by those events and by zero-byte host messages
+  // (ipcRound), never by a kernel waiting on another process's memory, so ranks that share
+  // one GPU cannot deadlock on it.
+  enum IpcEvent { kIpcIn, kIpcRed, kIpcDone, kIpcEvents };
+  struct IpcState {
+    int device = -1;
+    bool failed = false;
+    size_t chunk = 0;                             // bytes of each of the four pool buffers
+    std::vector<char*> pool;                      // [rank]: that rank's pool as mapped here
+    std::vector<std::array<void*, kIpcEvents>> ev;  // [rank]: its events as opened here
+  } ipc_;
+  bool ipcReady(const cuda::DeviceApi& api, int device);
+  void ipcRound();
+  void releaseIpc(const cuda::DeviceApi& api);
+  void runIpcAllreduce(const Placement& where, char* buf, size_t count, DataType dt, ReduceOp op, double scale);
   char* stage_ = nullptr;     // pinned: two sets of staging chunks
   size_t stageCap_ = 0;
   void* stageEv_[2] = {nullptr, nullptr};
@@ -1990,7 +2012,7 @@ void CommImpl::deviceWait(const cuda::DeviceApi& api, void* ev, int device, cons
 }
 
 void CommImpl::releaseDevice() {
-  if (devOf_ < 0 && !stage_) return;
+  if (devOf_ < 0 && !stage_ && ipc_.pool.empty()) return;
   const cuda::DeviceApi* api = nullptr;
   try {
     api = &deviceApi();
@@ -1999,6 +2021,7 @@ void CommImpl::releaseDevice() {
   }
   // Errors are ignored here: at process exit the CUDA runtime may already be gone.
   if (devOf_ >= 0) api->setDevice(devOf_);
+  releaseIpc(*api);
   for (auto& ev : stageEv_)
     if (ev) api->eventDestroy(ev), ev = nullptr;
   if (ownStream_) api->streamDestroy(ownStream_), ownStream_ = nullptr;
@@ -2007,9 +2030,7 @@ void CommImpl::releaseDevice() {
   devOf_ = -1;
 }
 
-void CommImpl::runStaged(const Placement& where, DataType dt, size_t slots, std::vector<Region> regions,
-                         const StagedBody& body, bool agree) {
-  const cuda::DeviceApi& api = deviceApi();
+void* CommImpl::prepareDevice(const cuda::DeviceApi& api, const Placement& where) {
   const int d = where.device;
   checkDevice(api.setDevice(d), "cudaSetDevice", d);
   if (devOf_ != d) {
@@ -2026,6 +2047,14 @@ void CommImpl::runStaged(const Placement& where, DataType dt, size_t slots, std:
     stream = ownStream_;
   }
   if (where.waitEvent) checkDevice(api.streamWaitEvent(stream, where.waitEvent), "cudaStreamWaitEvent", d);
+  return stream;
+}
+
+void CommImpl::runStaged(const Placement& where, DataType dt, size_t slots, std::vector<Region> regions,
+                         const StagedBody& body, bool agree) {
+  const cuda::DeviceApi& api = deviceApi();
+  const int d = where.device;
+  void* stream = prepareDevice(api, where);
 
   // Regions at one address are staged once, so an in-place op stays in place on the host.
   std::vector<size_t> slot(regions.size());
@@ -2107,6 +2136,167 @@ void CommImpl::runStaged(const Placement& where, DataType dt, size_t slots, std:
   deviceWait(api, stageEv_[0], d, "the copy of the result back to the device");
 }
 
+
+// ---------------------------------------------------------------------------------------
+// Device buffers: CUDA IPC between the processes of one host
+
+void CommImpl::releaseIpc(const cuda::DeviceApi& api) {
+  for (size_t r = 0; r < ipc_.pool.size(); ++r) {
+    bool mine = static_cast<int>(r) == rank_;
+    if (ipc_.pool[r]) mine ? api.deviceFree(ipc_.pool[r]) : api.ipcCloseMemHandle(ipc_.pool[r]);
+    // Opened event handles are released like events of this process.
+    for (void* e : ipc_.ev[r])
+      if (e) api.eventDestroy(e);
+  }
+  ipc_.pool.clear();
+  ipc_.ev.clear();
+}
+
+void CommImpl::ipcRound() {
+  std::vector<Transfer> xs;
+  xs.reserve(2 * static_cast<size_t>(size_));
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) {
+      xs.push_back(sendTo(p, nullptr, 0));
+      xs.push_back(recvFrom(p, nullptr, 0));
+    }
+  exchange(xs);
+}
+
+bool CommImpl::ipcReady(const cuda::DeviceApi& api, int d) {
+  if (!opts_.config.cudaIpc || size_ < 2 || static_cast<int>(localRanks_.size()) != size_ || !api.ipcGetMemHandle)
+    return false;
+  if (ipc_.failed) return false;
+  if (ipc_.device == d) return true;
+  RAILCC_CHECK_ARG(ipc_.device < 0, "a group serves one CUDA device; it used cuda:", ipc_.device, ", now cuda:", d);
+  // First CUDA op of the group: map every peer's pool and events. Every rank gets here at the
+  // same op, so the handle exchange and the vote below line up.
+  ipc_.device = d;
+  const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
+  ipc_.chunk = std::max<size_t>(static_cast<size_t>(std::max<int64_t>(opts_.config.cudaIpcBytes, 0)) / 4 / 256 * 256,
+                                64 << 10);
+  ipc_.pool.assign(n, nullptr);
+  ipc_.ev.assign(n, {nullptr, nullptr, nullptr});
+  bool ok = true;
+  std::string why;
+  auto attempt = [&](int err, const std::string& call) {
+    if (err != 0 && ok) {
+      ok = false;
+      why = call + " failed: " + (api.errorString ? api.errorString(err) : "?");
+    }
+  };
+  const size_t hb = cuda::kIpcHandleBytes, blob = 1 + hb * (1 + kIpcEvents);
+  std::vector<char> mine(blob, 0), all(blob * n, 0);
+  void* p = nullptr;
+  attempt(api.deviceMalloc(&p, 4 * ipc_.chunk), "cudaMalloc (CUDA IPC pool)");
+  ipc_.pool[me] = static_cast<char*>(p);
+  for (auto& e : ipc_.ev[me]) attempt(api.ipcEventCreate(&e), "cudaEventCreate (interprocess)");
+  if (ok) attempt(api.ipcGetMemHandle(mine.data() + 1, ipc_.pool[me]), "cudaIpcGetMemHandle");
+  for (int i = 0; i < kIpcEvents && ok; ++i)
+    attempt(api.ipcGetEventHandle(mine.data() + 1 + hb * (1 + static_cast<size_t>(i)), ipc_.ev[me][static_cast<size_t>(i)]),
+            "cudaIpcGetEventHandle");
+  mine[0] = ok ? 1 : 0;
+  {
+    std::vector<Transfer> xs;
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_) {
+        xs.push_back(sendTo(q, mine.data(), blob));
+        xs.push_back(recvFrom(q, all.data() + blob * static_cast<size_t>(q), blob));
+      }
+    exchange(xs);
+  }
+  for (size_t q = 0; q < n && ok; ++q) {
+    if (q == me) continue;
+    const char* b = all.data() + blob * q;
+    if (b[0] != 1) {
+      ok = false;
+      why = "rank " + std::to_string(q) + " could not set up its side";
+      break;
+    }
+    void* mp = nullptr;
+    attempt(api.ipcOpenMemHandle(&mp, b + 1), "cudaIpcOpenMemHandle (rank " + std::to_string(q) + ")");
+    ipc_.pool[q] = static_cast<char*>(mp);
+    for (size_t i = 0; i < kIpcEvents && ok; ++i)
+      attempt(api.ipcOpenEventHandle(&ipc_.ev[q][i], b + 1 + hb * (1 + i)),
+              "cudaIpcOpenEventHandle (rank " + std::to_string(q) + ")");
+    int pd = -1, can = 0;
+    if (ok) attempt(api.pointerDevice(ipc_.pool[q], &pd), "cudaPointerGetAttributes");
+    if (ok && pd != d) {
+      attempt(api.canAccessPeer(d, pd, &can), "cudaDeviceCanAccessPeer");
+      if (ok && !can) {
+        ok = false;
+        why = "cuda:" + std::to_string(d) + " cannot access the memory of rank " + std::to_string(q) + "'s GPU directly";
+      }
+    }
+  }
+  // Every rank must take the same path, so one vote decides.
+  int64_t vote = ok ? 1 : 0;
+  runAllreduce(reinterpret_cast<char*>(&vote), 1, DataType::kInt64, ReduceOp::kMin, 1.0);
+  if (vote == 0) {
+    RAILCC_WARN(COLL, "group '", opts_.name, "': CUDA IPC is not usable (",
+                why.empty() ? std::string("another rank could not set it up") : why,
+                "); collectives on CUDA tensors are staged through pinned host memory");
+    releaseIpc(api);
+    ipc_.failed = true;
+    return false;
+  }
+  RAILCC_INFO(COLL, "group '", opts_.name, "': CUDA IPC on cuda:", d, ", ", (4 * ipc_.chunk) >> 10,
+              " KiB of device memory per rank (RAILCC_CUDA_IPC_BYTES)");
+  return true;
+}
+
+void CommImpl::runIpcAllreduce(const Placement& where, char* buf, size_t count, DataType dt, ReduceOp op,
+                               double scale) {
+  const cuda::DeviceApi& api = deviceApi();
+  const int d = where.device;
+  void* stream = prepareDevice(api, where);
+  const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_), es = dtypeSize(dt);
+  const size_t per = ipc_.chunk / es;
+  const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
+  auto check = [d](int err, const char* call) { checkDevice(err, call, d); };
+  auto waitPeers = [&](IpcEvent e) {
+    for (size_t q = 0; q < n; ++q)
+      if (q != me) check(api.streamWaitEvent(stream, ipc_.ev[q][e]), "cudaStreamWaitEvent (peer's IPC event)");
+  };
+  for (size_t k = 0; k < chunks; ++k) {
+    const size_t off = k * per, m = count > off ? std::min(per, count - off) : 0;
+    auto in = [&](size_t q) { return ipc_.pool[q] + (k & 1) * 2 * ipc_.chunk; };
+    auto red = [&](size_t q) { return in(q) + ipc_.chunk; };
+    auto lo = [&](size_t j) { return m * j / n; };  // rank j reduces elements [lo(j), lo(j+1)) of the chunk
+    // 1. this rank's chunk into its pool, where the peers can read it
+    if (m) check(api.memcpyAsync(in(me), buf + off * es, m * es, stream), "cudaMemcpyAsync (into the IPC pool)");
+    check(api.eventRecord(ipc_.ev[me][kIpcIn], stream), "cudaEventRecord");
+    ipcRound();
+    waitPeers(kIpcIn);
+    // 2. reduce this rank's slice over every rank's chunk, in rank order (same bits everywhere)
+    const size_t a = lo(me), len = lo(me + 1) - a;
+    if (len) {
+      char* out = red(me) + a * es;
+      if (op == ReduceOp::kPremulSum) check(api.scaleCopyAsync(out, in(0) + a * es, len, dt, scale, stream), "scale kernel");
+      else check(api.memcpyAsync(out, in(0) + a * es, len * es, stream), "cudaMemcpyAsync (peer to pool)");
+      for (size_t q = 1; q < n; ++q)
+        check(api.reduceAsync(out, in(q) + a * es, len, dt, op, scale, stream), "reduce kernel");
+      if (op == ReduceOp::kAvg) check(api.divideAsync(out, len, dt, static_cast<double>(n), stream), "divide kernel");
+    }
+    check(api.eventRecord(ipc_.ev[me][kIpcRed], stream), "cudaEventRecord");
+    ipcRound();
+    waitPeers(kIpcRed);
+    // 3. every rank's reduced slice into the result
+    for (size_t j = 0; j < n; ++j) {
+      size_t b = lo(j), l = lo(j + 1) - b;
+      if (l)
+        check(api.memcpyAsync(buf + (off + b) * es, red(j) + b * es, l * es, stream), "cudaMemcpyAsync (peer's slice)");
+    }
+    // The slot is reused two chunks on: no rank writes it again before every peer read it.
+    check(api.eventRecord(ipc_.ev[me][kIpcDone], stream), "cudaEventRecord");
+    ipcRound();
+    waitPeers(kIpcDone);
+    lastProgress_ = Clock::now();
+  }
+  check(api.eventRecord(stageEv_[0], stream), "cudaEventRecord");
+  deviceWait(api, stageEv_[0], d, "the CUDA IPC all-reduce");
+}
+
 namespace {
 void checkRoot(int root, int size, const char* what) {
   RAILCC_CHECK_ARG(root >= 0 && root < size, what, ": root rank ", root, " is out of range for a group of size ", size);
@@ -2120,7 +2310,11 @@ RequestPtr Communicator::allreduce(void* buf, size_t count, DataType dt, ReduceO
   auto o = c->collective(OpKind::kAllreduce, dt, op, 0, count, timeout);
   auto run = [c, dt, op, scale](char* b, size_t n) { c->runAllreduce(b, n, dt, op, scale); };
   if (where.onDevice())
-    o->body = [c, where, buf, count, dt, run] {
+    o->body = [c, where, buf, count, dt, op, scale, run] {
+      const cuda::DeviceApi& api = deviceApi();
+      c->prepareDevice(api, where);
+      if (c->ipcReady(api, where.device))
+        return c->runIpcAllreduce(where, static_cast<char*>(buf), count, dt, op, scale);
       c->runStaged(where, dt, 1, {{static_cast<char*>(buf), count, true, true}},
                    [&](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); });
     };

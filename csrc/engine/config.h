@@ -25,6 +25,13 @@ namespace railcc::engine {
   X(cudaStagingBytes, int64_t, "RAILCC_CUDA_STAGING_BYTES", "", "33554432",                  \
     "Bytes of pinned host memory per group through which collectives on CUDA tensors are "    \
     "staged (two halves, so copies overlap the network). Must be equal on all ranks.")      \
+  X(cudaIpc, bool, "RAILCC_CUDA_IPC", "", "1",                                                \
+    "1: when every rank of a group is on one host, collectives on CUDA tensors go through "   \
+    "CUDA IPC (GPU copies and reduction kernels read the peers' device memory); 0: always "   \
+    "stage through pinned host memory. Must be equal on all ranks.")                         \
+  X(cudaIpcBytes, int64_t, "RAILCC_CUDA_IPC_BYTES", "", "16777216",                          \
+    "Bytes of device memory per rank and group for the CUDA IPC path (four chunk buffers, "   \
+    "peers map them). Must be equal on all ranks.")                                          \
   X(bucketSize, int64_t, "RAILCC_BUCKET_SIZE", "", "8388608",                                 \
     "Bytes of the fusion bucket for coalesced all-reduce; small tensors are packed into it.") \
   X(oneshotBytes, int64_t, "RAILCC_ONESHOT_BYTES", "", "65536",                              \

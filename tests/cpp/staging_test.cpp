@@ -1,13 +1,18 @@
-// Collectives on "device" buffers through the engine's pinned staging, without a GPU.
+// Collectives on "device" buffers without a GPU: the engine's pinned staging, and the CUDA
+// IPC all-reduce (pools mapped by peers, interprocess events, zero-byte host rounds).
 //
 // FakeDeviceApi is a fake, named so: there is no GPU on the machines that run this suite, so
 // "device memory" is host memory. What it does keep from a real GPU is the part the staging
 // logic can get wrong: copies are only queued by memcpyAsync and run, in stream order, when
 // an event recorded after them is polled (which first answers "not ready"), so a chunk used
 // before its copy was waited for, or a result not copied back before the op completes, shows
-// up as wrong data. The real runtime behind the same table is csrc/cuda/plugin.cu.
+// up as wrong data. A stream's wait on another rank's event runs that rank's stream up to the
+// event first, so a missing cross-rank wait shows up the same way; IPC handles carry plain
+// pointers (ranks are threads here). The real runtime behind the same table is
+// csrc/cuda/plugin.cu.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -27,15 +32,20 @@ namespace {
 
 constexpr int kNotReady = 600;
 
+// One lock for every fake stream: a stream that waits on another's event drains that one
+// from inside its own drain, and ranks are threads.
+std::recursive_mutex gFakeMu;
+
 struct FakeStream {
-  std::mutex mu;
   std::deque<std::function<void()>> q;
   uint64_t queued = 0, done = 0;
 };
 struct FakeEvent {
+  FakeEvent* alias = nullptr;  // an event opened from an IPC handle refers to the original
   FakeStream* s = nullptr;
   uint64_t at = 0;
   int polls = 0;
+  FakeEvent* self() { return alias ? alias : this; }
 };
 
 struct Fake {
@@ -56,34 +66,70 @@ struct Fake {
   static int eventCreate(void** e) { return *e = new FakeEvent, 0; }
   static int eventDestroy(void* e) { return delete static_cast<FakeEvent*>(e), 0; }
   static int eventRecord(void* e, void* s) {
-    auto* ev = static_cast<FakeEvent*>(e);
+    std::lock_guard<std::recursive_mutex> g(gFakeMu);
+    auto* ev = static_cast<FakeEvent*>(e)->self();
     auto* st = static_cast<FakeStream*>(s);
-    std::lock_guard<std::mutex> g(st->mu);
     ev->s = st;
     ev->at = st->queued;
     return 0;
   }
   static int eventQuery(void* e) {
-    auto* ev = static_cast<FakeEvent*>(e);
+    std::lock_guard<std::recursive_mutex> g(gFakeMu);
+    auto* ev = static_cast<FakeEvent*>(e)->self();
     if (!ev->s) return 0;
     if (++ev->polls % 2 == 1) return kNotReady;
     drain(ev->s, ev->at);
     return 0;
   }
-  static int streamWaitEvent(void*, void*) { return 0; }
-  static int memcpyAsync(void* dst, const void* src, size_t n, void* s) {
-    auto* st = static_cast<FakeStream*>(s);
-    std::lock_guard<std::mutex> g(st->mu);
-    st->q.push_back([=] { std::memcpy(dst, src, n); });
-    ++st->queued;
+  // The wait binds to the event's latest record at the time of the call, as in CUDA.
+  static int streamWaitEvent(void* s, void* e) {
+    std::lock_guard<std::recursive_mutex> g(gFakeMu);
+    auto* ev = static_cast<FakeEvent*>(e)->self();
+    FakeStream* src = ev->s;
+    uint64_t at = ev->at;
+    if (src && src != s) enqueue(s, [src, at] { drain(src, at); });
     return 0;
   }
+  static int memcpyAsync(void* dst, const void* src, size_t n, void* s) {
+    return enqueue(s, [=] { std::memcpy(dst, src, n); }), 0;
+  }
+  static int deviceMalloc(void** p, size_t n) { return hostAlloc(p, n); }
+  static int deviceFree(void* p) { return hostFree(p); }
+  static int canAccessPeer(int, int, int* can) { return *can = 1, 0; }
+  // Ranks are threads of one process, so a handle can simply carry the pointer.
+  static int ipcGetMemHandle(void* h, void* p) { return std::memcpy(h, &p, sizeof(p)), 0; }
+  static int ipcOpenMemHandle(void** p, const void* h) { return std::memcpy(p, h, sizeof(*p)), 0; }
+  static int ipcCloseMemHandle(void*) { return 0; }
+  static int ipcGetEventHandle(void* h, void* e) { return std::memcpy(h, &e, sizeof(e)), 0; }
+  static int ipcOpenEventHandle(void** e, const void* h) {
+    FakeEvent* orig = nullptr;
+    std::memcpy(&orig, h, sizeof(orig));
+    auto* ev = new FakeEvent;
+    ev->alias = orig;
+    return *e = ev, 0;
+  }
+  static int reduceAsync(void* dst, const void* src, size_t n, DataType t, ReduceOp op, double scale, void* s) {
+    return enqueue(s, [=] { reduceInto(dst, src, n, t, op, scale); }), 0;
+  }
+  static int divideAsync(void* buf, size_t n, DataType t, double by, void* s) {
+    return enqueue(s, [=] { divideBy(buf, n, t, by); }), 0;
+  }
+  static int scaleCopyAsync(void* dst, const void* src, size_t n, DataType t, double scale, void* s) {
+    return enqueue(s, [=] { scaleCopy(dst, src, n, t, scale); }), 0;
+  }
+  static void enqueue(void* s, std::function<void()> f) {
+    std::lock_guard<std::recursive_mutex> g(gFakeMu);
+    auto* st = static_cast<FakeStream*>(s);
+    st->q.push_back(std::move(f));
+    ++st->queued;
+  }
   static void drain(FakeStream* s, uint64_t upTo) {
-    std::lock_guard<std::mutex> g(s->mu);
+    std::lock_guard<std::recursive_mutex> g(gFakeMu);
     while (s->done < upTo && !s->q.empty()) {
-      s->q.front()();
+      auto f = std::move(s->q.front());
       s->q.pop_front();
       ++s->done;
+      f();
     }
   }
 };
@@ -92,18 +138,21 @@ const cuda::DeviceApi kFake = {
     cuda::kDeviceApiVersion, "fake device (host memory)", kNotReady, Fake::errorString, Fake::deviceCount,
     Fake::setDevice, Fake::getDevice, Fake::pointerDevice, Fake::hostAlloc, Fake::hostFree, Fake::streamCreate,
     Fake::streamDestroy, Fake::streamSynchronize, Fake::eventCreate, Fake::eventDestroy, Fake::eventRecord,
-    Fake::eventQuery, Fake::streamWaitEvent, Fake::memcpyAsync, nullptr, nullptr,
+    Fake::eventQuery, Fake::streamWaitEvent, Fake::memcpyAsync, Fake::deviceMalloc, Fake::deviceFree,
+    Fake::canAccessPeer, Fake::ipcGetMemHandle, Fake::ipcOpenMemHandle, Fake::ipcCloseMemHandle, Fake::eventCreate,
+    Fake::ipcGetEventHandle, Fake::ipcOpenEventHandle, Fake::reduceAsync, Fake::divideAsync, Fake::scaleCopyAsync,
 };
 
 struct Param {
   int size;
   bool shm;
   int64_t staging;  // RAILCC_CUDA_STAGING_BYTES: small ones cut many chunks
+  bool ipc;         // RAILCC_CUDA_IPC (used when every rank shares memory, i.e. shm)
 };
 
 std::string paramName(const testing::TestParamInfo<Param>& p) {
   return std::string(p.param.shm ? "shm" : "tcp") + "_n" + std::to_string(p.param.size) + "_stage" +
-         std::to_string(p.param.staging);
+         std::to_string(p.param.staging) + (p.param.ipc ? "_ipc" : "");
 }
 
 void runRanks(const Param& p, const std::function<void(Communicator&)>& body) {
@@ -114,6 +163,8 @@ void runRanks(const Param& p, const std::function<void(Communicator&)>& body) {
   cfg.shmDisable = !p.shm;
   cfg.initTimeoutSec = 30;
   cfg.cudaStagingBytes = p.staging;
+  cfg.cudaIpc = p.ipc;
+  cfg.cudaIpcBytes = 4 * 65536;  // the smallest chunks, so the tests cross several
   cfg.buffSize = 64 * 1024;
   std::vector<std::thread> threads;
   std::vector<std::string> errors(static_cast<size_t>(p.size));
@@ -173,6 +224,42 @@ TEST_P(Staged, AllreduceReduceBroadcast) {
       std::vector<int16_t> b(count, static_cast<int16_t>(me == root ? 7 : -1));
       waitOk(c.broadcast(b.data(), count, DataType::kInt16, root, Millis(0), kDev));
       for (int16_t x : b) ASSERT_EQ(x, 7);
+    }
+  });
+}
+
+// Every rank's input is a pattern of small integers, so every op is exact; the expected result
+// comes from the engine's host reduction applied in rank order.
+template <typename T>
+void allreduceMatches(Communicator& c, DataType dt, ReduceOp op, double scale, size_t count) {
+  int n = c.size(), me = c.rank();
+  auto input = [&](int r) {
+    std::vector<T> v(count);
+    for (size_t i = 0; i < count; ++i) v[i] = static_cast<T>((i * 7 + static_cast<size_t>(r) * 3) % 5 + 1);
+    return v;
+  };
+  std::vector<T> want = input(0);
+  if (op == ReduceOp::kPremulSum) scaleCopy(want.data(), want.data(), count, dt, scale);
+  for (int r = 1; r < n; ++r) {
+    auto x = input(r);
+    reduceInto(want.data(), x.data(), count, dt, op, scale);
+  }
+  if (op == ReduceOp::kAvg) divideBy(want.data(), count, dt, n);
+  auto got = input(me);
+  waitOk(c.allreduce(got.data(), count, dt, op, scale, Millis(0), kDev));
+  for (size_t i = 0; i < count; ++i)
+    ASSERT_EQ(got[i], want[i]) << dtypeName(dt) << " " << reduceOpName(op) << " count " << count << " i " << i;
+}
+
+TEST_P(Staged, AllreduceOpsAndDtypes) {
+  runRanks(GetParam(), [](Communicator& c) {
+    for (size_t count : {size_t(0), size_t(7), size_t(70001)}) {
+      allreduceMatches<float>(c, DataType::kFloat32, ReduceOp::kPremulSum, 0.5, count);
+      allreduceMatches<double>(c, DataType::kFloat64, ReduceOp::kAvg, 1.0, count);
+      allreduceMatches<float>(c, DataType::kFloat32, ReduceOp::kProduct, 1.0, count);
+      allreduceMatches<int32_t>(c, DataType::kInt32, ReduceOp::kMax, 1.0, count);
+      allreduceMatches<int8_t>(c, DataType::kInt8, ReduceOp::kMin, 1.0, count);
+      allreduceMatches<uint8_t>(c, DataType::kUInt8, ReduceOp::kBxor, 1.0, count);
     }
   });
 }
@@ -262,8 +349,11 @@ TEST_P(Staged, AlltoallUnevenGatherScatterCoalesced) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Chunks, Staged,
-                         testing::Values(Param{1, true, 4096}, Param{2, true, 4096}, Param{3, true, 4096},
-                                         Param{4, true, 65536}, Param{3, false, 4096}, Param{2, true, 33554432}),
+                         testing::Values(Param{1, true, 4096, false}, Param{2, true, 4096, false},
+                                         Param{3, true, 4096, false}, Param{4, true, 65536, false},
+                                         Param{3, false, 4096, false}, Param{2, true, 33554432, false},
+                                         Param{2, true, 4096, true}, Param{3, true, 4096, true},
+                                         Param{4, true, 65536, true}, Param{3, false, 4096, true}),
                          paramName);
 
 TEST(StagedErrors, MissingPluginIsAClearDeviceError) {
