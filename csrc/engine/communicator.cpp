@@ -273,6 +273,24 @@ class CommImpl {
   void ipcRound();
   void releaseIpc(const cuda::DeviceApi& api);
   void runIpcAllreduce(const Placement& where, char* buf, size_t count, DataType dt, ReduceOp op, double scale);
+  void runIpcAllgather(const Placement& where, const char* in, size_t count, DataType dt, const std::vector<char*>& outs);
+  void runIpcReduceScatter(const Placement& where, const std::vector<char*>& ins, char* out, size_t count, DataType dt,
+                           ReduceOp op, double scale);
+  void runIpcBroadcast(const Placement& where, char* buf, size_t count, DataType dt, int root);
+  // The end of a device op: this rank's stream has done the op's GPU work.
+  void ipcFinish(const cuda::DeviceApi& api, void* stream, int d, const char* what) {
+    checkDevice(api.eventRecord(stageEv_[0], stream), "cudaEventRecord", d);
+    deviceWait(api, stageEv_[0], d, what);
+  }
+  // Records `e` on this rank's stream, tells every peer, and orders this rank's stream after
+  // every peer's record of `e`.
+  void ipcStep(const cuda::DeviceApi& api, void* stream, int d, IpcEvent e) {
+    checkDevice(api.eventRecord(ipc_.ev[static_cast<size_t>(rank_)][e], stream), "cudaEventRecord", d);
+    ipcRound();
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_)
+        checkDevice(api.streamWaitEvent(stream, ipc_.ev[static_cast<size_t>(q)][e]), "cudaStreamWaitEvent (peer's IPC event)", d);
+  }
   char* stage_ = nullptr;     // pinned: two sets of staging chunks
   size_t stageCap_ = 0;
   void* stageEv_[2] = {nullptr, nullptr};
@@ -2254,10 +2272,6 @@ void CommImpl::runIpcAllreduce(const Placement& where, char* buf, size_t count, 
   const size_t per = ipc_.chunk / es;
   const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
   auto check = [d](int err, const char* call) { checkDevice(err, call, d); };
-  auto waitPeers = [&](IpcEvent e) {
-    for (size_t q = 0; q < n; ++q)
-      if (q != me) check(api.streamWaitEvent(stream, ipc_.ev[q][e]), "cudaStreamWaitEvent (peer's IPC event)");
-  };
   for (size_t k = 0; k < chunks; ++k) {
     const size_t off = k * per, m = count > off ? std::min(per, count - off) : 0;
     auto in = [&](size_t q) { return ipc_.pool[q] + (k & 1) * 2 * ipc_.chunk; };
@@ -2265,9 +2279,7 @@ void CommImpl::runIpcAllreduce(const Placement& where, char* buf, size_t count, 
     auto lo = [&](size_t j) { return m * j / n; };  // rank j reduces elements [lo(j), lo(j+1)) of the chunk
     // 1. this rank's chunk into its pool, where the peers can read it
     if (m) check(api.memcpyAsync(in(me), buf + off * es, m * es, stream), "cudaMemcpyAsync (into the IPC pool)");
-    check(api.eventRecord(ipc_.ev[me][kIpcIn], stream), "cudaEventRecord");
-    ipcRound();
-    waitPeers(kIpcIn);
+    ipcStep(api, stream, d, kIpcIn);
     // 2. reduce this rank's slice over every rank's chunk, in rank order (same bits everywhere)
     const size_t a = lo(me), len = lo(me + 1) - a;
     if (len) {
@@ -2278,9 +2290,7 @@ void CommImpl::runIpcAllreduce(const Placement& where, char* buf, size_t count, 
         check(api.reduceAsync(out, in(q) + a * es, len, dt, op, scale, stream), "reduce kernel");
       if (op == ReduceOp::kAvg) check(api.divideAsync(out, len, dt, static_cast<double>(n), stream), "divide kernel");
     }
-    check(api.eventRecord(ipc_.ev[me][kIpcRed], stream), "cudaEventRecord");
-    ipcRound();
-    waitPeers(kIpcRed);
+    ipcStep(api, stream, d, kIpcRed);
     // 3. every rank's reduced slice into the result
     for (size_t j = 0; j < n; ++j) {
       size_t b = lo(j), l = lo(j + 1) - b;
@@ -2288,13 +2298,79 @@ void CommImpl::runIpcAllreduce(const Placement& where, char* buf, size_t count, 
         check(api.memcpyAsync(buf + (off + b) * es, red(j) + b * es, l * es, stream), "cudaMemcpyAsync (peer's slice)");
     }
     // The slot is reused two chunks on: no rank writes it again before every peer read it.
-    check(api.eventRecord(ipc_.ev[me][kIpcDone], stream), "cudaEventRecord");
-    ipcRound();
-    waitPeers(kIpcDone);
+    ipcStep(api, stream, d, kIpcDone);
     lastProgress_ = Clock::now();
   }
-  check(api.eventRecord(stageEv_[0], stream), "cudaEventRecord");
-  deviceWait(api, stageEv_[0], d, "the CUDA IPC all-reduce");
+  ipcFinish(api, stream, d, "the CUDA IPC all-reduce");
+}
+
+void CommImpl::runIpcAllgather(const Placement& where, const char* in, size_t count, DataType dt,
+                               const std::vector<char*>& outs) {
+  const cuda::DeviceApi& api = deviceApi();
+  const int d = where.device;
+  void* stream = prepareDevice(api, where);
+  const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_), es = dtypeSize(dt);
+  const size_t per = 2 * ipc_.chunk / es;  // a slot is two chunk buffers
+  const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
+  for (size_t k = 0; k < chunks; ++k) {
+    const size_t off = k * per, m = count > off ? std::min(per, count - off) : 0;
+    auto slot = [&](size_t q) { return ipc_.pool[q] + (k & 1) * 2 * ipc_.chunk; };
+    if (m) checkDevice(api.memcpyAsync(slot(me), in + off * es, m * es, stream), "cudaMemcpyAsync (into the IPC pool)", d);
+    ipcStep(api, stream, d, kIpcIn);
+    for (size_t q = 0; q < n; ++q)
+      if (m) checkDevice(api.memcpyAsync(outs[q] + off * es, slot(q), m * es, stream), "cudaMemcpyAsync (peer's piece)", d);
+    ipcStep(api, stream, d, kIpcDone);
+    lastProgress_ = Clock::now();
+  }
+  ipcFinish(api, stream, d, "the CUDA IPC all-gather");
+}
+
+void CommImpl::runIpcReduceScatter(const Placement& where, const std::vector<char*>& ins, char* out, size_t count,
+                                   DataType dt, ReduceOp op, double scale) {
+  const cuda::DeviceApi& api = deviceApi();
+  const int d = where.device;
+  void* stream = prepareDevice(api, where);
+  const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_), es = dtypeSize(dt);
+  const size_t per = std::max<size_t>(2 * ipc_.chunk / n / es, 1);  // n pieces of a chunk fill a slot
+  const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
+  for (size_t k = 0; k < chunks; ++k) {
+    const size_t off = k * per, m = count > off ? std::min(per, count - off) : 0;
+    // piece j of rank q's slot: rank q's contribution to rank j's result
+    auto piece = [&](size_t q, size_t j) { return ipc_.pool[q] + (k & 1) * 2 * ipc_.chunk + j * m * es; };
+    for (size_t j = 0; j < n; ++j)
+      if (m) checkDevice(api.memcpyAsync(piece(me, j), ins[j] + off * es, m * es, stream), "cudaMemcpyAsync (into the IPC pool)", d);
+    ipcStep(api, stream, d, kIpcIn);
+    if (m) {
+      char* o = out + off * es;
+      if (op == ReduceOp::kPremulSum) checkDevice(api.scaleCopyAsync(o, piece(0, me), m, dt, scale, stream), "scale kernel", d);
+      else checkDevice(api.memcpyAsync(o, piece(0, me), m * es, stream), "cudaMemcpyAsync (peer's piece)", d);
+      for (size_t q = 1; q < n; ++q)
+        checkDevice(api.reduceAsync(o, piece(q, me), m, dt, op, scale, stream), "reduce kernel", d);
+      if (op == ReduceOp::kAvg) checkDevice(api.divideAsync(o, m, dt, static_cast<double>(n), stream), "divide kernel", d);
+    }
+    ipcStep(api, stream, d, kIpcDone);
+    lastProgress_ = Clock::now();
+  }
+  ipcFinish(api, stream, d, "the CUDA IPC reduce-scatter");
+}
+
+void CommImpl::runIpcBroadcast(const Placement& where, char* buf, size_t count, DataType dt, int root) {
+  const cuda::DeviceApi& api = deviceApi();
+  const int d = where.device;
+  void* stream = prepareDevice(api, where);
+  const size_t es = dtypeSize(dt), per = 2 * ipc_.chunk / es;
+  const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
+  const bool isRoot = rank_ == root;
+  for (size_t k = 0; k < chunks; ++k) {
+    const size_t off = k * per, m = count > off ? std::min(per, count - off) : 0;
+    char* slot = ipc_.pool[static_cast<size_t>(root)] + (k & 1) * 2 * ipc_.chunk;
+    if (isRoot && m) checkDevice(api.memcpyAsync(slot, buf + off * es, m * es, stream), "cudaMemcpyAsync (into the IPC pool)", d);
+    ipcStep(api, stream, d, kIpcIn);
+    if (!isRoot && m) checkDevice(api.memcpyAsync(buf + off * es, slot, m * es, stream), "cudaMemcpyAsync (root's chunk)", d);
+    ipcStep(api, stream, d, kIpcDone);
+    lastProgress_ = Clock::now();
+  }
+  ipcFinish(api, stream, d, "the CUDA IPC broadcast");
 }
 
 namespace {
@@ -2401,6 +2477,9 @@ RequestPtr Communicator::broadcast(void* buf, size_t count, DataType dt, int roo
   };
   if (where.onDevice())
     o->body = [c, where, buf, count, dt, root, run] {
+      const cuda::DeviceApi& api = deviceApi();
+      c->prepareDevice(api, where);
+      if (c->ipcReady(api, where.device)) return c->runIpcBroadcast(where, static_cast<char*>(buf), count, dt, root);
       bool isRoot = c->rank_ == root;
       c->runStaged(where, dt, 1, {{static_cast<char*>(buf), count, isRoot, !isRoot}},
                    [&](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); });
@@ -2469,6 +2548,9 @@ RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, st
   char* in8 = const_cast<char*>(static_cast<const char*>(in));
   if (where.onDevice())
     o->body = [c, where, in8, count, dt, o8, run] {
+      const cuda::DeviceApi& api = deviceApi();
+      c->prepareDevice(api, where);
+      if (c->ipcReady(api, where.device)) return c->runIpcAllgather(where, in8, count, dt, o8);
       std::vector<CommImpl::Region> regs{{in8, count, true, false}};
       for (char* p : o8) regs.push_back({p, count, false, true});
       c->runStaged(where, dt, o8.size() + 1, regs, [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
@@ -2509,7 +2591,10 @@ RequestPtr Communicator::reduceScatter(std::vector<const void*> ins, void* out, 
   for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
   char* out8 = static_cast<char*>(out);
   if (where.onDevice())
-    o->body = [c, where, i8, out8, count, dt, run] {
+    o->body = [c, where, i8, out8, count, dt, op, scale, run] {
+      const cuda::DeviceApi& api = deviceApi();
+      c->prepareDevice(api, where);
+      if (c->ipcReady(api, where.device)) return c->runIpcReduceScatter(where, i8, out8, count, dt, op, scale);
       std::vector<CommImpl::Region> regs;
       for (char* p : i8) regs.push_back({p, count, true, false});
       regs.push_back({out8, count, false, true});

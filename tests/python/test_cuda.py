@@ -2,8 +2,9 @@
 semantics, and DDP / FSDP2 training on the GPU.
 
 These need a GPU and a CUDA build of torch; ranks share GPUs round-robin (rank % device
-count), so one GPU runs 2, 3 and 4 ranks. all_reduce runs both ways: through CUDA IPC (the
-default when every rank is on one host) and staged through pinned host memory. Without a GPU everything here skips with the reason,
+count), so one GPU runs 2, 3 and 4 ranks. all_reduce, reduce_scatter, all_gather and broadcast
+run both ways: through CUDA IPC (the default when every rank is on one host) and staged
+through pinned host memory. Without a GPU everything here skips with the reason,
 except the plugin checks at the top, which run everywhere nvcc built the plugin.
 """
 
@@ -202,8 +203,8 @@ def rk_cuda_errors(rank, n):
 
 # ------------------------------------------------------------------------- tests
 
-# Small buffers, so that ops cross many chunks; "ipc" is the default path for ranks of one host
-# (all_reduce through CUDA IPC), "staged" forces pinned host staging for everything.
+# Small buffers, so that ops cross many chunks; "ipc" is the default path for ranks of one host,
+# "staged" forces pinned host staging for everything.
 SMALL_STAGING = {"RAILCC_CUDA_STAGING_BYTES": "65536", "RAILCC_CUDA_IPC_BYTES": "262144"}
 PATHS = {"ipc": {}, "staged": {"RAILCC_CUDA_IPC": "0"}}
 
@@ -218,9 +219,10 @@ def test_cuda_reductions(pools, n, path):
 
 
 @needs_gpu
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_cuda_movement(pools, n):
-    results = pools(n, **SMALL_STAGING).run(rk_cuda_movement, [0, 1, 13, 20011], timeout=600)
+def test_cuda_movement(pools, n, path):
+    results = pools(n, **SMALL_STAGING, **PATHS[path]).run(rk_cuda_movement, [0, 1, 13, 20011], timeout=600)
     bad = [f"rank {r}: {m}" for r, lst in enumerate(results) for m in lst]
     assert not bad, "\n".join(bad[:30])
 
