@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
@@ -259,6 +260,8 @@ class WorkRailcc : public c10d::Work {
       c10::StreamGuard g(dev_->comm);
       if (!err && after_) {
         dev_->start->block(dev_->comm);
+        // Not the caller's thread: no autograd here, and an inference tensor may be written.
+        c10::InferenceMode noGrad;
         after_();
       }
       dev_->end->record(dev_->comm);
@@ -420,6 +423,12 @@ DeviceCallPtr ProcessGroupRailcc::deviceCall(const char* what, const std::vector
   dev->start = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
   dev->end = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
   dev->start->record(impl.getStream(dev->device));
+  // The Work holds the tensors until the op ends; if it ends in an error while copies are
+  // still queued on the group's stream, the caching allocator must not hand their memory
+  // to anyone before that stream is past them.
+  for (auto& t : tensors)
+    if (t.defined() && t.device().is_cuda() && t.has_storage())
+      impl.recordDataPtrOnStream(t.storage().data_ptr(), dev->comm);
   return dev;
 }
 

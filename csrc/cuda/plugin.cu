@@ -11,10 +11,18 @@
 namespace railcc::cuda {
 namespace {
 
+// A failed runtime call also sets the calling thread's "last error", which torch's next
+// kernel-launch check on the same thread (future callbacks run on the engine's thread) would
+// report as its own. Every wrapper returns the error and clears it; NotReady included.
+int ret(cudaError_t e) {
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  return static_cast<int>(e);
+}
+
 const char* errorString(int err) { return cudaGetErrorString(static_cast<cudaError_t>(err)); }
-int deviceCount(int* n) { return cudaGetDeviceCount(n); }
-int setDevice(int d) { return cudaSetDevice(d); }
-int getDevice(int* d) { return cudaGetDevice(d); }
+int deviceCount(int* n) { return ret(cudaGetDeviceCount(n)); }
+int setDevice(int d) { return ret(cudaSetDevice(d)); }
+int getDevice(int* d) { return ret(cudaGetDevice(d)); }
 
 int pointerDevice(const void* p, int* device) {
   cudaPointerAttributes a{};
@@ -28,51 +36,51 @@ int pointerDevice(const void* p, int* device) {
   return 0;
 }
 
-int hostAlloc(void** p, size_t bytes) { return cudaHostAlloc(p, bytes, cudaHostAllocPortable); }
-int hostFree(void* p) { return cudaFreeHost(p); }
+int hostAlloc(void** p, size_t bytes) { return ret(cudaHostAlloc(p, bytes, cudaHostAllocPortable)); }
+int hostFree(void* p) { return ret(cudaFreeHost(p)); }
 int streamCreate(void** s) {
-  return cudaStreamCreateWithFlags(reinterpret_cast<cudaStream_t*>(s), cudaStreamNonBlocking);
+  return ret(cudaStreamCreateWithFlags(reinterpret_cast<cudaStream_t*>(s), cudaStreamNonBlocking));
 }
-int streamDestroy(void* s) { return cudaStreamDestroy(static_cast<cudaStream_t>(s)); }
-int streamSynchronize(void* s) { return cudaStreamSynchronize(static_cast<cudaStream_t>(s)); }
+int streamDestroy(void* s) { return ret(cudaStreamDestroy(static_cast<cudaStream_t>(s))); }
+int streamSynchronize(void* s) { return ret(cudaStreamSynchronize(static_cast<cudaStream_t>(s))); }
 int eventCreate(void** e) {
-  return cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(e), cudaEventDisableTiming);
+  return ret(cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(e), cudaEventDisableTiming));
 }
-int eventDestroy(void* e) { return cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
-int eventRecord(void* e, void* s) { return cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(s)); }
-int eventQuery(void* e) { return cudaEventQuery(static_cast<cudaEvent_t>(e)); }
+int eventDestroy(void* e) { return ret(cudaEventDestroy(static_cast<cudaEvent_t>(e))); }
+int eventRecord(void* e, void* s) { return ret(cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(s))); }
+int eventQuery(void* e) { return ret(cudaEventQuery(static_cast<cudaEvent_t>(e))); }
 int streamWaitEvent(void* s, void* e) {
-  return cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0);
+  return ret(cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0));
 }
 int memcpyAsync(void* dst, const void* src, size_t bytes, void* s) {
-  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(s));
+  return ret(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(s)));
 }
 
-int deviceMalloc(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
-int deviceFree(void* p) { return cudaFree(p); }
+int deviceMalloc(void** p, size_t bytes) { return ret(cudaMalloc(p, bytes)); }
+int deviceFree(void* p) { return ret(cudaFree(p)); }
 int canAccessPeer(int d, int peer, int* can) {
   if (d == peer) return *can = 1, 0;
-  return cudaDeviceCanAccessPeer(can, d, peer);
+  return ret(cudaDeviceCanAccessPeer(can, d, peer));
 }
 static_assert(sizeof(cudaIpcMemHandle_t) == kIpcHandleBytes, "IPC handle size");
 static_assert(sizeof(cudaIpcEventHandle_t) == kIpcHandleBytes, "IPC event handle size");
-int ipcGetMemHandle(void* h, void* p) { return cudaIpcGetMemHandle(static_cast<cudaIpcMemHandle_t*>(h), p); }
+int ipcGetMemHandle(void* h, void* p) { return ret(cudaIpcGetMemHandle(static_cast<cudaIpcMemHandle_t*>(h), p)); }
 int ipcOpenMemHandle(void** p, const void* h) {
   cudaIpcMemHandle_t handle;
   memcpy(&handle, h, sizeof(handle));
-  return cudaIpcOpenMemHandle(p, handle, cudaIpcMemLazyEnablePeerAccess);
+  return ret(cudaIpcOpenMemHandle(p, handle, cudaIpcMemLazyEnablePeerAccess));
 }
-int ipcCloseMemHandle(void* p) { return cudaIpcCloseMemHandle(p); }
+int ipcCloseMemHandle(void* p) { return ret(cudaIpcCloseMemHandle(p)); }
 int ipcEventCreate(void** e) {
-  return cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(e), cudaEventDisableTiming | cudaEventInterprocess);
+  return ret(cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(e), cudaEventDisableTiming | cudaEventInterprocess));
 }
 int ipcGetEventHandle(void* h, void* e) {
-  return cudaIpcGetEventHandle(static_cast<cudaIpcEventHandle_t*>(h), static_cast<cudaEvent_t>(e));
+  return ret(cudaIpcGetEventHandle(static_cast<cudaIpcEventHandle_t*>(h), static_cast<cudaEvent_t>(e)));
 }
 int ipcOpenEventHandle(void** e, const void* h) {
   cudaIpcEventHandle_t handle;
   memcpy(&handle, h, sizeof(handle));
-  return cudaIpcOpenEventHandle(reinterpret_cast<cudaEvent_t*>(e), handle);
+  return ret(cudaIpcOpenEventHandle(reinterpret_cast<cudaEvent_t*>(e), handle));
 }
 
 #define RAILCC_STR2(x) #x

@@ -111,6 +111,7 @@ unsigned blocksFor(size_t n) {
 template <typename T, typename Op>
 int launch(void* out, const void* a, const void* b, size_t n, bool scaled, double scale, cudaStream_t s) {
   if (n == 0) return 0;
+  (void)cudaGetLastError();  // what the launch check below reads must be this launch's
   auto* o = static_cast<T*>(out);
   auto* x = static_cast<const T*>(a);
   auto* y = static_cast<const T*>(b);
@@ -183,6 +184,7 @@ int dispatch(void* out, const void* a, const void* b, size_t n, DataType t, Redu
 template <typename T>
 int scaleLaunch(void* dst, const void* src, size_t n, double v, bool divide, cudaStream_t s) {
   if (n == 0) return 0;
+  (void)cudaGetLastError();
   scaleKernel<T><<<blocksFor(n), kThreads, 0, s>>>(static_cast<T*>(dst), static_cast<const T*>(src), n, v, divide);
   return static_cast<int>(cudaGetLastError());
 }

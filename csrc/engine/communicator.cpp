@@ -165,6 +165,7 @@ struct Transfer {
   ReduceOp op = ReduceOp::kSum;
   double scale = 1.0;
   const size_t* limit = nullptr;  // forwarding: send no further than another transfer has received
+  bool bypassCache = false;       // a large receive from shared memory: non-temporal stores
   // progress
   size_t hdrDone = 0;
   size_t done = 0;
@@ -271,7 +272,9 @@ class CommImpl {
   } ipc_;
   bool ipcReady(const cuda::DeviceApi& api, int device);
   void ipcRound();
-  void releaseIpc(const cuda::DeviceApi& api);
+  // Closes the peers' pools and events; frees this rank's own only when `peersDone` (every
+  // peer has closed them: an ipcRound after their close).
+  void releaseIpc(const cuda::DeviceApi& api, bool peersDone);
   void runIpcAllreduce(const Placement& where, char* buf, size_t count, DataType dt, ReduceOp op, double scale);
   void runIpcAllgather(const Placement& where, const char* in, size_t count, DataType dt, const std::vector<char*>& outs);
   void runIpcReduceScatter(const Placement& where, const std::vector<char*>& ins, char* out, size_t count, DataType dt,
@@ -311,8 +314,12 @@ class CommImpl {
     Transfer t = sendTo(peer, nullptr, bytes);
     t.kind = Transfer::kRecv;
     t.dst = static_cast<char*>(p);
+    t.bypassCache = bytes >= streamMin_ && peers_[static_cast<size_t>(peer)].transport == "shm";
     return t;
   }
+  // Receives of at least this many bytes from shared memory write around the cache: the
+  // local ranks' results together no longer fit in the last-level cache.
+  size_t streamMin_ = ~size_t(0);
   Transfer recvReduce(int peer, void* p, size_t count, DataType dt, ReduceOp op, double scale) {
     Transfer t = recvFrom(peer, p, count * dtypeSize(dt));
     t.kind = Transfer::kRecvReduce;
@@ -521,6 +528,7 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   lagFlagged_.assign(static_cast<size_t>(size_), false);
   bootstrap(store);
   hostname_ = peers_[static_cast<size_t>(rank_)].hostname;
+  streamMin_ = std::max<size_t>(transport::lastLevelCacheBytes() / localRanks_.size(), size_t(1) << 20);
   // A first progress record now, so that a rank frozen before the watchdog's first beat is
   // still told apart from one that never published anything.
   if (size_ > 1 && opts_.config.progressIntervalMs > 0) store.set("progress/" + std::to_string(rank_), progressRecord());
@@ -1112,7 +1120,18 @@ size_t CommImpl::progressRecv(Channel& ch, Transfer& t) {
   size_t moved = 0;
   if (t.kind == Transfer::kRecv) {
     while (t.done < t.bytes) {
-      size_t k = ch.conn->recv(t.dst + t.done, t.bytes - t.done);
+      size_t k;
+      if (t.bypassCache) {
+        // In pieces, each consumed at once, so the producer refills behind this copy.
+        auto [src, avail] = ch.conn->peek();
+        k = std::min({avail, t.bytes - t.done, size_t(256) << 10});
+        if (k) {
+          transport::streamCopy(t.dst + t.done, src, k);
+          ch.conn->consume(k);
+        }
+      } else {
+        k = ch.conn->recv(t.dst + t.done, t.bytes - t.done);
+      }
       if (k == 0) return moved;
       t.done += k;
       moved += k;
@@ -1961,7 +1980,10 @@ void CommImpl::runAllgatherRing(const char* mine, const std::vector<size_t>& siz
       auto [src, avail] = ring.peek(myIdx);
       size_t k = std::min(avail, want);
       if (k == 0) continue;
-      std::memcpy(outs[static_cast<size_t>(p)] + got[static_cast<size_t>(p)], src, k);
+      if (sizes[static_cast<size_t>(p)] >= streamMin_)
+        transport::streamCopy(outs[static_cast<size_t>(p)] + got[static_cast<size_t>(p)], src, k);
+      else
+        std::memcpy(outs[static_cast<size_t>(p)] + got[static_cast<size_t>(p)], src, k);
       ring.consume(myIdx, k);
       got[static_cast<size_t>(p)] += k;
       moved += k;
@@ -2037,15 +2059,19 @@ void CommImpl::releaseDevice() {
   } catch (const Error&) {
     return;
   }
-  // Errors are ignored here: at process exit the CUDA runtime may already be gone.
+  // Errors are ignored here: at process exit the CUDA runtime may already be gone. This runs
+  // on the caller's thread (shutdown), whose current device is put back afterwards.
+  int callerDevice = -1;
+  api->getDevice(&callerDevice);
   if (devOf_ >= 0) api->setDevice(devOf_);
-  releaseIpc(*api);
+  releaseIpc(*api, false);
   for (auto& ev : stageEv_)
     if (ev) api->eventDestroy(ev), ev = nullptr;
   if (ownStream_) api->streamDestroy(ownStream_), ownStream_ = nullptr;
   if (stage_) api->hostFree(stage_), stage_ = nullptr;
   stageCap_ = 0;
   devOf_ = -1;
+  if (callerDevice >= 0) api->setDevice(callerDevice);
 }
 
 void* CommImpl::prepareDevice(const cuda::DeviceApi& api, const Placement& where) {
@@ -2158,13 +2184,26 @@ void CommImpl::runStaged(const Placement& where, DataType dt, size_t slots, std:
 // ---------------------------------------------------------------------------------------
 // Device buffers: CUDA IPC between the processes of one host
 
-void CommImpl::releaseIpc(const cuda::DeviceApi& api) {
+void CommImpl::releaseIpc(const cuda::DeviceApi& api, bool peersDone) {
+  const size_t me = static_cast<size_t>(rank_);
   for (size_t r = 0; r < ipc_.pool.size(); ++r) {
-    bool mine = static_cast<int>(r) == rank_;
-    if (ipc_.pool[r]) mine ? api.deviceFree(ipc_.pool[r]) : api.ipcCloseMemHandle(ipc_.pool[r]);
-    // Opened event handles are released like events of this process.
-    for (void* e : ipc_.ev[r])
+    if (r == me) continue;
+    if (ipc_.pool[r]) api.ipcCloseMemHandle(ipc_.pool[r]);
+    for (void* e : ipc_.ev[r])  // opened event handles are destroyed like local events
       if (e) api.eventDestroy(e);
+  }
+  if (me < ipc_.pool.size()) {
+    // Freeing memory or events that a peer still has open is undefined in CUDA, and a peer's
+    // stream may still hold a wait on our events. Only when every peer is known to have
+    // closed them are they freed; otherwise they stay until the process exits.
+    if (peersDone) {
+      if (ipc_.pool[me]) api.deviceFree(ipc_.pool[me]);
+      for (void* e : ipc_.ev[me])
+        if (e) api.eventDestroy(e);
+    } else if (ipc_.pool[me]) {
+      RAILCC_INFO(COLL, "group '", opts_.name, "': keeping its ", (4 * ipc_.chunk) >> 10,
+                  " KiB CUDA IPC pool until the process exits (peers may still map it)");
+    }
   }
   ipc_.pool.clear();
   ipc_.ev.clear();
@@ -2254,7 +2293,17 @@ bool CommImpl::ipcReady(const cuda::DeviceApi& api, int d) {
     RAILCC_WARN(COLL, "group '", opts_.name, "': CUDA IPC is not usable (",
                 why.empty() ? std::string("another rank could not set it up") : why,
                 "); collectives on CUDA tensors are staged through pinned host memory");
-    releaseIpc(api);
+    // Peers close their mappings of our pool, then one more round before anyone frees.
+    const size_t mine = static_cast<size_t>(rank_);
+    char* own = ipc_.pool[mine];
+    auto ownEv = ipc_.ev[mine];
+    ipc_.pool[mine] = nullptr;
+    ipc_.ev[mine] = {nullptr, nullptr, nullptr};
+    releaseIpc(api, false);
+    ipcRound();
+    if (own) api.deviceFree(own);
+    for (void* e : ownEv)
+      if (e) api.eventDestroy(e);
     ipc_.failed = true;
     return false;
   }
