@@ -2,6 +2,7 @@
 // the real shm and socket transports run without Python or torch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <numeric>
 #include <thread>
@@ -9,6 +10,7 @@
 
 #include "engine/communicator.h"
 #include "engine/error.h"
+#include "transport/transport.h"
 
 using namespace railcc;
 using namespace railcc::engine;
@@ -110,6 +112,31 @@ TEST_P(Collectives, BroadcastAllgatherReduceScatter) {
     ASSERT_EQ(rs[0], 2 * c.rank() * n);
     ASSERT_EQ(rs[1], (2 * c.rank() + 1) * n);
   });
+}
+
+// Receives larger than the local ranks' share of the last-level cache take the
+// non-temporal copy (shm FIFO and broadcast ring); odd sizes and an unaligned destination.
+TEST(LargeReceives, BroadcastAndAllgatherPastTheCache) {
+  for (int n : {2, 3}) {
+    size_t count = transport::lastLevelCacheBytes() / static_cast<size_t>(n) + 13;
+    runRanks({n, true}, [count](Communicator& c) {
+      int me = c.rank(), n = c.size();
+      std::vector<uint8_t> b(count + 1, 0);
+      uint8_t* buf = b.data() + 1;  // unaligned
+      if (me == 0)
+        for (size_t i = 0; i < count; ++i) buf[i] = static_cast<uint8_t>(i * 7 + 1);
+      waitOk(c.broadcast(buf, count, DataType::kUInt8, 0));
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(buf[i], static_cast<uint8_t>(i * 7 + 1)) << i;
+      std::vector<uint8_t> in(count, static_cast<uint8_t>(me + 1)), out(count * static_cast<size_t>(n) + 1, 0);
+      std::vector<void*> outs;
+      for (int r = 0; r < n; ++r) outs.push_back(out.data() + 1 + count * static_cast<size_t>(r));
+      waitOk(c.allgather(in.data(), count, DataType::kUInt8, outs));
+      for (int r = 0; r < n; ++r) {
+        const uint8_t* o = static_cast<const uint8_t*>(outs[static_cast<size_t>(r)]);
+        ASSERT_TRUE(std::all_of(o, o + count, [r](uint8_t x) { return x == r + 1; })) << "piece of rank " << r;
+      }
+    });
+  }
 }
 
 TEST_P(Collectives, SendRecvRingAndBarrier) {

@@ -36,6 +36,27 @@ TEST(Shm, FifoWrapsAndPreservesOrder) {
   EXPECT_EQ(0, std::memcmp(src.data(), dst.data(), src.size()));
 }
 
+TEST(StreamCopy, EveryAlignmentAndTailMatchesMemcpy) {
+  std::vector<unsigned char> src(4096 + 64), dst(4096 + 64), want(4096 + 64);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 31 + 7);
+  for (size_t dOff = 0; dOff < 17; ++dOff)
+    for (size_t sOff = 0; sOff < 3; ++sOff)
+      for (size_t n : {size_t(0), size_t(1), size_t(15), size_t(16), size_t(63), size_t(64), size_t(65), size_t(1000),
+                       size_t(4096)}) {
+        std::fill(dst.begin(), dst.end(), 0xEE);
+        want = dst;
+        std::memcpy(want.data() + dOff, src.data() + sOff, n);
+        streamCopy(dst.data() + dOff, src.data() + sOff, n);
+        ASSERT_EQ(dst, want) << "dst offset " << dOff << " src offset " << sOff << " n " << n;
+      }
+}
+
+TEST(StreamCopy, LastLevelCacheSizeIsSane) {
+  size_t b = lastLevelCacheBytes();
+  EXPECT_GE(b, size_t(256) << 10);
+  EXPECT_LE(b, size_t(4) << 30);
+}
+
 TEST(Shm, StaleSegmentsOfDeadProcessesAreRemoved) {
   pid_t child = fork();
   if (child == 0) {
