@@ -135,7 +135,8 @@ def main(argv=None):
         if args.global_batch % world:
             raise SystemExit(f"--global-batch {args.global_batch} is not divisible by world size {world}")
     if args.device == "cuda":
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        # Ranks beyond the GPU count share GPUs (railcc supports that; NCCL does not).
+        local_rank = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
