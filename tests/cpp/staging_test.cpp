@@ -356,6 +356,31 @@ INSTANTIATE_TEST_SUITE_P(Chunks, Staged,
                                          Param{4, true, 65536, true}, Param{3, false, 4096, true}),
                          paramName);
 
+// GPUs that cannot reach each other's memory: every rank votes against CUDA IPC, and the
+// group falls back to staging (after closing the peers' mappings and one more round).
+struct FakeNoP2P : Fake {
+  static int pointerDevice(const void*, int* d) { return *d = 1, 0; }  // peers' pools look remote
+  static int canAccessPeer(int, int, int* can) { return *can = 0, 0; }
+};
+const cuda::DeviceApi kFakeNoP2P = [] {
+  cuda::DeviceApi a = kFake;
+  a.pointerDevice = FakeNoP2P::pointerDevice;
+  a.canAccessPeer = FakeNoP2P::canAccessPeer;
+  return a;
+}();
+
+TEST(StagedErrors, NoPeerAccessFallsBackToStaging) {
+  setDeviceApiForTesting(&kFakeNoP2P);
+  runRanks({3, true, 4096, true}, [](Communicator& c) {
+    for (int round = 0; round < 2; ++round) {  // the second op must not try IPC again
+      std::vector<int64_t> v(20011, c.rank() + 1);
+      waitOk(c.allreduce(v.data(), v.size(), DataType::kInt64, ReduceOp::kSum, 1.0, Millis(0), kDev));
+      for (int64_t x : v) ASSERT_EQ(x, 6);
+    }
+  });
+  setDeviceApiForTesting(nullptr);
+}
+
 TEST(StagedErrors, MissingPluginIsAClearDeviceError) {
   setDeviceApiForTesting(nullptr);
   setenv("RAILCC_CUDA_PLUGIN", "/nonexistent/librailcc_cuda.so", 1);
