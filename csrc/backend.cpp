@@ -279,8 +279,18 @@ class WorkRailcc : public c10d::Work {
     keep_.clear();
     after_ = nullptr;
     done_.store(true);
-    if (err) future_->setError(err);
-    else future_->markCompleted(c10::IValue(outputs_));
+    if (err) {
+      future_->setError(err);
+      return;
+    }
+    // markCompleted records the future's events and checks the tensors' devices; should it
+    // throw, the future still ends (with that error), or its waiters would hang.
+    try {
+      future_->markCompleted(c10::IValue(outputs_));
+    } catch (const std::exception&) {
+      error_ = std::current_exception();
+      if (!future_->completed()) future_->setError(error_);
+    }
   }
 
   const char* name_;
