@@ -247,8 +247,12 @@ def test_cuda_over_tcp(pools, n):
 
 @needs_gpu
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_cuda_ddp_matches_reference(world_size, tmp_path):
+def test_cuda_ddp_matches_reference(world_size, tmp_path, monkeypatch):
+    import test_training
     from test_training import STEPS, assert_same_training, launch, run_reference, _load
+    # cuBLAS and the CPU reference round differently; a bad reduction is off by far more.
+    monkeypatch.setattr(test_training, "RTOL", 1e-4)
+    monkeypatch.setattr(test_training, "ATOL", 1e-5)
     save = tmp_path / "final.pt"
     out = launch("ddp_train.py", world_size, "railcc",
                  [*STEPS, "--device", "cuda", "--bucket-cap-mb", "0.001", "--save", str(save)], tmp_path / "job")
@@ -258,8 +262,11 @@ def test_cuda_ddp_matches_reference(world_size, tmp_path):
 
 @needs_gpu
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_cuda_fsdp2_matches_reference(world_size, tmp_path):
+def test_cuda_fsdp2_matches_reference(world_size, tmp_path, monkeypatch):
+    import test_training
     from test_training import STEPS, assert_same_training, launch, run_reference, _load
+    monkeypatch.setattr(test_training, "RTOL", 1e-4)
+    monkeypatch.setattr(test_training, "ATOL", 1e-5)
     save = tmp_path / "final.pt"
     out = launch("fsdp2_train.py", world_size, "railcc", [*STEPS, "--device", "cuda", "--save", str(save)],
                  tmp_path / "job")
