@@ -10,6 +10,7 @@
 
 #include "engine/communicator.h"
 #include "engine/error.h"
+#include "ranks.h"
 #include "transport/transport.h"
 
 using namespace railcc;
@@ -26,40 +27,13 @@ std::string paramName(const testing::TestParamInfo<Param>& p) {
   return std::string(p.param.shm ? "shm" : "tcp") + "_n" + std::to_string(p.param.size);
 }
 
-// Runs body(comm) on `size` threads, each with its own communicator.
 void runRanks(const Param& p, const std::function<void(Communicator&)>& body, Config cfg = Config::defaults()) {
-  static int group = 0;
-  MemoryStore store;
-  PrefixStore prefixed("g" + std::to_string(group++) + "/", store);
   cfg.shmDisable = !p.shm;
   cfg.initTimeoutSec = 30;
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(static_cast<size_t>(p.size));
-  for (int r = 0; r < p.size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        CommOptions o;
-        o.rank = r;
-        o.size = p.size;
-        o.name = "test";
-        o.timeout = Millis(60000);
-        o.config = cfg;
-        Communicator c(prefixed, o);
-        body(c);
-        c.shutdown();
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < p.size; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  testing_util::runRanks(p.size, cfg, "test", body);
 }
 
-void waitOk(const RequestPtr& req) {
-  ASSERT_TRUE(req->wait(Millis(60000)));
-  if (req->error()) std::rethrow_exception(req->error());
-}
+using testing_util::waitOk;
 
 class Collectives : public testing::TestWithParam<Param> {};
 

@@ -24,6 +24,7 @@
 #include "engine/communicator.h"
 #include "engine/device.h"
 #include "engine/error.h"
+#include "ranks.h"
 
 using namespace railcc;
 using namespace railcc::engine;
@@ -156,9 +157,6 @@ std::string paramName(const testing::TestParamInfo<Param>& p) {
 }
 
 void runRanks(const Param& p, const std::function<void(Communicator&)>& body) {
-  static int group = 0;
-  MemoryStore store;
-  PrefixStore prefixed("s" + std::to_string(group++) + "/", store);
   Config cfg = Config::defaults();
   cfg.shmDisable = !p.shm;
   cfg.initTimeoutSec = 30;
@@ -166,33 +164,10 @@ void runRanks(const Param& p, const std::function<void(Communicator&)>& body) {
   cfg.cudaIpc = p.ipc;
   cfg.cudaIpcBytes = 4 * 65536;  // the smallest chunks, so the tests cross several
   cfg.buffSize = 64 * 1024;
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(static_cast<size_t>(p.size));
-  for (int r = 0; r < p.size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        CommOptions o;
-        o.rank = r;
-        o.size = p.size;
-        o.name = "staging";
-        o.timeout = Millis(60000);
-        o.config = cfg;
-        Communicator c(prefixed, o);
-        body(c);
-        c.shutdown();
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < p.size; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  testing_util::runRanks(p.size, cfg, "staging", body);
 }
 
-void waitOk(const RequestPtr& req) {
-  ASSERT_TRUE(req->wait(Millis(60000)));
-  if (req->error()) std::rethrow_exception(req->error());
-}
+using testing_util::waitOk;
 
 const Placement kDev{0, nullptr, nullptr};
 

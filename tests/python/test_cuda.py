@@ -209,22 +209,25 @@ SMALL_STAGING = {"RAILCC_CUDA_STAGING_BYTES": "65536", "RAILCC_CUDA_IPC_BYTES": 
 PATHS = {"ipc": {}, "staged": {"RAILCC_CUDA_IPC": "0"}}
 
 
+def run_all(pool, fn, *args, timeout=600):
+    """Runs fn on every rank; each returns a list of failures."""
+    results = pool.run(fn, *args, timeout=timeout)
+    bad = [f"rank {r}: {m}" for r, lst in enumerate(results) for m in lst]
+    assert not bad, "\n".join(bad[:30])
+
+
 @needs_gpu
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_cuda_reductions(pools, n, path):
-    results = pools(n, **SMALL_STAGING, **PATHS[path]).run(rk_cuda_reductions, [0, 1, 13, 20011], timeout=600)
-    bad = [f"rank {r}: {m}" for r, lst in enumerate(results) for m in lst]
-    assert not bad, "\n".join(bad[:30])
+    run_all(pools(n, **SMALL_STAGING, **PATHS[path]), rk_cuda_reductions, [0, 1, 13, 20011], timeout=600)
 
 
 @needs_gpu
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_cuda_movement(pools, n, path):
-    results = pools(n, **SMALL_STAGING, **PATHS[path]).run(rk_cuda_movement, [0, 1, 13, 20011], timeout=600)
-    bad = [f"rank {r}: {m}" for r, lst in enumerate(results) for m in lst]
-    assert not bad, "\n".join(bad[:30])
+    run_all(pools(n, **SMALL_STAGING, **PATHS[path]), rk_cuda_movement, [0, 1, 13, 20011], timeout=600)
 
 
 @needs_gpu
@@ -232,17 +235,13 @@ def test_cuda_movement(pools, n, path):
 @pytest.mark.parametrize("n", [2, 3, 4])
 @pytest.mark.parametrize("fn", [rk_cuda_coalesced, rk_cuda_streams, rk_cuda_errors], ids=lambda f: f.__name__[3:])
 def test_cuda_semantics(pools, n, fn, path):
-    results = pools(n, **PATHS[path]).run(fn, timeout=300)
-    bad = [f"rank {r}: {m}" for r, lst in enumerate(results) for m in lst]
-    assert not bad, "\n".join(bad[:30])
+    run_all(pools(n, **PATHS[path]), fn, timeout=300)
 
 
 @needs_gpu
 @pytest.mark.parametrize("n", [2, 3])
 def test_cuda_over_tcp(pools, n):
-    results = pools(n, RAILCC_SHM_DISABLE="1", **SMALL_STAGING).run(rk_cuda_movement, [13, 20011], timeout=600)
-    bad = [f"rank {r}: {m}" for r, lst in enumerate(results) for m in lst]
-    assert not bad, "\n".join(bad[:30])
+    run_all(pools(n, RAILCC_SHM_DISABLE="1", **SMALL_STAGING), rk_cuda_movement, [13, 20011], timeout=600)
 
 
 @needs_gpu

@@ -1,0 +1,53 @@
+#pragma once
+
+// Shared by the engine test files: every rank is a thread with its own Communicator over one
+// MemoryStore, so the real shm and socket transports run without Python or torch.
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/communicator.h"
+#include "engine/store.h"
+
+namespace railcc::engine::testing_util {
+
+/// Runs body(comm) on `size` threads, each with its own communicator; an exception on any
+/// rank fails the test, naming the rank.
+inline void runRanks(int size, const Config& cfg, const std::string& name,
+                     const std::function<void(Communicator&)>& body) {
+  static int group = 0;
+  MemoryStore store;
+  PrefixStore prefixed("g" + std::to_string(group++) + "/", store);
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions o;
+        o.rank = r;
+        o.size = size;
+        o.name = name;
+        o.timeout = Millis(60000);
+        o.config = cfg;
+        Communicator c(prefixed, o);
+        body(c);
+        c.shutdown();
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < size; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+}
+
+inline void waitOk(const RequestPtr& req) {
+  ASSERT_TRUE(req->wait(Millis(60000)));
+  if (req->error()) std::rethrow_exception(req->error());
+}
+
+}  // namespace railcc::engine::testing_util
