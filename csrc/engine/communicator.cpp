@@ -280,6 +280,8 @@ class CommImpl {
   void runIpcReduceScatter(const Placement& where, const std::vector<char*>& ins, char* out, size_t count, DataType dt,
                            ReduceOp op, double scale);
   void runIpcBroadcast(const Placement& where, char* buf, size_t count, DataType dt, int root);
+  void runIpcAlltoall(const Placement& where, const std::vector<char*>& ins, const std::vector<size_t>& inCounts,
+                      const std::vector<char*>& outs, const std::vector<size_t>& outCounts, DataType dt);
   // The end of a device op: this rank's stream has done the op's GPU work.
   void ipcFinish(const cuda::DeviceApi& api, void* stream, int d, const char* what) {
     checkDevice(api.eventRecord(stageEv_[0], stream), "cudaEventRecord", d);
@@ -2422,6 +2424,44 @@ void CommImpl::runIpcBroadcast(const Placement& where, char* buf, size_t count, 
   ipcFinish(api, stream, d, "the CUDA IPC broadcast");
 }
 
+void CommImpl::runIpcAlltoall(const Placement& where, const std::vector<char*>& ins, const std::vector<size_t>& inCounts,
+                              const std::vector<char*>& outs, const std::vector<size_t>& outCounts, DataType dt) {
+  const cuda::DeviceApi& api = deviceApi();
+  const int d = where.device;
+  void* stream = prepareDevice(api, where);
+  const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_), es = dtypeSize(dt);
+  const size_t per = std::max<size_t>(2 * ipc_.chunk / n / es, 1);  // n pieces of a chunk fill a slot
+  // Splits differ per rank: agree on the number of chunks first.
+  int64_t most = 0;
+  for (size_t j = 0; j < n; ++j) most = std::max<int64_t>(most, static_cast<int64_t>(std::max(inCounts[j], outCounts[j])));
+  runAllreduce(reinterpret_cast<char*>(&most), 1, DataType::kInt64, ReduceOp::kMax, 1.0);
+  const size_t chunks = std::max<size_t>(1, (static_cast<size_t>(most) + per - 1) / per);
+  auto part = [&](size_t count, size_t k) {
+    size_t lo = k * per;
+    return lo >= count ? size_t(0) : std::min(per, count - lo);
+  };
+  for (size_t k = 0; k < chunks; ++k) {
+    // piece j of rank q's slot: what rank q sends rank j, elements [k*per, k*per + per)
+    auto piece = [&](size_t q, size_t j) { return ipc_.pool[q] + (k & 1) * 2 * ipc_.chunk + j * per * es; };
+    for (size_t j = 0; j < n; ++j) {
+      size_t m = part(inCounts[j], k);
+      if (m)
+        checkDevice(api.memcpyAsync(piece(me, j), ins[j] + k * per * es, m * es, stream),
+                    "cudaMemcpyAsync (into the IPC pool)", d);
+    }
+    ipcStep(api, stream, d, kIpcIn);
+    for (size_t q = 0; q < n; ++q) {
+      size_t m = part(outCounts[q], k);
+      if (m)
+        checkDevice(api.memcpyAsync(outs[q] + k * per * es, piece(q, me), m * es, stream), "cudaMemcpyAsync (peer's piece)",
+                    d);
+    }
+    ipcStep(api, stream, d, kIpcDone);
+    lastProgress_ = Clock::now();
+  }
+  ipcFinish(api, stream, d, "the CUDA IPC all-to-all");
+}
+
 namespace {
 void checkRoot(int root, int size, const char* what) {
   RAILCC_CHECK_ARG(root >= 0 && root < size, what, ": root rank ", root, " is out of range for a group of size ", size);
@@ -2687,6 +2727,9 @@ RequestPtr Communicator::alltoall(std::vector<const void*> ins, std::vector<size
   for (void* p : outs) o8.push_back(static_cast<char*>(p));
   if (where.onDevice())
     o->body = [c, where, i8, o8, inCounts, outCounts, dt, run, n] {
+      const cuda::DeviceApi& api = deviceApi();
+      c->prepareDevice(api, where);
+      if (c->ipcReady(api, where.device)) return c->runIpcAlltoall(where, i8, inCounts, o8, outCounts, dt);
       std::vector<CommImpl::Region> regs;
       for (size_t i = 0; i < n; ++i) regs.push_back({i8[i], inCounts[i], true, false});
       for (size_t i = 0; i < n; ++i) regs.push_back({o8[i], outCounts[i], false, true});
