@@ -28,8 +28,10 @@ def test_googletest_suite():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed: the CUDA kernels cannot be compiled here")
 def test_cuda_plugin_compiles():
     # The GoogleTest build above configures the CUDA plugin when nvcc is on PATH.
-    subprocess.run(["cmake", "-S", ROOT, "-B", BUILD, "-G", "Ninja", "-DRAILCC_BUILD_PYTHON=OFF",
-                    "-DRAILCC_BUILD_TESTS=ON"], check=True, timeout=300, capture_output=True)
+    cfg = subprocess.run(["cmake", "-S", ROOT, "-B", BUILD, "-G", "Ninja", "-DRAILCC_BUILD_PYTHON=OFF",
+                          "-DRAILCC_BUILD_TESTS=ON"], check=True, timeout=300, capture_output=True, text=True)
+    if "CUDA runtime library; the CUDA plugin is not built" in cfg.stdout:
+        pytest.skip("nvcc is installed without the CUDA runtime library")
     r = subprocess.run(["cmake", "--build", BUILD, "--target", "railcc_cuda_plugin"], timeout=900, capture_output=True,
                        text=True)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
