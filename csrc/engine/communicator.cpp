@@ -240,6 +240,13 @@ class CommImpl {
   // chunk on pinned staging: the copy to host of chunk k+1 and the copy back of chunk k-1
   // overlap the network part of chunk k. Each region is one buffer of the op; regions with the
   // same address are staged once (in-place ops).
+  // Once per device op: sets the device, makes the events (and own stream) for it, and
+  // orders the op's stream after the caller's event.
+  struct DeviceOp {
+    int device;
+    void* stream;
+  };
+  DeviceOp beginDevice(const Placement& where);
   struct Region {
     char* dev;
     size_t count;  // elements
@@ -249,11 +256,8 @@ class CommImpl {
   // `slots` is the most regions any rank of the group passes for this op, so every rank cuts
   // the same chunks; `agree` first agrees on the largest region across ranks (alltoall, whose
   // splits differ per rank).
-  void runStaged(const Placement& where, DataType dt, size_t slots, std::vector<Region> regions, const StagedBody& body,
+  void runStaged(const DeviceOp& dv, DataType dt, size_t slots, std::vector<Region> regions, const StagedBody& body,
                  bool agree = false);
-  // Sets the device, makes the events (and own stream) for it, orders the op's stream after
-  // the caller's event; returns the stream.
-  void* prepareDevice(const cuda::DeviceApi& api, const Placement& where);
   void deviceWait(const cuda::DeviceApi& api, void* ev, int device, const char* what);
   void releaseDevice();
 
@@ -270,17 +274,17 @@ class CommImpl {
     std::vector<char*> pool;                      // [rank]: that rank's pool as mapped here
     std::vector<std::array<void*, kIpcEvents>> ev;  // [rank]: its events as opened here
   } ipc_;
-  bool ipcReady(const cuda::DeviceApi& api, int device);
+  bool ipcReady(int device);
   void ipcRound();
   // Closes the peers' pools and events; frees this rank's own only when `peersDone` (every
   // peer has closed them: an ipcRound after their close).
   void releaseIpc(const cuda::DeviceApi& api, bool peersDone);
-  void runIpcAllreduce(const Placement& where, char* buf, size_t count, DataType dt, ReduceOp op, double scale);
-  void runIpcAllgather(const Placement& where, const char* in, size_t count, DataType dt, const std::vector<char*>& outs);
-  void runIpcReduceScatter(const Placement& where, const std::vector<char*>& ins, char* out, size_t count, DataType dt,
+  void runIpcAllreduce(const DeviceOp& dv, char* buf, size_t count, DataType dt, ReduceOp op, double scale);
+  void runIpcAllgather(const DeviceOp& dv, const char* in, size_t count, DataType dt, const std::vector<char*>& outs);
+  void runIpcReduceScatter(const DeviceOp& dv, const std::vector<char*>& ins, char* out, size_t count, DataType dt,
                            ReduceOp op, double scale);
-  void runIpcBroadcast(const Placement& where, char* buf, size_t count, DataType dt, int root);
-  void runIpcAlltoall(const Placement& where, const std::vector<char*>& ins, const std::vector<size_t>& inCounts,
+  void runIpcBroadcast(const DeviceOp& dv, char* buf, size_t count, DataType dt, int root);
+  void runIpcAlltoall(const DeviceOp& dv, const std::vector<char*>& ins, const std::vector<size_t>& inCounts,
                       const std::vector<char*>& outs, const std::vector<size_t>& outCounts, DataType dt);
   // The end of a device op: this rank's stream has done the op's GPU work.
   void ipcFinish(const cuda::DeviceApi& api, void* stream, int d, const char* what) {
@@ -2076,7 +2080,8 @@ void CommImpl::releaseDevice() {
   if (callerDevice >= 0) api->setDevice(callerDevice);
 }
 
-void* CommImpl::prepareDevice(const cuda::DeviceApi& api, const Placement& where) {
+CommImpl::DeviceOp CommImpl::beginDevice(const Placement& where) {
+  const cuda::DeviceApi& api = deviceApi();
   const int d = where.device;
   checkDevice(api.setDevice(d), "cudaSetDevice", d);
   if (devOf_ != d) {
@@ -2093,14 +2098,14 @@ void* CommImpl::prepareDevice(const cuda::DeviceApi& api, const Placement& where
     stream = ownStream_;
   }
   if (where.waitEvent) checkDevice(api.streamWaitEvent(stream, where.waitEvent), "cudaStreamWaitEvent", d);
-  return stream;
+  return {d, stream};
 }
 
-void CommImpl::runStaged(const Placement& where, DataType dt, size_t slots, std::vector<Region> regions,
+void CommImpl::runStaged(const DeviceOp& dv, DataType dt, size_t slots, std::vector<Region> regions,
                          const StagedBody& body, bool agree) {
   const cuda::DeviceApi& api = deviceApi();
-  const int d = where.device;
-  void* stream = prepareDevice(api, where);
+  const int d = dv.device;
+  void* stream = dv.stream;
 
   // Regions at one address are staged once, so an in-place op stays in place on the host.
   std::vector<size_t> slot(regions.size());
@@ -2222,7 +2227,8 @@ void CommImpl::ipcRound() {
   exchange(xs);
 }
 
-bool CommImpl::ipcReady(const cuda::DeviceApi& api, int d) {
+bool CommImpl::ipcReady(int d) {
+  const cuda::DeviceApi& api = deviceApi();
   if (!opts_.config.cudaIpc || size_ < 2 || static_cast<int>(localRanks_.size()) != size_ || !api.ipcGetMemHandle)
     return false;
   if (ipc_.failed) return false;
@@ -2314,11 +2320,11 @@ bool CommImpl::ipcReady(const cuda::DeviceApi& api, int d) {
   return true;
 }
 
-void CommImpl::runIpcAllreduce(const Placement& where, char* buf, size_t count, DataType dt, ReduceOp op,
+void CommImpl::runIpcAllreduce(const DeviceOp& dv, char* buf, size_t count, DataType dt, ReduceOp op,
                                double scale) {
   const cuda::DeviceApi& api = deviceApi();
-  const int d = where.device;
-  void* stream = prepareDevice(api, where);
+  const int d = dv.device;
+  void* stream = dv.stream;
   const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_), es = dtypeSize(dt);
   const size_t per = ipc_.chunk / es;
   const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
@@ -2355,11 +2361,11 @@ void CommImpl::runIpcAllreduce(const Placement& where, char* buf, size_t count, 
   ipcFinish(api, stream, d, "the CUDA IPC all-reduce");
 }
 
-void CommImpl::runIpcAllgather(const Placement& where, const char* in, size_t count, DataType dt,
+void CommImpl::runIpcAllgather(const DeviceOp& dv, const char* in, size_t count, DataType dt,
                                const std::vector<char*>& outs) {
   const cuda::DeviceApi& api = deviceApi();
-  const int d = where.device;
-  void* stream = prepareDevice(api, where);
+  const int d = dv.device;
+  void* stream = dv.stream;
   const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_), es = dtypeSize(dt);
   const size_t per = 2 * ipc_.chunk / es;  // a slot is two chunk buffers
   const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
@@ -2376,11 +2382,11 @@ void CommImpl::runIpcAllgather(const Placement& where, const char* in, size_t co
   ipcFinish(api, stream, d, "the CUDA IPC all-gather");
 }
 
-void CommImpl::runIpcReduceScatter(const Placement& where, const std::vector<char*>& ins, char* out, size_t count,
+void CommImpl::runIpcReduceScatter(const DeviceOp& dv, const std::vector<char*>& ins, char* out, size_t count,
                                    DataType dt, ReduceOp op, double scale) {
   const cuda::DeviceApi& api = deviceApi();
-  const int d = where.device;
-  void* stream = prepareDevice(api, where);
+  const int d = dv.device;
+  void* stream = dv.stream;
   const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_), es = dtypeSize(dt);
   const size_t per = std::max<size_t>(2 * ipc_.chunk / n / es, 1);  // n pieces of a chunk fill a slot
   const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
@@ -2405,10 +2411,10 @@ void CommImpl::runIpcReduceScatter(const Placement& where, const std::vector<cha
   ipcFinish(api, stream, d, "the CUDA IPC reduce-scatter");
 }
 
-void CommImpl::runIpcBroadcast(const Placement& where, char* buf, size_t count, DataType dt, int root) {
+void CommImpl::runIpcBroadcast(const DeviceOp& dv, char* buf, size_t count, DataType dt, int root) {
   const cuda::DeviceApi& api = deviceApi();
-  const int d = where.device;
-  void* stream = prepareDevice(api, where);
+  const int d = dv.device;
+  void* stream = dv.stream;
   const size_t es = dtypeSize(dt), per = 2 * ipc_.chunk / es;
   const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
   const bool isRoot = rank_ == root;
@@ -2424,11 +2430,11 @@ void CommImpl::runIpcBroadcast(const Placement& where, char* buf, size_t count, 
   ipcFinish(api, stream, d, "the CUDA IPC broadcast");
 }
 
-void CommImpl::runIpcAlltoall(const Placement& where, const std::vector<char*>& ins, const std::vector<size_t>& inCounts,
+void CommImpl::runIpcAlltoall(const DeviceOp& dv, const std::vector<char*>& ins, const std::vector<size_t>& inCounts,
                               const std::vector<char*>& outs, const std::vector<size_t>& outCounts, DataType dt) {
   const cuda::DeviceApi& api = deviceApi();
-  const int d = where.device;
-  void* stream = prepareDevice(api, where);
+  const int d = dv.device;
+  void* stream = dv.stream;
   const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_), es = dtypeSize(dt);
   const size_t per = std::max<size_t>(2 * ipc_.chunk / n / es, 1);  // n pieces of a chunk fill a slot
   // Splits differ per rank: agree on the number of chunks first.
@@ -2476,11 +2482,10 @@ RequestPtr Communicator::allreduce(void* buf, size_t count, DataType dt, ReduceO
   auto run = [c, dt, op, scale](char* b, size_t n) { c->runAllreduce(b, n, dt, op, scale); };
   if (where.onDevice())
     o->body = [c, where, buf, count, dt, op, scale, run] {
-      const cuda::DeviceApi& api = deviceApi();
-      c->prepareDevice(api, where);
-      if (c->ipcReady(api, where.device))
-        return c->runIpcAllreduce(where, static_cast<char*>(buf), count, dt, op, scale);
-      c->runStaged(where, dt, 1, {{static_cast<char*>(buf), count, true, true}},
+      auto dv = c->beginDevice(where);
+      if (c->ipcReady(dv.device))
+        return c->runIpcAllreduce(dv, static_cast<char*>(buf), count, dt, op, scale);
+      c->runStaged(dv, dt, 1, {{static_cast<char*>(buf), count, true, true}},
                    [&](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); });
     };
   else
@@ -2534,7 +2539,7 @@ RequestPtr Communicator::allreduceCoalesced(std::vector<void*> bufs, std::vector
     o->body = [c, where, ptrs, counts, dt, op, scale] {
       std::vector<CommImpl::Region> regs;
       for (size_t i = 0; i < ptrs.size(); ++i) regs.push_back({ptrs[i], counts[i], true, true});
-      c->runStaged(where, dt, regs.size(), regs, [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
+      c->runStaged(c->beginDevice(where), dt, regs.size(), regs, [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
         coalescedAllreduce(c, h, n, dt, op, scale);
       });
     };
@@ -2566,11 +2571,10 @@ RequestPtr Communicator::broadcast(void* buf, size_t count, DataType dt, int roo
   };
   if (where.onDevice())
     o->body = [c, where, buf, count, dt, root, run] {
-      const cuda::DeviceApi& api = deviceApi();
-      c->prepareDevice(api, where);
-      if (c->ipcReady(api, where.device)) return c->runIpcBroadcast(where, static_cast<char*>(buf), count, dt, root);
+      auto dv = c->beginDevice(where);
+      if (c->ipcReady(dv.device)) return c->runIpcBroadcast(dv, static_cast<char*>(buf), count, dt, root);
       bool isRoot = c->rank_ == root;
-      c->runStaged(where, dt, 1, {{static_cast<char*>(buf), count, isRoot, !isRoot}},
+      c->runStaged(dv, dt, 1, {{static_cast<char*>(buf), count, isRoot, !isRoot}},
                    [&](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); });
     };
   else
@@ -2601,7 +2605,7 @@ RequestPtr Communicator::reduce(void* buf, size_t count, DataType dt, ReduceOp o
   };
   if (where.onDevice())
     o->body = [c, where, buf, count, dt, root, run] {
-      c->runStaged(where, dt, 1, {{static_cast<char*>(buf), count, true, c->rank_ == root}},
+      c->runStaged(c->beginDevice(where), dt, 1, {{static_cast<char*>(buf), count, true, c->rank_ == root}},
                    [&](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); });
     };
   else
@@ -2637,12 +2641,11 @@ RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, st
   char* in8 = const_cast<char*>(static_cast<const char*>(in));
   if (where.onDevice())
     o->body = [c, where, in8, count, dt, o8, run] {
-      const cuda::DeviceApi& api = deviceApi();
-      c->prepareDevice(api, where);
-      if (c->ipcReady(api, where.device)) return c->runIpcAllgather(where, in8, count, dt, o8);
+      auto dv = c->beginDevice(where);
+      if (c->ipcReady(dv.device)) return c->runIpcAllgather(dv, in8, count, dt, o8);
       std::vector<CommImpl::Region> regs{{in8, count, true, false}};
       for (char* p : o8) regs.push_back({p, count, false, true});
-      c->runStaged(where, dt, o8.size() + 1, regs, [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
+      c->runStaged(dv, dt, o8.size() + 1, regs, [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
         run(h[0], n[0], std::vector<char*>(h.begin() + 1, h.end()));
       });
     };
@@ -2681,13 +2684,12 @@ RequestPtr Communicator::reduceScatter(std::vector<const void*> ins, void* out, 
   char* out8 = static_cast<char*>(out);
   if (where.onDevice())
     o->body = [c, where, i8, out8, count, dt, op, scale, run] {
-      const cuda::DeviceApi& api = deviceApi();
-      c->prepareDevice(api, where);
-      if (c->ipcReady(api, where.device)) return c->runIpcReduceScatter(where, i8, out8, count, dt, op, scale);
+      auto dv = c->beginDevice(where);
+      if (c->ipcReady(dv.device)) return c->runIpcReduceScatter(dv, i8, out8, count, dt, op, scale);
       std::vector<CommImpl::Region> regs;
       for (char* p : i8) regs.push_back({p, count, true, false});
       regs.push_back({out8, count, false, true});
-      c->runStaged(where, dt, i8.size() + 1, regs, [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
+      c->runStaged(dv, dt, i8.size() + 1, regs, [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
         run(std::vector<char*>(h.begin(), h.end() - 1), h.back(), n.back());
       });
     };
@@ -2727,14 +2729,13 @@ RequestPtr Communicator::alltoall(std::vector<const void*> ins, std::vector<size
   for (void* p : outs) o8.push_back(static_cast<char*>(p));
   if (where.onDevice())
     o->body = [c, where, i8, o8, inCounts, outCounts, dt, run, n] {
-      const cuda::DeviceApi& api = deviceApi();
-      c->prepareDevice(api, where);
-      if (c->ipcReady(api, where.device)) return c->runIpcAlltoall(where, i8, inCounts, o8, outCounts, dt);
+      auto dv = c->beginDevice(where);
+      if (c->ipcReady(dv.device)) return c->runIpcAlltoall(dv, i8, inCounts, o8, outCounts, dt);
       std::vector<CommImpl::Region> regs;
       for (size_t i = 0; i < n; ++i) regs.push_back({i8[i], inCounts[i], true, false});
       for (size_t i = 0; i < n; ++i) regs.push_back({o8[i], outCounts[i], false, true});
       c->runStaged(
-          where, dt, 2 * n, regs,
+          dv, dt, 2 * n, regs,
           [&](const std::vector<char*>& h, const std::vector<size_t>& k) {
             run(std::vector<char*>(h.begin(), h.begin() + static_cast<long>(n)),
                 std::vector<size_t>(k.begin(), k.begin() + static_cast<long>(n)),
@@ -2777,7 +2778,7 @@ RequestPtr Communicator::gather(const void* in, size_t count, DataType dt, std::
     o->body = [c, where, in8, count, dt, o8, run] {
       std::vector<CommImpl::Region> regs{{in8, count, true, false}};
       for (char* p : o8) regs.push_back({p, count, false, true});
-      c->runStaged(where, dt, static_cast<size_t>(c->size_) + 1, regs,
+      c->runStaged(c->beginDevice(where), dt, static_cast<size_t>(c->size_) + 1, regs,
                    [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
                      run(h[0], n[0], std::vector<char*>(h.begin() + 1, h.end()));
                    });
@@ -2817,7 +2818,7 @@ RequestPtr Communicator::scatter(std::vector<const void*> ins, void* out, size_t
       std::vector<CommImpl::Region> regs;
       for (char* p : i8) regs.push_back({p, count, true, false});
       regs.push_back({out8, count, false, true});
-      c->runStaged(where, dt, static_cast<size_t>(c->size_) + 1, regs,
+      c->runStaged(c->beginDevice(where), dt, static_cast<size_t>(c->size_) + 1, regs,
                    [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
                      run(std::vector<char*>(h.begin(), h.end() - 1), h.back(), n.back());
                    });
