@@ -264,7 +264,7 @@ class CommImpl {
   // CUDA IPC (every rank on this host): each rank owns a device pool of two slots, each an
   // input chunk and a reduced chunk, mapped by every peer, and three interprocess events. GPU
   // work of different ranks is ordered only by those events and by zero-byte host messages
-  // (ipcRound), never by a kernel waiting on another process's memory, so ranks that share
+  // (syncRound), never by a kernel waiting on another process's memory, so ranks that share
   // one GPU cannot deadlock on it.
   enum IpcEvent { kIpcIn, kIpcRed, kIpcDone, kIpcEvents };
   struct IpcState {
@@ -275,9 +275,11 @@ class CommImpl {
     std::vector<std::array<void*, kIpcEvents>> ev;  // [rank]: its events as opened here
   } ipc_;
   bool ipcReady(int device);
-  void ipcRound();
+  // A zero-byte message to and from every peer: each rank knows every peer has reached this
+  // point of the op (and the headers check that all called the same op).
+  void syncRound();
   // Closes the peers' pools and events; frees this rank's own only when `peersDone` (every
-  // peer has closed them: an ipcRound after their close).
+  // peer has closed them: an syncRound after their close).
   void releaseIpc(const cuda::DeviceApi& api, bool peersDone);
   void runIpcAllreduce(const DeviceOp& dv, char* buf, size_t count, DataType dt, ReduceOp op, double scale);
   void runIpcAllgather(const DeviceOp& dv, const char* in, size_t count, DataType dt, const std::vector<char*>& outs);
@@ -295,7 +297,7 @@ class CommImpl {
   // every peer's record of `e`.
   void ipcStep(const cuda::DeviceApi& api, void* stream, int d, IpcEvent e) {
     checkDevice(api.eventRecord(ipc_.ev[static_cast<size_t>(rank_)][e], stream), "cudaEventRecord", d);
-    ipcRound();
+    syncRound();
     for (int q = 0; q < size_; ++q)
       if (q != rank_)
         checkDevice(api.streamWaitEvent(stream, ipc_.ev[static_cast<size_t>(q)][e]), "cudaStreamWaitEvent (peer's IPC event)", d);
@@ -1937,16 +1939,7 @@ void CommImpl::runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, d
 void CommImpl::runAllgatherRing(const char* mine, const std::vector<size_t>& sizes, const std::vector<char*>& outs,
                                 bool headers) {
   int n = size_, me = rank_;
-  if (headers) {
-    std::vector<Transfer> xs;
-    xs.reserve(2 * static_cast<size_t>(n));
-    for (int p = 0; p < n; ++p)
-      if (p != me) {
-        xs.push_back(sendTo(p, nullptr, 0));
-        xs.push_back(recvFrom(p, nullptr, 0));
-      }
-    exchange(xs);
-  }
+  if (headers) syncRound();
   const Millis timeout = current_->timeout;
   const size_t chunk = 256u << 10;
   const int myIdx = localIndex(me);
@@ -2216,7 +2209,7 @@ void CommImpl::releaseIpc(const cuda::DeviceApi& api, bool peersDone) {
   ipc_.ev.clear();
 }
 
-void CommImpl::ipcRound() {
+void CommImpl::syncRound() {
   std::vector<Transfer> xs;
   xs.reserve(2 * static_cast<size_t>(size_));
   for (int p = 0; p < size_; ++p)
@@ -2308,7 +2301,7 @@ bool CommImpl::ipcReady(int d) {
     ipc_.pool[mine] = nullptr;
     ipc_.ev[mine] = {nullptr, nullptr, nullptr};
     releaseIpc(api, false);
-    ipcRound();
+    syncRound();
     if (own) api.deviceFree(own);
     for (void* e : ownEv)
       if (e) api.eventDestroy(e);
