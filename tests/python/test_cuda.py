@@ -244,30 +244,27 @@ def test_cuda_over_tcp(pools, n):
     run_all(pools(n, RAILCC_SHM_DISABLE="1", **SMALL_STAGING), rk_cuda_movement, [13, 20011], timeout=600)
 
 
-@needs_gpu
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_cuda_ddp_matches_reference(world_size, tmp_path, monkeypatch):
+def train_on_cuda(script, world_size, extra, tmp_path, monkeypatch):
+    """Runs an example on CUDA and compares it with the single-process CPU reference."""
     import test_training
     from test_training import STEPS, assert_same_training, launch, run_reference, _load
     # cuBLAS and the CPU reference round differently; a bad reduction is off by far more.
     monkeypatch.setattr(test_training, "RTOL", 1e-4)
     monkeypatch.setattr(test_training, "ATOL", 1e-5)
     save = tmp_path / "final.pt"
-    out = launch("ddp_train.py", world_size, "railcc",
-                 [*STEPS, "--device", "cuda", "--bucket-cap-mb", "0.001", "--save", str(save)], tmp_path / "job")
-    ref_out, ref_state = run_reference("ddp_train.py", list(STEPS), tmp_path / "ref")
-    assert_same_training(out, _load(save), ref_out, ref_state, f"ddp on cuda x{world_size}")
+    out = launch(script, world_size, "railcc", [*STEPS, "--device", "cuda", *extra, "--save", str(save)],
+                 tmp_path / "job")
+    ref_out, ref_state = run_reference(script, list(STEPS), tmp_path / "ref")
+    assert_same_training(out, _load(save), ref_out, ref_state, f"{script} on cuda x{world_size}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_cuda_ddp_matches_reference(world_size, tmp_path, monkeypatch):
+    train_on_cuda("ddp_train.py", world_size, ["--bucket-cap-mb", "0.001"], tmp_path, monkeypatch)
 
 
 @needs_gpu
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_cuda_fsdp2_matches_reference(world_size, tmp_path, monkeypatch):
-    import test_training
-    from test_training import STEPS, assert_same_training, launch, run_reference, _load
-    monkeypatch.setattr(test_training, "RTOL", 1e-4)
-    monkeypatch.setattr(test_training, "ATOL", 1e-5)
-    save = tmp_path / "final.pt"
-    out = launch("fsdp2_train.py", world_size, "railcc", [*STEPS, "--device", "cuda", "--save", str(save)],
-                 tmp_path / "job")
-    ref_out, ref_state = run_reference("fsdp2_train.py", list(STEPS), tmp_path / "ref")
-    assert_same_training(out, _load(save), ref_out, ref_state, f"fsdp2 on cuda x{world_size}")
+    train_on_cuda("fsdp2_train.py", world_size, [], tmp_path, monkeypatch)
