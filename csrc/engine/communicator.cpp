@@ -322,12 +322,13 @@ class CommImpl {
     Transfer t = sendTo(peer, nullptr, bytes);
     t.kind = Transfer::kRecv;
     t.dst = static_cast<char*>(p);
-    t.bypassCache = bytes >= streamMin_ && peers_[static_cast<size_t>(peer)].transport == "shm";
+    t.bypassCache = bytes >= streamMin_ && shmPeer_[static_cast<size_t>(peer)];
     return t;
   }
   // Receives of at least this many bytes from shared memory write around the cache: the
   // local ranks' results together no longer fit in the last-level cache.
   size_t streamMin_ = ~size_t(0);
+  std::vector<bool> shmPeer_;  // peers reached through shared memory
   Transfer recvReduce(int peer, void* p, size_t count, DataType dt, ReduceOp op, double scale) {
     Transfer t = recvFrom(peer, p, count * dtypeSize(dt));
     t.kind = Transfer::kRecvReduce;
@@ -537,6 +538,7 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   bootstrap(store);
   hostname_ = peers_[static_cast<size_t>(rank_)].hostname;
   streamMin_ = std::max<size_t>(transport::lastLevelCacheBytes() / localRanks_.size(), size_t(1) << 20);
+  for (const PeerInfo& p : peers_) shmPeer_.push_back(p.transport == "shm");
   // A first progress record now, so that a rank frozen before the watchdog's first beat is
   // still told apart from one that never published anything.
   if (size_ > 1 && opts_.config.progressIntervalMs > 0) store.set("progress/" + std::to_string(rank_), progressRecord());
