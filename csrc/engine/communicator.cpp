@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -28,6 +29,15 @@ namespace railcc::engine {
 using Clock = std::chrono::steady_clock;
 using transport::Connection;
 
+namespace {
+// One step of a polling wait. Yielding instead of spinning in place hands the core to any
+// other runnable thread at once (the peer rank or our own progress thread when ranks share
+// cores), while a waiter that owns its core keeps it awake and reacts within a microsecond,
+// where sleeping would cost a wake-up of tens of microseconds (far more in a VM, whose idle
+// virtual CPUs halt).
+void relax() { sched_yield(); }
+}  // namespace
+
 // ---------------------------------------------------------------------------------------
 // Request
 
@@ -38,8 +48,8 @@ bool Request::completed() const {
 
 bool Request::wait(Millis timeout) {
   // Small ops finish within microseconds of being queued: poll briefly before blocking.
-  auto spinUntil = Clock::now() + std::chrono::microseconds(kWaitSpinUs);
-  while (!doneFlag_.load(std::memory_order_acquire) && Clock::now() < spinUntil) __builtin_ia32_pause();
+  auto spinUntil = Clock::now() + std::chrono::microseconds(spinUs_);
+  while (!doneFlag_.load(std::memory_order_acquire) && Clock::now() < spinUntil) relax();
   std::unique_lock<std::mutex> g(mu_);
   if (timeout.count() < 0) {
     cv_.wait(g, [&] { return done_; });
@@ -633,11 +643,7 @@ void CommImpl::bootstrap(Store& store) {
   for (int r = 0; r < size_; ++r)
     if (peers_[static_cast<size_t>(r)].hostId == hostId && !cfg.shmDisable) localRanks_.push_back(r);
   if (localRanks_.empty()) localRanks_.push_back(rank_);
-  if (opts_.config.spinUs < 0) {
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN), here = 0;
-    for (const PeerInfo& p : peers_) here += p.hostId == hostId ? 1 : 0;
-    opts_.config.spinUs = cpus >= 2 * here ? 50 : 5;
-  }
+  if (opts_.config.spinUs < 0) RAILCC_THROW(kInvalidUsage, "RAILCC_SPIN_US must be 0 or more, got ", opts_.config.spinUs);
 
   chans_.resize(kLanes);
   for (auto& lane : chans_) lane = std::vector<Channel>(static_cast<size_t>(size_));
@@ -742,7 +748,7 @@ void CommImpl::bootstrap(Store& store) {
 // Queue and progress thread
 
 RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
-  op->req = std::make_shared<Request>();
+  op->req = std::make_shared<Request>(opts_.config.spinUs);
   if (op->timeout.count() <= 0) op->timeout = opts_.timeout;
   if (op->p2p) {
     op->traceId = tele_->opQueued(0, op->xfer.kind == Transfer::kSend ? "send" : "recv", "-", "-", op->xfer.peer,
@@ -991,7 +997,7 @@ void CommImpl::progressLoop() {
     // A caller that just got its result often posts the next op at once: poll a moment
     // before sleeping, which saves a wake-up on the latency path.
     auto spinUntil = Clock::now() + std::chrono::microseconds(opts_.config.spinUs);
-    while (queued_.load(std::memory_order_acquire) == 0 && !stop_ && Clock::now() < spinUntil) __builtin_ia32_pause();
+    while (queued_.load(std::memory_order_acquire) == 0 && !stop_ && Clock::now() < spinUntil) relax();
     if (queued_.load(std::memory_order_acquire) != 0) continue;
     std::unique_lock<std::mutex> g(mu_);
     cv_.wait_for(g, Millis(100), [&] { return !queue_.empty() || stop_.load(); });
@@ -1317,7 +1323,7 @@ void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
   };
   while (Clock::now() < spinUntil) {
     if (anyReady()) return;
-    __builtin_ia32_pause();
+    relax();
   }
   std::vector<pollfd> fds;
   bool hasShm = false;

@@ -23,6 +23,8 @@ namespace railcc::engine {
 /// Completion handle of one queued op. Thread-safe.
 class Request {
  public:
+  /// `spinUs`: how long wait() polls, yielding the CPU, before it blocks.
+  explicit Request(int64_t spinUs = 0) : spinUs_(spinUs) {}
   bool completed() const;
   /// Blocks until the op finishes or `timeout` passes (negative: no limit). Returns false
   /// on timeout; never throws the op's error (see error()).
@@ -51,7 +53,7 @@ class Request {
   std::vector<std::function<void()>> callbacks_;
   std::atomic<int> source_{-1};
   std::atomic<bool> doneFlag_{false};  // done_, readable without the lock
-  static constexpr int kWaitSpinUs = 5;
+  const int64_t spinUs_;
 };
 
 using RequestPtr = std::shared_ptr<Request>;

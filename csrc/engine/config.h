@@ -70,9 +70,10 @@ namespace railcc::engine {
   X(abortOnError, bool, "RAILCC_ABORT_ON_ERROR", "", "0",                                     \
     "1 tears the process down (SIGABRT, after the trace dump) when a communicator fails, as "  \
     "NCCL's watchdog does. By default the error is raised in Python instead.")               \
-  X(spinUs, int64_t, "RAILCC_SPIN_US", "", "-1",                                              \
-    "Microseconds the progress thread polls before it sleeps on a futex or poll(). -1: 50 "    \
-    "when the host has two CPUs per local rank, else 5 (spinning steals an oversubscribed core).")
+  X(spinUs, int64_t, "RAILCC_SPIN_US", "", "50",                                              \
+    "Microseconds a waiting thread (the progress thread, or a caller in wait()) polls before "  \
+    "it sleeps on a futex, poll() or condition variable. It yields the CPU between polls, so "  \
+    "ranks sharing cores still run. 0: sleep at once.")
 
 /// Values of every parameter, read once when a communicator is made. Components receive a
 /// Config; nothing below the glue calls getenv.
