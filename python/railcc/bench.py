@@ -21,7 +21,10 @@ Columns and bandwidths follow nccl-tests:
     before every iteration would add that barrier's exit skew, hundreds of microseconds on a busy
     host, to every small-message time). Only where a refill of 1 MiB or more precedes each
     iteration (below) is there a barrier after it, so that ranks finishing the copy at different
-    times do not have that skew timed as part of the call.
+    times do not have that skew timed as part of the call. Such a barrier lets ranks go at
+    different times too; when every rank reads the same clock (one host, or network namespaces
+    of one host: the same kernel boot id) those iterations are therefore timed from the last
+    rank's call to the last rank's return, and otherwise by the slowest rank's own clock.
 
 torch exposes all_reduce, broadcast, reduce and all_reduce_coalesced only in place. For those the
 out-of-place column runs the collective on a result buffer that is refilled from an untouched
@@ -889,8 +892,27 @@ class Case:
 REALIGN_BYTES = 1 << 20  # refills at least this large are followed by a barrier before timing
 
 
-def time_collective(case, group, inplace, iters, warmup, ctrl):
-    """Median over iterations of the slowest rank's time, in microseconds."""
+def boot_id():
+    """The running kernel's boot id: processes that share it read the same CLOCK_MONOTONIC."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def shared_clock(ctrl):
+    """True when every rank of `ctrl` reads the same monotonic clock (time.perf_counter_ns)."""
+    import torch.distributed as dist
+
+    ids = [None] * dist.get_world_size(ctrl)
+    dist.all_gather_object(ids, boot_id(), group=ctrl)
+    return ids[0] is not None and len(set(ids)) == 1
+
+
+def time_collective(case, group, inplace, iters, warmup, ctrl, same_clock=False):
+    """Median over iterations of the slowest rank's time, in microseconds; with `same_clock`,
+    iterations that follow a barrier run from the last rank's call to the last rank's return."""
     import torch
     import torch.distributed as dist
 
@@ -909,13 +931,17 @@ def time_collective(case, group, inplace, iters, warmup, ctrl):
         run()
     if sync:
         sync()
-    times = [0.0] * iters
+    starts = [0.0] * iters
+    ends = [0.0] * iters
     clock = time.perf_counter_ns
     # A refill copies the whole buffer on every rank, and ranks sharing cores finish it at
     # different times; without lining up again that skew would be timed as part of the next
     # call. Large refills are therefore followed by a barrier (small ones cost less than the
     # barrier's own exit skew).
     realign = refill is not None and case.nbytes() >= REALIGN_BYTES
+    # After a barrier the ranks leave it at different times, and the first one out would time
+    # its wait for the last one; on one clock the call is timed from the last rank's entry.
+    entry_aligned = realign and same_clock
     dist.barrier(group=ctrl)
     for i in range(iters):
         if refill:
@@ -928,10 +954,22 @@ def time_collective(case, group, inplace, iters, warmup, ctrl):
         run()
         if sync:
             sync()
-        times[i] = (clock() - t0) / 1e3
-    t = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctrl)
-    return statistics.median(t.tolist())
+        starts[i], ends[i] = t0, clock()
+    mine = torch.tensor([starts, ends], dtype=torch.float64)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(ctrl))]
+    dist.all_gather(every, mine, group=ctrl)
+    return statistics.median(
+        iteration_times([t[0].tolist() for t in every], [t[1].tolist() for t in every], entry_aligned))
+
+
+def iteration_times(starts, ends, entry_aligned):
+    """Per-iteration times in microseconds from each rank's clock readings in nanoseconds
+    (starts[rank][i], ends[rank][i]): the slowest rank's own time, or with `entry_aligned`
+    (one clock for all) the time from the last rank's start to the last rank's end."""
+    iters = range(len(starts[0]))
+    if entry_aligned:
+        return [(max(e[i] for e in ends) - max(s[i] for s in starts)) / 1e3 for i in iters]
+    return [max(e[i] - s[i] for s, e in zip(starts, ends)) / 1e3 for i in iters]
 
 
 def memcpy_bandwidth(nbytes, repeats=5):
@@ -1102,6 +1140,7 @@ def _bench(cfg, rank, n, timeout, device=None):
 
     who = [None] * n
     dist.all_gather_object(who, (socket.gethostname(), os.getpid()), group=ctrl)
+    same_clock = shared_clock(ctrl)
     cuda = device is not None and device.type == "cuda"
     device_name, rank_devices, ranks_per_device = "cpu", None, None
     if cuda:
@@ -1133,7 +1172,10 @@ def _bench(cfg, rank, n, timeout, device=None):
         "check": cfg.check,
         "root": cfg.root,
         "ntensors": cfg.ntensors,
-        "timing": "median over iterations of the slowest rank per iteration, iterations back to back after one barrier",
+        "timing": "median over iterations of the slowest rank per iteration, iterations back to back after one barrier"
+        + ("; iterations after a refill barrier timed from the last rank's call to the last rank's return"
+           if same_clock else ""),
+        "same_clock": same_clock,
         "coalesced_api": "torch.distributed.all_reduce_coalesced",
         "device": device_name,
     }
@@ -1149,6 +1191,8 @@ def _bench(cfg, rank, n, timeout, device=None):
         f" -d {cfg.dtype} -o {cfg.redop} -r {cfg.root}" + (" --device cuda" if cuda else "")
     )
     say("# time: median over iterations of the slowest rank in each; iterations back to back after one barrier"
+        + ("; after a refill barrier, from the last rank's call to the last rank's return (one clock)"
+           if same_clock else "")
         + ("; torch.cuda.synchronize() before each clock read" if cuda else ""))
     for r, (h, pid) in enumerate(who):
         say(f"#  rank {r:3d}  pid {pid:7d}  on {h}" + (f"  {rank_devices[r]}" if cuda else ""))
@@ -1213,7 +1257,7 @@ def _bench(cfg, rank, n, timeout, device=None):
                     if inplace and not spec.inplace:
                         sides.append((None, None, None, None))
                         continue
-                    t = time_collective(case, groups[b], inplace, cfg.iters, cfg.warmup, ctrl)
+                    t = time_collective(case, groups[b], inplace, cfg.iters, cfg.warmup, ctrl, same_clock)
                     algbw, busbw = bandwidths(nbytes, t, coll, n)
                     wrong = None
                     if cfg.check:

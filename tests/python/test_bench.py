@@ -279,6 +279,25 @@ def test_average_busbw():
     assert bench.average_busbw(recs, "c", "all_reduce") is None
 
 
+def test_iteration_times_slowest_rank():
+    # rank 1 leaves the barrier 300 us after rank 0 and both finish together: rank 0 timed the wait
+    starts = [[0, 10_000], [300_000, 10_000]]
+    ends = [[400_000, 60_000], [400_000, 70_000]]
+    assert bench.iteration_times(starts, ends, False) == [400.0, 60.0]
+    # on one clock, from the last call to the last return
+    assert bench.iteration_times(starts, ends, True) == [100.0, 60.0]
+
+
+def test_iteration_times_one_rank():
+    assert bench.iteration_times([[5_000]], [[7_500]], True) == [2.5]
+    assert bench.iteration_times([[5_000]], [[7_500]], False) == [2.5]
+
+
+def test_boot_id_names_this_kernel():
+    ident = bench.boot_id()
+    assert ident and ident == bench.boot_id()
+
+
 # ------------------------------------------------------------------------------------------------
 # Checking results
 
@@ -724,6 +743,7 @@ def test_e2e_gloo_json(gloo_run):
     assert doc["bound"]["device"] == "cpu" and doc["bound"]["formula"] == "busbw / memcpy_gbps"
     assert len(doc["bound"]["fractions"]) == 7 * len(E2E_COLLS)
     assert doc["meta"]["device"] == "cpu" and doc["not_run"] == []
+    assert doc["meta"]["same_clock"] is True  # both ranks run on this host
     sizes = sorted({r["size"] for r in doc["results"] if r["op"] == "all_reduce"})
     assert sizes == [8, 32, 128, 512, 2048, 8192, 32768]
     coalesced = [r for r in doc["results"] if r["op"] == "allreduce_coalesced"]
