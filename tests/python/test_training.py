@@ -214,7 +214,17 @@ def _distributed(cache, script, world_size, backend, args, tmp_path):
 
     def make(d):
         save = Path(d) / "final.pt"
-        out = launch(script, world_size, backend, [*args, "--save", str(save)], d)
+        for attempt in range(3):
+            try:
+                out = launch(script, world_size, backend, [*args, "--save", str(save)], Path(d) / f"try{attempt}")
+                break
+            except RunFailed as e:
+                # ProcessGroupGloo sometimes aborts a process at teardown after the job finished
+                # ("terminate called without an active exception" from one of its threads; seen
+                # once in CI on a gloo run). gloo is only the comparison here, so its run is
+                # retried; a railcc run never is.
+                if backend != "gloo" or attempt == 2 or "terminate called without an active exception" not in str(e):
+                    raise
         return out, _load(save)
 
     if backend == "gloo":
