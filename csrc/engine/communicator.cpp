@@ -30,12 +30,21 @@ using Clock = std::chrono::steady_clock;
 using transport::Connection;
 
 namespace {
-// One step of a polling wait. Yielding instead of spinning in place hands the core to any
-// other runnable thread at once (the peer rank or our own progress thread when ranks share
-// cores), while a waiter that owns its core keeps it awake and reacts within a microsecond,
-// where sleeping would cost a wake-up of tens of microseconds (far more in a VM, whose idle
+// Polls `ready` for up to `us` microseconds before a waiter goes to sleep; true once it holds.
+// Between polls it yields instead of spinning in place: that hands the core to any other
+// runnable thread at once (the peer rank, or our own progress thread when ranks share cores),
+// while a waiter that owns its core keeps it awake and reacts within a microsecond, where
+// sleeping would cost a wake-up of tens of microseconds (far more in a VM, whose idle
 // virtual CPUs halt).
-void relax() { sched_yield(); }
+template <typename F>
+bool pollFor(int64_t us, F&& ready) {
+  auto until = Clock::now() + std::chrono::microseconds(us);
+  while (!ready()) {
+    if (Clock::now() >= until) return false;
+    sched_yield();
+  }
+  return true;
+}
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
@@ -48,8 +57,7 @@ bool Request::completed() const {
 
 bool Request::wait(Millis timeout) {
   // Small ops finish within microseconds of being queued: poll briefly before blocking.
-  auto spinUntil = Clock::now() + std::chrono::microseconds(spinUs_);
-  while (!doneFlag_.load(std::memory_order_acquire) && Clock::now() < spinUntil) relax();
+  pollFor(spinUs_, [&] { return doneFlag_.load(std::memory_order_acquire); });
   std::unique_lock<std::mutex> g(mu_);
   if (timeout.count() < 0) {
     cv_.wait(g, [&] { return done_; });
@@ -996,8 +1004,7 @@ void CommImpl::progressLoop() {
     if (stop_) break;
     // A caller that just got its result often posts the next op at once: poll a moment
     // before sleeping, which saves a wake-up on the latency path.
-    auto spinUntil = Clock::now() + std::chrono::microseconds(opts_.config.spinUs);
-    while (queued_.load(std::memory_order_acquire) == 0 && !stop_ && Clock::now() < spinUntil) relax();
+    pollFor(opts_.config.spinUs, [&] { return queued_.load(std::memory_order_acquire) != 0 || stop_; });
     if (queued_.load(std::memory_order_acquire) != 0) continue;
     std::unique_lock<std::mutex> g(mu_);
     cv_.wait_for(g, Millis(100), [&] { return !queue_.empty() || stop_.load(); });
@@ -1310,7 +1317,6 @@ void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
   }
   // Spin briefly (a peer is usually microseconds away), then sleep so that ranks sharing a
   // core do not starve the one that has work.
-  auto spinUntil = now + std::chrono::microseconds(opts_.config.spinUs);
   auto anyReady = [&] {
     if (alsoReady && alsoReady()) return true;
     for (auto& [lane, peer] : waitOn) {
@@ -1321,10 +1327,7 @@ void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
     }
     return queued_.load() > 0;
   };
-  while (Clock::now() < spinUntil) {
-    if (anyReady()) return;
-    relax();
-  }
+  if (pollFor(opts_.config.spinUs, anyReady)) return;
   std::vector<pollfd> fds;
   bool hasShm = false;
   for (auto& [lane, peer] : waitOn) {

@@ -24,7 +24,7 @@ namespace railcc::engine {
 class Request {
  public:
   /// `spinUs`: how long wait() polls, yielding the CPU, before it blocks.
-  explicit Request(int64_t spinUs = 0) : spinUs_(spinUs) {}
+  explicit Request(int64_t spinUs) : spinUs_(spinUs) {}
   bool completed() const;
   /// Blocks until the op finishes or `timeout` passes (negative: no limit). Returns false
   /// on timeout; never throws the op's error (see error()).

@@ -1141,6 +1141,9 @@ def _bench(cfg, rank, n, timeout, device=None):
     who = [None] * n
     dist.all_gather_object(who, (socket.gethostname(), os.getpid()), group=ctrl)
     same_clock = shared_clock(ctrl)
+    timing = ("median over iterations of the slowest rank in each; iterations back to back after one barrier"
+              + ("; after a refill barrier, from the last rank's call to the last rank's return (one clock)"
+                 if same_clock else ""))
     cuda = device is not None and device.type == "cuda"
     device_name, rank_devices, ranks_per_device = "cpu", None, None
     if cuda:
@@ -1172,9 +1175,7 @@ def _bench(cfg, rank, n, timeout, device=None):
         "check": cfg.check,
         "root": cfg.root,
         "ntensors": cfg.ntensors,
-        "timing": "median over iterations of the slowest rank per iteration, iterations back to back after one barrier"
-        + ("; iterations after a refill barrier timed from the last rank's call to the last rank's return"
-           if same_clock else ""),
+        "timing": timing,
         "same_clock": same_clock,
         "coalesced_api": "torch.distributed.all_reduce_coalesced",
         "device": device_name,
@@ -1190,10 +1191,7 @@ def _bench(cfg, rank, n, timeout, device=None):
         f"# -b {cfg.minbytes} -e {cfg.maxbytes} {step} -n {cfg.iters} -w {cfg.warmup} -c {int(cfg.check)}"
         f" -d {cfg.dtype} -o {cfg.redop} -r {cfg.root}" + (" --device cuda" if cuda else "")
     )
-    say("# time: median over iterations of the slowest rank in each; iterations back to back after one barrier"
-        + ("; after a refill barrier, from the last rank's call to the last rank's return (one clock)"
-           if same_clock else "")
-        + ("; torch.cuda.synchronize() before each clock read" if cuda else ""))
+    say(f"# time: {timing}" + ("; torch.cuda.synchronize() before each clock read" if cuda else ""))
     for r, (h, pid) in enumerate(who):
         say(f"#  rank {r:3d}  pid {pid:7d}  on {h}" + (f"  {rank_devices[r]}" if cuda else ""))
 

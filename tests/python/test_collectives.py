@@ -107,6 +107,11 @@ def rk_allreduce(rank, n):
     return bad
 
 
+def _first_bad(got, want):
+    """The first few indices where `got` differs from `want`."""
+    return (got != want).nonzero()[:5].flatten().tolist()
+
+
 def rk_allreduce_large(rank, n):
     # Larger than one shared-memory FIFO (4 MiB) and an odd count, so chunks wrap.
     bad = []
@@ -115,8 +120,7 @@ def rk_allreduce_large(rank, n):
         dist.all_reduce(t)
         exp = reduce_ref([make_input(r, dt, count) for r in range(n)], "SUM", n)
         if not torch.equal(t, exp):
-            idx = (t != exp).nonzero()[:5].flatten().tolist()
-            bad.append(f"large all_reduce {dt}: first bad indices {idx}")
+            bad.append(f"large all_reduce {dt}: first bad indices {_first_bad(t, exp)}")
     return bad
 
 
@@ -130,8 +134,7 @@ def rk_broadcast_large(rank, n):
             t = want.clone() if rank == root else torch.zeros(count, dtype=dt)
             dist.broadcast(t, src=root)
             if not torch.equal(t, want):
-                idx = (t != want).nonzero()[:5].flatten().tolist()
-                bad.append(f"broadcast {dt} count={count} root={root}: first bad indices {idx}")
+                bad.append(f"broadcast {dt} count={count} root={root}: first bad indices {_first_bad(t, want)}")
     return bad
 
 
@@ -145,8 +148,7 @@ def rk_allgather_large(rank, n):
         dist.all_gather_into_tensor(out, mine)
         want = torch.cat([make_input(r, dt, count, salt=7) for r in range(n)])
         if not torch.equal(out, want):
-            idx = (out != want).nonzero()[:5].flatten().tolist()
-            bad.append(f"all_gather {dt} count={count}: first bad indices {idx}")
+            bad.append(f"all_gather {dt} count={count}: first bad indices {_first_bad(out, want)}")
     return bad
 
 
