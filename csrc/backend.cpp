@@ -174,6 +174,7 @@ class WorkRailcc : public c10d::Work {
         comm_(comm),
         dev_(std::move(dev)),
         after_(std::move(after)),
+        sync_(engine::CallerWaits::active()),
         // A future on CUDA tensors carries its device, so then() callbacks and DDP comm hooks
         // wait for the group's stream instead of racing it.
         future_(c10::make_intrusive<c10::ivalue::Future>(
@@ -194,7 +195,11 @@ class WorkRailcc : public c10d::Work {
       });
   }
 
-  bool isCompleted() override { return done_.load(); }
+  bool isCompleted() override {
+    // A synchronous op is run by the caller's wait(); one that polls instead hands it over.
+    if (sync_ && !done_.load()) comm_->poke();
+    return done_.load();
+  }
   bool isSuccess() const override { return done_.load() && !error_; }
   std::exception_ptr exception() const override { return error_; }
   int sourceRank() const override {
@@ -216,7 +221,7 @@ class WorkRailcc : public c10d::Work {
     bool finished = true;
     for (auto& r : reqs_) {
       // kNoTimeout (0 ms) waits for the engine, which fails the op after its own timeout.
-      if (!r->wait(timeout.count() <= 0 ? Millis(-1) : timeout)) {
+      if (!r->completed() && !comm_->wait(r, timeout.count() <= 0 ? Millis(-1) : timeout)) {
         finished = false;
         break;
       }
@@ -240,7 +245,10 @@ class WorkRailcc : public c10d::Work {
     return true;
   }
 
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    if (sync_ && !done_.load()) comm_->poke();
+    return future_;
+  }
 
  private:
   void complete() {
@@ -301,6 +309,7 @@ class WorkRailcc : public c10d::Work {
   engine::Communicator* comm_;
   DeviceCallPtr dev_;
   std::function<void()> after_;  // on CUDA tensors: what runs on the group's stream once the engine is done
+  const bool sync_;  // queued under CallerWaits: nothing woke the progress thread for it
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<int> remaining_{0};
   std::atomic<bool> done_{false};
@@ -444,6 +453,7 @@ DeviceCallPtr ProcessGroupRailcc::deviceCall(const char* what, const std::vector
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::broadcast(std::vector<at::Tensor>& tensors,
                                                              const c10d::BroadcastOptions& opts) {
+  engine::CallerWaits callerWaits(!opts.asyncOp && !coalescing_);
   const at::Tensor& t = single(tensors, "broadcast");
   checkRank(static_cast<int>(opts.rootRank), getSize(), "broadcast", "root");
   auto dev = deviceCall("broadcast", tensors);
@@ -456,6 +466,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::broadcast(std::vector<at::Ten
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allreduce(std::vector<at::Tensor>& tensors,
                                                              const c10d::AllreduceOptions& opts) {
+  engine::CallerWaits callerWaits(!opts.asyncOp && !coalescing_);
   const at::Tensor& t = single(tensors, "allreduce");
   double scale;
   ReduceOp op = toReduceOp(opts.reduceOp, scale, "allreduce");
@@ -469,6 +480,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allreduce(std::vector<at::Ten
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                        const c10d::AllreduceCoalescedOptions& opts) {
+  engine::CallerWaits callerWaits(!opts.asyncOp && !coalescing_);
   if (tensors.empty()) invalid("allreduce_coalesced: needs at least one tensor");
   std::vector<void*> bufs;
   std::vector<size_t> counts;
@@ -493,6 +505,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allreduce_coalesced(std::vect
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::ReduceOptions& opts) {
+  engine::CallerWaits callerWaits(!opts.asyncOp && !coalescing_);
   const at::Tensor& t = single(tensors, "reduce");
   checkRank(static_cast<int>(opts.rootRank), getSize(), "reduce", "root");
   double scale;
@@ -508,6 +521,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reduce(std::vector<at::Tensor
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                              std::vector<at::Tensor>& inputs,
                                                              const c10d::AllgatherOptions& opts) {
+  engine::CallerWaits callerWaits(!opts.asyncOp && !coalescing_);
   const at::Tensor& in = single(inputs, "allgather");
   if (outputs.size() != 1) invalid("allgather: expects one output list, got " + std::to_string(outputs.size()));
   auto& outs = outputs[0];
@@ -541,6 +555,7 @@ std::vector<void*> slices(const at::Tensor& t, int n) {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                    const c10d::AllgatherOptions& opts) {
+  engine::CallerWaits callerWaits(!opts.asyncOp && !coalescing_);
   checkTensor(input, "all_gather_into_tensor");
   checkTensor(output, "all_gather_into_tensor");
   if (output.scalar_type() != input.scalar_type()) invalid("all_gather_into_tensor: output and input dtypes differ");
@@ -558,6 +573,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::_allgather_base(at::Tensor& o
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                    std::vector<at::Tensor>& inputs,
                                                                                    const c10d::AllgatherOptions& opts) {
+  engine::CallerWaits callerWaits(!opts.asyncOp && !coalescing_);
   if (outputs.size() != inputs.size())
     invalid("allgather_into_tensor_coalesced: " + std::to_string(outputs.size()) + " outputs for " +
             std::to_string(inputs.size()) + " inputs");
@@ -584,6 +600,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allgather_into_tensor_coalesc
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::GatherOptions& opts) {
+  engine::CallerWaits callerWaits(!opts.asyncOp && !coalescing_);
   const at::Tensor& in = single(inputs, "gather");
   int root = static_cast<int>(opts.rootRank);
   checkRank(root, getSize(), "gather", "root");
@@ -614,6 +631,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::gather(std::vector<std::vecto
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::scatter(std::vector<at::Tensor>& outputs,
                                                            std::vector<std::vector<at::Tensor>>& inputs,
                                                            const c10d::ScatterOptions& opts) {
+  engine::CallerWaits callerWaits(!opts.asyncOp && !coalescing_);
   const at::Tensor& out = single(outputs, "scatter");
   int root = static_cast<int>(opts.rootRank);
   checkRank(root, getSize(), "scatter", "root");
@@ -644,6 +662,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::scatter(std::vector<at::Tenso
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                   std::vector<std::vector<at::Tensor>>& inputs,
                                                                   const c10d::ReduceScatterOptions& opts) {
+  engine::CallerWaits callerWaits(!opts.asyncOp && !coalescing_);
   const at::Tensor& out = single(outputs, "reduce_scatter");
   if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != getSize())
     invalid("reduce_scatter: needs one input list of " + std::to_string(getSize()) + " tensors (one per rank)");
@@ -667,6 +686,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reduce_scatter(std::vector<at
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                         const c10d::ReduceScatterOptions& opts) {
+  engine::CallerWaits callerWaits(!opts.asyncOp && !coalescing_);
   checkTensor(input, "reduce_scatter_tensor");
   checkTensor(output, "reduce_scatter_tensor");
   if (output.scalar_type() != input.scalar_type()) invalid("reduce_scatter_tensor: output and input dtypes differ");
@@ -688,6 +708,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::_reduce_scatter_base(at::Tens
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                    std::vector<at::Tensor>& inputs,
                                                                                    const c10d::ReduceScatterOptions& opts) {
+  engine::CallerWaits callerWaits(!opts.asyncOp && !coalescing_);
   if (outputs.size() != inputs.size())
     invalid("reduce_scatter_tensor_coalesced: " + std::to_string(outputs.size()) + " outputs for " +
             std::to_string(inputs.size()) + " inputs");
@@ -721,6 +742,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::alltoall_base(at::Tensor& out
                                                                  std::vector<int64_t>& outputSplits,
                                                                  std::vector<int64_t>& inputSplits,
                                                                  const c10d::AllToAllOptions& opts) {
+  engine::CallerWaits callerWaits(!opts.asyncOp && !coalescing_);
   checkTensor(input, "all_to_all_single");
   checkTensor(output, "all_to_all_single");
   if (output.scalar_type() != input.scalar_type()) invalid("all_to_all_single: output and input dtypes differ");
@@ -776,6 +798,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::alltoall_base(at::Tensor& out
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::alltoall(std::vector<at::Tensor>& outputs,
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllToAllOptions& opts) {
+  engine::CallerWaits callerWaits(!opts.asyncOp && !coalescing_);
   int n = getSize();
   if (static_cast<int>(outputs.size()) != n || static_cast<int>(inputs.size()) != n)
     invalid("all_to_all: needs " + std::to_string(n) + " input and output tensors, got " +
@@ -844,6 +867,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::recvAnysource(std::vector<at:
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::barrier(const c10d::BarrierOptions& opts) {
+  engine::CallerWaits callerWaits(!opts.asyncOp && !coalescing_);
   auto req = guard("barrier", [&] { return comm_->barrier(opTimeout(opts.timeout)); });
   return makeWork(OpType::BARRIER, "barrier", {req}, {});
 }

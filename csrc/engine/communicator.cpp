@@ -47,6 +47,14 @@ bool pollFor(int64_t us, F&& ready) {
 }
 }  // namespace
 
+namespace {
+thread_local bool tCallerWaits = false;
+}  // namespace
+
+CallerWaits::CallerWaits(bool on) : prev_(tCallerWaits) { tCallerWaits = on; }
+CallerWaits::~CallerWaits() { tCallerWaits = prev_; }
+bool CallerWaits::active() { return tCallerWaits; }
+
 // ---------------------------------------------------------------------------------------
 // Request
 
@@ -215,6 +223,7 @@ struct Op {
   std::function<void()> body;
   Transfer xfer;    // for sends and receives
   bool anySource = false;
+  bool device = false;  // runs through a GPU: only the progress thread, which set the device, runs it
   RequestPtr req;
   Millis timeout{0};
   uint64_t traceId = 0;
@@ -393,6 +402,10 @@ class CommImpl {
   int eventFd_ = -1;
   bool closing_ = false;
   uint64_t collSeq_ = 0;
+  // The engine token (under mu_): whoever holds it (the progress thread, or a caller running
+  // its own op in wait()) is the only thread touching channels, queues and transports.
+  bool busy_ = false;
+  bool kick_ = false;  // a caller left work behind: the progress thread should take the token
 
   // progress thread state
   std::thread thread_;
@@ -463,6 +476,21 @@ class CommImpl {
  private:
   void bootstrap(Store& store);
   void progressLoop();
+  bool tryAcquire();
+  void release(bool wakeProgress);
+  void failQueued(std::exception_ptr broken);
+  std::exception_ptr runCollective(Op& op);
+ public:
+  void helpRun(const Request* req);
+  void poke() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      kick_ = true;
+    }
+    cv_.notify_one();
+  }
+
+ private:
   void drainQueue();
   void startP2P(std::unique_ptr<Op> op);
   size_t progressP2P();
@@ -784,6 +812,10 @@ RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
     }
   }
   std::exception_ptr err;
+  // A caller that runs the op itself in wait() needs no wake-up, unless somebody holds the
+  // engine: it is then that thread's to find the op (a progress thread asleep in a send/recv
+  // wait has to be woken for it).
+  bool wake = !(tCallerWaits && !op->device && !op->p2p);
   {
     std::lock_guard<std::mutex> g(mu_);
     {
@@ -795,12 +827,14 @@ RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
     if (!err) {
       queue_.push_back(std::move(op));
       queued_.fetch_add(1);
+      wake = wake || busy_;
     }
   }
   if (err) {
     req->finish(err);
     return req;
   }
+  if (!wake) return req;
   cv_.notify_one();
   if (sleeping_.load()) {
     if (shm_) shm_->ringSelf();
@@ -924,58 +958,126 @@ void CommImpl::peerFailed(int peer, const std::string& detail) {
   throw err;
 }
 
+bool CommImpl::tryAcquire() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (busy_) return false;
+  busy_ = true;
+  return true;
+}
+
+void CommImpl::release(bool wakeProgress) {
+  bool more = wakeProgress && (!collQueue_.empty() || !p2pActive_.empty() || !anyPending_.empty());
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    busy_ = false;
+    if (more) kick_ = true;
+    more = more || (wakeProgress && !queue_.empty());
+  }
+  if (more) cv_.notify_all();
+}
+
+void CommImpl::failQueued(std::exception_ptr broken) {
+  for (auto& op : collQueue_) op->req->finish(broken);
+  collQueue_.clear();
+  for (auto& op : p2pActive_) op->req->finish(broken);
+  p2pActive_.clear();
+  for (auto& op : anyPending_) op->req->finish(broken);
+  anyPending_.clear();
+}
+
+// Runs one collective with the token held; the caller finishes its request.
+std::exception_ptr CommImpl::runCollective(Op& op) {
+  current_ = &op;
+  lastProgress_ = Clock::now();
+  op.fp.startUs = wallMicros();
+  std::fill(arrivals_.begin(), arrivals_.end(), 0);
+  waitingOn_.clear();
+  tele_->opStarted(op.traceId, op.fp.seq);
+  std::exception_ptr err;
+  std::string what;
+  try {
+    if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
+    // A peer that failed may have sent its part of this op before failing; taking it
+    // would let this rank succeed where that rank raised.
+    for (int r : localRanks_)
+      if (r != rank_ && chans_[kCollLane][static_cast<size_t>(r)].conn->peerReportedFailure())
+        peerFailed(r, "it reported a failure of its own");
+    op.body();
+  } catch (const Error& e) {
+    err = std::current_exception();
+    what = e.what();
+  } catch (const std::exception& e) {
+    err = std::make_exception_ptr(Error(ErrorCode::kInternal, e.what()));
+    what = e.what();
+  }
+  tele_->opFinished(op.traceId, op.fp.seq, what, waitingOn_);
+  if (err) {
+    fail(err);
+    clearChannels();
+  } else if (size_ > 1) {
+    arrivals_[static_cast<size_t>(rank_)] = op.fp.startUs;
+    tele_->arrivals(arrivals_);
+  }
+  current_ = nullptr;
+  return err;
+}
+
+// A caller about to block on `req` runs it itself when the engine is idle: two thread hand-offs
+// fewer (waking the progress thread, then waking the caller), which on cores shared by several
+// ranks cost more than a small op. Host collectives only, and only those queued up to `req`;
+// requests are finished after the token is released, so their callbacks may queue and wait on
+// new ops without deadlocking.
+void CommImpl::helpRun(const Request* req) {
+  if (!tryAcquire()) return;
+  log::setThreadRank(rank_);
+  std::vector<std::pair<std::unique_ptr<Op>, std::exception_ptr>> ran;
+  drainQueue();
+  std::exception_ptr broken;
+  {
+    std::lock_guard<std::mutex> g(errMu_);
+    broken = broken_;
+  }
+  if (!broken && !stop_) {
+    while (!collQueue_.empty() && !collQueue_.front()->device) {
+      std::unique_ptr<Op> op = std::move(collQueue_.front());
+      collQueue_.pop_front();
+      std::exception_ptr err = runCollective(*op);
+      bool mine = op->req.get() == req;
+      ran.emplace_back(std::move(op), err);
+      if (mine || err) break;
+    }
+  }
+  release(true);
+  for (auto& [op, err] : ran) op->req->finish(err);
+}
+
 void CommImpl::progressLoop() {
   log::setThreadRank(rank_);
+  bool held = false, strayDue = false;
   while (true) {
+    if (!held) {
+      if (!tryAcquire()) {
+        // A caller runs its op; it hands over what it leaves behind (kick_).
+        std::unique_lock<std::mutex> g(mu_);
+        cv_.wait_for(g, Millis(100), [&] { return !busy_ && (kick_ || !queue_.empty() || stop_.load()); });
+        kick_ = false;
+        continue;
+      }
+      held = true;
+      if (strayDue) pollStray();
+      strayDue = false;
+    }
     drainQueue();
     std::exception_ptr broken;
     {
       std::lock_guard<std::mutex> g(errMu_);
       broken = broken_;
     }
-    if (broken) {
-      for (auto& op : collQueue_) op->req->finish(broken);
-      collQueue_.clear();
-      for (auto& op : p2pActive_) op->req->finish(broken);
-      p2pActive_.clear();
-      for (auto& op : anyPending_) op->req->finish(broken);
-      anyPending_.clear();
-    }
+    if (broken) failQueued(broken);
     if (!collQueue_.empty()) {
       std::unique_ptr<Op> op = std::move(collQueue_.front());
       collQueue_.pop_front();
-      current_ = op.get();
-      lastProgress_ = Clock::now();
-      op->fp.startUs = wallMicros();
-      std::fill(arrivals_.begin(), arrivals_.end(), 0);
-      waitingOn_.clear();
-      tele_->opStarted(op->traceId, op->p2p ? 0 : op->fp.seq);
-      std::exception_ptr err;
-      std::string what;
-      try {
-        if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
-        // A peer that failed may have sent its part of this op before failing; taking it
-        // would let this rank succeed where that rank raised.
-        for (int r : localRanks_)
-          if (r != rank_ && chans_[kCollLane][static_cast<size_t>(r)].conn->peerReportedFailure())
-            peerFailed(r, "it reported a failure of its own");
-        op->body();
-      } catch (const Error& e) {
-        err = std::current_exception();
-        what = e.what();
-      } catch (const std::exception& e) {
-        err = std::make_exception_ptr(Error(ErrorCode::kInternal, e.what()));
-        what = e.what();
-      }
-      tele_->opFinished(op->traceId, op->fp.seq, what, waitingOn_);
-      if (err) {
-        fail(err);
-        clearChannels();
-      } else if (size_ > 1) {
-        arrivals_[static_cast<size_t>(rank_)] = op->fp.startUs;
-        tele_->arrivals(arrivals_);
-      }
-      current_ = nullptr;
+      std::exception_ptr err = runCollective(*op);
       op->req->finish(err);
       continue;
     }
@@ -1001,15 +1103,18 @@ void CommImpl::progressLoop() {
       }
       continue;
     }
-    if (stop_) break;
+    if (stop_) break;  // with the token held: nobody runs anything after this
+    // Idle: a caller may now run its own op (helpRun).
+    release(false);
+    held = false;
     // A caller that just got its result often posts the next op at once: poll a moment
     // before sleeping, which saves a wake-up on the latency path.
     pollFor(opts_.config.spinUs, [&] { return queued_.load(std::memory_order_acquire) != 0 || stop_; });
-    if (queued_.load(std::memory_order_acquire) != 0) continue;
+    if (queued_.load(std::memory_order_acquire) != 0 || stop_) continue;
     std::unique_lock<std::mutex> g(mu_);
-    cv_.wait_for(g, Millis(100), [&] { return !queue_.empty() || stop_.load(); });
-    g.unlock();
-    pollStray();
+    cv_.wait_for(g, Millis(100), [&] { return !queue_.empty() || stop_.load() || kick_; });
+    kick_ = false;
+    strayDue = true;
   }
 }
 
@@ -2026,6 +2131,13 @@ int Communicator::size() const { return impl_->size_; }
 const std::vector<PeerInfo>& Communicator::peers() const { return impl_->peers_; }
 const Config& Communicator::config() const { return impl_->opts_.config; }
 void Communicator::abort(const std::string& why) { impl_->abort(why); }
+void Communicator::poke() { impl_->poke(); }
+bool Communicator::wait(const RequestPtr& req, Millis timeout) {
+  if (req->completed()) return true;
+  if (timeout.count() < 0) impl_->helpRun(req.get());
+  else impl_->poke();  // it may have been queued under CallerWaits, with nobody woken for it
+  return req->wait(timeout);
+}
 void Communicator::shutdown() { impl_->shutdown(); }
 std::exception_ptr Communicator::brokenError() const {
   std::lock_guard<std::mutex> g(impl_->errMu_);
@@ -2484,7 +2596,8 @@ RequestPtr Communicator::allreduce(void* buf, size_t count, DataType dt, ReduceO
   CommImpl* c = impl_.get();
   auto o = c->collective(OpKind::kAllreduce, dt, op, 0, count, timeout);
   auto run = [c, dt, op, scale](char* b, size_t n) { c->runAllreduce(b, n, dt, op, scale); };
-  if (where.onDevice())
+  o->device = where.onDevice();
+  if (o->device)
     o->body = [c, where, buf, count, dt, op, scale, run] {
       auto dv = c->beginDevice(where);
       if (c->ipcReady(dv.device))
@@ -2539,7 +2652,8 @@ RequestPtr Communicator::allreduceCoalesced(std::vector<void*> bufs, std::vector
   auto o = c->collective(OpKind::kAllreduceCoalesced, dt, op, 0, total, timeout);
   std::vector<char*> ptrs;
   for (void* b : bufs) ptrs.push_back(static_cast<char*>(b));
-  if (where.onDevice())
+  o->device = where.onDevice();
+  if (o->device)
     o->body = [c, where, ptrs, counts, dt, op, scale] {
       std::vector<CommImpl::Region> regs;
       for (size_t i = 0; i < ptrs.size(); ++i) regs.push_back({ptrs[i], counts[i], true, true});
@@ -2573,7 +2687,8 @@ RequestPtr Communicator::broadcast(void* buf, size_t count, DataType dt, int roo
     }
     c->exchange(xs);
   };
-  if (where.onDevice())
+  o->device = where.onDevice();
+  if (o->device)
     o->body = [c, where, buf, count, dt, root, run] {
       auto dv = c->beginDevice(where);
       if (c->ipcReady(dv.device)) return c->runIpcBroadcast(dv, static_cast<char*>(buf), count, dt, root);
@@ -2607,7 +2722,8 @@ RequestPtr Communicator::reduce(void* buf, size_t count, DataType dt, ReduceOp o
     }
     if (op == ReduceOp::kAvg) divideBy(buf, count, dt, n);
   };
-  if (where.onDevice())
+  o->device = where.onDevice();
+  if (o->device)
     o->body = [c, where, buf, count, dt, root, run] {
       c->runStaged(c->beginDevice(where), dt, 1, {{static_cast<char*>(buf), count, true, c->rank_ == root}},
                    [&](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); });
@@ -2643,7 +2759,8 @@ RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, st
   std::vector<char*> o8;
   for (void* p : outs) o8.push_back(static_cast<char*>(p));
   char* in8 = const_cast<char*>(static_cast<const char*>(in));
-  if (where.onDevice())
+  o->device = where.onDevice();
+  if (o->device)
     o->body = [c, where, in8, count, dt, o8, run] {
       auto dv = c->beginDevice(where);
       if (c->ipcReady(dv.device)) return c->runIpcAllgather(dv, in8, count, dt, o8);
@@ -2686,7 +2803,8 @@ RequestPtr Communicator::reduceScatter(std::vector<const void*> ins, void* out, 
   std::vector<char*> i8;
   for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
   char* out8 = static_cast<char*>(out);
-  if (where.onDevice())
+  o->device = where.onDevice();
+  if (o->device)
     o->body = [c, where, i8, out8, count, dt, op, scale, run] {
       auto dv = c->beginDevice(where);
       if (c->ipcReady(dv.device)) return c->runIpcReduceScatter(dv, i8, out8, count, dt, op, scale);
@@ -2731,7 +2849,8 @@ RequestPtr Communicator::alltoall(std::vector<const void*> ins, std::vector<size
   std::vector<char*> i8, o8;
   for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
   for (void* p : outs) o8.push_back(static_cast<char*>(p));
-  if (where.onDevice())
+  o->device = where.onDevice();
+  if (o->device)
     o->body = [c, where, i8, o8, inCounts, outCounts, dt, run, n] {
       auto dv = c->beginDevice(where);
       if (c->ipcReady(dv.device)) return c->runIpcAlltoall(dv, i8, inCounts, o8, outCounts, dt);
@@ -2778,7 +2897,8 @@ RequestPtr Communicator::gather(const void* in, size_t count, DataType dt, std::
   if (c->rank_ == root)
     for (void* p : outs) o8.push_back(static_cast<char*>(p));
   char* in8 = const_cast<char*>(static_cast<const char*>(in));
-  if (where.onDevice())
+  o->device = where.onDevice();
+  if (o->device)
     o->body = [c, where, in8, count, dt, o8, run] {
       std::vector<CommImpl::Region> regs{{in8, count, true, false}};
       for (char* p : o8) regs.push_back({p, count, false, true});
@@ -2817,7 +2937,8 @@ RequestPtr Communicator::scatter(std::vector<const void*> ins, void* out, size_t
   if (c->rank_ == root)
     for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
   char* out8 = static_cast<char*>(out);
-  if (where.onDevice())
+  o->device = where.onDevice();
+  if (o->device)
     o->body = [c, where, i8, out8, count, dt, run] {
       std::vector<CommImpl::Region> regs;
       for (char* p : i8) regs.push_back({p, count, true, false});

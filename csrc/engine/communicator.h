@@ -82,10 +82,28 @@ struct PeerInfo {
 
 class CommImpl;
 
+/// While one is alive on a thread, the host collectives that thread queues do not wake the
+/// progress thread: the caller promises to call Communicator::wait() on them at once (c10d's
+/// asyncOp=false) and runs them there itself. Should that wait never come, the progress thread
+/// still finds the op within RAILCC's idle recheck (100 ms).
+class CallerWaits {
+ public:
+  explicit CallerWaits(bool on);
+  ~CallerWaits();
+  /// Whether one is on for this thread now.
+  static bool active();
+  CallerWaits(const CallerWaits&) = delete;
+  CallerWaits& operator=(const CallerWaits&) = delete;
+
+ private:
+  bool prev_;
+};
+
 /// A group of ranks that run collectives together. Construction bootstraps through the
 /// store and connects every pair (blocking, bounded by RAILCC_INIT_TIMEOUT). Each op is
 /// validated on the calling thread (bad arguments throw Error(kInvalidUsage) and leave the
-/// communicator usable), then queued to the progress thread and returned as a Request.
+/// communicator usable), then queued to the progress thread and returned as a Request
+/// (a caller that blocks in wait() on a host collective may run it itself, see wait()).
 /// Collectives run one at a time in call order; sends and receives run beside them on their
 /// own lane, so a posted receive never blocks a later collective.
 ///
@@ -135,6 +153,14 @@ class Communicator {
   RequestPtr send(const void* buf, size_t bytes, int peer, int tag, Millis timeout = Millis(0));
   /// peer == -1 receives from any source; Request::sourceRank() then tells which.
   RequestPtr recv(void* buf, size_t bytes, int peer, int tag, Millis timeout = Millis(0));
+
+  /// req->wait(timeout), except that with no timeout (negative) a host collective that has not
+  /// started yet runs on the calling thread when the progress thread is idle, which saves two
+  /// thread hand-offs. Safe on a request of a communicator that has been shut down.
+  bool wait(const RequestPtr& req, Millis timeout = Millis(-1));
+  /// Has the progress thread look at the queue now: for an op queued under CallerWaits whose
+  /// caller polls or waits on a future instead of calling wait().
+  void poke();
 
   /// Number of collectives queued so far.
   uint64_t collectiveCount() const;

@@ -127,6 +127,55 @@ TEST_P(Collectives, SendRecvRingAndBarrier) {
   });
 }
 
+// Ops queued under CallerWaits run on the caller's thread in Communicator::wait(), in queue
+// order after the ones the progress thread was given; sends and receives in flight meanwhile
+// still complete, and a synchronous op whose caller waits some other way is still run.
+TEST_P(Collectives, CallerRunsSynchronousOps) {
+  runRanks(GetParam(), [](Communicator& c) {
+    int n = c.size();
+    std::vector<int64_t> a(1001, c.rank() + 1), b(70001, c.rank());
+    auto queued = c.allreduce(a.data(), a.size(), DataType::kInt64, ReduceOp::kSum);  // the progress thread's
+    std::vector<uint8_t> s(5000, static_cast<uint8_t>(c.rank())), r(5000, 255);
+    RequestPtr snd, rcv;
+    if (n > 1) {
+      snd = c.send(s.data(), s.size(), (c.rank() + 1) % n, 7);
+      rcv = c.recv(r.data(), r.size(), (c.rank() - 1 + n) % n, 7);
+    }
+    RequestPtr mine;
+    {
+      CallerWaits cw(true);
+      EXPECT_TRUE(CallerWaits::active());
+      mine = c.broadcast(b.data(), b.size(), DataType::kInt64, n - 1);
+    }
+    EXPECT_FALSE(CallerWaits::active());
+    ASSERT_TRUE(c.wait(mine));
+    if (mine->error()) std::rethrow_exception(mine->error());
+    ASSERT_TRUE(queued->completed());  // queued before: ran first
+    for (int64_t x : b) ASSERT_EQ(x, n - 1);
+    for (int64_t x : a) ASSERT_EQ(x, static_cast<int64_t>(n) * (n + 1) / 2);
+    if (n > 1) {
+      waitOk(snd);
+      waitOk(rcv);
+      for (uint8_t x : r) ASSERT_EQ(x, static_cast<uint8_t>((c.rank() - 1 + n) % n));
+    }
+    // Waited on with a timeout, or not through the communicator at all: still runs.
+    std::vector<int32_t> v(3, 1), w(5, 2);
+    RequestPtr timed, plain;
+    {
+      CallerWaits cw(true);
+      timed = c.allreduce(v.data(), v.size(), DataType::kInt32, ReduceOp::kSum);
+    }
+    ASSERT_TRUE(c.wait(timed, Millis(60000)));
+    {
+      CallerWaits cw(true);
+      plain = c.allreduce(w.data(), w.size(), DataType::kInt32, ReduceOp::kSum);
+    }
+    waitOk(plain);
+    for (int32_t x : v) ASSERT_EQ(x, n);
+    for (int32_t x : w) ASSERT_EQ(x, 2 * n);
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Sizes, Collectives,
                          testing::Values(Param{1, true}, Param{2, true}, Param{3, true}, Param{4, true}, Param{5, true},
                                          Param{6, true}, Param{7, true}, Param{8, true}, Param{9, true},
