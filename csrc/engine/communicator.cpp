@@ -2010,12 +2010,32 @@ void CommImpl::oneshotReduce(const std::function<const char*(int)>& blockOf, cha
 // Broadcast when every rank shares this host: an all-gather through the rings in which only
 // the root's piece is not empty. The root writes each byte once and every other rank copies it
 // out (n copies of the data in all; a chain of FIFOs makes 2(n-1)).
+//
+// Every rank still sends its call's header to every other rank, but only the root waits for
+// them, before it writes: a rank that disagrees with the root (count, dtype, root) makes the
+// root fail instead of receiving anything, and two ranks that both agree with the root agree
+// with each other. The others take the data first and check the headers, already there, after:
+// each waits for one event (the root's data) instead of two (every header, then the data),
+// which on shared cores is one wake-up fewer per rank on the critical path.
 void CommImpl::runBroadcastRing(char* buf, size_t bytes, int root) {
   std::vector<size_t> sizes(static_cast<size_t>(size_), 0);
   std::vector<char*> outs(static_cast<size_t>(size_), nullptr);
   sizes[static_cast<size_t>(root)] = bytes;
   outs[static_cast<size_t>(root)] = buf;
-  runAllgatherRing(buf, sizes, outs, true);
+  std::vector<Transfer> sends, recvs;
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) {
+      sends.push_back(sendTo(p, nullptr, 0));
+      recvs.push_back(recvFrom(p, nullptr, 0));
+    }
+  if (rank_ == root) {
+    sends.insert(sends.end(), recvs.begin(), recvs.end());
+    exchange(sends);
+    return runAllgatherRing(buf, sizes, outs, false);
+  }
+  exchange(sends);
+  runAllgatherRing(buf, sizes, outs, false);
+  exchange(recvs);
 }
 
 void CommImpl::runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {

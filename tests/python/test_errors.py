@@ -80,6 +80,40 @@ def test_mismatched_collectives_fail_on_every_rank_with_both_calls():
         assert g["secs"] < 10, g  # promised well under a second; generous for a loaded CI box
 
 
+def rk_broadcast_disagreement(rank, n, case):
+    import railcc
+
+    t = torch.ones(1 << 18)  # 1 MiB: the broadcast ring, where only the root waits for headers
+    start = time.monotonic()
+    try:
+        if case == "root":  # two ranks each believe they are the root
+            dist.broadcast(t, src=rank % 2)
+        elif case == "count":
+            dist.broadcast(t if rank != n - 1 else torch.ones((1 << 18) + 1), src=0)
+        else:  # one rank calls another collective
+            if rank == n - 1:
+                dist.all_reduce(t)
+            else:
+                dist.broadcast(t, src=0)
+    except (railcc.CollectiveMismatchError, railcc.PeerFailureError) as e:
+        return {"type": type(e).__name__, "msg": str(e), "secs": time.monotonic() - start}
+    return {"type": None, "value": t[0].item()}
+
+
+@pytest.mark.parametrize("case", ["root", "count", "op"])
+def test_broadcast_disagreements_fail_on_every_rank(case):
+    n = 4
+    pool = harness.RankPool(n)
+    try:
+        got = pool.run(rk_broadcast_disagreement, case, timeout=60)
+    finally:
+        pool.kill()
+    for g in got:
+        assert g["type"] in ("CollectiveMismatchError", "PeerFailureError"), g
+        assert g["secs"] < 10, g
+    assert any(g["type"] == "CollectiveMismatchError" for g in got), got
+
+
 def rk_listen_address(rank, n):
     return dist.group.WORLD._get_backend(torch.device("cpu")).listen_address()
 
