@@ -221,6 +221,7 @@ class WorkRailcc : public c10d::Work {
     bool finished = true;
     for (auto& r : reqs_) {
       // kNoTimeout (0 ms) waits for the engine, which fails the op after its own timeout.
+      // A completed request never touches comm_, which may be gone (the group destroyed).
       if (!r->completed() && !comm_->wait(r, timeout.count() <= 0 ? Millis(-1) : timeout)) {
         finished = false;
         break;

@@ -305,6 +305,8 @@ class CommImpl {
   // A zero-byte message to and from every peer: each rank knows every peer has reached this
   // point of the op (and the headers check that all called the same op).
   void syncRound();
+  // The transfers of one such round, for callers that wait on the two halves separately.
+  void headerRound(std::vector<Transfer>& sends, std::vector<Transfer>& recvs);
   // Closes the peers' pools and events; frees this rank's own only when `peersDone` (every
   // peer has closed them: an syncRound after their close).
   void releaseIpc(const cuda::DeviceApi& api, bool peersDone);
@@ -2022,17 +2024,12 @@ void CommImpl::runBroadcastRing(char* buf, size_t bytes, int root) {
   std::vector<char*> outs(static_cast<size_t>(size_), nullptr);
   sizes[static_cast<size_t>(root)] = bytes;
   outs[static_cast<size_t>(root)] = buf;
-  std::vector<Transfer> sends, recvs;
-  for (int p = 0; p < size_; ++p)
-    if (p != rank_) {
-      sends.push_back(sendTo(p, nullptr, 0));
-      recvs.push_back(recvFrom(p, nullptr, 0));
-    }
   if (rank_ == root) {
-    sends.insert(sends.end(), recvs.begin(), recvs.end());
-    exchange(sends);
+    syncRound();
     return runAllgatherRing(buf, sizes, outs, false);
   }
+  std::vector<Transfer> sends, recvs;
+  headerRound(sends, recvs);
   exchange(sends);
   runAllgatherRing(buf, sizes, outs, false);
   exchange(recvs);
@@ -2352,15 +2349,21 @@ void CommImpl::releaseIpc(const cuda::DeviceApi& api, bool peersDone) {
   ipc_.ev.clear();
 }
 
-void CommImpl::syncRound() {
-  std::vector<Transfer> xs;
-  xs.reserve(2 * static_cast<size_t>(size_));
+void CommImpl::headerRound(std::vector<Transfer>& sends, std::vector<Transfer>& recvs) {
+  sends.reserve(2 * static_cast<size_t>(size_));
+  recvs.reserve(static_cast<size_t>(size_));
   for (int p = 0; p < size_; ++p)
     if (p != rank_) {
-      xs.push_back(sendTo(p, nullptr, 0));
-      xs.push_back(recvFrom(p, nullptr, 0));
+      sends.push_back(sendTo(p, nullptr, 0));
+      recvs.push_back(recvFrom(p, nullptr, 0));
     }
-  exchange(xs);
+}
+
+void CommImpl::syncRound() {
+  std::vector<Transfer> sends, recvs;
+  headerRound(sends, recvs);
+  sends.insert(sends.end(), recvs.begin(), recvs.end());
+  exchange(sends);
 }
 
 bool CommImpl::ipcReady(int d) {
