@@ -310,7 +310,14 @@ class CommImpl {
   // Closes the peers' pools and events; frees this rank's own only when `peersDone` (every
   // peer has closed them: an syncRound after their close).
   void releaseIpc(const cuda::DeviceApi& api, bool peersDone);
-  void runIpcAllreduce(const DeviceOp& dv, char* buf, size_t count, DataType dt, ReduceOp op, double scale);
+  // All-reduce of the buffers `segs` (pointer, element count) as if they were one array: a
+  // single tensor is one segment, a coalesced call packs many into each chunk.
+  void runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<char*, size_t>>& segs, DataType dt, ReduceOp op,
+                       double scale);
+  void runIpcReduce(const DeviceOp& dv, char* buf, size_t count, DataType dt, ReduceOp op, double scale, int root);
+  void runIpcGather(const DeviceOp& dv, const char* in, size_t count, DataType dt, const std::vector<char*>& outs,
+                    int root);
+  void runIpcScatter(const DeviceOp& dv, const std::vector<char*>& ins, char* out, size_t count, DataType dt, int root);
   void runIpcAllgather(const DeviceOp& dv, const char* in, size_t count, DataType dt, const std::vector<char*>& outs);
   void runIpcReduceScatter(const DeviceOp& dv, const std::vector<char*>& ins, char* out, size_t count, DataType dt,
                            ReduceOp op, double scale);
@@ -2459,22 +2466,37 @@ bool CommImpl::ipcReady(int d) {
   return true;
 }
 
-void CommImpl::runIpcAllreduce(const DeviceOp& dv, char* buf, size_t count, DataType dt, ReduceOp op,
-                               double scale) {
+void CommImpl::runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<char*, size_t>>& segs, DataType dt,
+                               ReduceOp op, double scale) {
   const cuda::DeviceApi& api = deviceApi();
   const int d = dv.device;
   void* stream = dv.stream;
   const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_), es = dtypeSize(dt);
+  size_t count = 0;
+  for (auto& sg : segs) count += sg.second;
   const size_t per = ipc_.chunk / es;
   const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
   auto check = [d](int err, const char* call) { checkDevice(err, call, d); };
+  // Calls f(pointer, first element relative to the chunk, length) for each piece of a segment
+  // that falls in elements [lo, hi) of the whole array.
+  auto overlap = [&segs](size_t lo, size_t hi, const std::function<void(char*, size_t, size_t)>& f, size_t es) {
+    size_t at = 0;
+    for (auto& [p, c] : segs) {
+      size_t a = std::max(at, lo), b = std::min(at + c, hi);
+      if (a < b) f(p + (a - at) * es, a - lo, b - a);
+      at += c;
+      if (at >= hi) break;
+    }
+  };
   for (size_t k = 0; k < chunks; ++k) {
     const size_t off = k * per, m = count > off ? std::min(per, count - off) : 0;
     auto in = [&](size_t q) { return ipc_.pool[q] + (k & 1) * 2 * ipc_.chunk; };
     auto red = [&](size_t q) { return in(q) + ipc_.chunk; };
     auto lo = [&](size_t j) { return m * j / n; };  // rank j reduces elements [lo(j), lo(j+1)) of the chunk
     // 1. this rank's chunk into its pool, where the peers can read it
-    if (m) check(api.memcpyAsync(in(me), buf + off * es, m * es, stream), "cudaMemcpyAsync (into the IPC pool)");
+    overlap(off, off + m, [&](char* p, size_t at, size_t len) {
+      check(api.memcpyAsync(in(me) + at * es, p, len * es, stream), "cudaMemcpyAsync (into the IPC pool)");
+    }, es);
     ipcStep(api, stream, d, kIpcIn);
     // 2. reduce this rank's slice over every rank's chunk, in rank order (same bits everywhere)
     const size_t a = lo(me), len = lo(me + 1) - a;
@@ -2487,17 +2509,93 @@ void CommImpl::runIpcAllreduce(const DeviceOp& dv, char* buf, size_t count, Data
       if (op == ReduceOp::kAvg) check(api.divideAsync(out, len, dt, static_cast<double>(n), stream), "divide kernel");
     }
     ipcStep(api, stream, d, kIpcRed);
-    // 3. every rank's reduced slice into the result
-    for (size_t j = 0; j < n; ++j) {
-      size_t b = lo(j), l = lo(j + 1) - b;
-      if (l)
-        check(api.memcpyAsync(buf + (off + b) * es, red(j) + b * es, l * es, stream), "cudaMemcpyAsync (peer's slice)");
-    }
+    // 3. every rank's reduced slice into the result: a piece of a segment may span slices
+    overlap(off, off + m, [&](char* p, size_t at, size_t len) {
+      for (size_t j = 0; len > 0; ++j) {
+        if (lo(j + 1) <= at) continue;
+        size_t l = std::min(len, lo(j + 1) - at);
+        check(api.memcpyAsync(p, red(j) + at * es, l * es, stream), "cudaMemcpyAsync (peer's slice)");
+        p += l * es, at += l, len -= l;
+      }
+    }, es);
     // The slot is reused two chunks on: no rank writes it again before every peer read it.
     ipcStep(api, stream, d, kIpcDone);
     lastProgress_ = Clock::now();
   }
   ipcFinish(api, stream, d, "the CUDA IPC all-reduce");
+}
+
+// Every rank's chunk into its pool; the root alone reduces them, in rank order as the
+// all-reduce does, straight into its buffer. The other ranks' buffers are left as they were.
+void CommImpl::runIpcReduce(const DeviceOp& dv, char* buf, size_t count, DataType dt, ReduceOp op, double scale,
+                            int root) {
+  const cuda::DeviceApi& api = deviceApi();
+  const int d = dv.device;
+  void* stream = dv.stream;
+  const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_), es = dtypeSize(dt);
+  const size_t per = 2 * ipc_.chunk / es;  // a slot is two chunk buffers
+  const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
+  for (size_t k = 0; k < chunks; ++k) {
+    const size_t off = k * per, m = count > off ? std::min(per, count - off) : 0;
+    auto slot = [&](size_t q) { return ipc_.pool[q] + (k & 1) * 2 * ipc_.chunk; };
+    if (m) checkDevice(api.memcpyAsync(slot(me), buf + off * es, m * es, stream), "cudaMemcpyAsync (into the IPC pool)", d);
+    ipcStep(api, stream, d, kIpcIn);
+    if (rank_ == root && m) {
+      char* o = buf + off * es;  // its own contribution is already in its slot
+      if (op == ReduceOp::kPremulSum) checkDevice(api.scaleCopyAsync(o, slot(0), m, dt, scale, stream), "scale kernel", d);
+      else checkDevice(api.memcpyAsync(o, slot(0), m * es, stream), "cudaMemcpyAsync (peer's chunk)", d);
+      for (size_t q = 1; q < n; ++q) checkDevice(api.reduceAsync(o, slot(q), m, dt, op, scale, stream), "reduce kernel", d);
+      if (op == ReduceOp::kAvg) checkDevice(api.divideAsync(o, m, dt, static_cast<double>(n), stream), "divide kernel", d);
+    }
+    ipcStep(api, stream, d, kIpcDone);
+    lastProgress_ = Clock::now();
+  }
+  ipcFinish(api, stream, d, "the CUDA IPC reduce");
+}
+
+void CommImpl::runIpcGather(const DeviceOp& dv, const char* in, size_t count, DataType dt, const std::vector<char*>& outs,
+                            int root) {
+  const cuda::DeviceApi& api = deviceApi();
+  const int d = dv.device;
+  void* stream = dv.stream;
+  const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_), es = dtypeSize(dt);
+  const size_t per = 2 * ipc_.chunk / es;
+  const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
+  for (size_t k = 0; k < chunks; ++k) {
+    const size_t off = k * per, m = count > off ? std::min(per, count - off) : 0;
+    auto slot = [&](size_t q) { return ipc_.pool[q] + (k & 1) * 2 * ipc_.chunk; };
+    if (m) checkDevice(api.memcpyAsync(slot(me), in + off * es, m * es, stream), "cudaMemcpyAsync (into the IPC pool)", d);
+    ipcStep(api, stream, d, kIpcIn);
+    if (rank_ == root && m)
+      for (size_t q = 0; q < n; ++q)
+        checkDevice(api.memcpyAsync(outs[q] + off * es, slot(q), m * es, stream), "cudaMemcpyAsync (peer's piece)", d);
+    ipcStep(api, stream, d, kIpcDone);
+    lastProgress_ = Clock::now();
+  }
+  ipcFinish(api, stream, d, "the CUDA IPC gather");
+}
+
+void CommImpl::runIpcScatter(const DeviceOp& dv, const std::vector<char*>& ins, char* out, size_t count, DataType dt,
+                             int root) {
+  const cuda::DeviceApi& api = deviceApi();
+  const int d = dv.device;
+  void* stream = dv.stream;
+  const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_), es = dtypeSize(dt);
+  const size_t per = std::max<size_t>(2 * ipc_.chunk / n / es, 1);  // n pieces of a chunk fill the root's slot
+  const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
+  for (size_t k = 0; k < chunks; ++k) {
+    const size_t off = k * per, m = count > off ? std::min(per, count - off) : 0;
+    // piece j of the root's slot: what rank j receives
+    auto piece = [&](size_t j) { return ipc_.pool[static_cast<size_t>(root)] + (k & 1) * 2 * ipc_.chunk + j * per * es; };
+    if (rank_ == root && m)
+      for (size_t j = 0; j < n; ++j)
+        checkDevice(api.memcpyAsync(piece(j), ins[j] + off * es, m * es, stream), "cudaMemcpyAsync (into the IPC pool)", d);
+    ipcStep(api, stream, d, kIpcIn);
+    if (m) checkDevice(api.memcpyAsync(out + off * es, piece(me), m * es, stream), "cudaMemcpyAsync (root's piece)", d);
+    ipcStep(api, stream, d, kIpcDone);
+    lastProgress_ = Clock::now();
+  }
+  ipcFinish(api, stream, d, "the CUDA IPC scatter");
 }
 
 void CommImpl::runIpcAllgather(const DeviceOp& dv, const char* in, size_t count, DataType dt,
@@ -2624,7 +2722,7 @@ RequestPtr Communicator::allreduce(void* buf, size_t count, DataType dt, ReduceO
     o->body = [c, where, buf, count, dt, op, scale, run] {
       auto dv = c->beginDevice(where);
       if (c->ipcReady(dv.device))
-        return c->runIpcAllreduce(dv, static_cast<char*>(buf), count, dt, op, scale);
+        return c->runIpcAllreduce(dv, {{static_cast<char*>(buf), count}}, dt, op, scale);
       c->runStaged(dv, dt, 1, {{static_cast<char*>(buf), count, true, true}},
                    [&](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); });
     };
@@ -2678,9 +2776,15 @@ RequestPtr Communicator::allreduceCoalesced(std::vector<void*> bufs, std::vector
   o->device = where.onDevice();
   if (o->device)
     o->body = [c, where, ptrs, counts, dt, op, scale] {
+      auto dv = c->beginDevice(where);
+      if (c->ipcReady(dv.device)) {
+        std::vector<std::pair<char*, size_t>> segs;
+        for (size_t i = 0; i < ptrs.size(); ++i) segs.push_back({ptrs[i], counts[i]});
+        return c->runIpcAllreduce(dv, segs, dt, op, scale);
+      }
       std::vector<CommImpl::Region> regs;
       for (size_t i = 0; i < ptrs.size(); ++i) regs.push_back({ptrs[i], counts[i], true, true});
-      c->runStaged(c->beginDevice(where), dt, regs.size(), regs, [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
+      c->runStaged(dv, dt, regs.size(), regs, [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
         coalescedAllreduce(c, h, n, dt, op, scale);
       });
     };
@@ -2747,8 +2851,10 @@ RequestPtr Communicator::reduce(void* buf, size_t count, DataType dt, ReduceOp o
   };
   o->device = where.onDevice();
   if (o->device)
-    o->body = [c, where, buf, count, dt, root, run] {
-      c->runStaged(c->beginDevice(where), dt, 1, {{static_cast<char*>(buf), count, true, c->rank_ == root}},
+    o->body = [c, where, buf, count, dt, op, root, scale, run] {
+      auto dv = c->beginDevice(where);
+      if (c->ipcReady(dv.device)) return c->runIpcReduce(dv, static_cast<char*>(buf), count, dt, op, scale, root);
+      c->runStaged(dv, dt, 1, {{static_cast<char*>(buf), count, true, c->rank_ == root}},
                    [&](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); });
     };
   else
@@ -2922,10 +3028,12 @@ RequestPtr Communicator::gather(const void* in, size_t count, DataType dt, std::
   char* in8 = const_cast<char*>(static_cast<const char*>(in));
   o->device = where.onDevice();
   if (o->device)
-    o->body = [c, where, in8, count, dt, o8, run] {
+    o->body = [c, where, in8, count, dt, o8, root, run] {
+      auto dv = c->beginDevice(where);
+      if (c->ipcReady(dv.device)) return c->runIpcGather(dv, in8, count, dt, o8, root);
       std::vector<CommImpl::Region> regs{{in8, count, true, false}};
       for (char* p : o8) regs.push_back({p, count, false, true});
-      c->runStaged(c->beginDevice(where), dt, static_cast<size_t>(c->size_) + 1, regs,
+      c->runStaged(dv, dt, static_cast<size_t>(c->size_) + 1, regs,
                    [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
                      run(h[0], n[0], std::vector<char*>(h.begin() + 1, h.end()));
                    });
@@ -2962,11 +3070,13 @@ RequestPtr Communicator::scatter(std::vector<const void*> ins, void* out, size_t
   char* out8 = static_cast<char*>(out);
   o->device = where.onDevice();
   if (o->device)
-    o->body = [c, where, i8, out8, count, dt, run] {
+    o->body = [c, where, i8, out8, count, dt, root, run] {
+      auto dv = c->beginDevice(where);
+      if (c->ipcReady(dv.device)) return c->runIpcScatter(dv, i8, out8, count, dt, root);
       std::vector<CommImpl::Region> regs;
       for (char* p : i8) regs.push_back({p, count, true, false});
       regs.push_back({out8, count, false, true});
-      c->runStaged(c->beginDevice(where), dt, static_cast<size_t>(c->size_) + 1, regs,
+      c->runStaged(dv, dt, static_cast<size_t>(c->size_) + 1, regs,
                    [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
                      run(std::vector<char*>(h.begin(), h.end() - 1), h.back(), n.back());
                    });

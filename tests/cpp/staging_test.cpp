@@ -326,6 +326,82 @@ TEST_P(Staged, AlltoallUnevenGatherScatterCoalesced) {
   });
 }
 
+// Rooted ops and many-buffer all-reduce, with counts that cross several chunks (with CUDA IPC
+// the root reads its peers' pools, or they read its pool). Expected results come from the
+// engine's host reduction in rank order, so every op must match exactly.
+template <typename T>
+void reduceMatches(Communicator& c, DataType dt, ReduceOp op, double scale, size_t count, int root) {
+  int n = c.size(), me = c.rank();
+  auto input = [&](int r) {
+    std::vector<T> v(count);
+    for (size_t i = 0; i < count; ++i) v[i] = static_cast<T>((i * 5 + static_cast<size_t>(r) * 7) % 6 + 1);
+    return v;
+  };
+  std::vector<T> want = input(0);
+  if (op == ReduceOp::kPremulSum) scaleCopy(want.data(), want.data(), count, dt, scale);
+  for (int r = 1; r < n; ++r) {
+    auto x = input(r);
+    reduceInto(want.data(), x.data(), count, dt, op, scale);
+  }
+  if (op == ReduceOp::kAvg) divideBy(want.data(), count, dt, n);
+  auto got = input(me);
+  waitOk(c.reduce(got.data(), count, dt, op, root, scale, Millis(0), kDev));
+  auto mine = input(me);
+  for (size_t i = 0; i < count; ++i)
+    ASSERT_EQ(got[i], me == root ? want[i] : mine[i])
+        << dtypeName(dt) << " " << reduceOpName(op) << " root " << root << " count " << count << " i " << i;
+}
+
+TEST_P(Staged, RootedOpsAndManyBuffersAcrossChunks) {
+  runRanks(GetParam(), [](Communicator& c) {
+    int n = c.size(), me = c.rank();
+    for (int root : {0, n - 1}) {
+      for (size_t count : {size_t(0), size_t(3), size_t(70001)}) {
+        reduceMatches<int64_t>(c, DataType::kInt64, ReduceOp::kSum, 1.0, count, root);
+        reduceMatches<float>(c, DataType::kFloat32, ReduceOp::kPremulSum, 0.25, count, root);
+        reduceMatches<double>(c, DataType::kFloat64, ReduceOp::kAvg, 1.0, count, root);
+        reduceMatches<int8_t>(c, DataType::kInt8, ReduceOp::kMin, 1.0, count, root);
+      }
+      const size_t count = 100003;  // int32: several chunks, and pieces that do not divide them
+      std::vector<int32_t> g(count), all(count * static_cast<size_t>(n), -1);
+      for (size_t i = 0; i < count; ++i) g[i] = static_cast<int32_t>(i) * 3 + me;
+      std::vector<void*> gouts;
+      if (me == root)
+        for (int r = 0; r < n; ++r) gouts.push_back(all.data() + count * static_cast<size_t>(r));
+      waitOk(c.gather(g.data(), count, DataType::kInt32, gouts, root, Millis(0), kDev));
+      if (me == root)
+        for (size_t i = 0; i < all.size(); ++i)
+          ASSERT_EQ(all[i], static_cast<int32_t>(i % count) * 3 + static_cast<int32_t>(i / count)) << "gather " << i;
+
+      std::vector<int32_t> src(count * static_cast<size_t>(n));
+      for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<int32_t>(i) ^ 0x5a5a;
+      std::vector<const void*> sins;
+      if (me == root)
+        for (int r = 0; r < n; ++r) sins.push_back(src.data() + count * static_cast<size_t>(r));
+      std::vector<int32_t> got(count, -1);
+      waitOk(c.scatter(sins, got.data(), count, DataType::kInt32, root, Millis(0), kDev));
+      for (size_t i = 0; i < count; ++i)
+        ASSERT_EQ(got[i], static_cast<int32_t>(count * static_cast<size_t>(me) + i) ^ 0x5a5a) << "scatter " << i;
+    }
+
+    // Many buffers of odd sizes: pieces of one buffer land in several ranks' slices and chunks.
+    std::vector<std::vector<int32_t>> ts;
+    for (size_t i = 0; i < 60; ++i) ts.emplace_back((i * 2749) % 9001 + (i == 7 ? 50000 : 0) - (i % 9 == 0 ? (i * 2749) % 9001 : 0));
+    std::vector<void*> bufs;
+    std::vector<size_t> counts;
+    for (size_t t = 0; t < ts.size(); ++t) {
+      for (size_t i = 0; i < ts[t].size(); ++i) ts[t][i] = static_cast<int32_t>(t * 100000 + i) * (me + 1);
+      bufs.push_back(ts[t].data());
+      counts.push_back(ts[t].size());
+    }
+    waitOk(c.allreduceCoalesced(bufs, counts, DataType::kInt32, ReduceOp::kSum, 1.0, Millis(0), kDev));
+    int32_t f = n * (n + 1) / 2;
+    for (size_t t = 0; t < ts.size(); ++t)
+      for (size_t i = 0; i < ts[t].size(); ++i)
+        ASSERT_EQ(ts[t][i], static_cast<int32_t>(t * 100000 + i) * f) << "buffer " << t << " i " << i;
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Chunks, Staged,
                          testing::Values(Param{1, true, 4096, false}, Param{2, true, 4096, false},
                                          Param{3, true, 4096, false}, Param{4, true, 65536, false},
