@@ -735,8 +735,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reduce_scatter_tensor_coalesc
                                   placed(dev));
     }));
   }
-  return makeWork(OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_tensor_coalesced", reqs, outputs, inputs,
-                  dev);
+  // OpType::COALESCED: torch 2.11 (the GPU machines' build) has no
+  // REDUCE_SCATTER_TENSOR_COALESCED. Unlike endCoalescing's, this Work is one call of its own.
+  ++seq_;
+  return makeWork(OpType::COALESCED, "reduce_scatter_tensor_coalesced", reqs, outputs, inputs, dev);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::alltoall_base(at::Tensor& output, at::Tensor& input,
