@@ -59,13 +59,11 @@ class CMakeBuild(build_ext):
 
     def build_extension(self, ext):
         import torch
-        from torch.utils import cmake_prefix_path
 
         build_dir = os.environ.get("RAILCC_BUILD_DIR") or os.path.join(ROOT, "build", "py")
         os.makedirs(build_dir, exist_ok=True)
         cfg = [
             "cmake", "-S", ROOT, "-B", build_dir, "-G", "Ninja",
-            f"-DCMAKE_PREFIX_PATH={cmake_prefix_path}",
             f"-DPython3_EXECUTABLE={sys.executable}",
             "-DRAILCC_BUILD_PYTHON=ON",
             "-DCMAKE_BUILD_TYPE=" + os.environ.get("RAILCC_BUILD_TYPE", "Release"),

@@ -2,9 +2,8 @@
 semantics, and DDP / FSDP2 training on the GPU.
 
 These need a GPU and a CUDA build of torch; ranks share GPUs round-robin (rank % device
-count), so one GPU runs 2, 3 and 4 ranks. all_reduce, reduce_scatter, all_gather, broadcast and
-all_to_all run both ways: through CUDA IPC (the default when every rank is on one host) and staged
-through pinned host memory. Without a GPU everything here skips with the reason,
+count), so one GPU runs 2, 3 and 4 ranks. Every collective runs both ways: through CUDA IPC (the
+default when every rank is on one host) and staged through pinned host memory. Without a GPU everything here skips with the reason,
 except the plugin checks at the top, which run everywhere nvcc built the plugin.
 """
 
