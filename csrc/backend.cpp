@@ -198,7 +198,16 @@ class WorkRailcc : public c10d::Work {
   bool isCompleted() override {
     // A synchronous op is run by the caller's wait(); one that polls instead hands it over.
     if (sync_ && !done_.load()) comm_->poke();
-    return done_.load();
+    if (!done_.load()) return false;
+    // As ProcessGroupNCCL: on CUDA tensors, completed means the GPU is done with the op too.
+    if (dev_ && !error_) {
+      try {
+        return dev_->end->query();
+      } catch (const std::exception&) {
+        return true;  // the error shows at the next call on the device
+      }
+    }
+    return true;
   }
   bool isSuccess() const override { return done_.load() && !error_; }
   std::exception_ptr exception() const override { return error_; }

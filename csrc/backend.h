@@ -28,8 +28,10 @@ struct DeviceCall {
   c10::Device device{c10::kCPU};
   c10::Stream comm{c10::Stream::DEFAULT, c10::Device(c10::kCPU)};
   std::shared_ptr<c10::Event> start, end;
+  // The engine may complete an op once its GPU work is queued on `comm`: every wait, future
+  // and isCompleted() here goes through the end event recorded after it.
   engine::Placement where() const {
-    return {device.index(), comm.native_handle(), start->eventId()};
+    return {device.index(), comm.native_handle(), start->eventId(), /*queued=*/true};
   }
 };
 using DeviceCallPtr = std::shared_ptr<DeviceCall>;

@@ -272,6 +272,7 @@ class CommImpl {
   struct DeviceOp {
     int device;
     void* stream;
+    bool queued = false;  // Placement::queued, with a caller's stream
   };
   DeviceOp beginDevice(const Placement& where);
   struct Region {
@@ -325,10 +326,15 @@ class CommImpl {
   void runIpcAlltoall(const DeviceOp& dv, const std::vector<char*>& ins, const std::vector<size_t>& inCounts,
                       const std::vector<char*>& outs, const std::vector<size_t>& outCounts, DataType dt);
   // The end of a device op: this rank's stream has done the op's GPU work.
-  void ipcFinish(const cuda::DeviceApi& api, void* stream, int d, const char* what) {
-    checkDevice(api.eventRecord(stageEv_[0], stream), "cudaEventRecord", d);
-    deviceWait(api, stageEv_[0], d, what);
+  // The end of an IPC op. Its GPU work is ordered by events alone (every slot is rewritten
+  // only after each peer's stream has passed its reads of it, whatever op comes next), so the
+  // host need not wait for it unless the caller has no stream to order on.
+  void ipcFinish(const cuda::DeviceApi& api, const DeviceOp& dv, const char* what) {
+    if (dv.queued) return;
+    checkDevice(api.eventRecord(stageEv_[0], dv.stream), "cudaEventRecord", dv.device);
+    deviceWait(api, stageEv_[0], dv.device, what);
   }
+  void* lastStream_ = nullptr;  // the stream of the last device op: drained before teardown
   // Records `e` on this rank's stream, tells every peer, and orders this rank's stream after
   // every peer's record of `e`.
   void ipcStep(const cuda::DeviceApi& api, void* stream, int d, IpcEvent e) {
@@ -2210,6 +2216,14 @@ void CommImpl::releaseDevice() {
   int callerDevice = -1;
   api->getDevice(&callerDevice);
   if (devOf_ >= 0) api->setDevice(devOf_);
+  // IPC ops may still run on the GPU (they complete once queued): let them finish before the
+  // peers' pools are unmapped, but never hang teardown on a GPU that does not.
+  if (lastStream_ && stageEv_[0] && api->eventRecord(stageEv_[0], lastStream_) == 0) {
+    auto until = Clock::now() + std::chrono::seconds(10);
+    while (api->eventQuery(stageEv_[0]) == api->notReady && Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  lastStream_ = nullptr;
   releaseIpc(*api, false);
   for (auto& ev : stageEv_)
     if (ev) api->eventDestroy(ev), ev = nullptr;
@@ -2238,7 +2252,8 @@ CommImpl::DeviceOp CommImpl::beginDevice(const Placement& where) {
     stream = ownStream_;
   }
   if (where.waitEvent) checkDevice(api.streamWaitEvent(stream, where.waitEvent), "cudaStreamWaitEvent", d);
-  return {d, stream};
+  lastStream_ = stream;
+  return {d, stream, where.queued && where.stream != nullptr};
 }
 
 void CommImpl::runStaged(const DeviceOp& dv, DataType dt, size_t slots, std::vector<Region> regions,
@@ -2522,7 +2537,7 @@ void CommImpl::runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<c
     ipcStep(api, stream, d, kIpcDone);
     lastProgress_ = Clock::now();
   }
-  ipcFinish(api, stream, d, "the CUDA IPC all-reduce");
+  ipcFinish(api, dv, "the CUDA IPC all-reduce");
 }
 
 // Every rank's chunk into its pool; the root alone reduces them, in rank order as the
@@ -2550,7 +2565,7 @@ void CommImpl::runIpcReduce(const DeviceOp& dv, char* buf, size_t count, DataTyp
     ipcStep(api, stream, d, kIpcDone);
     lastProgress_ = Clock::now();
   }
-  ipcFinish(api, stream, d, "the CUDA IPC reduce");
+  ipcFinish(api, dv, "the CUDA IPC reduce");
 }
 
 void CommImpl::runIpcGather(const DeviceOp& dv, const char* in, size_t count, DataType dt, const std::vector<char*>& outs,
@@ -2572,7 +2587,7 @@ void CommImpl::runIpcGather(const DeviceOp& dv, const char* in, size_t count, Da
     ipcStep(api, stream, d, kIpcDone);
     lastProgress_ = Clock::now();
   }
-  ipcFinish(api, stream, d, "the CUDA IPC gather");
+  ipcFinish(api, dv, "the CUDA IPC gather");
 }
 
 void CommImpl::runIpcScatter(const DeviceOp& dv, const std::vector<char*>& ins, char* out, size_t count, DataType dt,
@@ -2595,7 +2610,7 @@ void CommImpl::runIpcScatter(const DeviceOp& dv, const std::vector<char*>& ins, 
     ipcStep(api, stream, d, kIpcDone);
     lastProgress_ = Clock::now();
   }
-  ipcFinish(api, stream, d, "the CUDA IPC scatter");
+  ipcFinish(api, dv, "the CUDA IPC scatter");
 }
 
 void CommImpl::runIpcAllgather(const DeviceOp& dv, const char* in, size_t count, DataType dt,
@@ -2616,7 +2631,7 @@ void CommImpl::runIpcAllgather(const DeviceOp& dv, const char* in, size_t count,
     ipcStep(api, stream, d, kIpcDone);
     lastProgress_ = Clock::now();
   }
-  ipcFinish(api, stream, d, "the CUDA IPC all-gather");
+  ipcFinish(api, dv, "the CUDA IPC all-gather");
 }
 
 void CommImpl::runIpcReduceScatter(const DeviceOp& dv, const std::vector<char*>& ins, char* out, size_t count,
@@ -2645,7 +2660,7 @@ void CommImpl::runIpcReduceScatter(const DeviceOp& dv, const std::vector<char*>&
     ipcStep(api, stream, d, kIpcDone);
     lastProgress_ = Clock::now();
   }
-  ipcFinish(api, stream, d, "the CUDA IPC reduce-scatter");
+  ipcFinish(api, dv, "the CUDA IPC reduce-scatter");
 }
 
 void CommImpl::runIpcBroadcast(const DeviceOp& dv, char* buf, size_t count, DataType dt, int root) {
@@ -2664,7 +2679,7 @@ void CommImpl::runIpcBroadcast(const DeviceOp& dv, char* buf, size_t count, Data
     ipcStep(api, stream, d, kIpcDone);
     lastProgress_ = Clock::now();
   }
-  ipcFinish(api, stream, d, "the CUDA IPC broadcast");
+  ipcFinish(api, dv, "the CUDA IPC broadcast");
 }
 
 void CommImpl::runIpcAlltoall(const DeviceOp& dv, const std::vector<char*>& ins, const std::vector<size_t>& inCounts,
@@ -2702,7 +2717,7 @@ void CommImpl::runIpcAlltoall(const DeviceOp& dv, const std::vector<char*>& ins,
     ipcStep(api, stream, d, kIpcDone);
     lastProgress_ = Clock::now();
   }
-  ipcFinish(api, stream, d, "the CUDA IPC all-to-all");
+  ipcFinish(api, dv, "the CUDA IPC all-to-all");
 }
 
 namespace {

@@ -17,6 +17,9 @@ struct Placement {
                              // for this device); null: the engine's own stream
   void* waitEvent = nullptr; // cudaEvent_t recorded on the caller's stream: the op reads its
                              // buffers only after it has completed on the GPU
+  bool queued = false;       // with `stream`: an op whose GPU work needs no host (CUDA IPC)
+                             // completes once that work is queued on `stream`, and the caller
+                             // orders on the stream; otherwise once the GPU has done it
   bool onDevice() const { return device >= 0; }
 };
 

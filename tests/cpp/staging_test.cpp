@@ -16,6 +16,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -399,6 +400,45 @@ TEST_P(Staged, RootedOpsAndManyBuffersAcrossChunks) {
     for (size_t t = 0; t < ts.size(); ++t)
       for (size_t i = 0; i < ts[t].size(); ++i)
         ASSERT_EQ(ts[t][i], static_cast<int32_t>(t * 100000 + i) * f) << "buffer " << t << " i " << i;
+  });
+}
+
+// As the glue calls them: on the caller's stream, completing once queued. Five ops run back
+// to back, each reading what the one before wrote, and nothing waits for the "GPU" until the
+// end: with CUDA IPC none of them does, so the fake runs all their copies and kernels only at
+// the final synchronize, and only the events order them (pools reused across ops included).
+TEST_P(Staged, OpsQueuedOnTheCallersStream) {
+  const Param p = GetParam();
+  std::vector<std::unique_ptr<FakeStream>> streams;
+  for (int r = 0; r < p.size; ++r) streams.push_back(std::make_unique<FakeStream>());
+  runRanks(p, [&](Communicator& c) {
+    int n = c.size(), me = c.rank(), root = n - 1;
+    void* s = streams[static_cast<size_t>(me)].get();
+    const Placement on{0, s, nullptr, /*queued=*/true};
+    const size_t count = 70001;
+    std::vector<int32_t> a(count), all(count * static_cast<size_t>(n), -1), rs(count, -1), b(count);
+    for (size_t i = 0; i < count; ++i) a[i] = static_cast<int32_t>(i) + me;
+    for (size_t i = 0; i < count; ++i) b[i] = me == root ? static_cast<int32_t>(i) * 3 : -1;
+    std::vector<void*> outs;
+    std::vector<const void*> ins;
+    for (int r = 0; r < n; ++r) {
+      outs.push_back(all.data() + count * static_cast<size_t>(r));
+      ins.push_back(all.data() + count * static_cast<size_t>(r));
+    }
+    waitOk(c.allreduce(a.data(), count, DataType::kInt32, ReduceOp::kSum, 1.0, Millis(0), on));
+    waitOk(c.allgather(a.data(), count, DataType::kInt32, outs, Millis(0), on));
+    waitOk(c.reduceScatter(ins, rs.data(), count, DataType::kInt32, ReduceOp::kSum, 1.0, Millis(0), on));
+    waitOk(c.broadcast(b.data(), count, DataType::kInt32, root, Millis(0), on));
+    waitOk(c.allreduce(a.data(), count, DataType::kInt32, ReduceOp::kSum, 1.0, Millis(0), on));
+    Fake::streamSynchronize(s);
+    const int32_t base = n * (n - 1) / 2;
+    for (size_t i = 0; i < count; ++i) {
+      int32_t once = n * static_cast<int32_t>(i) + base;  // after the first all-reduce
+      ASSERT_EQ(all[count * static_cast<size_t>(me) + i], once) << "all_gather " << i;
+      ASSERT_EQ(rs[i], n * once) << "reduce_scatter " << i;
+      ASSERT_EQ(b[i], static_cast<int32_t>(i) * 3) << "broadcast " << i;
+      ASSERT_EQ(a[i], n * once) << "second all_reduce " << i;
+    }
   });
 }
 
