@@ -2503,6 +2503,30 @@ void CommImpl::runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<c
       if (at >= hi) break;
     }
   };
+  // One shot for small messages (RAILCC_ONESHOT_BYTES, one chunk): every rank reduces the whole
+  // chunk itself, in rank order, into its own reduced buffer, which only it reads: two host
+  // rounds instead of three, and no all-gather.
+  if (oneshot(count * es) && count <= per) {
+    auto in = [&](size_t q) { return ipc_.pool[q]; };
+    char* out = ipc_.pool[me] + ipc_.chunk;
+    overlap(0, count, [&](char* p, size_t at, size_t len) {
+      check(api.memcpyAsync(in(me) + at * es, p, len * es, stream), "cudaMemcpyAsync (into the IPC pool)");
+    }, es);
+    ipcStep(api, stream, d, kIpcIn);
+    if (count) {
+      if (op == ReduceOp::kPremulSum) check(api.scaleCopyAsync(out, in(0), count, dt, scale, stream), "scale kernel");
+      else check(api.memcpyAsync(out, in(0), count * es, stream), "cudaMemcpyAsync (peer to pool)");
+      for (size_t q = 1; q < n; ++q) check(api.reduceAsync(out, in(q), count, dt, op, scale, stream), "reduce kernel");
+      if (op == ReduceOp::kAvg) check(api.divideAsync(out, count, dt, static_cast<double>(n), stream), "divide kernel");
+    }
+    overlap(0, count, [&](char* p, size_t at, size_t len) {
+      check(api.memcpyAsync(p, out + at * es, len * es, stream), "cudaMemcpyAsync (result out of the pool)");
+    }, es);
+    // Peers read our input buffer until they pass this step.
+    ipcStep(api, stream, d, kIpcDone);
+    lastProgress_ = Clock::now();
+    return ipcFinish(api, dv, "the CUDA IPC all-reduce");
+  }
   for (size_t k = 0; k < chunks; ++k) {
     const size_t off = k * per, m = count > off ? std::min(per, count - off) : 0;
     auto in = [&](size_t q) { return ipc_.pool[q] + (k & 1) * 2 * ipc_.chunk; };

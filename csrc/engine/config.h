@@ -36,7 +36,9 @@ namespace railcc::engine {
     "Bytes of the fusion bucket for coalesced all-reduce; small tensors are packed into it.") \
   X(oneshotBytes, int64_t, "RAILCC_ONESHOT_BYTES", "", "65536",                              \
     "All-reduce and reduce-scatter of at most this many bytes per block run in one step: "     \
-    "every rank sends to every peer and reduces in rank order. Must be equal on all ranks.")   \
+    "every rank sends to every peer and reduces in rank order. A CUDA IPC all-reduce of at "  \
+    "most this many bytes has every rank reduce every peer's buffer. Must be equal on all "   \
+    "ranks.")                                                                                 \
   X(socketIfname, std::string, "RAILCC_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "",              \
     "Interfaces for TCP: prefixes, comma separated; ^ excludes, = matches exactly. "          \
     "Default: the first up interface that is not loopback or docker.")                        \

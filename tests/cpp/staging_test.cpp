@@ -385,8 +385,23 @@ TEST_P(Staged, RootedOpsAndManyBuffersAcrossChunks) {
         ASSERT_EQ(got[i], static_cast<int32_t>(count * static_cast<size_t>(me) + i) ^ 0x5a5a) << "scatter " << i;
     }
 
-    // Many buffers of odd sizes: pieces of one buffer land in several ranks' slices and chunks.
+    // Many buffers of odd sizes: pieces of one buffer land in several ranks' slices and chunks;
+    // the first few together are small enough for the one-shot path.
     std::vector<std::vector<int32_t>> ts;
+    for (size_t sz : {size_t(0), size_t(5), size_t(1000), size_t(3), size_t(2000)}) {
+      ts.emplace_back(sz);
+      for (size_t i = 0; i < sz; ++i) ts.back()[i] = static_cast<int32_t>(sz * 7 + i) * (me + 1);
+    }
+    {
+      std::vector<void*> small;
+      std::vector<size_t> smallCounts;
+      for (auto& t : ts) small.push_back(t.data()), smallCounts.push_back(t.size());
+      waitOk(c.allreduceCoalesced(small, smallCounts, DataType::kInt32, ReduceOp::kSum, 1.0, Millis(0), kDev));
+      for (auto& t : ts)
+        for (size_t i = 0; i < t.size(); ++i)
+          ASSERT_EQ(t[i], static_cast<int32_t>(t.size() * 7 + i) * (n * (n + 1) / 2)) << "small coalesced " << i;
+      ts.clear();
+    }
     for (size_t i = 0; i < 60; ++i) ts.emplace_back((i * 2749) % 9001 + (i == 7 ? 50000 : 0) - (i % 9 == 0 ? (i * 2749) % 9001 : 0));
     std::vector<void*> bufs;
     std::vector<size_t> counts;
