@@ -2026,18 +2026,20 @@ void CommImpl::oneshotReduce(const std::function<const char*(int)>& blockOf, cha
 // the root's piece is not empty. The root writes each byte once and every other rank copies it
 // out (n copies of the data in all; a chain of FIFOs makes 2(n-1)).
 //
-// Every rank still sends its call's header to every other rank, but only the root waits for
-// them, before it writes: a rank that disagrees with the root (count, dtype, root) makes the
-// root fail instead of receiving anything, and two ranks that both agree with the root agree
-// with each other. The others take the data first and check the headers, already there, after:
-// each waits for one event (the root's data) instead of two (every header, then the data),
-// which on shared cores is one wake-up fewer per rank on the critical path.
+// Every rank sends its call's header to every other rank and checks theirs after the data has
+// moved: each waits for one event (the root's data, or for the root the ring's space) instead
+// of two (every header, then the data), which on shared cores is one wake-up fewer per rank on
+// the critical path. A rank that disagrees (count, dtype, root, another op) makes every rank
+// that checks its header fail, the root included, and the root's failure reaches a rank that
+// waits on the wrong ring. Only a broadcast larger than the ring has the root wait for the
+// headers first: its writes wait for every reader to make room, and a rank reading another
+// ring never would.
 void CommImpl::runBroadcastRing(char* buf, size_t bytes, int root) {
   std::vector<size_t> sizes(static_cast<size_t>(size_), 0);
   std::vector<char*> outs(static_cast<size_t>(size_), nullptr);
   sizes[static_cast<size_t>(root)] = bytes;
   outs[static_cast<size_t>(root)] = buf;
-  if (rank_ == root) {
+  if (rank_ == root && bytes > shm_->bcastRing(-1).capacity()) {
     syncRound();
     return runAllgatherRing(buf, sizes, outs, false);
   }

@@ -83,7 +83,7 @@ def test_mismatched_collectives_fail_on_every_rank_with_both_calls():
 def rk_broadcast_disagreement(rank, n, case):
     import railcc
 
-    t = torch.ones(1 << 18)  # 1 MiB: the broadcast ring, where only the root waits for headers
+    t = torch.ones(1 << 18)  # 1 MiB: the broadcast ring (headers checked after the data, or first by the root)
     start = time.monotonic()
     try:
         if case == "root":  # two ranks each believe they are the root
@@ -100,10 +100,13 @@ def rk_broadcast_disagreement(rank, n, case):
     return {"type": None, "value": t[0].item()}
 
 
+@pytest.mark.parametrize("ring", ["fits", "smaller"])
 @pytest.mark.parametrize("case", ["root", "count", "op"])
-def test_broadcast_disagreements_fail_on_every_rank(case):
+def test_broadcast_disagreements_fail_on_every_rank(case, ring):
+    # A broadcast that fits the ring is written before anyone's header is checked; one larger
+    # than the ring (256 KiB here) has the root check every header first.
     n = 4
-    pool = harness.RankPool(n)
+    pool = harness.RankPool(n, env={"RAILCC_BUFFSIZE": str(256 << 10)} if ring == "smaller" else None)
     try:
         got = pool.run(rk_broadcast_disagreement, case, timeout=60)
     finally:

@@ -51,6 +51,7 @@ class BcastRing {
   std::pair<const void*, size_t> peek(int c) const;
   void consume(int c, size_t n);
   bool readable(int c) const { return tail_->load(std::memory_order_acquire) > head(c).load(std::memory_order_relaxed); }
+  size_t capacity() const { return cap_; }
 
  private:
   std::atomic<uint64_t>& head(int c) const { return *reinterpret_cast<std::atomic<uint64_t>*>(heads_ + 64 * c); }
