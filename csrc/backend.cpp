@@ -604,6 +604,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allgather_into_tensor_coalesc
                               toDtype(inputs[i], "allgather"), slices(outputs[i], getSize()), opTimeout(opts.timeout),
                               placed(dev));
     }));
+  ++seq_;  // one call of its own, as reduce_scatter_tensor_coalesced
   return makeWork(OpType::COALESCED, "allgather_into_tensor_coalesced", reqs, outputs, inputs, dev);
 }
 

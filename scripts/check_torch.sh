@@ -25,7 +25,7 @@ fi
 pyinc=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 status=0
 for f in csrc/backend.cpp csrc/module.cpp; do
-  if c++ -std=gnu++17 -fsyntax-only -Wall -Wno-unused-parameter -DTORCH_EXTENSION_NAME=_C -DUSE_DISTRIBUTED \
+  if c++ -std=gnu++20 -fsyntax-only -Wall -Wno-unused-parameter -DTORCH_EXTENSION_NAME=_C -DUSE_DISTRIBUTED \
       -DUSE_C10D_GLOO -Icsrc -isystem "$pyinc" -isystem "$inc" -isystem "$inc/torch/csrc/api/include" "$f"; then
     echo "torch $version: $f compiles"
   else

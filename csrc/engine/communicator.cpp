@@ -2246,6 +2246,7 @@ CommImpl::DeviceOp CommImpl::beginDevice(const Placement& where) {
       if (ev) api.eventDestroy(ev), ev = nullptr;
     if (ownStream_) api.streamDestroy(ownStream_), ownStream_ = nullptr;
     devOf_ = d;
+    lastStream_ = nullptr;
     for (auto& ev : stageEv_) checkDevice(api.eventCreate(&ev), "cudaEventCreate", d);
   }
   void* stream = where.stream;
@@ -2254,6 +2255,12 @@ CommImpl::DeviceOp CommImpl::beginDevice(const Placement& where) {
     stream = ownStream_;
   }
   if (where.waitEvent) checkDevice(api.streamWaitEvent(stream, where.waitEvent), "cudaStreamWaitEvent", d);
+  // Ops complete once queued, and what orders one op's writes to the IPC pool after the peers'
+  // reads of the op before is that op's stream: a new stream first waits for the last one.
+  if (lastStream_ && lastStream_ != stream) {
+    checkDevice(api.eventRecord(stageEv_[1], lastStream_), "cudaEventRecord", d);
+    checkDevice(api.streamWaitEvent(stream, stageEv_[1]), "cudaStreamWaitEvent (previous op's stream)", d);
+  }
   lastStream_ = stream;
   return {d, stream, where.queued && where.stream != nullptr};
 }
@@ -2413,15 +2420,21 @@ bool CommImpl::ipcReady(int d) {
       why = call + " failed: " + (api.errorString ? api.errorString(err) : "?");
     }
   };
-  const size_t hb = cuda::kIpcHandleBytes, blob = 1 + hb * (1 + kIpcEvents);
+  // The blob: ok flag, the two sizes every rank must agree on (they fix the chunking and the
+  // number of host rounds, which zero-byte rounds cannot check), then the handles.
+  const size_t hb = cuda::kIpcHandleBytes, cfgAt = 1, handlesAt = cfgAt + 2 * sizeof(int64_t);
+  const size_t blob = handlesAt + hb * (1 + kIpcEvents);
   std::vector<char> mine(blob, 0), all(blob * n, 0);
+  const int64_t cfg[2] = {static_cast<int64_t>(ipc_.chunk), opts_.config.oneshotBytes};
+  std::memcpy(mine.data() + cfgAt, cfg, sizeof(cfg));
   void* p = nullptr;
   attempt(api.deviceMalloc(&p, 4 * ipc_.chunk), "cudaMalloc (CUDA IPC pool)");
   ipc_.pool[me] = static_cast<char*>(p);
   for (auto& e : ipc_.ev[me]) attempt(api.ipcEventCreate(&e), "cudaEventCreate (interprocess)");
-  if (ok) attempt(api.ipcGetMemHandle(mine.data() + 1, ipc_.pool[me]), "cudaIpcGetMemHandle");
+  if (ok) attempt(api.ipcGetMemHandle(mine.data() + handlesAt, ipc_.pool[me]), "cudaIpcGetMemHandle");
   for (int i = 0; i < kIpcEvents && ok; ++i)
-    attempt(api.ipcGetEventHandle(mine.data() + 1 + hb * (1 + static_cast<size_t>(i)), ipc_.ev[me][static_cast<size_t>(i)]),
+    attempt(api.ipcGetEventHandle(mine.data() + handlesAt + hb * (1 + static_cast<size_t>(i)),
+                                  ipc_.ev[me][static_cast<size_t>(i)]),
             "cudaIpcGetEventHandle");
   mine[0] = ok ? 1 : 0;
   {
@@ -2433,6 +2446,26 @@ bool CommImpl::ipcReady(int d) {
       }
     exchange(xs);
   }
+  // Every rank sees every blob, so all of them reach the same verdict here.
+  for (size_t q = 0; q < n; ++q) {
+    int64_t theirs[2];
+    std::memcpy(theirs, (q == me ? mine.data() : all.data() + blob * q) + cfgAt, sizeof(theirs));
+    if (theirs[0] == cfg[0] && theirs[1] == cfg[1]) continue;
+    if (ipc_.pool[me]) api.deviceFree(ipc_.pool[me]);
+    for (void* e : ipc_.ev[me])
+      if (e) api.eventDestroy(e);
+    ipc_.pool.clear();
+    ipc_.ev.clear();
+    ipc_.device = -1;
+    Error err(ErrorCode::kMismatch,
+              "CUDA IPC settings differ between ranks (they must be equal on all ranks): rank " + std::to_string(rank_) +
+                  " has RAILCC_CUDA_IPC_BYTES=" + std::to_string(opts_.config.cudaIpcBytes) + " (chunk " +
+                  std::to_string(cfg[0]) + " B) and RAILCC_ONESHOT_BYTES=" + std::to_string(cfg[1]) + ", rank " +
+                  std::to_string(q) + " a chunk of " + std::to_string(theirs[0]) + " B and RAILCC_ONESHOT_BYTES=" +
+                  std::to_string(theirs[1]));
+    err.ranks = {rank_, static_cast<int>(q)};
+    throw err;
+  }
   for (size_t q = 0; q < n && ok; ++q) {
     if (q == me) continue;
     const char* b = all.data() + blob * q;
@@ -2442,10 +2475,10 @@ bool CommImpl::ipcReady(int d) {
       break;
     }
     void* mp = nullptr;
-    attempt(api.ipcOpenMemHandle(&mp, b + 1), "cudaIpcOpenMemHandle (rank " + std::to_string(q) + ")");
+    attempt(api.ipcOpenMemHandle(&mp, b + handlesAt), "cudaIpcOpenMemHandle (rank " + std::to_string(q) + ")");
     ipc_.pool[q] = static_cast<char*>(mp);
     for (size_t i = 0; i < kIpcEvents && ok; ++i)
-      attempt(api.ipcOpenEventHandle(&ipc_.ev[q][i], b + 1 + hb * (1 + i)),
+      attempt(api.ipcOpenEventHandle(&ipc_.ev[q][i], b + handlesAt + hb * (1 + i)),
               "cudaIpcOpenEventHandle (rank " + std::to_string(q) + ")");
     int pd = -1, can = 0;
     if (ok) attempt(api.pointerDevice(ipc_.pool[q], &pd), "cudaPointerGetAttributes");

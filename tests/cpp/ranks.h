@@ -18,7 +18,8 @@ namespace railcc::engine::testing_util {
 /// Runs body(comm) on `size` threads, each with its own communicator; an exception on any
 /// rank fails the test, naming the rank.
 inline void runRanks(int size, const Config& cfg, const std::string& name,
-                     const std::function<void(Communicator&)>& body) {
+                     const std::function<void(Communicator&)>& body,
+                     const std::function<void(int rank, Config&)>& perRank = nullptr) {
   static int group = 0;
   MemoryStore store;
   PrefixStore prefixed("g" + std::to_string(group++) + "/", store);
@@ -33,6 +34,7 @@ inline void runRanks(int size, const Config& cfg, const std::string& name,
         o.name = name;
         o.timeout = Millis(60000);
         o.config = cfg;
+        if (perRank) perRank(r, o.config);
         Communicator c(prefixed, o);
         body(c);
         c.shutdown();

@@ -422,14 +422,17 @@ TEST_P(Staged, RootedOpsAndManyBuffersAcrossChunks) {
 // to back, each reading what the one before wrote, and nothing waits for the "GPU" until the
 // end: with CUDA IPC none of them does, so the fake runs all their copies and kernels only at
 // the final synchronize, and only the events order them (pools reused across ops included).
+// The ops alternate between two streams, and only the last one's stream is synchronized: each
+// op's stream must wait for the one before, or the other stream's ops would never run.
 TEST_P(Staged, OpsQueuedOnTheCallersStream) {
   const Param p = GetParam();
   std::vector<std::unique_ptr<FakeStream>> streams;
-  for (int r = 0; r < p.size; ++r) streams.push_back(std::make_unique<FakeStream>());
+  for (int r = 0; r < 2 * p.size; ++r) streams.push_back(std::make_unique<FakeStream>());
   runRanks(p, [&](Communicator& c) {
     int n = c.size(), me = c.rank(), root = n - 1;
-    void* s = streams[static_cast<size_t>(me)].get();
-    const Placement on{0, s, nullptr, /*queued=*/true};
+    void* s = streams[static_cast<size_t>(2 * me)].get();
+    void* s2 = streams[static_cast<size_t>(2 * me + 1)].get();
+    const Placement on{0, s, nullptr, /*queued=*/true}, on2{0, s2, nullptr, /*queued=*/true};
     const size_t count = 70001;
     std::vector<int32_t> a(count), all(count * static_cast<size_t>(n), -1), rs(count, -1), b(count);
     for (size_t i = 0; i < count; ++i) a[i] = static_cast<int32_t>(i) + me;
@@ -441,9 +444,9 @@ TEST_P(Staged, OpsQueuedOnTheCallersStream) {
       ins.push_back(all.data() + count * static_cast<size_t>(r));
     }
     waitOk(c.allreduce(a.data(), count, DataType::kInt32, ReduceOp::kSum, 1.0, Millis(0), on));
-    waitOk(c.allgather(a.data(), count, DataType::kInt32, outs, Millis(0), on));
+    waitOk(c.allgather(a.data(), count, DataType::kInt32, outs, Millis(0), on2));
     waitOk(c.reduceScatter(ins, rs.data(), count, DataType::kInt32, ReduceOp::kSum, 1.0, Millis(0), on));
-    waitOk(c.broadcast(b.data(), count, DataType::kInt32, root, Millis(0), on));
+    waitOk(c.broadcast(b.data(), count, DataType::kInt32, root, Millis(0), on2));
     waitOk(c.allreduce(a.data(), count, DataType::kInt32, ReduceOp::kSum, 1.0, Millis(0), on));
     Fake::streamSynchronize(s);
     const int32_t base = n * (n - 1) / 2;
@@ -487,6 +490,41 @@ TEST(StagedErrors, NoPeerAccessFallsBackToStaging) {
       for (int64_t x : v) ASSERT_EQ(x, 6);
     }
   });
+  setDeviceApiForTesting(nullptr);
+}
+
+// The chunk size and the one-shot threshold decide how many host rounds an IPC op takes, which
+// zero-byte rounds cannot check: ranks that disagree must all fail, naming the setting.
+TEST(StagedErrors, IpcSettingsThatDifferFailOnEveryRank) {
+  setDeviceApiForTesting(&kFake);
+  Config cfg = Config::defaults();
+  cfg.initTimeoutSec = 30;
+  cfg.cudaIpc = true;
+  cfg.cudaIpcBytes = 4 * 65536;
+  cfg.buffSize = 64 * 1024;
+  for (int which : {0, 1}) {
+    testing_util::runRanks(
+        3, cfg, "staging",
+        [which](Communicator& c) {
+          std::vector<int32_t> v(1000, 1);
+          auto req = c.allreduce(v.data(), v.size(), DataType::kInt32, ReduceOp::kSum, 1.0, Millis(0), kDev);
+          ASSERT_TRUE(req->wait(Millis(60000)));
+          ASSERT_TRUE(req->error()) << "rank " << c.rank() << " did not fail";
+          try {
+            std::rethrow_exception(req->error());
+          } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ErrorCode::kMismatch) << e.what();
+            EXPECT_NE(std::string(e.what()).find(which == 0 ? "RAILCC_CUDA_IPC_BYTES" : "RAILCC_ONESHOT_BYTES"),
+                      std::string::npos)
+                << e.what();
+          }
+        },
+        [which](int rank, Config& c) {
+          if (rank != 2) return;
+          if (which == 0) c.cudaIpcBytes = 8 * 65536;
+          else c.oneshotBytes = 1024;
+        });
+  }
   setDeviceApiForTesting(nullptr);
 }
 
