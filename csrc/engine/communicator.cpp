@@ -316,6 +316,15 @@ class CommImpl {
   void runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<char*, size_t>>& segs, DataType dt, ReduceOp op,
                        double scale);
   void runIpcReduce(const DeviceOp& dv, char* buf, size_t count, DataType dt, ReduceOp op, double scale, int root);
+  // out = src(0) op src(1) ... op src(n-1) over `len` elements on the GPU, in rank order (the
+  // same bits wherever it runs), PREMUL_SUM's scale and AVG's division included.
+  void ipcReduceRanks(const cuda::DeviceApi& api, const DeviceOp& dv, char* out,
+                      const std::function<const char*(size_t)>& src, size_t len, DataType dt, ReduceOp op, double scale);
+  // The pattern of the rooted and gathering IPC ops, a slot (two chunk buffers) at a time:
+  // ranks that `stage` copy elements [off, off + m) of `in` into their slot, and after the In
+  // step `use(slot, off, m)` may read any rank's slot; the Done step then frees the slots.
+  void ipcSlotChunks(const cuda::DeviceApi& api, const DeviceOp& dv, const char* in, size_t count, size_t es, bool stage,
+                     const std::function<void(const std::function<char*(size_t)>& slot, size_t off, size_t m)>& use);
   void runIpcGather(const DeviceOp& dv, const char* in, size_t count, DataType dt, const std::vector<char*>& outs,
                     int root);
   void runIpcScatter(const DeviceOp& dv, const std::vector<char*>& ins, char* out, size_t count, DataType dt, int root);
@@ -2548,12 +2557,7 @@ void CommImpl::runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<c
       check(api.memcpyAsync(in(me) + at * es, p, len * es, stream), "cudaMemcpyAsync (into the IPC pool)");
     }, es);
     ipcStep(api, stream, d, kIpcIn);
-    if (count) {
-      if (op == ReduceOp::kPremulSum) check(api.scaleCopyAsync(out, in(0), count, dt, scale, stream), "scale kernel");
-      else check(api.memcpyAsync(out, in(0), count * es, stream), "cudaMemcpyAsync (peer to pool)");
-      for (size_t q = 1; q < n; ++q) check(api.reduceAsync(out, in(q), count, dt, op, scale, stream), "reduce kernel");
-      if (op == ReduceOp::kAvg) check(api.divideAsync(out, count, dt, static_cast<double>(n), stream), "divide kernel");
-    }
+    ipcReduceRanks(api, dv, out, in, count, dt, op, scale);
     overlap(0, count, [&](char* p, size_t at, size_t len) {
       check(api.memcpyAsync(p, out + at * es, len * es, stream), "cudaMemcpyAsync (result out of the pool)");
     }, es);
@@ -2574,14 +2578,7 @@ void CommImpl::runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<c
     ipcStep(api, stream, d, kIpcIn);
     // 2. reduce this rank's slice over every rank's chunk, in rank order (same bits everywhere)
     const size_t a = lo(me), len = lo(me + 1) - a;
-    if (len) {
-      char* out = red(me) + a * es;
-      if (op == ReduceOp::kPremulSum) check(api.scaleCopyAsync(out, in(0) + a * es, len, dt, scale, stream), "scale kernel");
-      else check(api.memcpyAsync(out, in(0) + a * es, len * es, stream), "cudaMemcpyAsync (peer to pool)");
-      for (size_t q = 1; q < n; ++q)
-        check(api.reduceAsync(out, in(q) + a * es, len, dt, op, scale, stream), "reduce kernel");
-      if (op == ReduceOp::kAvg) check(api.divideAsync(out, len, dt, static_cast<double>(n), stream), "divide kernel");
-    }
+    ipcReduceRanks(api, dv, red(me) + a * es, [&](size_t q) { return in(q) + a * es; }, len, dt, op, scale);
     ipcStep(api, stream, d, kIpcRed);
     // 3. every rank's reduced slice into the result: a piece of a segment may span slices
     overlap(off, off + m, [&](char* p, size_t at, size_t len) {
@@ -2599,53 +2596,56 @@ void CommImpl::runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<c
   ipcFinish(api, dv, "the CUDA IPC all-reduce");
 }
 
-// Every rank's chunk into its pool; the root alone reduces them, in rank order as the
-// all-reduce does, straight into its buffer. The other ranks' buffers are left as they were.
-void CommImpl::runIpcReduce(const DeviceOp& dv, char* buf, size_t count, DataType dt, ReduceOp op, double scale,
-                            int root) {
-  const cuda::DeviceApi& api = deviceApi();
+void CommImpl::ipcReduceRanks(const cuda::DeviceApi& api, const DeviceOp& dv, char* out,
+                              const std::function<const char*(size_t)>& src, size_t len, DataType dt, ReduceOp op,
+                              double scale) {
+  if (!len) return;
   const int d = dv.device;
-  void* stream = dv.stream;
-  const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_), es = dtypeSize(dt);
-  const size_t per = 2 * ipc_.chunk / es;  // a slot is two chunk buffers
+  const size_t n = static_cast<size_t>(size_);
+  if (op == ReduceOp::kPremulSum) checkDevice(api.scaleCopyAsync(out, src(0), len, dt, scale, dv.stream), "scale kernel", d);
+  else checkDevice(api.memcpyAsync(out, src(0), len * dtypeSize(dt), dv.stream), "cudaMemcpyAsync (peer's buffer)", d);
+  for (size_t q = 1; q < n; ++q) checkDevice(api.reduceAsync(out, src(q), len, dt, op, scale, dv.stream), "reduce kernel", d);
+  if (op == ReduceOp::kAvg) checkDevice(api.divideAsync(out, len, dt, static_cast<double>(n), dv.stream), "divide kernel", d);
+}
+
+void CommImpl::ipcSlotChunks(const cuda::DeviceApi& api, const DeviceOp& dv, const char* in, size_t count, size_t es,
+                             bool stage,
+                             const std::function<void(const std::function<char*(size_t)>&, size_t, size_t)>& use) {
+  const size_t me = static_cast<size_t>(rank_), per = 2 * ipc_.chunk / es;
   const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
   for (size_t k = 0; k < chunks; ++k) {
     const size_t off = k * per, m = count > off ? std::min(per, count - off) : 0;
     auto slot = [&](size_t q) { return ipc_.pool[q] + (k & 1) * 2 * ipc_.chunk; };
-    if (m) checkDevice(api.memcpyAsync(slot(me), buf + off * es, m * es, stream), "cudaMemcpyAsync (into the IPC pool)", d);
-    ipcStep(api, stream, d, kIpcIn);
-    if (rank_ == root && m) {
-      char* o = buf + off * es;  // its own contribution is already in its slot
-      if (op == ReduceOp::kPremulSum) checkDevice(api.scaleCopyAsync(o, slot(0), m, dt, scale, stream), "scale kernel", d);
-      else checkDevice(api.memcpyAsync(o, slot(0), m * es, stream), "cudaMemcpyAsync (peer's chunk)", d);
-      for (size_t q = 1; q < n; ++q) checkDevice(api.reduceAsync(o, slot(q), m, dt, op, scale, stream), "reduce kernel", d);
-      if (op == ReduceOp::kAvg) checkDevice(api.divideAsync(o, m, dt, static_cast<double>(n), stream), "divide kernel", d);
-    }
-    ipcStep(api, stream, d, kIpcDone);
+    if (stage && m)
+      checkDevice(api.memcpyAsync(slot(me), in + off * es, m * es, dv.stream), "cudaMemcpyAsync (into the IPC pool)", dv.device);
+    ipcStep(api, dv.stream, dv.device, kIpcIn);
+    if (m) use(slot, off, m);
+    ipcStep(api, dv.stream, dv.device, kIpcDone);
     lastProgress_ = Clock::now();
   }
+}
+
+// The root alone reduces the ranks' slots, straight into its buffer (its own contribution is
+// already in its slot); the other ranks' buffers are left as they were.
+void CommImpl::runIpcReduce(const DeviceOp& dv, char* buf, size_t count, DataType dt, ReduceOp op, double scale,
+                            int root) {
+  const cuda::DeviceApi& api = deviceApi();
+  const size_t es = dtypeSize(dt);
+  ipcSlotChunks(api, dv, buf, count, es, true, [&](const std::function<char*(size_t)>& slot, size_t off, size_t m) {
+    if (rank_ == root) ipcReduceRanks(api, dv, buf + off * es, slot, m, dt, op, scale);
+  });
   ipcFinish(api, dv, "the CUDA IPC reduce");
 }
 
 void CommImpl::runIpcGather(const DeviceOp& dv, const char* in, size_t count, DataType dt, const std::vector<char*>& outs,
                             int root) {
   const cuda::DeviceApi& api = deviceApi();
-  const int d = dv.device;
-  void* stream = dv.stream;
-  const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_), es = dtypeSize(dt);
-  const size_t per = 2 * ipc_.chunk / es;
-  const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
-  for (size_t k = 0; k < chunks; ++k) {
-    const size_t off = k * per, m = count > off ? std::min(per, count - off) : 0;
-    auto slot = [&](size_t q) { return ipc_.pool[q] + (k & 1) * 2 * ipc_.chunk; };
-    if (m) checkDevice(api.memcpyAsync(slot(me), in + off * es, m * es, stream), "cudaMemcpyAsync (into the IPC pool)", d);
-    ipcStep(api, stream, d, kIpcIn);
-    if (rank_ == root && m)
-      for (size_t q = 0; q < n; ++q)
-        checkDevice(api.memcpyAsync(outs[q] + off * es, slot(q), m * es, stream), "cudaMemcpyAsync (peer's piece)", d);
-    ipcStep(api, stream, d, kIpcDone);
-    lastProgress_ = Clock::now();
-  }
+  const size_t es = dtypeSize(dt);
+  ipcSlotChunks(api, dv, in, count, es, true, [&](const std::function<char*(size_t)>& slot, size_t off, size_t m) {
+    if (rank_ != root) return;
+    for (size_t q = 0; q < outs.size(); ++q)
+      checkDevice(api.memcpyAsync(outs[q] + off * es, slot(q), m * es, dv.stream), "cudaMemcpyAsync (peer's piece)", dv.device);
+  });
   ipcFinish(api, dv, "the CUDA IPC gather");
 }
 
@@ -2675,21 +2675,11 @@ void CommImpl::runIpcScatter(const DeviceOp& dv, const std::vector<char*>& ins, 
 void CommImpl::runIpcAllgather(const DeviceOp& dv, const char* in, size_t count, DataType dt,
                                const std::vector<char*>& outs) {
   const cuda::DeviceApi& api = deviceApi();
-  const int d = dv.device;
-  void* stream = dv.stream;
-  const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_), es = dtypeSize(dt);
-  const size_t per = 2 * ipc_.chunk / es;  // a slot is two chunk buffers
-  const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
-  for (size_t k = 0; k < chunks; ++k) {
-    const size_t off = k * per, m = count > off ? std::min(per, count - off) : 0;
-    auto slot = [&](size_t q) { return ipc_.pool[q] + (k & 1) * 2 * ipc_.chunk; };
-    if (m) checkDevice(api.memcpyAsync(slot(me), in + off * es, m * es, stream), "cudaMemcpyAsync (into the IPC pool)", d);
-    ipcStep(api, stream, d, kIpcIn);
-    for (size_t q = 0; q < n; ++q)
-      if (m) checkDevice(api.memcpyAsync(outs[q] + off * es, slot(q), m * es, stream), "cudaMemcpyAsync (peer's piece)", d);
-    ipcStep(api, stream, d, kIpcDone);
-    lastProgress_ = Clock::now();
-  }
+  const size_t es = dtypeSize(dt);
+  ipcSlotChunks(api, dv, in, count, es, true, [&](const std::function<char*(size_t)>& slot, size_t off, size_t m) {
+    for (size_t q = 0; q < outs.size(); ++q)
+      checkDevice(api.memcpyAsync(outs[q] + off * es, slot(q), m * es, dv.stream), "cudaMemcpyAsync (peer's piece)", dv.device);
+  });
   ipcFinish(api, dv, "the CUDA IPC all-gather");
 }
 
@@ -2708,14 +2698,7 @@ void CommImpl::runIpcReduceScatter(const DeviceOp& dv, const std::vector<char*>&
     for (size_t j = 0; j < n; ++j)
       if (m) checkDevice(api.memcpyAsync(piece(me, j), ins[j] + off * es, m * es, stream), "cudaMemcpyAsync (into the IPC pool)", d);
     ipcStep(api, stream, d, kIpcIn);
-    if (m) {
-      char* o = out + off * es;
-      if (op == ReduceOp::kPremulSum) checkDevice(api.scaleCopyAsync(o, piece(0, me), m, dt, scale, stream), "scale kernel", d);
-      else checkDevice(api.memcpyAsync(o, piece(0, me), m * es, stream), "cudaMemcpyAsync (peer's piece)", d);
-      for (size_t q = 1; q < n; ++q)
-        checkDevice(api.reduceAsync(o, piece(q, me), m, dt, op, scale, stream), "reduce kernel", d);
-      if (op == ReduceOp::kAvg) checkDevice(api.divideAsync(o, m, dt, static_cast<double>(n), stream), "divide kernel", d);
-    }
+    ipcReduceRanks(api, dv, out + off * es, [&](size_t q) { return piece(q, me); }, m, dt, op, scale);
     ipcStep(api, stream, d, kIpcDone);
     lastProgress_ = Clock::now();
   }
@@ -2724,20 +2707,13 @@ void CommImpl::runIpcReduceScatter(const DeviceOp& dv, const std::vector<char*>&
 
 void CommImpl::runIpcBroadcast(const DeviceOp& dv, char* buf, size_t count, DataType dt, int root) {
   const cuda::DeviceApi& api = deviceApi();
-  const int d = dv.device;
-  void* stream = dv.stream;
-  const size_t es = dtypeSize(dt), per = 2 * ipc_.chunk / es;
-  const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
-  const bool isRoot = rank_ == root;
-  for (size_t k = 0; k < chunks; ++k) {
-    const size_t off = k * per, m = count > off ? std::min(per, count - off) : 0;
-    char* slot = ipc_.pool[static_cast<size_t>(root)] + (k & 1) * 2 * ipc_.chunk;
-    if (isRoot && m) checkDevice(api.memcpyAsync(slot, buf + off * es, m * es, stream), "cudaMemcpyAsync (into the IPC pool)", d);
-    ipcStep(api, stream, d, kIpcIn);
-    if (!isRoot && m) checkDevice(api.memcpyAsync(buf + off * es, slot, m * es, stream), "cudaMemcpyAsync (root's chunk)", d);
-    ipcStep(api, stream, d, kIpcDone);
-    lastProgress_ = Clock::now();
-  }
+  const size_t es = dtypeSize(dt);
+  ipcSlotChunks(api, dv, buf, count, es, rank_ == root,
+                [&](const std::function<char*(size_t)>& slot, size_t off, size_t m) {
+                  if (rank_ != root)
+                    checkDevice(api.memcpyAsync(buf + off * es, slot(static_cast<size_t>(root)), m * es, dv.stream),
+                                "cudaMemcpyAsync (root's chunk)", dv.device);
+                });
   ipcFinish(api, dv, "the CUDA IPC broadcast");
 }
 

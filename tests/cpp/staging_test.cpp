@@ -207,13 +207,13 @@ TEST_P(Staged, AllreduceReduceBroadcast) {
 // Every rank's input is a pattern of small integers, so every op is exact; the expected result
 // comes from the engine's host reduction applied in rank order.
 template <typename T>
-void allreduceMatches(Communicator& c, DataType dt, ReduceOp op, double scale, size_t count) {
-  int n = c.size(), me = c.rank();
-  auto input = [&](int r) {
-    std::vector<T> v(count);
-    for (size_t i = 0; i < count; ++i) v[i] = static_cast<T>((i * 7 + static_cast<size_t>(r) * 3) % 5 + 1);
-    return v;
-  };
+std::vector<T> patternOf(int rank, size_t count, size_t mul, size_t rankMul, size_t mod) {
+  std::vector<T> v(count);
+  for (size_t i = 0; i < count; ++i) v[i] = static_cast<T>((i * mul + static_cast<size_t>(rank) * rankMul) % mod + 1);
+  return v;
+}
+template <typename T, typename Input>
+std::vector<T> reducedInRankOrder(int n, const Input& input, size_t count, DataType dt, ReduceOp op, double scale) {
   std::vector<T> want = input(0);
   if (op == ReduceOp::kPremulSum) scaleCopy(want.data(), want.data(), count, dt, scale);
   for (int r = 1; r < n; ++r) {
@@ -221,6 +221,14 @@ void allreduceMatches(Communicator& c, DataType dt, ReduceOp op, double scale, s
     reduceInto(want.data(), x.data(), count, dt, op, scale);
   }
   if (op == ReduceOp::kAvg) divideBy(want.data(), count, dt, n);
+  return want;
+}
+
+template <typename T>
+void allreduceMatches(Communicator& c, DataType dt, ReduceOp op, double scale, size_t count) {
+  int n = c.size(), me = c.rank();
+  auto input = [&](int r) { return patternOf<T>(r, count, 7, 3, 5); };
+  std::vector<T> want = reducedInRankOrder<T>(n, input, count, dt, op, scale);
   auto got = input(me);
   waitOk(c.allreduce(got.data(), count, dt, op, scale, Millis(0), kDev));
   for (size_t i = 0; i < count; ++i)
@@ -333,18 +341,8 @@ TEST_P(Staged, AlltoallUnevenGatherScatterCoalesced) {
 template <typename T>
 void reduceMatches(Communicator& c, DataType dt, ReduceOp op, double scale, size_t count, int root) {
   int n = c.size(), me = c.rank();
-  auto input = [&](int r) {
-    std::vector<T> v(count);
-    for (size_t i = 0; i < count; ++i) v[i] = static_cast<T>((i * 5 + static_cast<size_t>(r) * 7) % 6 + 1);
-    return v;
-  };
-  std::vector<T> want = input(0);
-  if (op == ReduceOp::kPremulSum) scaleCopy(want.data(), want.data(), count, dt, scale);
-  for (int r = 1; r < n; ++r) {
-    auto x = input(r);
-    reduceInto(want.data(), x.data(), count, dt, op, scale);
-  }
-  if (op == ReduceOp::kAvg) divideBy(want.data(), count, dt, n);
+  auto input = [&](int r) { return patternOf<T>(r, count, 5, 7, 6); };
+  std::vector<T> want = reducedInRankOrder<T>(n, input, count, dt, op, scale);
   auto got = input(me);
   waitOk(c.reduce(got.data(), count, dt, op, root, scale, Millis(0), kDev));
   auto mine = input(me);
