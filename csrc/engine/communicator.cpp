@@ -262,6 +262,10 @@ class CommImpl {
     return static_cast<int>(std::find(localRanks_.begin(), localRanks_.end(), r) - localRanks_.begin());
   }
   void exchange(std::vector<Transfer>& xs);
+  // exchange() in two halves: queue the transfers on the collective lane, then drive them to
+  // the end. In between, anything that progresses those channels moves them too.
+  void post(std::vector<Transfer>& xs);
+  void complete(std::vector<Transfer>& xs);
 
   // Device buffers (progress thread). An op on device memory runs its host algorithm chunk by
   // chunk on pinned staging: the copy to host of chunk k+1 and the copy back of chunk k-1
@@ -1375,15 +1379,24 @@ size_t CommImpl::progressChannelImpl(int lane, int peer) {
 
 // Runs the transfers of one collective step to completion, keeping the p2p lane moving.
 void CommImpl::exchange(std::vector<Transfer>& xs) {
-  std::vector<std::pair<int, int>> chans;
+  post(xs);
+  complete(xs);
+}
+
+void CommImpl::post(std::vector<Transfer>& xs) {
   for (auto& t : xs) {
     t.lane = kCollLane;
     if (t.peer == rank_) RAILCC_THROW(kInternal, "transfer to self");
     Channel& ch = chans_[kCollLane][static_cast<size_t>(t.peer)];
     (t.kind == Transfer::kSend ? ch.sendq : ch.recvq).push_back(&t);
+  }
+}
+
+void CommImpl::complete(std::vector<Transfer>& xs) {
+  std::vector<std::pair<int, int>> chans;
+  for (auto& t : xs)
     if (std::find(chans.begin(), chans.end(), std::make_pair(kCollLane, t.peer)) == chans.end())
       chans.push_back({kCollLane, t.peer});
-  }
   // Bytes per peer go to the flight recorder, and on failure the peers still owed bytes.
   struct Account {
     CommImpl* c;
@@ -2040,9 +2053,11 @@ void CommImpl::oneshotReduce(const std::function<const char*(int)>& blockOf, cha
 // of two (every header, then the data), which on shared cores is one wake-up fewer per rank on
 // the critical path. A rank that disagrees (count, dtype, root, another op) makes every rank
 // that checks its header fail, the root included, and the root's failure reaches a rank that
-// waits on the wrong ring. Only a broadcast larger than the ring has the root wait for the
-// headers first: its writes wait for every reader to make room, and a rank reading another
-// ring never would.
+// waits on the wrong ring. The header receives are posted before the ring and read while it
+// runs, so a rank that took the FIFO chain instead (a root whose count is at most
+// RAILCC_ONESHOT_BYTES when ours is larger) fails the rank it sends to at once. Only a
+// broadcast larger than the ring has the root wait for the headers first: its writes wait for
+// every reader to make room, and a rank reading another ring never would.
 void CommImpl::runBroadcastRing(char* buf, size_t bytes, int root) {
   std::vector<size_t> sizes(static_cast<size_t>(size_), 0);
   std::vector<char*> outs(static_cast<size_t>(size_), nullptr);
@@ -2055,8 +2070,9 @@ void CommImpl::runBroadcastRing(char* buf, size_t bytes, int root) {
   std::vector<Transfer> sends, recvs;
   headerRound(sends, recvs);
   exchange(sends);
+  post(recvs);
   runAllgatherRing(buf, sizes, outs, false);
-  exchange(recvs);
+  complete(recvs);
 }
 
 void CommImpl::runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
@@ -2144,6 +2160,10 @@ void CommImpl::runAllgatherRing(const char* mine, const std::vector<size_t>& siz
       got[static_cast<size_t>(p)] += k;
       moved += k;
     }
+    // Messages posted on the collective lane before the ring (a broadcast's header receives)
+    // are read as they come, so a rank that took another path fails here, not at its timeout.
+    for (auto& [lane, peer] : on)
+      if (!chans_[lane][static_cast<size_t>(peer)].recvq.empty()) moved += progressChannel(lane, peer);
     if (moved + pumpP2P() > 0) {
       lastProgress_ = Clock::now();
       continue;
