@@ -2475,14 +2475,19 @@ bool CommImpl::ipcReady(int d) {
       }
     exchange(xs);
   }
+  // Our own pool and events, once no peer maps them.
+  auto freeOwn = [&api](char* pool, const std::array<void*, kIpcEvents>& evs) {
+    if (pool) api.deviceFree(pool);
+    for (void* e : evs)
+      if (e) api.eventDestroy(e);
+  };
   // Every rank sees every blob, so all of them reach the same verdict here.
   for (size_t q = 0; q < n; ++q) {
+    if (q == me) continue;
     int64_t theirs[2];
-    std::memcpy(theirs, (q == me ? mine.data() : all.data() + blob * q) + cfgAt, sizeof(theirs));
+    std::memcpy(theirs, all.data() + blob * q + cfgAt, sizeof(theirs));
     if (theirs[0] == cfg[0] && theirs[1] == cfg[1]) continue;
-    if (ipc_.pool[me]) api.deviceFree(ipc_.pool[me]);
-    for (void* e : ipc_.ev[me])
-      if (e) api.eventDestroy(e);
+    freeOwn(ipc_.pool[me], ipc_.ev[me]);  // nobody has opened them yet
     ipc_.pool.clear();
     ipc_.ev.clear();
     ipc_.device = -1;
@@ -2534,9 +2539,7 @@ bool CommImpl::ipcReady(int d) {
     ipc_.ev[mine] = {nullptr, nullptr, nullptr};
     releaseIpc(api, false);
     syncRound();
-    if (own) api.deviceFree(own);
-    for (void* e : ownEv)
-      if (e) api.eventDestroy(e);
+    freeOwn(own, ownEv);
     ipc_.failed = true;
     return false;
   }
@@ -2558,7 +2561,7 @@ void CommImpl::runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<c
   auto check = [d](int err, const char* call) { checkDevice(err, call, d); };
   // Calls f(pointer, first element relative to the chunk, length) for each piece of a segment
   // that falls in elements [lo, hi) of the whole array.
-  auto overlap = [&segs](size_t lo, size_t hi, const std::function<void(char*, size_t, size_t)>& f, size_t es) {
+  auto overlap = [&segs, es](size_t lo, size_t hi, const std::function<void(char*, size_t, size_t)>& f) {
     size_t at = 0;
     for (auto& [p, c] : segs) {
       size_t a = std::max(at, lo), b = std::min(at + c, hi);
@@ -2567,20 +2570,24 @@ void CommImpl::runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<c
       if (at >= hi) break;
     }
   };
+  // Elements [lo, hi) of the array into this rank's input buffer `dst`, where peers read them.
+  auto stageIn = [&](char* dst, size_t lo, size_t hi) {
+    overlap(lo, hi, [&](char* p, size_t at, size_t len) {
+      check(api.memcpyAsync(dst + at * es, p, len * es, stream), "cudaMemcpyAsync (into the IPC pool)");
+    });
+  };
   // One shot for small messages (RAILCC_ONESHOT_BYTES, one chunk): every rank reduces the whole
   // chunk itself, in rank order, into its own reduced buffer, which only it reads: two host
   // rounds instead of three, and no all-gather.
   if (oneshot(count * es) && count <= per) {
     auto in = [&](size_t q) { return ipc_.pool[q]; };
     char* out = ipc_.pool[me] + ipc_.chunk;
-    overlap(0, count, [&](char* p, size_t at, size_t len) {
-      check(api.memcpyAsync(in(me) + at * es, p, len * es, stream), "cudaMemcpyAsync (into the IPC pool)");
-    }, es);
+    stageIn(in(me), 0, count);
     ipcStep(api, stream, d, kIpcIn);
     ipcReduceRanks(api, dv, out, in, count, dt, op, scale);
     overlap(0, count, [&](char* p, size_t at, size_t len) {
       check(api.memcpyAsync(p, out + at * es, len * es, stream), "cudaMemcpyAsync (result out of the pool)");
-    }, es);
+    });
     // Peers read our input buffer until they pass this step.
     ipcStep(api, stream, d, kIpcDone);
     lastProgress_ = Clock::now();
@@ -2592,9 +2599,7 @@ void CommImpl::runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<c
     auto red = [&](size_t q) { return in(q) + ipc_.chunk; };
     auto lo = [&](size_t j) { return m * j / n; };  // rank j reduces elements [lo(j), lo(j+1)) of the chunk
     // 1. this rank's chunk into its pool, where the peers can read it
-    overlap(off, off + m, [&](char* p, size_t at, size_t len) {
-      check(api.memcpyAsync(in(me) + at * es, p, len * es, stream), "cudaMemcpyAsync (into the IPC pool)");
-    }, es);
+    stageIn(in(me), off, off + m);
     ipcStep(api, stream, d, kIpcIn);
     // 2. reduce this rank's slice over every rank's chunk, in rank order (same bits everywhere)
     const size_t a = lo(me), len = lo(me + 1) - a;
@@ -2608,7 +2613,7 @@ void CommImpl::runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<c
         check(api.memcpyAsync(p, red(j) + at * es, l * es, stream), "cudaMemcpyAsync (peer's slice)");
         p += l * es, at += l, len -= l;
       }
-    }, es);
+    });
     // The slot is reused two chunks on: no rank writes it again before every peer read it.
     ipcStep(api, stream, d, kIpcDone);
     lastProgress_ = Clock::now();
