@@ -252,6 +252,7 @@ class CommImpl {
 
   // algorithms (progress thread)
   void runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
+  void runAllreduceRings(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
   void runBroadcastRing(char* buf, size_t bytes, int root);
   void runAllgatherRing(const char* mine, const std::vector<size_t>& sizes, const std::vector<char*>& outs,
                         bool headers);
@@ -2079,6 +2080,8 @@ void CommImpl::runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, d
   int n = size_, r = rank_;
   size_t es = dtypeSize(dt);
   if (oneshot(count * es)) return oneshotReduce([buf](int) { return buf; }, buf, count, dt, op, scale);
+  if (ringsCover() && shm_->bcastRing(-1).blockMax() >= 64 * static_cast<size_t>(n) * es)
+    return runAllreduceRings(buf, count, dt, op, scale);
   Blocks b(count, n, es);
   char* mine = buf + b.offset(r);
   if (op == ReduceOp::kPremulSum) scaleCopy(mine, mine, b.count(r), dt, scale);
@@ -2103,6 +2106,152 @@ void CommImpl::runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, d
     int to = (r + s) % n, from = (r - s + n) % n;
     std::vector<Transfer> xs{sendTo(to, mine, b.count(r) * es), recvFrom(from, buf + b.offset(from), b.count(from) * es)};
     exchange(xs);
+  }
+}
+
+// All-reduce when every rank shares this host, in two shots through the broadcast rings, in
+// chunks of half a ring. Per chunk, each rank writes into its ring the slices its peers
+// reduce (block A: every slice but its own), reduces its own slice in one pass straight out of
+// the peers' rings into its buffer, writes that result into its ring (block B) and copies
+// every peer's result out of theirs. Each ring carries A0 B0 A1 B1 ...; a peer may write A(k+1)
+// while we still copy its B(k). For 4 ranks and 16 MiB each rank reads and writes about
+// 76 MiB where the pairwise reduce-scatter and ring all-gather moved 92 (n-1 reduction passes,
+// each reading and writing the accumulator), with two waits per chunk instead of n. Headers
+// are checked while the data moves, as in the ring broadcast.
+void CommImpl::runAllreduceRings(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
+  const int n = size_, me = rank_, myIdx = localIndex(me);
+  const size_t es = dtypeSize(dt);
+  const Millis timeout = current_->timeout;
+  transport::shm::BcastRing own = shm_->bcastRing(-1);
+  const size_t sliceElems = std::max<size_t>(1, own.blockMax() / static_cast<size_t>(n) / 64 * 64 / es);
+  const size_t chunkElems = sliceElems * static_cast<size_t>(n);
+  const size_t nchunks = (count + chunkElems - 1) / chunkElems;
+  const bool bypass = count * es >= streamMin_;
+  std::vector<transport::shm::BcastRing> rings(static_cast<size_t>(n));
+  std::vector<int> consumers;
+  std::vector<transport::shm::SegmentHeader*> wake;
+  std::vector<std::pair<int, int>> on;
+  for (int p = 0; p < n; ++p)
+    if (p != me) {
+      rings[static_cast<size_t>(p)] = shm_->bcastRing(localIndex(p));
+      consumers.push_back(localIndex(p));
+      wake.push_back(shm_->headerOf(localIndex(p)));
+      on.push_back({kCollLane, p});
+    }
+  std::vector<Transfer> sends, recvs;
+  headerRound(sends, recvs);
+  exchange(sends);
+  post(recvs);
+
+  auto chunkBase = [&](size_t k) { return k * chunkElems; };
+  auto chunkOf = [&](size_t k) { return Blocks(std::min(chunkElems, count - chunkBase(k)), n, es); };
+  auto piece = [&](size_t k, int q) { return buf + chunkBase(k) * es + chunkOf(k).offset(q); };
+  // Block A of producer p: every slice but p's, in rank order.
+  auto bytesA = [&](size_t k, int p) { return (std::min(chunkElems, count - chunkBase(k)) - chunkOf(k).count(p)) * es; };
+  auto offsetInA = [&](size_t k, int p, int q) {
+    Blocks b = chunkOf(k);
+    return b.offset(q) - (p < q ? b.count(p) * es : 0);
+  };
+  auto bytesB = [&](size_t k, int p) { return chunkOf(k).count(p) * es; };
+
+  size_t written = 0, reduced = 0;  // own blocks written (A0 B0 A1 ...), chunks reduced
+  std::vector<size_t> read(static_cast<size_t>(n), 0);  // blocks of each peer consumed
+  read[static_cast<size_t>(me)] = 2 * nchunks;
+  auto done = [&] {
+    if (written < 2 * nchunks || reduced < nchunks) return false;
+    for (size_t x : read)
+      if (x < 2 * nchunks) return false;
+    return true;
+  };
+  // The peers' A blocks of chunk `reduced`, once every one is there.
+  auto inputsReady = [&] {
+    if (reduced >= nchunks || written <= 2 * reduced) return false;
+    for (int p = 0; p < n; ++p)
+      if (p != me && (read[static_cast<size_t>(p)] != 2 * reduced ||
+                      !rings[static_cast<size_t>(p)].block(myIdx, bytesA(reduced, p))))
+        return false;
+    return true;
+  };
+  while (!done()) {
+    size_t moved = 0;
+    if (written < 2 * nchunks) {
+      size_t k = written / 2;
+      if (written % 2 == 0) {
+        size_t len = bytesA(k, me);
+        if (char* dst = own.reserve(len, consumers)) {
+          for (int q = 0; q < n; ++q)
+            if (q != me) std::memcpy(dst + offsetInA(k, me, q), piece(k, q), bytesB(k, q));
+          own.publish(len, wake);
+          ++written;
+          moved += len + 1;
+        }
+      } else if (reduced > k) {
+        size_t len = bytesB(k, me);
+        if (char* dst = own.reserve(len, consumers)) {
+          std::memcpy(dst, piece(k, me), len);
+          own.publish(len, wake);
+          ++written;
+          moved += len + 1;
+        }
+      }
+    }
+    if (inputsReady()) {
+      size_t k = reduced, cnt = chunkOf(k).count(me);
+      char* out = piece(k, me);
+      if (op == ReduceOp::kPremulSum) scaleCopy(out, out, cnt, dt, scale);
+      for (int p = 0; p < n; ++p) {
+        if (p == me) continue;
+        auto& ring = rings[static_cast<size_t>(p)];
+        reduceInto(out, ring.block(myIdx, bytesA(k, p)) + offsetInA(k, p, me), cnt, dt, op, scale);
+        ring.release(myIdx, bytesA(k, p));
+        ++read[static_cast<size_t>(p)];
+      }
+      if (op == ReduceOp::kAvg) divideBy(out, cnt, dt, n);
+      ++reduced;
+      moved += cnt * es + 1;
+    }
+    for (int p = 0; p < n; ++p) {
+      size_t& x = read[static_cast<size_t>(p)];
+      if (p == me || x % 2 == 0 || x >= 2 * nchunks) continue;
+      size_t k = x / 2, len = bytesB(k, p);
+      auto& ring = rings[static_cast<size_t>(p)];
+      const char* src = ring.block(myIdx, len);
+      if (!src) continue;
+      if (bypass) transport::streamCopy(piece(k, p), src, len);
+      else std::memcpy(piece(k, p), src, len);
+      ring.release(myIdx, len);
+      ++x;
+      moved += len + 1;
+    }
+    for (auto& [lane, peer] : on)
+      if (!chans_[lane][static_cast<size_t>(peer)].recvq.empty()) moved += progressChannel(lane, peer);
+    if (moved + pumpP2P() > 0) {
+      lastProgress_ = Clock::now();
+      continue;
+    }
+    if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
+    idle(on, timeout, opKindName(current_->kind), [&] {
+      if (written < 2 * nchunks) {
+        size_t k = written / 2;
+        if (written % 2 == 0 ? own.reserve(bytesA(k, me), consumers) != nullptr
+                             : reduced > k && own.reserve(bytesB(k, me), consumers) != nullptr)
+          return true;
+      }
+      if (inputsReady()) return true;
+      for (int p = 0; p < n; ++p) {
+        size_t x = read[static_cast<size_t>(p)];
+        if (p != me && x % 2 == 1 && x < 2 * nchunks && rings[static_cast<size_t>(p)].block(myIdx, bytesB(x / 2, p)))
+          return true;
+      }
+      return false;
+    });
+  }
+  complete(recvs);
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    size_t each = 0;  // p reads its slice of our A and our B; we read the same amounts of its
+    for (size_t k = 0; k < nchunks; ++k) each += bytesB(k, p) + bytesB(k, me);
+    tele_->opBytes(current_->traceId, p, each, each);
   }
 }
 

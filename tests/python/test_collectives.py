@@ -124,6 +124,28 @@ def rk_allreduce_large(rank, n):
     return bad
 
 
+def rk_rings_in_step(rank, n):
+    # With every rank on one host, all-reduce above the one-shot size moves its data in blocks
+    # through the broadcast rings, which broadcast and all-gather share as byte streams. Small
+    # rings (see the test) give many chunks per call, blocks that skip the ring's end, and
+    # streams left at odd positions by the broadcasts in between.
+    bad = []
+    for i, dt in enumerate(DTYPES):
+        for name in ops_for(dt):
+            count = 20_011 + 37 * i
+            t = make_input(rank, dt, count)
+            dist.all_reduce(t, op=op_obj(name))
+            exp = reduce_ref([make_input(r, dt, count) for r in range(n)], name, n)
+            if not close(t, exp):
+                bad.append(f"all_reduce {dt} {name} count={count}: first bad indices {_first_bad(t, exp)}")
+        want = make_input(i % n, torch.uint8, 2_001 + i, salt=i)
+        b = want.clone() if rank == i % n else torch.zeros_like(want)
+        dist.broadcast(b, src=i % n)
+        if not torch.equal(b, want):
+            bad.append(f"broadcast after all_reduce {dt}: first bad indices {_first_bad(b, want)}")
+    return bad
+
+
 def rk_broadcast_large(rank, n):
     # Above the one-shot size every rank of one host shares the root's ring; past 4 MiB the
     # ring wraps, and consecutive roots check that every ring's positions stay in step.
@@ -474,6 +496,11 @@ def test_allreduce_larger_than_fifo(pools, n, transport):
     check(pool_for(pools, n, transport), rk_allreduce_large, timeout=180)
 
 
+@pytest.mark.parametrize("n", [3, 4])
+def test_allreduce_through_small_rings(pools, n):
+    check(pools(n, RAILCC_BUFFSIZE="65536", RAILCC_ONESHOT_BYTES="1024"), rk_rings_in_step, timeout=180)
+
+
 @pytest.mark.parametrize("n", [2, 3, 4])
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_allgather_larger_than_fifo(pools, n, transport):
@@ -501,5 +528,5 @@ def test_debug_detail_wrapper(pools):
 @pytest.mark.parametrize("fn", [rk_allreduce, rk_reduce_scatter], ids=lambda f: f.__name__[3:])
 def test_reductions_without_oneshot(pools, n, fn):
     # The matrix above is small enough for the one-shot path; this runs the same checks through
-    # the pairwise reduce-scatter + all-gather schedule used for larger messages.
+    # the schedules used for larger messages (pairwise for 2 ranks, through the rings for more).
     check(pools(n, RAILCC_ONESHOT_BYTES="0"), fn)

@@ -125,6 +125,44 @@ def test_broadcast_disagreements_fail_on_every_rank(case, ring):
     assert any(g["type"] == "CollectiveMismatchError" for g in got), got
 
 
+def rk_allreduce_disagreement(rank, n, case):
+    import railcc
+
+    t = torch.ones(1 << 18)  # 1 MiB: the two-shot all-reduce through the rings
+    start = time.monotonic()
+    odd = rank == n - 1
+    try:
+        if case == "count":
+            dist.all_reduce(torch.ones((1 << 18) + 64) if odd else t)
+        elif case == "redop":
+            dist.all_reduce(t, op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
+        elif case == "small":  # the odd rank's call is one-shot, the others' go through the rings
+            dist.all_reduce(torch.ones(16) if odd else t)
+        else:  # the odd rank gathers through the same rings
+            if odd:
+                dist.all_gather_into_tensor(torch.empty(n << 16), torch.ones(1 << 16))
+            else:
+                dist.all_reduce(t)
+        dist.barrier()
+    except (railcc.CollectiveMismatchError, railcc.PeerFailureError) as e:
+        return {"type": type(e).__name__, "msg": str(e), "secs": time.monotonic() - start}
+    return {"type": None, "value": t[0].item()}
+
+
+@pytest.mark.parametrize("case", ["count", "redop", "small", "allgather"])
+def test_allreduce_disagreements_fail_on_every_rank(case):
+    n = 4
+    pool = harness.RankPool(n)
+    try:
+        got = pool.run(rk_allreduce_disagreement, case, timeout=60)
+    finally:
+        pool.kill()
+    for g in got:
+        assert g["type"] in ("CollectiveMismatchError", "PeerFailureError"), g
+        assert g["secs"] < 10, g
+    assert any(g["type"] == "CollectiveMismatchError" for g in got), got
+
+
 def rk_listen_address(rank, n):
     return dist.group.WORLD._get_backend(torch.device("cpu")).listen_address()
 

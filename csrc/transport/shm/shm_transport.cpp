@@ -295,6 +295,39 @@ void BcastRing::consume(int c, size_t n) {
   if (owner_->sleeping.load(std::memory_order_seq_cst)) Domain::ring(owner_);  // the producer may wait for space
 }
 
+namespace {
+// Start of an n-byte block written at stream position pos of a ring of cap bytes.
+uint64_t blockStart(uint64_t pos, size_t n, size_t cap) {
+  uint64_t s = (pos + 63) & ~uint64_t(63);
+  if (s % cap + n > cap) s += cap - s % cap;
+  return s;
+}
+}  // namespace
+
+char* BcastRing::reserve(size_t n, const std::vector<int>& consumers) const {
+  uint64_t tail = tail_->load(std::memory_order_relaxed);
+  uint64_t low = tail;
+  for (int c : consumers) low = std::min<uint64_t>(low, head(c).load(std::memory_order_acquire));
+  uint64_t s = blockStart(tail, n, cap_);
+  return s + n - low <= cap_ ? data_ + s % cap_ : nullptr;
+}
+
+void BcastRing::publish(size_t n, const std::vector<SegmentHeader*>& wake) {
+  tail_->store(blockStart(tail_->load(std::memory_order_relaxed), n, cap_) + n, std::memory_order_seq_cst);
+  for (SegmentHeader* h : wake)
+    if (h->sleeping.load(std::memory_order_seq_cst)) Domain::ring(h);
+}
+
+const char* BcastRing::block(int c, size_t n) const {
+  uint64_t s = blockStart(head(c).load(std::memory_order_relaxed), n, cap_);
+  return tail_->load(std::memory_order_acquire) >= s + n ? data_ + s % cap_ : nullptr;
+}
+
+void BcastRing::release(int c, size_t n) {
+  head(c).store(blockStart(head(c).load(std::memory_order_relaxed), n, cap_) + n, std::memory_order_seq_cst);
+  if (owner_->sleeping.load(std::memory_order_seq_cst)) Domain::ring(owner_);
+}
+
 Domain::Domain(const std::string& token, int nslots, size_t slotBytes)
     : nslots_(nslots), slotBytes_(slotBytes) {
   cleanStale();

@@ -53,6 +53,19 @@ class BcastRing {
   bool readable(int c) const { return tail_->load(std::memory_order_acquire) > head(c).load(std::memory_order_relaxed); }
   size_t capacity() const { return cap_; }
 
+  // Whole blocks, for ops that read parts of a peer's data where it lies. A block starts on a
+  // 64-byte boundary and never wraps around the ring's end; the bytes skipped to get there
+  // count as part of it. Producer and consumers work out the same skip from their positions,
+  // which agree as long as every block is written and consumed by these calls with the same
+  // sizes. A block of at most blockMax() bytes always fits once the consumers have caught up.
+  size_t blockMax() const { return cap_ % 64 == 0 ? cap_ / 2 : 0; }
+  // Producer: where the next n-byte block goes, or nullptr while a consumer is too far behind.
+  char* reserve(size_t n, const std::vector<int>& consumers) const;
+  void publish(size_t n, const std::vector<SegmentHeader*>& wake);
+  // Consumer c: the next n-byte block once all of it is there, else nullptr.
+  const char* block(int c, size_t n) const;
+  void release(int c, size_t n);
+
  private:
   std::atomic<uint64_t>& head(int c) const { return *reinterpret_cast<std::atomic<uint64_t>*>(heads_ + 64 * c); }
   SegmentHeader* owner_ = nullptr;
