@@ -21,7 +21,8 @@ Columns and bandwidths follow nccl-tests:
     before every iteration would add that barrier's exit skew, hundreds of microseconds on a busy
     host, to every small-message time). Only where a refill of 1 MiB or more precedes each
     iteration (below) is there a barrier after it, so that ranks finishing the copy at different
-    times do not have that skew timed as part of the call. Such a barrier lets ranks go at
+    times do not have that skew timed as part of the call, and one before it, so that no rank
+    copies while the others are still in the previous call. Such a barrier lets ranks go at
     different times too; when every rank reads the same clock (one host, or network namespaces
     of one host: the same kernel boot id) those iterations are therefore timed from the last
     rank's call to the last rank's return, and otherwise by the slowest rank's own clock.
@@ -945,6 +946,10 @@ def time_collective(case, group, inplace, iters, warmup, ctrl, same_clock=False)
     dist.barrier(group=ctrl)
     for i in range(iters):
         if refill:
+            if realign and i > 0:
+                # Nobody refills before every rank has returned: on shared cores the copy of a
+                # rank that finished early would be timed as part of the others' call.
+                dist.barrier(group=ctrl)
             refill()
             if sync:
                 sync()
