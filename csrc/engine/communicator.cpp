@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 #include <sstream>
@@ -253,6 +254,12 @@ class CommImpl {
   // algorithms (progress thread)
   void runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
   void runAllreduceRings(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
+  void runAllreduceHosts(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
+  // Pairwise schedules among the ranks `g` (which include us), on `count` elements of `buf`
+  // split into |g| blocks: block j ends reduced at g[j]; then every block everywhere.
+  void pairwiseReduceScatter(const std::vector<int>& g, char* buf, size_t count, DataType dt, ReduceOp op,
+                             double scale);
+  void pairwiseAllgather(const std::vector<int>& g, char* buf, size_t count, size_t es);
   void runBroadcastRing(char* buf, size_t bytes, int root);
   void runAllgatherRing(const char* mine, const std::vector<size_t>& sizes, const std::vector<char*>& outs,
                         bool headers);
@@ -407,6 +414,10 @@ class CommImpl {
   int rank_, size_;
   std::vector<PeerInfo> peers_;
   std::vector<int> localRanks_;
+  // Ranks with our index among the ranks of their host, one per host in the order of each
+  // host's lowest rank; set only when there are two hosts or more and each has the same
+  // number of ranks (two or more) sharing memory, else empty.
+  std::vector<int> rail_;
   std::unique_ptr<transport::shm::Domain> shm_;
   std::unique_ptr<transport::socket::Listener> listener_;
   std::vector<std::vector<Channel>> chans_;  // [lane][peer]
@@ -708,6 +719,19 @@ void CommImpl::bootstrap(Store& store) {
   for (int r = 0; r < size_; ++r)
     if (peers_[static_cast<size_t>(r)].hostId == hostId && !cfg.shmDisable) localRanks_.push_back(r);
   if (localRanks_.empty()) localRanks_.push_back(rank_);
+  if (localRanks_.size() > 1 && static_cast<int>(localRanks_.size()) < size_) {
+    std::vector<std::string> order;  // hosts by their lowest rank
+    std::map<std::string, std::vector<int>> byHost;
+    for (int r = 0; r < size_; ++r) {
+      const std::string& h = peers_[static_cast<size_t>(r)].hostId;
+      if (byHost[h].empty()) order.push_back(h);
+      byHost[h].push_back(r);
+    }
+    bool even = true;
+    for (auto& [h, ranks] : byHost) even = even && ranks.size() == localRanks_.size();
+    if (even)
+      for (const std::string& h : order) rail_.push_back(byHost[h][static_cast<size_t>(localIndex(rank_))]);
+  }
   if (opts_.config.spinUs < 0) RAILCC_THROW(kInvalidUsage, "RAILCC_SPIN_US must be 0 or more, got ", opts_.config.spinUs);
 
   chans_.resize(kLanes);
@@ -2076,21 +2100,50 @@ void CommImpl::runBroadcastRing(char* buf, size_t bytes, int root) {
   complete(recvs);
 }
 
+namespace {
+int positionIn(const std::vector<int>& g, int r) {
+  return static_cast<int>(std::find(g.begin(), g.end(), r) - g.begin());
+}
+}  // namespace
+
+void CommImpl::pairwiseReduceScatter(const std::vector<int>& g, char* buf, size_t count, DataType dt, ReduceOp op,
+                                     double scale) {
+  const int m = static_cast<int>(g.size()), i = positionIn(g, rank_);
+  const size_t es = dtypeSize(dt);
+  Blocks b(count, m, es);
+  char* mine = buf + b.offset(i);
+  if (op == ReduceOp::kPremulSum) scaleCopy(mine, mine, b.count(i), dt, scale);
+  for (int s = 1; s < m; ++s) {
+    int to = (i + s) % m, from = (i - s + m) % m;
+    std::vector<Transfer> xs{sendTo(g[static_cast<size_t>(to)], buf + b.offset(to), b.count(to) * es),
+                             recvReduce(g[static_cast<size_t>(from)], mine, b.count(i), dt, op, scale)};
+    exchange(xs);
+  }
+}
+
+void CommImpl::pairwiseAllgather(const std::vector<int>& g, char* buf, size_t count, size_t es) {
+  const int m = static_cast<int>(g.size()), i = positionIn(g, rank_);
+  Blocks b(count, m, es);
+  for (int s = 1; s < m; ++s) {
+    int to = (i + s) % m, from = (i - s + m) % m;
+    std::vector<Transfer> xs{sendTo(g[static_cast<size_t>(to)], buf + b.offset(i), b.count(i) * es),
+                             recvFrom(g[static_cast<size_t>(from)], buf + b.offset(from), b.count(from) * es)};
+    exchange(xs);
+  }
+}
+
 void CommImpl::runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
   int n = size_, r = rank_;
   size_t es = dtypeSize(dt);
   if (oneshot(count * es)) return oneshotReduce([buf](int) { return buf; }, buf, count, dt, op, scale);
   if (ringsCover() && shm_->bcastRing(-1).blockMax() >= 64 * static_cast<size_t>(n) * es)
     return runAllreduceRings(buf, count, dt, op, scale);
+  if (!rail_.empty()) return runAllreduceHosts(buf, count, dt, op, scale);
+  std::vector<int> all(static_cast<size_t>(n));
+  std::iota(all.begin(), all.end(), 0);
+  pairwiseReduceScatter(all, buf, count, dt, op, scale);
   Blocks b(count, n, es);
   char* mine = buf + b.offset(r);
-  if (op == ReduceOp::kPremulSum) scaleCopy(mine, mine, b.count(r), dt, scale);
-  for (int s = 1; s < n; ++s) {
-    int to = (r + s) % n, from = (r - s + n) % n;
-    std::vector<Transfer> xs{sendTo(to, buf + b.offset(to), b.count(to) * es),
-                             recvReduce(from, mine, b.count(r), dt, op, scale)};
-    exchange(xs);
-  }
   if (op == ReduceOp::kAvg) divideBy(mine, b.count(r), dt, n);
   if (ringsCover()) {
     // The reduce-scatter above already checked every peer's fingerprint.
@@ -2102,11 +2155,34 @@ void CommImpl::runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, d
     }
     return runAllgatherRing(mine, sizes, outs, false);
   }
-  for (int s = 1; s < n; ++s) {
-    int to = (r + s) % n, from = (r - s + n) % n;
-    std::vector<Transfer> xs{sendTo(to, mine, b.count(r) * es), recvFrom(from, buf + b.offset(from), b.count(from) * es)};
-    exchange(xs);
+  pairwiseAllgather(all, buf, count, es);
+}
+
+// All-reduce across hosts that each run the same number of ranks: reduce-scatter among the
+// ranks of each host (shared memory), all-reduce each host's piece among the ranks that hold
+// it on every host (one rail: the network), then all-gather on each host again. Every rank
+// sends S/L bytes over the network where the flat pairwise schedule sends about S (L ranks
+// per host, S the buffer's size), and each element is reduced once, by one rank, so every
+// rank ends with the same bits. Each rank checks the headers of its host's ranks and of its
+// rail; a rank that disagrees fails those, and their failure reaches the rest.
+void CommImpl::runAllreduceHosts(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
+  const size_t es = dtypeSize(dt);
+  const int L = static_cast<int>(localRanks_.size()), H = static_cast<int>(rail_.size());
+  Blocks b(count, L, es);
+  const int li = localIndex(rank_);
+  char* piece = buf + b.offset(li);
+  const size_t pc = b.count(li);
+  pairwiseReduceScatter(localRanks_, buf, count, dt, op, scale);
+  // The host's partial results are already scaled; an average divides once, at the end.
+  ReduceOp across = op == ReduceOp::kPremulSum || op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  pairwiseReduceScatter(rail_, piece, pc, dt, across, 1.0);
+  if (op == ReduceOp::kAvg) {
+    Blocks c(pc, H, es);
+    const int hi = positionIn(rail_, rank_);
+    divideBy(piece + c.offset(hi), c.count(hi), dt, size_);
   }
+  pairwiseAllgather(rail_, piece, pc, es);
+  pairwiseAllgather(localRanks_, buf, count, es);
 }
 
 // All-reduce when every rank shares this host, in two shots through the broadcast rings, in

@@ -97,6 +97,72 @@ def check_all_reduce(dist, rank, world):
     return "; ".join(errs) or None
 
 
+def check_all_reduce_ops(dist, rank, world):
+    """Every reduce op on several dtypes, above the one-shot size: with the same number of ranks
+    on each host this is the schedule across hosts (reduce-scatter on each host, all-reduce
+    along the rails, all-gather on each host). Every rank must end with the same bits."""
+    import hashlib
+
+    import torch
+
+    def value(r, dt, n):
+        i = torch.arange(n, dtype=torch.int64)
+        if dt == torch.bool:
+            return (i + r) % 3 != 0
+        v = (i * 7 + r * 3) % 5 + 1
+        return (v - 2 if dt.is_floating_point else v).to(dt)
+
+    ops = {"SUM": dist.ReduceOp.SUM, "PRODUCT": dist.ReduceOp.PRODUCT, "MIN": dist.ReduceOp.MIN,
+           "MAX": dist.ReduceOp.MAX, "AVG": dist.ReduceOp.AVG, "PREMUL_SUM": None,
+           "BAND": dist.ReduceOp.BAND, "BOR": dist.ReduceOp.BOR, "BXOR": dist.ReduceOp.BXOR}
+    errs, digest = [], hashlib.sha256()
+    for dt in (torch.float32, torch.float64, torch.bfloat16, torch.int32, torch.uint8, torch.bool):
+        if dt == torch.bool:
+            names = ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+        elif dt.is_floating_point:
+            names = ["SUM", "PRODUCT", "MIN", "MAX", "AVG", "PREMUL_SUM"]
+        else:
+            names = ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+        n = 70_001 + 2 * world  # above RAILCC_ONESHOT_BYTES (64 KiB) even for one-byte types
+        for name in names:
+            t = value(rank, dt, n)
+            op = dist._make_nccl_premul_sum(0.5) if name == "PREMUL_SUM" else ops[name]
+            dist.all_reduce(t, op=op)
+            xs = [value(r, dt, n) for r in range(world)]
+            if dt == torch.bool:
+                f = {"SUM": torch.logical_or, "MAX": torch.logical_or, "BOR": torch.logical_or,
+                     "PRODUCT": torch.logical_and, "MIN": torch.logical_and, "BAND": torch.logical_and,
+                     "BXOR": torch.logical_xor}[name]
+                want = xs[0]
+                for x in xs[1:]:
+                    want = f(want, x)
+            else:
+                acc = torch.stack([x.double() if dt.is_floating_point else x.long() for x in xs])
+                if name in ("SUM", "AVG", "PREMUL_SUM"):
+                    want = acc.sum(0) * (0.5 if name == "PREMUL_SUM" else 1.0) / (world if name == "AVG" else 1)
+                elif name == "PRODUCT":
+                    want = acc.prod(0)
+                elif name == "MIN":
+                    want = acc.min(0).values
+                elif name == "MAX":
+                    want = acc.max(0).values
+                else:
+                    want = acc[0]
+                    for x in acc[1:]:
+                        want = {"BAND": want & x, "BOR": want | x, "BXOR": want ^ x}[name]
+                want = want.to(dt)
+            if dt.is_floating_point:
+                tol = 2e-2 if dt == torch.bfloat16 else 1e-6
+                ok = torch.allclose(t.double(), want.double(), rtol=tol, atol=tol)
+            else:
+                ok = torch.equal(t, want)
+            if not ok:
+                errs.append(f"{dt} {name}: {_compare(t.double(), want.double(), exact=False)}")
+            digest.update(t.view(torch.uint8).numpy().tobytes() if dt != torch.bool else t.numpy().tobytes())
+    EXTRA["all_reduce_ops"] = {"digest": digest.hexdigest()}
+    return "; ".join(errs) or None
+
+
 def check_all_gather_into_tensor(dist, rank, world):
     import torch
 
@@ -252,7 +318,8 @@ CHECKS = {
     "send_recv_ring": check_send_recv_ring,
     "barrier": check_barrier,
 }
-OPTIONAL_CHECKS = {"straggler_report": check_straggler_report, "cable_cut": check_cable_cut}  # not in "all"
+OPTIONAL_CHECKS = {"straggler_report": check_straggler_report, "cable_cut": check_cable_cut,  # not in "all"
+                   "all_reduce_ops": check_all_reduce_ops}
 
 
 def _emit(obj):

@@ -216,6 +216,17 @@ _IPV4 = re.compile(r"via socket\D*?(\d+\.\d+\.\d+\.\d+)")
 
 
 @RAILCC_SKIP
+@pytest.mark.parametrize("placement", [[0, 0, 1, 1], [0, 1, 1, 0, 0, 1]], ids=["2x2", "2x3_interleaved"])
+def test_allreduce_across_hosts_every_op_same_bits(hosts, tmp_path, placement):
+    # Equal ranks per host: reduce-scatter on each host, all-reduce along the rails, all-gather
+    # on each host. In the interleaved placement a rail's ranks are not in rank order ([3, 2]).
+    launch = _run_store_mode(hosts, tmp_path, "railcc", placement, check="all_reduce_ops")
+    launch.assert_ok(len(placement))
+    digests = {res["extra"]["all_reduce_ops"]["digest"] for res in launch.results.values()}
+    assert len(digests) == 1, launch.describe()
+
+
+@RAILCC_SKIP
 def test_railcc_transport_selection_log(hosts, tmp_path):
     """With RAILCC_DEBUG=INFO RAILCC_DEBUG_SUBSYS=INIT every rank logs, per connected peer, a
     line like "rank 0 -> peer 1 via shm" or "rank 0 -> peer 2 via socket 10.213.X.2:port":
