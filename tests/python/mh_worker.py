@@ -307,6 +307,25 @@ def check_cable_cut(dist, rank, world):
     return None
 
 
+def check_allreduce_disagreement(dist, rank, world):
+    """railcc only: the last rank all-reduces one element more than the others, above the
+    one-shot size. Every rank must raise (a mismatch where it meets that rank's header, a peer
+    failure where the news comes through another rank) within seconds. Result in "extra"."""
+    import torch
+
+    import railcc
+
+    t = torch.ones((1 << 18) + (1 if rank == world - 1 else 0))
+    t0 = time.time()
+    try:
+        dist.all_reduce(t)
+        dist.barrier()
+        EXTRA["disagreement"] = {"error": None}
+    except (railcc.CollectiveMismatchError, railcc.PeerFailureError) as e:
+        EXTRA["disagreement"] = {"error": type(e).__name__, "msg": str(e), "after_s": round(time.time() - t0, 3)}
+    return None
+
+
 EXTRA = {}  # what checks hand back besides pass/fail
 
 CHECKS = {
@@ -319,7 +338,7 @@ CHECKS = {
     "barrier": check_barrier,
 }
 OPTIONAL_CHECKS = {"straggler_report": check_straggler_report, "cable_cut": check_cable_cut,  # not in "all"
-                   "all_reduce_ops": check_all_reduce_ops}
+                   "all_reduce_ops": check_all_reduce_ops, "allreduce_disagreement": check_allreduce_disagreement}
 
 
 def _emit(obj):

@@ -227,6 +227,18 @@ def test_allreduce_across_hosts_every_op_same_bits(hosts, tmp_path, placement):
 
 
 @RAILCC_SKIP
+def test_allreduce_disagreement_across_hosts_fails_every_rank(hosts, tmp_path):
+    launch = _run_store_mode(hosts, tmp_path, "railcc", [0, 1, 0, 1], check="allreduce_disagreement")
+    # The group is broken afterwards, so the worker's closing barrier fails: look at the check.
+    assert sorted(launch.results) == [0, 1, 2, 3], launch.describe()
+    for rank, res in launch.results.items():
+        got = res["extra"]["disagreement"]
+        assert got["error"] in ("CollectiveMismatchError", "PeerFailureError"), (rank, got)
+        assert got["after_s"] < 10, (rank, got)
+    assert any(r["extra"]["disagreement"]["error"] == "CollectiveMismatchError" for r in launch.results.values())
+
+
+@RAILCC_SKIP
 def test_railcc_transport_selection_log(hosts, tmp_path):
     """With RAILCC_DEBUG=INFO RAILCC_DEBUG_SUBSYS=INIT every rank logs, per connected peer, a
     line like "rank 0 -> peer 1 via shm" or "rank 0 -> peer 2 via socket 10.213.X.2:port":
