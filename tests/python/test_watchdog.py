@@ -75,11 +75,11 @@ def _arrives_late(t, g):
         return {"late": type(e).__name__, "late_s": time.monotonic() - t0}
 
 
-def rk_never_calls(rank, n, trace_dir):
+def rk_never_calls(rank, n, trace_dir, count=1000):
     os.environ["RAILCC_TRACE_DIR"] = trace_dir
     before = _resources()
     g = _new_group()
-    t = torch.ones(1000)
+    t = torch.ones(count)
     for _ in range(3):
         dist.all_reduce(t, group=g)
     if rank == n - 1:
@@ -95,10 +95,12 @@ def rk_never_calls(rank, n, trace_dir):
     return out
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_rank_that_never_calls_is_named_and_the_trace_says_so(pools, tmp_path, n):
+@pytest.mark.parametrize("n,count", [(2, 1000), (4, 1000), (4, 1 << 18)], ids=["2-oneshot", "4-oneshot", "4-rings"])
+def test_rank_that_never_calls_is_named_and_the_trace_says_so(pools, tmp_path, n, count):
+    # 1 << 18 floats (1 MiB): above the one-shot size, so the ranks wait inside the all-reduce
+    # through the shared rings.
     trace_dir = str(tmp_path / "trace")
-    got = pools(n).run(rk_never_calls, trace_dir, timeout=90)
+    got = pools(n).run(rk_never_calls, trace_dir, count, timeout=90)
     late = n - 1
     for r in range(n - 1):
         g = got[r]
