@@ -263,6 +263,20 @@ class CommImpl {
   void runBroadcastRing(char* buf, size_t bytes, int root);
   void runAllgatherRing(const char* mine, const std::vector<size_t>& sizes, const std::vector<char*>& outs,
                         bool headers);
+  // Every same-host rank's broadcast ring, as an op that moves data through them sees them.
+  struct Rings {
+    transport::shm::BcastRing own;
+    std::vector<transport::shm::BcastRing> of;  // by rank; ours is empty
+    std::vector<int> consumers;                 // local indices of the peers reading ours
+    std::vector<transport::shm::SegmentHeader*> wake;
+    std::vector<std::pair<int, int>> on;  // the collective lane of every peer
+    int myIdx = 0;
+  };
+  Rings rings();
+  // The end of one pass of a ring op's loop: reads the messages posted on the collective lane
+  // before the op (its header receives), so that a rank that took another path fails here and
+  // not at its timeout; then, if nothing moved, sleeps until `ready` may hold.
+  void ringTurn(const Rings& r, size_t moved, const std::function<bool()>& ready);
   // Whether every rank shares this host's memory and there are enough of them for the
   // broadcast rings to save copies (with two ranks a ring and a FIFO copy the same).
   bool ringsCover() const { return size_ > 2 && static_cast<int>(localRanks_.size()) == size_; }
@@ -2185,6 +2199,32 @@ void CommImpl::runAllreduceHosts(char* buf, size_t count, DataType dt, ReduceOp 
   pairwiseAllgather(localRanks_, buf, count, es);
 }
 
+CommImpl::Rings CommImpl::rings() {
+  Rings r;
+  r.own = shm_->bcastRing(-1);
+  r.of.resize(static_cast<size_t>(size_));
+  r.myIdx = localIndex(rank_);
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) {
+      r.of[static_cast<size_t>(p)] = shm_->bcastRing(localIndex(p));
+      r.consumers.push_back(localIndex(p));
+      r.wake.push_back(shm_->headerOf(localIndex(p)));
+      r.on.push_back({kCollLane, p});
+    }
+  return r;
+}
+
+void CommImpl::ringTurn(const Rings& r, size_t moved, const std::function<bool()>& ready) {
+  for (auto& [lane, peer] : r.on)
+    if (!chans_[lane][static_cast<size_t>(peer)].recvq.empty()) moved += progressChannel(lane, peer);
+  if (moved + pumpP2P() > 0) {
+    lastProgress_ = Clock::now();
+    return;
+  }
+  if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
+  idle(r.on, current_->timeout, opKindName(current_->kind), ready);
+}
+
 // All-reduce when every rank shares this host, in two shots through the broadcast rings, in
 // chunks of half a ring. Per chunk, each rank writes into its ring the slices its peers
 // reduce (block A: every slice but its own), reduces its own slice in one pass straight out of
@@ -2195,25 +2235,16 @@ void CommImpl::runAllreduceHosts(char* buf, size_t count, DataType dt, ReduceOp 
 // each reading and writing the accumulator), with two waits per chunk instead of n. Headers
 // are checked while the data moves, as in the ring broadcast.
 void CommImpl::runAllreduceRings(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
-  const int n = size_, me = rank_, myIdx = localIndex(me);
+  const int n = size_, me = rank_;
   const size_t es = dtypeSize(dt);
-  const Millis timeout = current_->timeout;
-  transport::shm::BcastRing own = shm_->bcastRing(-1);
+  Rings rs = rings();
+  transport::shm::BcastRing& own = rs.own;
+  const int myIdx = rs.myIdx;
   const size_t sliceElems = std::max<size_t>(1, own.blockMax() / static_cast<size_t>(n) / 64 * 64 / es);
   const size_t chunkElems = sliceElems * static_cast<size_t>(n);
   const size_t nchunks = (count + chunkElems - 1) / chunkElems;
   const bool bypass = count * es >= streamMin_;
-  std::vector<transport::shm::BcastRing> rings(static_cast<size_t>(n));
-  std::vector<int> consumers;
-  std::vector<transport::shm::SegmentHeader*> wake;
-  std::vector<std::pair<int, int>> on;
-  for (int p = 0; p < n; ++p)
-    if (p != me) {
-      rings[static_cast<size_t>(p)] = shm_->bcastRing(localIndex(p));
-      consumers.push_back(localIndex(p));
-      wake.push_back(shm_->headerOf(localIndex(p)));
-      on.push_back({kCollLane, p});
-    }
+  std::vector<transport::shm::BcastRing>& peerRing = rs.of;
   std::vector<Transfer> sends, recvs;
   headerRound(sends, recvs);
   exchange(sends);
@@ -2244,7 +2275,7 @@ void CommImpl::runAllreduceRings(char* buf, size_t count, DataType dt, ReduceOp 
     if (reduced >= nchunks || written <= 2 * reduced) return false;
     for (int p = 0; p < n; ++p)
       if (p != me && (read[static_cast<size_t>(p)] != 2 * reduced ||
-                      !rings[static_cast<size_t>(p)].block(myIdx, bytesA(reduced, p))))
+                      !peerRing[static_cast<size_t>(p)].block(myIdx, bytesA(reduced, p))))
         return false;
     return true;
   };
@@ -2254,18 +2285,18 @@ void CommImpl::runAllreduceRings(char* buf, size_t count, DataType dt, ReduceOp 
       size_t k = written / 2;
       if (written % 2 == 0) {
         size_t len = bytesA(k, me);
-        if (char* dst = own.reserve(len, consumers)) {
+        if (char* dst = own.reserve(len, rs.consumers)) {
           for (int q = 0; q < n; ++q)
             if (q != me) std::memcpy(dst + offsetInA(k, me, q), piece(k, q), bytesB(k, q));
-          own.publish(len, wake);
+          own.publish(len, rs.wake);
           ++written;
           moved += len + 1;
         }
       } else if (reduced > k) {
         size_t len = bytesB(k, me);
-        if (char* dst = own.reserve(len, consumers)) {
+        if (char* dst = own.reserve(len, rs.consumers)) {
           std::memcpy(dst, piece(k, me), len);
-          own.publish(len, wake);
+          own.publish(len, rs.wake);
           ++written;
           moved += len + 1;
         }
@@ -2277,9 +2308,9 @@ void CommImpl::runAllreduceRings(char* buf, size_t count, DataType dt, ReduceOp 
       if (op == ReduceOp::kPremulSum) scaleCopy(out, out, cnt, dt, scale);
       for (int p = 0; p < n; ++p) {
         if (p == me) continue;
-        auto& ring = rings[static_cast<size_t>(p)];
-        reduceInto(out, ring.block(myIdx, bytesA(k, p)) + offsetInA(k, p, me), cnt, dt, op, scale);
-        ring.release(myIdx, bytesA(k, p));
+        auto& from = peerRing[static_cast<size_t>(p)];
+        reduceInto(out, from.block(myIdx, bytesA(k, p)) + offsetInA(k, p, me), cnt, dt, op, scale);
+        from.release(myIdx, bytesA(k, p));
         ++read[static_cast<size_t>(p)];
       }
       if (op == ReduceOp::kAvg) divideBy(out, cnt, dt, n);
@@ -2290,33 +2321,26 @@ void CommImpl::runAllreduceRings(char* buf, size_t count, DataType dt, ReduceOp 
       size_t& x = read[static_cast<size_t>(p)];
       if (p == me || x % 2 == 0 || x >= 2 * nchunks) continue;
       size_t k = x / 2, len = bytesB(k, p);
-      auto& ring = rings[static_cast<size_t>(p)];
-      const char* src = ring.block(myIdx, len);
+      auto& from = peerRing[static_cast<size_t>(p)];
+      const char* src = from.block(myIdx, len);
       if (!src) continue;
       if (bypass) transport::streamCopy(piece(k, p), src, len);
       else std::memcpy(piece(k, p), src, len);
-      ring.release(myIdx, len);
+      from.release(myIdx, len);
       ++x;
       moved += len + 1;
     }
-    for (auto& [lane, peer] : on)
-      if (!chans_[lane][static_cast<size_t>(peer)].recvq.empty()) moved += progressChannel(lane, peer);
-    if (moved + pumpP2P() > 0) {
-      lastProgress_ = Clock::now();
-      continue;
-    }
-    if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
-    idle(on, timeout, opKindName(current_->kind), [&] {
+    ringTurn(rs, moved, [&] {
       if (written < 2 * nchunks) {
         size_t k = written / 2;
-        if (written % 2 == 0 ? own.reserve(bytesA(k, me), consumers) != nullptr
-                             : reduced > k && own.reserve(bytesB(k, me), consumers) != nullptr)
+        if (written % 2 == 0 ? own.reserve(bytesA(k, me), rs.consumers) != nullptr
+                             : reduced > k && own.reserve(bytesB(k, me), rs.consumers) != nullptr)
           return true;
       }
       if (inputsReady()) return true;
       for (int p = 0; p < n; ++p) {
         size_t x = read[static_cast<size_t>(p)];
-        if (p != me && x % 2 == 1 && x < 2 * nchunks && rings[static_cast<size_t>(p)].block(myIdx, bytesB(x / 2, p)))
+        if (p != me && x % 2 == 1 && x < 2 * nchunks && peerRing[static_cast<size_t>(p)].block(myIdx, bytesB(x / 2, p)))
           return true;
       }
       return false;
@@ -2338,21 +2362,10 @@ void CommImpl::runAllgatherRing(const char* mine, const std::vector<size_t>& siz
                                 bool headers) {
   int n = size_, me = rank_;
   if (headers) syncRound();
-  const Millis timeout = current_->timeout;
   const size_t chunk = 256u << 10;
-  const int myIdx = localIndex(me);
-  transport::shm::BcastRing own = shm_->bcastRing(-1);
-  std::vector<transport::shm::BcastRing> rings(static_cast<size_t>(n));
-  std::vector<int> consumers;
-  std::vector<transport::shm::SegmentHeader*> wake;
-  std::vector<std::pair<int, int>> on;
-  for (int p = 0; p < n; ++p)
-    if (p != me) {
-      rings[static_cast<size_t>(p)] = shm_->bcastRing(localIndex(p));
-      consumers.push_back(localIndex(p));
-      wake.push_back(shm_->headerOf(localIndex(p)));
-      on.push_back({kCollLane, p});
-    }
+  Rings rs = rings();
+  transport::shm::BcastRing& own = rs.own;
+  const int myIdx = rs.myIdx;
   const size_t myBytes = sizes[static_cast<size_t>(me)];
   size_t wrote = 0;
   std::vector<size_t> got(static_cast<size_t>(n), 0);
@@ -2366,14 +2379,14 @@ void CommImpl::runAllgatherRing(const char* mine, const std::vector<size_t>& siz
   while (!complete()) {
     size_t moved = 0;
     if (wrote < myBytes) {
-      size_t k = own.write(mine + wrote, std::min(chunk, myBytes - wrote), consumers, wake);
+      size_t k = own.write(mine + wrote, std::min(chunk, myBytes - wrote), rs.consumers, rs.wake);
       wrote += k;
       moved += k;
     }
     for (int p = 0; p < n; ++p) {
       size_t want = sizes[static_cast<size_t>(p)] - got[static_cast<size_t>(p)];
       if (p == me || want == 0) continue;
-      auto& ring = rings[static_cast<size_t>(p)];
+      auto& ring = rs.of[static_cast<size_t>(p)];
       auto [src, avail] = ring.peek(myIdx);
       size_t k = std::min(avail, want);
       if (k == 0) continue;
@@ -2385,20 +2398,11 @@ void CommImpl::runAllgatherRing(const char* mine, const std::vector<size_t>& siz
       got[static_cast<size_t>(p)] += k;
       moved += k;
     }
-    // Messages posted on the collective lane before the ring (a broadcast's header receives)
-    // are read as they come, so a rank that took another path fails here, not at its timeout.
-    for (auto& [lane, peer] : on)
-      if (!chans_[lane][static_cast<size_t>(peer)].recvq.empty()) moved += progressChannel(lane, peer);
-    if (moved + pumpP2P() > 0) {
-      lastProgress_ = Clock::now();
-      continue;
-    }
-    if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
-    idle(on, timeout, opKindName(current_->kind), [&] {
-      if (wrote < myBytes && own.canWrite(consumers)) return true;
+    ringTurn(rs, moved, [&] {
+      if (wrote < myBytes && own.canWrite(rs.consumers)) return true;
       for (int p = 0; p < n; ++p)
         if (p != me && got[static_cast<size_t>(p)] < sizes[static_cast<size_t>(p)] &&
-            rings[static_cast<size_t>(p)].readable(myIdx))
+            rs.of[static_cast<size_t>(p)].readable(myIdx))
           return true;
       return false;
     });
