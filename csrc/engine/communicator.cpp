@@ -273,6 +273,15 @@ class CommImpl {
     int myIdx = 0;
   };
   Rings rings();
+  // Bytes of one rank's slice per chunk of the two-shot all-reduce: a multiple of 64, so that
+  // a chunk's n-1 slices (block A) stay within BcastRing::blockMax(); 0 where rings are too
+  // small for it.
+  size_t ringSlice() const {
+    size_t cap = shm_->bcastRing(-1).capacity(), slice = cap / 2 / static_cast<size_t>(size_) / 64 * 64;
+    return cap % 64 == 0 && slice >= 64 && (static_cast<size_t>(size_) - 1) * slice <= shm_->bcastRing(-1).blockMax()
+               ? slice
+               : 0;
+  }
   // The end of one pass of a ring op's loop: reads the messages posted on the collective lane
   // before the op (its header receives), so that a rank that took another path fails here and
   // not at its timeout; then, if nothing moved, sleeps until `ready` may hold.
@@ -2150,8 +2159,7 @@ void CommImpl::runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, d
   int n = size_, r = rank_;
   size_t es = dtypeSize(dt);
   if (oneshot(count * es)) return oneshotReduce([buf](int) { return buf; }, buf, count, dt, op, scale);
-  if (ringsCover() && shm_->bcastRing(-1).blockMax() >= 64 * static_cast<size_t>(n) * es)
-    return runAllreduceRings(buf, count, dt, op, scale);
+  if (ringsCover() && ringSlice() > 0) return runAllreduceRings(buf, count, dt, op, scale);
   if (!rail_.empty()) return runAllreduceHosts(buf, count, dt, op, scale);
   std::vector<int> all(static_cast<size_t>(n));
   std::iota(all.begin(), all.end(), 0);
@@ -2240,7 +2248,7 @@ void CommImpl::runAllreduceRings(char* buf, size_t count, DataType dt, ReduceOp 
   Rings rs = rings();
   transport::shm::BcastRing& own = rs.own;
   const int myIdx = rs.myIdx;
-  const size_t sliceElems = std::max<size_t>(1, own.blockMax() / static_cast<size_t>(n) / 64 * 64 / es);
+  const size_t sliceElems = ringSlice() / es;
   const size_t chunkElems = sliceElems * static_cast<size_t>(n);
   const size_t nchunks = (count + chunkElems - 1) / chunkElems;
   const bool bypass = count * es >= streamMin_;

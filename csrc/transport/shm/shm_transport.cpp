@@ -307,7 +307,8 @@ uint64_t blockStart(uint64_t pos, size_t n, size_t cap) {
 char* BcastRing::reserve(size_t n, const std::vector<int>& consumers) const {
   uint64_t tail = tail_->load(std::memory_order_relaxed);
   uint64_t low = tail;
-  for (int c : consumers) low = std::min<uint64_t>(low, head(c).load(std::memory_order_acquire));
+  // seq_cst, as in canWrite(): this also runs as the recheck after raising the sleeping flag.
+  for (int c : consumers) low = std::min<uint64_t>(low, head(c).load(std::memory_order_seq_cst));
   uint64_t s = blockStart(tail, n, cap_);
   return s + n - low <= cap_ ? data_ + s % cap_ : nullptr;
 }
@@ -320,7 +321,7 @@ void BcastRing::publish(size_t n, const std::vector<SegmentHeader*>& wake) {
 
 const char* BcastRing::block(int c, size_t n) const {
   uint64_t s = blockStart(head(c).load(std::memory_order_relaxed), n, cap_);
-  return tail_->load(std::memory_order_acquire) >= s + n ? data_ + s % cap_ : nullptr;
+  return tail_->load(std::memory_order_seq_cst) >= s + n ? data_ + s % cap_ : nullptr;
 }
 
 void BcastRing::release(int c, size_t n) {

@@ -57,8 +57,9 @@ class BcastRing {
   // 64-byte boundary and never wraps around the ring's end; the bytes skipped to get there
   // count as part of it. Producer and consumers work out the same skip from their positions,
   // which agree as long as every block is written and consumed by these calls with the same
-  // sizes. A block of at most blockMax() bytes always fits once the consumers have caught up.
-  size_t blockMax() const { return cap_ % 64 == 0 ? cap_ / 2 : 0; }
+  // sizes. A block of at most blockMax() bytes always fits once the consumers have caught up
+  // (with the alignment and the skip, it takes less than 2 x blockMax() + 64 bytes).
+  size_t blockMax() const { return cap_ % 64 == 0 && cap_ >= 256 ? cap_ / 2 - 64 : 0; }
   // Producer: where the next n-byte block goes, or nullptr while a consumer is too far behind.
   char* reserve(size_t n, const std::vector<int>& consumers) const;
   void publish(size_t n, const std::vector<SegmentHeader*>& wake);
