@@ -22,7 +22,8 @@ Columns and bandwidths follow nccl-tests:
     host, to every small-message time). Only where a refill of 1 MiB or more precedes each
     iteration (below) is there a barrier after it, so that ranks finishing the copy at different
     times do not have that skew timed as part of the call, and one before it, so that no rank
-    copies while the others are still in the previous call. Such a barrier lets ranks go at
+    copies while the others are still in the previous call (where every rank reads one clock,
+    these two go through the rendezvous store: see StoreBarrier). Such a barrier lets ranks go at
     different times too; when every rank reads the same clock (one host, or network namespaces
     of one host: the same kernel boot id) those iterations are therefore timed from the last
     rank's call to the last rank's return, and otherwise by the slowest rank's own clock.
@@ -911,9 +912,44 @@ def shared_clock(ctrl):
     return ids[0] is not None and len(set(ids)) == 1
 
 
-def time_collective(case, group, inplace, iters, warmup, ctrl, same_clock=False):
+class StoreBarrier:
+    """A barrier through the rendezvous store: each rank adds to a counter, and the last one
+    sets a key that the others block on in a socket read. A gloo barrier keeps helper threads
+    busy on every rank after its callers have left it, and the ranks that return first from a
+    timed call enter the next one while the others are still in it: on cores shared by several
+    ranks those threads take the cores from the call being timed. This one leaves nothing
+    running. Its exit skew is larger, which only matters where ranks are timed by their own
+    clocks, so it serves only where every rank reads the same clock."""
+
+    def __init__(self, store, world, prefix="railcc-bench/barrier"):
+        self.store, self.world, self.prefix, self.gen = store, world, prefix, 0
+
+    def __call__(self):
+        self.gen += 1
+        key = f"{self.prefix}/{self.gen}"
+        if self.store.add(key, 1) == self.world:
+            self.store.set(key + "/done", "1")
+            if self.gen > 1:  # everyone has arrived here, so everyone has left the one before
+                self.store.delete_key(f"{self.prefix}/{self.gen - 1}")
+                self.store.delete_key(f"{self.prefix}/{self.gen - 1}/done")
+        self.store.wait([key + "/done"])
+
+
+def quiet_barrier(world):
+    """A StoreBarrier on the default group's store, or None where torch does not expose it."""
+    import torch.distributed as dist
+
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+    return StoreBarrier(store, world)
+
+
+def time_collective(case, group, inplace, iters, warmup, ctrl, same_clock=False, quiet=None):
     """Median over iterations of the slowest rank's time, in microseconds; with `same_clock`,
-    iterations that follow a barrier run from the last rank's call to the last rank's return."""
+    iterations that follow a barrier run from the last rank's call to the last rank's return,
+    and those barriers are `quiet` (a StoreBarrier) when given."""
     import torch
     import torch.distributed as dist
 
@@ -943,18 +979,23 @@ def time_collective(case, group, inplace, iters, warmup, ctrl, same_clock=False)
     # After a barrier the ranks leave it at different times, and the first one out would time
     # its wait for the last one; on one clock the call is timed from the last rank's entry.
     entry_aligned = realign and same_clock
+    if entry_aligned and quiet is not None:
+        align = quiet
+    else:
+        def align():
+            dist.barrier(group=ctrl)
     dist.barrier(group=ctrl)
     for i in range(iters):
         if refill:
             if realign and i > 0:
                 # Nobody refills before every rank has returned: on shared cores the copy of a
                 # rank that finished early would be timed as part of the others' call.
-                dist.barrier(group=ctrl)
+                align()
             refill()
             if sync:
                 sync()
             if realign:
-                dist.barrier(group=ctrl)
+                align()
         t0 = clock()
         run()
         if sync:
@@ -1146,8 +1187,10 @@ def _bench(cfg, rank, n, timeout, device=None):
     who = [None] * n
     dist.all_gather_object(who, (socket.gethostname(), os.getpid()), group=ctrl)
     same_clock = shared_clock(ctrl)
+    quiet = quiet_barrier(n) if same_clock else None
     timing = ("median over iterations of the slowest rank in each; iterations back to back after one barrier"
               + ("; after a refill barrier, from the last rank's call to the last rank's return (one clock)"
+                 + ("; refill barriers through the store" if quiet is not None else "")
                  if same_clock else ""))
     cuda = device is not None and device.type == "cuda"
     device_name, rank_devices, ranks_per_device = "cpu", None, None
@@ -1260,7 +1303,7 @@ def _bench(cfg, rank, n, timeout, device=None):
                     if inplace and not spec.inplace:
                         sides.append((None, None, None, None))
                         continue
-                    t = time_collective(case, groups[b], inplace, cfg.iters, cfg.warmup, ctrl, same_clock)
+                    t = time_collective(case, groups[b], inplace, cfg.iters, cfg.warmup, ctrl, same_clock, quiet)
                     algbw, busbw = bandwidths(nbytes, t, coll, n)
                     wrong = None
                     if cfg.check:

@@ -293,6 +293,49 @@ def test_iteration_times_one_rank():
     assert bench.iteration_times([[5_000]], [[7_500]], False) == [2.5]
 
 
+@pytest.mark.timeout(60)
+def test_store_barrier_holds_everyone_and_cleans_up():
+    # Three clients of one real TCPStore, one thread each; the second one is always late. No
+    # client may leave barrier k before the late one has arrived at it, and the keys of earlier
+    # barriers are deleted as the barriers go.
+    import threading
+    import time as _time
+
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, 3, True, wait_for_workers=False)
+    port = server.port
+    rounds, world = 5, 3
+    arrived = [[None] * rounds for _ in range(world)]
+    left = [[None] * rounds for _ in range(world)]
+    errors = []
+
+    def run(r):
+        try:
+            store = server if r == 0 else dist.TCPStore("127.0.0.1", port, world, False)
+            bar = bench.StoreBarrier(store, world, prefix="t")
+            for k in range(rounds):
+                if r == 1:
+                    _time.sleep(0.05)
+                arrived[r][k] = _time.monotonic()
+                bar()
+                left[r][k] = _time.monotonic()
+        except Exception as e:  # reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    for k in range(rounds):
+        last_in = max(arrived[r][k] for r in range(world))
+        assert all(left[r][k] >= last_in for r in range(world)), k
+    assert not server.check([f"t/{k}" for k in range(1, rounds - 1)])  # only the last one remains
+    assert server.check([f"t/{rounds}/done"])
+
+
 def test_boot_id_names_this_kernel():
     ident = bench.boot_id()
     assert ident and ident == bench.boot_id()
