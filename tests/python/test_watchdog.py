@@ -77,9 +77,10 @@ def _arrives_late(t, g):
 
 def rk_never_calls(rank, n, trace_dir, count=1000):
     os.environ["RAILCC_TRACE_DIR"] = trace_dir
+    # Filling a large tensor can start torch's intra-op threads: do it before counting ours.
+    t = torch.ones(count)
     before = _resources()
     g = _new_group()
-    t = torch.ones(count)
     for _ in range(3):
         dist.all_reduce(t, group=g)
     if rank == n - 1:
