@@ -254,6 +254,10 @@ class CommImpl {
   // algorithms (progress thread)
   void runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
   void runAllreduceRings(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
+  void runReduceScatterRings(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
+                             double scale);
+  struct RingReduce;
+  void runRingsReduce(const RingReduce& job, DataType dt, ReduceOp op, double scale, bool bypass);
   void runAllreduceHosts(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
   // Pairwise schedules among the ranks `g` (which include us), on `count` elements of `buf`
   // split into |g| blocks: block j ends reduced at g[j]; then every block everywhere.
@@ -2233,87 +2237,99 @@ void CommImpl::ringTurn(const Rings& r, size_t moved, const std::function<bool()
   idle(r.on, current_->timeout, opKindName(current_->kind), ready);
 }
 
-// All-reduce when every rank shares this host, in two shots through the broadcast rings, in
-// chunks of half a ring. Per chunk, each rank writes into its ring the slices its peers
-// reduce (block A: every slice but its own), reduces its own slice in one pass straight out of
-// the peers' rings into its buffer, writes that result into its ring (block B) and copies
-// every peer's result out of theirs. Each ring carries A0 B0 A1 B1 ...; a peer may write A(k+1)
-// while we still copy its B(k). For 4 ranks and 16 MiB each rank reads and writes about
-// 76 MiB where the pairwise reduce-scatter and ring all-gather moved 92 (n-1 reduction passes,
-// each reading and writing the accumulator), with two waits per chunk instead of n. Headers
-// are checked while the data moves, as in the ring broadcast.
-void CommImpl::runAllreduceRings(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
+// Reductions when every rank shares this host, through the broadcast rings, in chunks. Per
+// chunk k each rank q owns a piece of `count(k, q)` elements; `in(k, q)` is our input for it
+// and `out(k, q)` where it ends. Each rank writes into its ring the pieces its peers reduce
+// (block A: every piece but its own, in rank order), then reduces its own piece in one pass,
+// in rank order, straight out of the peers' rings. With `gather` (all-reduce) it then writes
+// that result into its ring (block B) and copies every peer's result out of theirs. Each ring
+// carries A0 B0 A1 B1 ... (A0 A1 ... without gather); a peer may write A(k+1) while we still
+// copy its B(k). For a 4-rank all-reduce of 16 MiB each rank reads and writes about 76 MiB
+// where the pairwise reduce-scatter and ring all-gather moved 92 (n-1 reduction passes, each
+// reading and writing the accumulator), with two waits per chunk instead of n. Headers are
+// checked while the data moves, as in the ring broadcast.
+struct CommImpl::RingReduce {
+  size_t nchunks;
+  std::function<size_t(size_t, int)> count;
+  std::function<const char*(size_t, int)> in;
+  std::function<char*(size_t, int)> out;
+  bool gather;
+};
+
+void CommImpl::runRingsReduce(const RingReduce& job, DataType dt, ReduceOp op, double scale, bool bypass) {
   const int n = size_, me = rank_;
-  const size_t es = dtypeSize(dt);
+  const size_t es = dtypeSize(dt), nchunks = job.nchunks, blocks = job.gather ? 2 : 1;
   Rings rs = rings();
   transport::shm::BcastRing& own = rs.own;
   const int myIdx = rs.myIdx;
-  const size_t sliceElems = ringSlice() / es;
-  const size_t chunkElems = sliceElems * static_cast<size_t>(n);
-  const size_t nchunks = (count + chunkElems - 1) / chunkElems;
-  const bool bypass = count * es >= streamMin_;
   std::vector<transport::shm::BcastRing>& peerRing = rs.of;
   std::vector<Transfer> sends, recvs;
   headerRound(sends, recvs);
   exchange(sends);
   post(recvs);
 
-  auto chunkBase = [&](size_t k) { return k * chunkElems; };
-  auto chunkOf = [&](size_t k) { return Blocks(std::min(chunkElems, count - chunkBase(k)), n, es); };
-  auto piece = [&](size_t k, int q) { return buf + chunkBase(k) * es + chunkOf(k).offset(q); };
-  // Block A of producer p: every slice but p's, in rank order.
-  auto bytesA = [&](size_t k, int p) { return (std::min(chunkElems, count - chunkBase(k)) - chunkOf(k).count(p)) * es; };
+  auto bytes = [&](size_t k, int q) { return job.count(k, q) * es; };
+  // Block A of producer p: every piece but p's, in rank order.
   auto offsetInA = [&](size_t k, int p, int q) {
-    Blocks b = chunkOf(k);
-    return b.offset(q) - (p < q ? b.count(p) * es : 0);
+    size_t off = 0;
+    for (int j = 0; j < q; ++j)
+      if (j != p) off += bytes(k, j);
+    return off;
   };
-  auto bytesB = [&](size_t k, int p) { return chunkOf(k).count(p) * es; };
+  auto bytesA = [&](size_t k, int p) { return offsetInA(k, p, n) ; };
 
-  size_t written = 0, reduced = 0;  // own blocks written (A0 B0 A1 ...), chunks reduced
+  size_t written = 0, reduced = 0;  // own blocks written (A0 B0 A1 ... or A0 A1 ...), chunks reduced
   std::vector<size_t> read(static_cast<size_t>(n), 0);  // blocks of each peer consumed
-  read[static_cast<size_t>(me)] = 2 * nchunks;
+  read[static_cast<size_t>(me)] = blocks * nchunks;
   auto done = [&] {
-    if (written < 2 * nchunks || reduced < nchunks) return false;
+    if (written < blocks * nchunks || reduced < nchunks) return false;
     for (size_t x : read)
-      if (x < 2 * nchunks) return false;
+      if (x < blocks * nchunks) return false;
     return true;
   };
-  // The peers' A blocks of chunk `reduced`, once every one is there.
+  // The peers' A blocks of chunk `reduced`, once every one is there (and our own is written).
   auto inputsReady = [&] {
-    if (reduced >= nchunks || written <= 2 * reduced) return false;
+    if (reduced >= nchunks || written <= blocks * reduced) return false;
     for (int p = 0; p < n; ++p)
-      if (p != me && (read[static_cast<size_t>(p)] != 2 * reduced ||
+      if (p != me && (read[static_cast<size_t>(p)] != blocks * reduced ||
                       !peerRing[static_cast<size_t>(p)].block(myIdx, bytesA(reduced, p))))
         return false;
     return true;
   };
+  // Our next block, once there is room for it (B only after its chunk is reduced).
+  auto nextWrite = [&](bool commit) {
+    if (written >= blocks * nchunks) return false;
+    size_t k = written / blocks;
+    bool isA = written % blocks == 0;
+    if (!isA && reduced <= k) return false;
+    size_t len = isA ? bytesA(k, me) : bytes(k, me);
+    char* dst = own.reserve(len, rs.consumers);
+    if (!dst || !commit) return dst != nullptr;
+    if (isA) {
+      for (int q = 0; q < n; ++q)
+        if (q != me) std::memcpy(dst + offsetInA(k, me, q), job.in(k, q), bytes(k, q));
+    } else {
+      std::memcpy(dst, job.out(k, me), len);
+    }
+    own.publish(len, rs.wake);
+    ++written;
+    return true;
+  };
+  // A peer's result B(k), once it is there.
+  auto resultOf = [&](int p) -> const char* {
+    size_t x = read[static_cast<size_t>(p)];
+    if (!job.gather || p == me || x % 2 == 0 || x >= 2 * nchunks) return nullptr;
+    return peerRing[static_cast<size_t>(p)].block(myIdx, bytes(x / 2, p));
+  };
   while (!done()) {
     size_t moved = 0;
-    if (written < 2 * nchunks) {
-      size_t k = written / 2;
-      if (written % 2 == 0) {
-        size_t len = bytesA(k, me);
-        if (char* dst = own.reserve(len, rs.consumers)) {
-          for (int q = 0; q < n; ++q)
-            if (q != me) std::memcpy(dst + offsetInA(k, me, q), piece(k, q), bytesB(k, q));
-          own.publish(len, rs.wake);
-          ++written;
-          moved += len + 1;
-        }
-      } else if (reduced > k) {
-        size_t len = bytesB(k, me);
-        if (char* dst = own.reserve(len, rs.consumers)) {
-          std::memcpy(dst, piece(k, me), len);
-          own.publish(len, rs.wake);
-          ++written;
-          moved += len + 1;
-        }
-      }
-    }
+    if (nextWrite(true)) moved += 1;
     if (inputsReady()) {
-      size_t k = reduced, cnt = chunkOf(k).count(me);
-      char* out = piece(k, me);
-      if (op == ReduceOp::kPremulSum) scaleCopy(out, out, cnt, dt, scale);
+      size_t k = reduced, cnt = job.count(k, me);
+      char* out = job.out(k, me);
+      const char* mine = job.in(k, me);
+      if (op == ReduceOp::kPremulSum) scaleCopy(out, mine, cnt, dt, scale);
+      else if (out != mine) std::memmove(out, mine, cnt * es);
       for (int p = 0; p < n; ++p) {
         if (p == me) continue;
         auto& from = peerRing[static_cast<size_t>(p)];
@@ -2326,41 +2342,52 @@ void CommImpl::runAllreduceRings(char* buf, size_t count, DataType dt, ReduceOp 
       moved += cnt * es + 1;
     }
     for (int p = 0; p < n; ++p) {
-      size_t& x = read[static_cast<size_t>(p)];
-      if (p == me || x % 2 == 0 || x >= 2 * nchunks) continue;
-      size_t k = x / 2, len = bytesB(k, p);
-      auto& from = peerRing[static_cast<size_t>(p)];
-      const char* src = from.block(myIdx, len);
+      const char* src = resultOf(p);
       if (!src) continue;
-      if (bypass) transport::streamCopy(piece(k, p), src, len);
-      else std::memcpy(piece(k, p), src, len);
-      from.release(myIdx, len);
-      ++x;
+      size_t k = read[static_cast<size_t>(p)] / 2, len = bytes(k, p);
+      if (bypass) transport::streamCopy(job.out(k, p), src, len);
+      else std::memcpy(job.out(k, p), src, len);
+      peerRing[static_cast<size_t>(p)].release(myIdx, len);
+      ++read[static_cast<size_t>(p)];
       moved += len + 1;
     }
     ringTurn(rs, moved, [&] {
-      if (written < 2 * nchunks) {
-        size_t k = written / 2;
-        if (written % 2 == 0 ? own.reserve(bytesA(k, me), rs.consumers) != nullptr
-                             : reduced > k && own.reserve(bytesB(k, me), rs.consumers) != nullptr)
-          return true;
-      }
-      if (inputsReady()) return true;
-      for (int p = 0; p < n; ++p) {
-        size_t x = read[static_cast<size_t>(p)];
-        if (p != me && x % 2 == 1 && x < 2 * nchunks && peerRing[static_cast<size_t>(p)].block(myIdx, bytesB(x / 2, p)))
-          return true;
-      }
+      if (nextWrite(false) || inputsReady()) return true;
+      for (int p = 0; p < n; ++p)
+        if (resultOf(p)) return true;
       return false;
     });
   }
   complete(recvs);
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    size_t each = 0;  // p reads its slice of our A and our B; we read the same amounts of its
-    for (size_t k = 0; k < nchunks; ++k) each += bytesB(k, p) + bytesB(k, me);
-    tele_->opBytes(current_->traceId, p, each, each);
+    size_t sent = 0, got = 0;  // p reads its piece of our A (and our B); we read ours of its
+    for (size_t k = 0; k < nchunks; ++k) {
+      sent += bytes(k, p) + (job.gather ? bytes(k, me) : 0);
+      got += bytes(k, me) + (job.gather ? bytes(k, p) : 0);
+    }
+    tele_->opBytes(current_->traceId, p, sent, got);
   }
+}
+
+void CommImpl::runAllreduceRings(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
+  const size_t es = dtypeSize(dt), chunkElems = ringSlice() / es * static_cast<size_t>(size_);
+  auto chunkOf = [=](size_t k) { return Blocks(std::min(chunkElems, count - k * chunkElems), size_, es); };
+  auto piece = [=](size_t k, int q) { return buf + k * chunkElems * es + chunkOf(k).offset(q); };
+  RingReduce job{(count + chunkElems - 1) / chunkElems, [=](size_t k, int q) { return chunkOf(k).count(q); },
+                 piece, piece, true};
+  runRingsReduce(job, dt, op, scale, count * es >= streamMin_);
+}
+
+void CommImpl::runReduceScatterRings(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
+                                     double scale) {
+  const size_t es = dtypeSize(dt), chunkElems = ringSlice() / es;
+  const int me = rank_;
+  auto cnt = [=](size_t k) { return std::min(chunkElems, count - k * chunkElems); };
+  RingReduce job{(count + chunkElems - 1) / chunkElems, [=](size_t k, int) { return cnt(k); },
+                 [=, &ins](size_t k, int q) -> const char* { return ins[static_cast<size_t>(q)] + k * chunkElems * es; },
+                 [=](size_t k, int q) -> char* { return q == me ? out + k * chunkElems * es : nullptr; }, false};
+  runRingsReduce(job, dt, op, scale, false);
 }
 
 // All-gather through the broadcast rings: each rank writes its piece once into its own ring
@@ -3231,6 +3258,7 @@ RequestPtr Communicator::reduceScatter(std::vector<const void*> ins, void* out, 
       auto blockOf = [&ins](int p) { return static_cast<const char*>(ins[static_cast<size_t>(p)]); };
       return c->oneshotReduce(blockOf, out, count, dt, op, scale);
     }
+    if (c->ringsCover() && c->ringSlice() > 0) return c->runReduceScatterRings(ins, out, count, dt, op, scale);
     if (op == ReduceOp::kPremulSum) scaleCopy(out, mine, count, dt, scale);
     else if (out != mine && bytes) std::memmove(out, mine, bytes);
     for (int s = 1; s < n; ++s) {

@@ -49,6 +49,18 @@ def make_input(rank, dtype, count, salt=0):
     return v.to(dtype)
 
 
+def make_ragged(rank, dtype, count, salt=0):
+    """As make_input, but without a short period, so that a piece read from the wrong chunk
+    or the wrong offset shows."""
+    i = (torch.arange(count, dtype=torch.int64) * 7919 + salt * 104729) % 65521
+    if dtype == torch.bool:
+        return ((i + rank) % 3 != 0)
+    v = (i * 7 + rank * 3) % 5 + 1
+    if dtype.is_floating_point:
+        v = v - 2
+    return v.to(dtype)
+
+
 def reduce_ref(inputs, name, n):
     acc = inputs[0].clone()
     if name == "PREMUL_SUM":
@@ -125,19 +137,25 @@ def rk_allreduce_large(rank, n):
 
 
 def rk_rings_in_step(rank, n):
-    # With every rank on one host, all-reduce above the one-shot size moves its data in blocks
-    # through the broadcast rings, which broadcast and all-gather share as byte streams. Small
-    # rings (see the test) give many chunks per call, blocks that skip the ring's end, and
-    # streams left at odd positions by the broadcasts in between.
+    # With every rank on one host, all-reduce and reduce-scatter above the one-shot size move
+    # their data in blocks through the broadcast rings, which broadcast and all-gather share as
+    # byte streams. Small rings (see the test) give many chunks per call, blocks that skip the
+    # ring's end, and streams left at odd positions by the broadcasts in between.
     bad = []
     for i, dt in enumerate(DTYPES):
         for name in ops_for(dt):
             count = 20_011 + 37 * i
-            t = make_input(rank, dt, count)
+            t = make_ragged(rank, dt, count)
             dist.all_reduce(t, op=op_obj(name))
-            exp = reduce_ref([make_input(r, dt, count) for r in range(n)], name, n)
+            exp = reduce_ref([make_ragged(r, dt, count) for r in range(n)], name, n)
             if not close(t, exp):
                 bad.append(f"all_reduce {dt} {name} count={count}: first bad indices {_first_bad(t, exp)}")
+            full = make_ragged(rank, dt, count * n, salt=2)
+            out = torch.empty(count, dtype=dt)
+            dist.reduce_scatter_tensor(out, full, op=op_obj(name))
+            exp = reduce_ref([make_ragged(r, dt, count * n, salt=2) for r in range(n)], name, n)[rank * count:(rank + 1) * count]
+            if not close(out, exp):
+                bad.append(f"reduce_scatter {dt} {name} count={count}: first bad indices {_first_bad(out, exp)}")
         want = make_input(i % n, torch.uint8, 2_001 + i, salt=i)
         b = want.clone() if rank == i % n else torch.zeros_like(want)
         dist.broadcast(b, src=i % n)
@@ -497,7 +515,7 @@ def test_allreduce_larger_than_fifo(pools, n, transport):
 
 
 @pytest.mark.parametrize("n", [3, 4])
-def test_allreduce_through_small_rings(pools, n):
+def test_reductions_through_small_rings(pools, n):
     check(pools(n, RAILCC_BUFFSIZE="65536", RAILCC_ONESHOT_BYTES="1024"), rk_rings_in_step, timeout=180)
 
 

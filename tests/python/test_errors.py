@@ -138,6 +138,11 @@ def rk_allreduce_disagreement(rank, n, case):
             dist.all_reduce(t, op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
         elif case == "small":  # the odd rank's call is one-shot, the others' go through the rings
             dist.all_reduce(torch.ones(16) if odd else t)
+        elif case == "reduce_scatter":  # both through the rings, with different block layouts
+            if odd:
+                dist.reduce_scatter_tensor(torch.empty(1 << 16), torch.ones(n << 16))
+            else:
+                dist.all_reduce(t)
         else:  # the odd rank gathers through the same rings
             if odd:
                 dist.all_gather_into_tensor(torch.empty(n << 16), torch.ones(1 << 16))
@@ -149,7 +154,7 @@ def rk_allreduce_disagreement(rank, n, case):
     return {"type": None, "value": t[0].item()}
 
 
-@pytest.mark.parametrize("case", ["count", "redop", "small", "allgather"])
+@pytest.mark.parametrize("case", ["count", "redop", "small", "allgather", "reduce_scatter"])
 def test_allreduce_disagreements_fail_on_every_rank(case):
     n = 4
     pool = harness.RankPool(n)
