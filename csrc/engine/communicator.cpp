@@ -281,10 +281,9 @@ class CommImpl {
   // a chunk's n-1 slices (block A) stay within BcastRing::blockMax(); 0 where rings are too
   // small for it.
   size_t ringSlice() const {
-    size_t cap = shm_->bcastRing(-1).capacity(), slice = cap / 2 / static_cast<size_t>(size_) / 64 * 64;
-    return cap % 64 == 0 && slice >= 64 && (static_cast<size_t>(size_) - 1) * slice <= shm_->bcastRing(-1).blockMax()
-               ? slice
-               : 0;
+    const transport::shm::BcastRing own = shm_->bcastRing(-1);
+    size_t cap = own.capacity(), slice = cap / 2 / static_cast<size_t>(size_) / 64 * 64;
+    return cap % 64 == 0 && slice >= 64 && (static_cast<size_t>(size_) - 1) * slice <= own.blockMax() ? slice : 0;
   }
   // The end of one pass of a ring op's loop: reads the messages posted on the collective lane
   // before the op (its header receives), so that a rank that took another path fails here and
@@ -2249,7 +2248,7 @@ void CommImpl::ringTurn(const Rings& r, size_t moved, const std::function<bool()
 // reading and writing the accumulator), with two waits per chunk instead of n. Headers are
 // checked while the data moves, as in the ring broadcast.
 struct CommImpl::RingReduce {
-  size_t nchunks;
+  size_t nchunks;  // every chunk but the last has the same counts
   std::function<size_t(size_t, int)> count;
   std::function<const char*(size_t, int)> in;
   std::function<char*(size_t, int)> out;
@@ -2268,15 +2267,29 @@ void CommImpl::runRingsReduce(const RingReduce& job, DataType dt, ReduceOp op, d
   exchange(sends);
   post(recvs);
 
-  auto bytes = [&](size_t k, int q) { return job.count(k, q) * es; };
+  // Piece sizes of a chunk, worked out once for the full chunks and once for the last.
+  struct Layout {
+    std::vector<size_t> bytes, before;  // piece q's bytes, and those of pieces 0..q-1
+    size_t total = 0;
+  };
+  auto layoutOf = [&](size_t k) {
+    Layout l;
+    for (int q = 0; q < n; ++q) {
+      l.before.push_back(l.total);
+      l.bytes.push_back(job.count(k, q) * es);
+      l.total += l.bytes.back();
+    }
+    return l;
+  };
+  const Layout full = layoutOf(0), last = layoutOf(nchunks ? nchunks - 1 : 0);
+  auto layout = [&](size_t k) -> const Layout& { return k + 1 == nchunks ? last : full; };
+  auto bytes = [&](size_t k, int q) { return layout(k).bytes[static_cast<size_t>(q)]; };
   // Block A of producer p: every piece but p's, in rank order.
   auto offsetInA = [&](size_t k, int p, int q) {
-    size_t off = 0;
-    for (int j = 0; j < q; ++j)
-      if (j != p) off += bytes(k, j);
-    return off;
+    const Layout& l = layout(k);
+    return l.before[static_cast<size_t>(q)] - (p < q ? l.bytes[static_cast<size_t>(p)] : 0);
   };
-  auto bytesA = [&](size_t k, int p) { return offsetInA(k, p, n) ; };
+  auto bytesA = [&](size_t k, int p) { return layout(k).total - bytes(k, p); };
 
   size_t written = 0, reduced = 0;  // own blocks written (A0 B0 A1 ... or A0 A1 ...), chunks reduced
   std::vector<size_t> read(static_cast<size_t>(n), 0);  // blocks of each peer consumed
@@ -2325,7 +2338,7 @@ void CommImpl::runRingsReduce(const RingReduce& job, DataType dt, ReduceOp op, d
     size_t moved = 0;
     if (nextWrite(true)) moved += 1;
     if (inputsReady()) {
-      size_t k = reduced, cnt = job.count(k, me);
+      size_t k = reduced, cnt = bytes(k, me) / es;
       char* out = job.out(k, me);
       const char* mine = job.in(k, me);
       if (op == ReduceOp::kPremulSum) scaleCopy(out, mine, cnt, dt, scale);
