@@ -19,15 +19,14 @@
 namespace railcc::transport::socket {
 namespace {
 
-constexpr uint64_t kHelloMagic = 0x7261696c63637463ull;  // "railcctc"
-constexpr uint64_t kAckMagic = 0x7261696c63636f6bull;    // "railccok"
-
 void setNonBlocking(int fd) {
   int flags = fcntl(fd, F_GETFL, 0);
   fcntl(fd, F_SETFL, flags | O_NONBLOCK);
 }
 
-void tune(int fd) {
+}  // namespace
+
+void tuneSocket(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   int buf = 4 << 20;
@@ -45,26 +44,7 @@ void tune(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
 }
 
-// Moves exactly n bytes with poll() between tries, until the deadline.
-bool ioAll(int fd, void* p, size_t n, bool write, std::chrono::steady_clock::time_point deadline) {
-  size_t done = 0;
-  char* c = static_cast<char*>(p);
-  while (done < n) {
-    ssize_t r = write ? ::send(fd, c + done, n - done, MSG_DONTWAIT | MSG_NOSIGNAL)
-                      : ::recv(fd, c + done, n - done, MSG_DONTWAIT);
-    if (r > 0) {
-      done += static_cast<size_t>(r);
-      continue;
-    }
-    if (r == 0 && !write) return false;
-    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return false;
-    pollfd pfd{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
-    poll(&pfd, 1, static_cast<int>(std::min<long long>(left.count(), 100)));
-  }
-  return true;
-}
+namespace {
 
 bool matchSpec(const std::string& name, const std::string& spec) {
   std::string s = spec;
@@ -225,68 +205,8 @@ int Listener::accept(sockaddr_in* from) {
   socklen_t len = sizeof(*from);
   int fd = ::accept4(fd_, reinterpret_cast<sockaddr*>(from), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
   if (fd < 0) return -1;
-  tune(fd);
+  tuneSocket(fd);
   return fd;
-}
-
-int connectTo(const sockaddr_in& to, const Hello& hello, std::chrono::steady_clock::time_point deadline) {
-  std::string where = formatAddr(to);
-  std::chrono::steady_clock::time_point refusedSince{};
-  while (true) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    RAILCC_SYSCHECK(fd, "socket");
-    tune(fd);
-    int r = ::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to));
-    if (r != 0 && errno == EINPROGRESS) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      pollfd pfd{fd, POLLOUT, 0};
-      if (poll(&pfd, 1, static_cast<int>(std::max<long long>(left.count(), 0))) == 1) {
-        int err = 0;
-        socklen_t len = sizeof(err);
-        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-        r = err == 0 ? 0 : -1;
-        errno = err;
-      }
-    }
-    if (r == 0) {
-      Hello h = hello;
-      h.magic = kHelloMagic;
-      uint64_t ack = 0;
-      if (ioAll(fd, &h, sizeof(h), true, deadline) && ioAll(fd, &ack, sizeof(ack), false, deadline) &&
-          ack == kAckMagic)
-        return fd;
-      ::close(fd);
-      RAILCC_THROW(kPeerFailure, "peer at ", where, " did not accept railcc's handshake");
-    }
-    int code = errno;
-    std::string err = detail::errnoString();
-    ::close(fd);
-    // Peers publish their address only once they listen, so refusals that go on for 2 s mean
-    // the process (or its listener) is gone: waiting for the init timeout would only hide that.
-    // (A brief refusal can be an overflowing accept queue.)
-    if (code == ECONNREFUSED) {
-      if (refusedSince == std::chrono::steady_clock::time_point{}) refusedSince = std::chrono::steady_clock::now();
-      if (std::chrono::steady_clock::now() - refusedSince > std::chrono::seconds(2))
-        RAILCC_THROW(kPeerFailure, "connection to ", where,
-                     " refused for 2 s: the process that published this address has exited");
-    } else {
-      refusedSince = {};
-    }
-    if (std::chrono::steady_clock::now() >= deadline)
-      RAILCC_THROW(kTimeout, "could not connect to ", where, ": ", err);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-}
-
-bool readHello(int fd, Hello& out, std::chrono::milliseconds wait) {
-  auto deadline = std::chrono::steady_clock::now() + wait;
-  if (!ioAll(fd, &out, sizeof(out), false, deadline)) return false;
-  return out.magic == kHelloMagic;
-}
-
-void ackHello(int fd) {
-  uint64_t ack = kAckMagic;
-  ioAll(fd, &ack, sizeof(ack), true, std::chrono::steady_clock::now() + std::chrono::seconds(5));
 }
 
 std::unique_ptr<Connection> makeConnection(int fd, const std::string& peerDesc, size_t stagingBytes) {

@@ -21,15 +21,8 @@ std::string formatAddr(const sockaddr_in& a);
 /// matches. Returns the interface name and fills `addr` (port 0).
 std::string pickInterface(const std::string& spec, sockaddr_in& addr);
 
-/// What a connecting peer must present before any of its bytes reach a buffer.
-struct Hello {
-  uint64_t magic;
-  uint8_t secret[16];
-  int32_t srcRank;
-  int32_t dstRank;
-  int32_t lane;
-  int32_t pad;
-};
+/// Sets the options every railcc TCP connection uses (no Nagle, 4 MiB buffers, keepalive).
+void tuneSocket(int fd);
 
 /// A listening TCP socket. accept() is non-blocking.
 class Listener {
@@ -47,16 +40,6 @@ class Listener {
   int fd_ = -1;
   sockaddr_in addr_{};
 };
-
-/// Connects to `to` and sends `hello`; waits for the acceptor's acknowledgement. Retries
-/// refused connections until `deadline`. Blocks: yes, at most until the deadline. Throws
-/// kTimeout / kPeerFailure naming the address.
-int connectTo(const sockaddr_in& to, const Hello& hello, std::chrono::steady_clock::time_point deadline);
-
-/// Reads a Hello from a freshly accepted fd (at most `wait`), and acknowledges it.
-/// Returns false (and the caller closes the fd) when the bytes are not a valid hello.
-bool readHello(int fd, Hello& out, std::chrono::milliseconds wait);
-void ackHello(int fd);
 
 /// Wraps a connected, handshaken fd. `stagingBytes` bounds the buffer peek() reads into.
 std::unique_ptr<Connection> makeConnection(int fd, const std::string& peerDesc, size_t stagingBytes);

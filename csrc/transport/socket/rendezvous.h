@@ -1,0 +1,74 @@
+#pragma once
+
+#include <netinet/in.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace railcc::transport::socket {
+
+class Listener;
+
+/// Sets up the TCP connections of one group at one rank: it dials the peers this rank
+/// connects to and accepts those that connect to it, all at once in one poll() loop, so no
+/// handshake waits for another and a stranger that connects and says nothing costs nothing.
+///
+/// Every connection is authenticated both ways by challenge-response, and the group secret
+/// never crosses the wire: the dialer sends its ranks, lane and a nonce; the acceptor answers
+/// with its own nonce and HMAC-SHA256(secret, "server" | hello | its nonce); the dialer checks
+/// it (in constant time) and answers HMAC-SHA256(secret, "client" | hello | acceptor's nonce);
+/// the acceptor checks that and acknowledges. A listener that does not hold the secret is
+/// refused by the dialer; a dialer that does not is dropped by the acceptor and logged with
+/// its address. Connections are returned blocking-free (O_NONBLOCK) and tuned for collectives.
+///
+/// Not thread-safe: one thread runs a rendezvous from start to end.
+class Rendezvous {
+ public:
+  /// `listener` may be null when no peer connects to this rank.
+  Rendezvous(std::vector<uint8_t> secret, int rank, Listener* listener);
+  ~Rendezvous();
+  Rendezvous(const Rendezvous&) = delete;
+  Rendezvous& operator=(const Rendezvous&) = delete;
+
+  /// This rank connects to `peer` for `lane` at `to`. Blocks: no.
+  void dial(int peer, int lane, const sockaddr_in& to);
+  /// `peer` connects to this rank for `lane`. Blocks: no.
+  void expect(int peer, int lane);
+
+  /// Drives every handshake until all are done. Blocks: yes, until then or `deadline`.
+  /// Throws railcc::Error with the peer in `ranks`: kPeerFailure when a peer refuses or fails
+  /// authentication, or its address stays refused for 2 s (its process exited); kTimeout at
+  /// the deadline, naming the peers still missing and any strangers that were dropped.
+  void run(std::chrono::steady_clock::time_point deadline);
+
+  /// The connected fd of (peer, lane) once run() returned; the caller owns it from then on.
+  int take(int peer, int lane);
+  /// The address at the other end of (peer, lane), "ip:port".
+  std::string remoteAddress(int peer, int lane) const;
+  /// One line per connection dropped because it failed the handshake: "ip:port: why".
+  const std::vector<std::string>& dropped() const { return dropped_; }
+
+ private:
+  struct Conn;
+  void startConnect(Conn& c);
+  void drop(size_t i, const std::string& why);
+  bool advance(Conn& c);  // false: the connection is done for (dropped or failed)
+  void finishClientHello(Conn& c);
+  void finishServerHello(Conn& c);
+  void finishProof(Conn& c);
+
+  std::vector<uint8_t> secret_;
+  int rank_;
+  Listener* listener_;
+  std::vector<std::unique_ptr<Conn>> conns_;
+  std::map<std::pair<int, int>, bool> expected_;  // (peer, lane) -> arrived
+  std::map<std::pair<int, int>, std::pair<int, std::string>> done_;  // (peer, lane) -> fd, address
+  std::vector<std::string> dropped_;
+};
+
+}  // namespace railcc::transport::socket
