@@ -4,7 +4,9 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -103,8 +105,9 @@ namespace {
 
 class ShmConnection : public Connection {
  public:
-  ShmConnection(RingHeader* out, char* outData, SegmentHeader* peerHdr, RingHeader* in, char* inData, size_t cap)
-      : out_(out), outData_(outData), peerHdr_(peerHdr), in_(in), inData_(inData), cap_(cap) {}
+  ShmConnection(RingHeader* out, char* outData, SegmentHeader* peerHdr, RingHeader* in, char* inData, size_t cap,
+                const Segment* peerSeg)
+      : out_(out), outData_(outData), peerHdr_(peerHdr), in_(in), inData_(inData), cap_(cap), peerSeg_(peerSeg) {}
 
   size_t send(const void* p, size_t n) override {
     uint64_t tail = out_->tail.load(std::memory_order_relaxed);
@@ -163,7 +166,9 @@ class ShmConnection : public Connection {
   void checkAlive() override {
     if (peerHdr_->failed.load())
       RAILCC_THROW(kPeerFailure, "it reported a failure of its own");
-    if (processGone(peerHdr_->pid))
+    // The segment's lock goes when the process dies, in any pid namespace. A child it forked
+    // inherits the lock, though: where the pid is ours to read, its exit counts too.
+    if (!peerSeg_->ownerAlive() || (samePidNamespace_ && processGone(peerHdr_->pid)))
       RAILCC_THROW(kPeerFailure, "its process ", peerHdr_->pid, " on this host exited");
   }
 
@@ -174,14 +179,25 @@ class ShmConnection : public Connection {
   RingHeader* in_;
   char* inData_;
   size_t cap_;
+  const Segment* peerSeg_;
+ public:
+  bool samePidNamespace_ = false;
 };
 
 }  // namespace
 
 Segment::Segment(const std::string& name, size_t bytes) : name_(name), size_(bytes), owner_(true) {
-  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   RAILCC_SYSCHECK(fd, "shm_open(" + name + ")");
   linked_ = true;
+  // Locked before it has a size: cleanStale() leaves empty segments alone, so no other
+  // process can take this one for stale between its creation and this lock.
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    std::string err = detail::errnoString();
+    close(fd);
+    shm_unlink(name.c_str());
+    RAILCC_THROW(kSystem, "flock of shared memory ", name, ": ", err);
+  }
   // Reserve the pages now: a /dev/shm too small for them (64 MiB in a default container) then
   // fails here with a message, instead of a SIGBUS at the first write into a hole later.
   int rc = ftruncate(fd, static_cast<off_t>(bytes)) != 0 ? errno : posix_fallocate(fd, 0, static_cast<off_t>(bytes));
@@ -193,17 +209,18 @@ Segment::Segment(const std::string& name, size_t bytes) : name_(name), size_(byt
   }
   // Faulted in at once, so the first collectives do not pay for page faults.
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  close(fd);
   if (p == MAP_FAILED) {
     std::string err = detail::errnoString();
+    close(fd);
     shm_unlink(name.c_str());
     RAILCC_THROW(kSystem, "mmap of shared memory ", name, ": ", err);
   }
+  fd_ = fd;  // kept open: it holds the lock
   base_ = static_cast<char*>(p);
 }
 
 Segment::Segment(const std::string& name) : name_(name) {
-  int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   RAILCC_SYSCHECK(fd, "shm_open(" + name + ") of a peer's segment");
   struct stat st {};
   if (fstat(fd, &st) != 0) {
@@ -212,8 +229,12 @@ Segment::Segment(const std::string& name) : name_(name) {
   }
   size_ = static_cast<size_t>(st.st_size);
   void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) RAILCC_THROW(kSystem, "mmap of ", name, ": ", detail::errnoString());
+  if (p == MAP_FAILED) {
+    std::string err = detail::errnoString();
+    close(fd);
+    RAILCC_THROW(kSystem, "mmap of ", name, ": ", err);
+  }
+  fd_ = fd;  // kept open: ownerAlive() probes the creator's lock through it
   base_ = static_cast<char*>(p);
 }
 
@@ -221,6 +242,17 @@ Segment::~Segment() {
   if (base_ != nullptr && munmap(base_, size_) != 0)
     RAILCC_WARN(SHM, "munmap of ", name_, " failed: ", detail::errnoString());
   if (owner_) unlink();
+  if (fd_ >= 0) close(fd_);
+}
+
+bool Segment::ownerAlive() const {
+  // A shared lock is refused only while the creator holds its exclusive one. Several peers may
+  // probe at once: shared locks do not refuse each other.
+  if (flock(fd_, LOCK_SH | LOCK_NB) == 0) {
+    flock(fd_, LOCK_UN);
+    return false;
+  }
+  return errno == EWOULDBLOCK || errno == EINTR;
 }
 
 void Segment::unlink() {
@@ -329,10 +361,25 @@ void BcastRing::release(int c, size_t n) {
   if (owner_->sleeping.load(std::memory_order_seq_cst)) Domain::ring(owner_);
 }
 
-Domain::Domain(const std::string& token, int nslots, size_t slotBytes)
-    : nslots_(nslots), slotBytes_(slotBytes) {
+namespace {
+std::string randomToken() {
+  uint8_t b[8];
+  size_t got = 0;
+  while (got < sizeof(b)) {
+    ssize_t r = getrandom(b + got, sizeof(b) - got, 0);
+    if (r < 0 && errno != EINTR) RAILCC_THROW(kSystem, "getrandom: ", detail::errnoString());
+    if (r > 0) got += static_cast<size_t>(r);
+  }
+  char hex[17];
+  for (size_t i = 0; i < sizeof(b); ++i) snprintf(hex + 2 * i, 3, "%02x", b[i]);
+  return hex;
+}
+}  // namespace
+
+Domain::Domain(int nslots, size_t slotBytes) : nslots_(nslots), slotBytes_(slotBytes) {
   cleanStale();
-  std::string name = "/railcc-" + std::to_string(getuid()) + "-" + std::to_string(getpid()) + "-" + token;
+  // The pid is for people reading /dev/shm; nothing decides by it.
+  std::string name = "/railcc-" + std::to_string(getuid()) + "-" + std::to_string(getpid()) + "-" + randomToken();
   own_ = std::make_unique<Segment>(name, segmentBytes(nslots, slotBytes));
   auto* h = header();
   h->bell.store(0);
@@ -355,7 +402,7 @@ void Domain::attach(int localIndex, const std::string& name) {
   peers_.at(static_cast<size_t>(localIndex)) = std::move(seg);
 }
 
-std::unique_ptr<Connection> Domain::connect(int myIndex, int peerIndex, int lane, int nlanes) {
+std::unique_ptr<Connection> Domain::connect(int myIndex, int peerIndex, int lane, int nlanes, bool samePidNamespace) {
   Segment* peer = peers_.at(static_cast<size_t>(peerIndex)).get();
   RAILCC_CHECK_ARG(peer != nullptr, "shm peer ", peerIndex, " not attached");
   size_t hdr = alignUp(sizeof(SegmentHeader), 4096);
@@ -364,9 +411,11 @@ std::unique_ptr<Connection> Domain::connect(int myIndex, int peerIndex, int lane
   auto at = [&](Segment* s, int idx) { return s->data() + hdr + static_cast<size_t>(idx) * slot; };
   char* out = at(peer, myIndex * nlanes + lane);
   char* in = at(own_.get(), peerIndex * nlanes + lane);
-  return std::make_unique<ShmConnection>(
+  auto conn = std::make_unique<ShmConnection>(
       reinterpret_cast<RingHeader*>(out), out + ringHdr, reinterpret_cast<SegmentHeader*>(peer->data()),
-      reinterpret_cast<RingHeader*>(in), in + ringHdr, slotBytes_);
+      reinterpret_cast<RingHeader*>(in), in + ringHdr, slotBytes_, peer);
+  conn->samePidNamespace_ = samePidNamespace;
+  return conn;
 }
 
 void Domain::ringSelf() { ring(header()); }
@@ -391,13 +440,16 @@ int Domain::cleanStale() {
   while (struct dirent* e = readdir(d)) {
     std::string n = e->d_name;
     if (n.compare(0, prefix.size(), prefix) != 0) continue;
-    long pid = std::strtol(n.c_str() + prefix.size(), nullptr, 10);
-    if (pid > 0 && processGone(static_cast<pid_t>(pid))) {
-      if (shm_unlink(("/" + n).c_str()) == 0) {
-        ++removed;
-        RAILCC_INFO(SHM, "removed stale segment /dev/shm/", n, " of exited process ", pid);
-      }
+    int fd = shm_open(("/" + n).c_str(), O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) continue;
+    struct stat st {};
+    // Empty: its creator is between shm_open and its lock (or died there: a few bytes of name).
+    bool stale = fstat(fd, &st) == 0 && st.st_size > 0 && flock(fd, LOCK_EX | LOCK_NB) == 0;
+    if (stale && shm_unlink(("/" + n).c_str()) == 0) {
+      ++removed;
+      RAILCC_INFO(SHM, "removed stale segment /dev/shm/", n, ": no live process holds it");
     }
+    close(fd);
   }
   closedir(d);
   return removed;

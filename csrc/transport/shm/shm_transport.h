@@ -78,6 +78,11 @@ class BcastRing {
 
 /// A mapped POSIX shared-memory segment. The creator unlinks the name as soon as every
 /// peer has mapped it, so a killed job leaves nothing in /dev/shm.
+///
+/// The creator holds an exclusive flock() on the segment for as long as it lives (the kernel
+/// drops it when the process dies, however it dies). That lock, not a pid, tells a live
+/// segment from a stale one: a pid means nothing to a process in another pid namespace
+/// (containers sharing /dev/shm), and a lock is seen by all of them.
 class Segment {
  public:
   /// Creates a segment readable only by this user (0600). Blocks: no. Throws kSystem.
@@ -92,9 +97,13 @@ class Segment {
   char* data() const { return base_; }
   size_t size() const { return size_; }
   const std::string& name() const { return name_; }
+  /// For a mapped peer's segment: whether its creator still holds it (is alive). One
+  /// non-blocking flock() pair; cheap enough a few times a second.
+  bool ownerAlive() const;
 
  private:
   std::string name_;
+  int fd_ = -1;
   char* base_ = nullptr;
   size_t size_ = 0;
   bool owner_ = false;
@@ -105,9 +114,9 @@ class Segment {
 /// incoming FIFO per same-host rank) and the mapped segments of its same-host peers.
 class Domain {
  public:
-  /// `nslots` incoming FIFOs of `slotBytes` each. Stale segments of dead processes of this
-  /// user are removed first.
-  Domain(const std::string& token, int nslots, size_t slotBytes);
+  /// `nslots` incoming FIFOs of `slotBytes` each, in a segment with a random name
+  /// (/railcc-<uid>-<pid>-<random>). Stale segments of this user are removed first.
+  Domain(int nslots, size_t slotBytes);
   ~Domain();
 
   const std::string& segmentName() const { return own_->name(); }
@@ -117,8 +126,9 @@ class Domain {
   void unlinkOwn() { own_->unlink(); }
 
   /// A connection whose outgoing FIFO is slot `myIndex` of the peer's segment and whose
-  /// incoming FIFO is slot `peerIndex` of ours.
-  std::unique_ptr<Connection> connect(int myIndex, int peerIndex, int lane, int nlanes);
+  /// incoming FIFO is slot `peerIndex` of ours. `samePidNamespace`: the peer's pid in its
+  /// segment header is one this process can look up.
+  std::unique_ptr<Connection> connect(int myIndex, int peerIndex, int lane, int nlanes, bool samePidNamespace);
 
   /// The broadcast ring of local rank `index` (ours or an attached peer's).
   BcastRing bcastRing(int index);
@@ -146,7 +156,7 @@ class Domain {
   static void futexWait(std::atomic<uint32_t>* addr, uint32_t expected, long timeoutUs);
   static size_t segmentBytes(int nslots, size_t slotBytes);
 
-  /// Removes /dev/shm/railcc-<uid>-<pid>-* whose pid no longer runs.
+  /// Removes this user's /dev/shm/railcc-* segments that no live process holds (see Segment).
   static int cleanStale();
 
  private:
