@@ -105,6 +105,8 @@ PYBIND11_MODULE(_C, m) {
       d["fallback"] = p.fallback;
       d["type"] = p.type;
       d["default"] = p.defaultValue;
+      d["allowed"] = p.allowed;
+      d["problem"] = p.problem;
       d["description"] = p.description;
       d["value"] = p.value;
       d["source"] = p.source;

@@ -8,71 +8,72 @@ namespace railcc::engine {
 
 // The single table of railcc's parameters. Each row gives the member name, its type, the
 // environment variable, an NCCL_* fallback that means the same thing (or ""), the default,
-// and a description. The Config struct, the env listing (`python -m railcc env`) and the
+// the values allowed ("lo..hi" for numbers, "a|b|c" for a choice, "" for anything), and a
+// description. The Config struct, the env listing (`python -m railcc env`) and the
 // README table are all generated from these rows, so a parameter is added in one place.
 #define RAILCC_PARAMS(X)                                                                      \
-  X(debug, std::string, "RAILCC_DEBUG", "NCCL_DEBUG", "WARN",                                 \
+  X(debug, std::string, "RAILCC_DEBUG", "NCCL_DEBUG", "WARN", "",                                 \
     "Log level: WARN, INFO or TRACE (VERSION is read as INFO).")                              \
-  X(debugSubsys, std::string, "RAILCC_DEBUG_SUBSYS", "NCCL_DEBUG_SUBSYS", "ALL",              \
+  X(debugSubsys, std::string, "RAILCC_DEBUG_SUBSYS", "NCCL_DEBUG_SUBSYS", "ALL", "",              \
     "Comma list of subsystems to log: INIT,NET,SHM,COLL,P2P,WATCHDOG,ENV (^ inverts).")       \
-  X(debugFile, std::string, "RAILCC_DEBUG_FILE", "NCCL_DEBUG_FILE", "",                       \
+  X(debugFile, std::string, "RAILCC_DEBUG_FILE", "NCCL_DEBUG_FILE", "", "",                       \
     "Write the log to this file instead of stderr; %h is replaced by the host, %p by the pid.") \
-  X(buffSize, int64_t, "RAILCC_BUFFSIZE", "NCCL_BUFFSIZE", "4194304",                         \
+  X(buffSize, int64_t, "RAILCC_BUFFSIZE", "NCCL_BUFFSIZE", "4194304", "4096..68719476736",                         \
     "Bytes of each shared-memory FIFO (one per peer, lane and direction) and of each rank's "  \
     "broadcast ring. Bounds shm memory, which is reserved at init.")                          \
-  X(stagingSize, int64_t, "RAILCC_STAGING_SIZE", "", "1048576",                               \
+  X(stagingSize, int64_t, "RAILCC_STAGING_SIZE", "", "1048576", "4096..1073741824",                               \
     "Bytes of the staging buffer a receive-and-reduce from a socket goes through.")           \
-  X(cudaStagingBytes, int64_t, "RAILCC_CUDA_STAGING_BYTES", "", "33554432",                  \
+  X(cudaStagingBytes, int64_t, "RAILCC_CUDA_STAGING_BYTES", "", "33554432", "8192..68719476736",                  \
     "Bytes of pinned host memory per group through which collectives on CUDA tensors are "    \
     "staged (two halves, so copies overlap the network). Must be equal on all ranks.")      \
-  X(cudaIpc, bool, "RAILCC_CUDA_IPC", "", "1",                                                \
+  X(cudaIpc, bool, "RAILCC_CUDA_IPC", "", "1", "",                                                \
     "1: when every rank of a group is on one host, collectives on CUDA tensors go through "   \
     "CUDA IPC (GPU copies and reduction kernels read the peers' device memory); 0: always "   \
     "stage through pinned host memory. Must be equal on all ranks.")                         \
-  X(cudaIpcBytes, int64_t, "RAILCC_CUDA_IPC_BYTES", "", "16777216",                          \
+  X(cudaIpcBytes, int64_t, "RAILCC_CUDA_IPC_BYTES", "", "16777216", "4096..68719476736",                          \
     "Bytes of device memory per rank and group for the CUDA IPC path (four chunk buffers, "   \
     "peers map them). Must be equal on all ranks.")                                          \
-  X(bucketSize, int64_t, "RAILCC_BUCKET_SIZE", "", "8388608",                                 \
+  X(bucketSize, int64_t, "RAILCC_BUCKET_SIZE", "", "8388608", "1..68719476736",                                 \
     "Bytes of the fusion bucket for coalesced all-reduce; small tensors are packed into it.") \
-  X(oneshotBytes, int64_t, "RAILCC_ONESHOT_BYTES", "", "65536",                              \
+  X(oneshotBytes, int64_t, "RAILCC_ONESHOT_BYTES", "", "65536", "0..67108864",                              \
     "All-reduce and reduce-scatter of at most this many bytes per block run in one step: "     \
     "every rank sends to every peer and reduces in rank order. A CUDA IPC all-reduce of at "  \
     "most this many bytes has every rank reduce every peer's buffer. Must be equal on all "   \
     "ranks.")                                                                                 \
-  X(socketIfname, std::string, "RAILCC_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "",              \
+  X(socketIfname, std::string, "RAILCC_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "", "",              \
     "Interfaces for TCP: prefixes, comma separated; ^ excludes, = matches exactly. "          \
     "Default: the first up interface that is not loopback or docker.")                        \
-  X(shmDisable, bool, "RAILCC_SHM_DISABLE", "NCCL_SHM_DISABLE", "0",                          \
+  X(shmDisable, bool, "RAILCC_SHM_DISABLE", "NCCL_SHM_DISABLE", "0", "",                          \
     "1 sends same-host traffic over TCP instead of shared memory.")                          \
-  X(hostId, std::string, "RAILCC_HOST_ID", "", "",                                            \
+  X(hostId, std::string, "RAILCC_HOST_ID", "", "", "",                                            \
     "Overrides the host identity (boot id + network namespace) that decides which peers "     \
     "share memory.")                                                                          \
-  X(initTimeoutSec, int64_t, "RAILCC_INIT_TIMEOUT", "", "300",                                \
+  X(initTimeoutSec, int64_t, "RAILCC_INIT_TIMEOUT", "", "300", "1..604800",                                \
     "Seconds that communicator set-up may take before it fails naming the missing ranks.")    \
-  X(traceDir, std::string, "RAILCC_TRACE_DIR", "", "",                                        \
+  X(traceDir, std::string, "RAILCC_TRACE_DIR", "", "", "",                                        \
     "Directory for flight-recorder dumps (railcc-trace-<group>-rank<R>.json), written on any "  \
     "failure and by railcc.dump_trace(). Read them with `python -m railcc trace DIR`.")       \
-  X(traceSize, int64_t, "RAILCC_TRACE_SIZE", "", "256",                                       \
+  X(traceSize, int64_t, "RAILCC_TRACE_SIZE", "", "256", "1..1000000",                                       \
     "Ops the flight recorder keeps per communicator.")                                       \
-  X(progressIntervalMs, int64_t, "RAILCC_PROGRESS_INTERVAL_MS", "", "1000",                   \
+  X(progressIntervalMs, int64_t, "RAILCC_PROGRESS_INTERVAL_MS", "", "1000", "0..3600000",                   \
     "How often each rank publishes its progress record (last op called, started, finished) "   \
     "through the store, from a watchdog thread. Timeouts use it to tell ranks that never "     \
     "called an op from ranks that froze. 0 turns it off.")                                    \
-  X(stragglerAction, std::string, "RAILCC_STRAGGLER_ACTION", "", "warn",                      \
+  X(stragglerAction, std::string, "RAILCC_STRAGGLER_ACTION", "", "warn", "warn|raise|off",                      \
     "warn: log a straggling rank or slow link once per episode; raise: also fail the next "    \
     "wait with railcc.StragglerError; off: do not check.")                                    \
-  X(stragglerLagMs, int64_t, "RAILCC_STRAGGLER_LAG_MS", "", "50",                             \
+  X(stragglerLagMs, int64_t, "RAILCC_STRAGGLER_LAG_MS", "", "50", "0..3600000",                             \
     "A rank whose mean arrival lag over the last RAILCC_STRAGGLER_WINDOW collectives exceeds " \
     "this (and 4x the median rank's) is a straggler.")                                        \
-  X(stragglerLinkPct, int64_t, "RAILCC_STRAGGLER_LINK_PCT", "", "25",                         \
+  X(stragglerLinkPct, int64_t, "RAILCC_STRAGGLER_LINK_PCT", "", "25", "0..100",                         \
     "A link (peer and direction) slower than this percentage of the median link of the same "  \
     "transport is slow. Only transfers of 256 KiB or more are timed.")                         \
-  X(stragglerWindow, int64_t, "RAILCC_STRAGGLER_WINDOW", "", "32",                            \
+  X(stragglerWindow, int64_t, "RAILCC_STRAGGLER_WINDOW", "", "32", "1..100000",                            \
     "Collectives (lag) and transfers per link (throughput) in the sliding window.")           \
-  X(abortOnError, bool, "RAILCC_ABORT_ON_ERROR", "", "0",                                     \
+  X(abortOnError, bool, "RAILCC_ABORT_ON_ERROR", "", "0", "",                                     \
     "1 tears the process down (SIGABRT, after the trace dump) when a communicator fails, as "  \
     "NCCL's watchdog does. By default the error is raised in Python instead.")               \
-  X(spinUs, int64_t, "RAILCC_SPIN_US", "", "50",                                              \
+  X(spinUs, int64_t, "RAILCC_SPIN_US", "", "50", "0..1000000",                                              \
     "Microseconds a waiting thread (the progress thread, or a caller in wait()) polls before "  \
     "it sleeps on a futex, poll() or condition variable. It yields the CPU between polls, so "  \
     "ranks sharing cores still run. 0: sleep at once.")
@@ -80,19 +81,20 @@ namespace railcc::engine {
 /// Values of every parameter, read once when a communicator is made. Components receive a
 /// Config; nothing below the glue calls getenv.
 struct Config {
-#define RAILCC_CONFIG_MEMBER(name, T, env, fallback, def, desc) T name{};
+#define RAILCC_CONFIG_MEMBER(name, T, env, fallback, def, allowed, desc) T name{};
   RAILCC_PARAMS(RAILCC_CONFIG_MEMBER)
 #undef RAILCC_CONFIG_MEMBER
 
   /// Defaults only, no environment.
   static Config defaults();
-  /// Reads RAILCC_* then NCCL_* fallbacks; a malformed value logs a warning naming the
-  /// variable and keeps the default.
+  /// Reads RAILCC_* then NCCL_* fallbacks. A value that does not parse or lies outside its
+  /// allowed range throws Error(kInvalidUsage) naming the variable, the value and the range.
   static Config fromEnv();
 };
 
 struct ParamInfo {
-  std::string name, env, fallback, type, defaultValue, description;
+  std::string name, env, fallback, type, defaultValue, allowed, description;
+  std::string problem;  // why the variable's value is refused, or ""
   std::string value;   // effective value
   std::string source;  // which variable set it, or "default"
 };

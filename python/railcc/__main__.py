@@ -5,18 +5,31 @@ python -m railcc trace DIR [--json]  merge the flight-recorder dumps of all rank
 import sys
 
 
+def _allowed(p):
+    a = p["allowed"]
+    if ".." in a:
+        lo, hi = a.split("..")
+        return f"{lo} to {hi}"
+    return a.replace("|", ", ")
+
+
 def env_table(markdown=False):
     from . import params
 
     rows = params()
     if markdown:
-        out = ["| variable | NCCL fallback | type | default | meaning |", "|---|---|---|---|---|"]
+        out = ["| variable | NCCL fallback | type | default | allowed | meaning |", "|---|---|---|---|---|---|"]
         for p in rows:
             out.append(f"| `{p['env']}` | {('`' + p['fallback'] + '`') if p['fallback'] else ''} | {p['type']} | "
-                       f"`{p['default']}` | {p['description']} |")
+                       f"`{p['default']}` | {_allowed(p)} | {p['description']} |")
         return "\n".join(out)
     width = max(len(p["env"]) for p in rows)
-    return "\n".join(f"{p['env']:<{width}}  {p['value']!r:<14} ({p['source']})  {p['description']}" for p in rows)
+    lines = []
+    for p in rows:
+        lines.append(f"{p['env']:<{width}}  {p['value']!r:<14} ({p['source']})  {p['description']}")
+        if p["problem"]:
+            lines.append(f"{'':<{width}}  ^ REFUSED: {p['problem']}; init fails until it is fixed")
+    return "\n".join(lines)
 
 
 def main(argv=None):
