@@ -250,6 +250,9 @@ class WorkRailcc : public c10d::Work {
       throw RailccError(e, "railcc: ");
     }
     while (!done_.load()) std::this_thread::yield();  // the completion callback is finishing
+    // As with gloo, a waited work's future is complete too (it may be completing on the
+    // group's callback threads).
+    future_->wait();
     if (error_) std::rethrow_exception(error_);
     synchronize();
     return true;
@@ -297,18 +300,25 @@ class WorkRailcc : public c10d::Work {
     keep_.clear();
     after_ = nullptr;
     done_.store(true);
-    if (err) {
-      future_->setError(err);
-      return;
-    }
-    // markCompleted records the future's events and checks the tensors' devices; should it
-    // throw, the future still ends (with that error), or its waiters would hang.
-    try {
-      future_->markCompleted(c10::IValue(outputs_));
-    } catch (const std::exception&) {
-      error_ = std::current_exception();
-      if (!future_->completed()) future_->setError(error_);
-    }
+    // Completing the future runs the user's then() callbacks and comm hooks, which may wait on
+    // other ops of this group (PowerSGD does): never on the engine's progress thread.
+    auto fut = future_;
+    auto outputs = outputs_;
+    auto complete = [fut, outputs, err] {
+      if (err) {
+        fut->setError(err);
+        return;
+      }
+      // markCompleted records the future's events and checks the tensors' devices; should it
+      // throw, the future still ends (with that error), or its waiters would hang.
+      try {
+        fut->markCompleted(c10::IValue(outputs));
+      } catch (const std::exception&) {
+        if (!fut->completed()) fut->setError(std::current_exception());
+      }
+    };
+    if (reqs_.empty()) complete();
+    else reqs_.front()->runUserCode(std::move(complete));
   }
 
   const char* name_;
@@ -578,6 +588,47 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::_allgather_base(at::Tensor& o
                             slices(output, getSize()), opTimeout(opts.timeout), placed(dev));
   });
   return makeWork(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {req}, {output}, {input}, dev);
+}
+
+// outputs[r][j] receives rank r's inputs[j]: one engine all-gather per input, straight into
+// the output tensors, so tensors of any shapes (and empty ones) need no packing copy.
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                       std::vector<at::Tensor>& inputs,
+                                                                       const c10d::AllgatherOptions& opts) {
+  engine::CallerWaits callerWaits(!opts.asyncOp && !coalescing_);
+  const char* what = "allgather_coalesced";
+  if (static_cast<int>(outputs.size()) != getSize())
+    invalid(std::string(what) + ": " + std::to_string(outputs.size()) +
+            " output lists; it needs one per rank (" + std::to_string(getSize()) + ")");
+  std::vector<at::Tensor> all(inputs), flat;
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    checkTensor(inputs[j], what);
+    if (inputs[j].scalar_type() != inputs[0].scalar_type())
+      invalid(std::string(what) + ": input " + std::to_string(j) + " has another dtype than input 0");
+  }
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    if (outputs[r].size() != inputs.size())
+      invalid(std::string(what) + ": output list " + std::to_string(r) + " has " + std::to_string(outputs[r].size()) +
+              " tensors for " + std::to_string(inputs.size()) + " inputs");
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      checkTensor(outputs[r][j], what);
+      sameShape(inputs[j], outputs[r][j], what, "output " + std::to_string(r) + "[" + std::to_string(j) + "]");
+      all.push_back(outputs[r][j]);
+      flat.push_back(outputs[r][j]);
+    }
+  }
+  auto dev = deviceCall(what, all);
+  std::vector<RequestPtr> reqs;
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    std::vector<void*> ptrs;
+    for (auto& list : outputs) ptrs.push_back(list[j].data_ptr());
+    reqs.push_back(guard(what, [&] {
+      return comm_->allgather(inputs[j].data_ptr(), static_cast<size_t>(inputs[j].numel()),
+                              toDtype(inputs[j], what), ptrs, opTimeout(opts.timeout), placed(dev));
+    }));
+  }
+  ++seq_;
+  return makeWork(OpType::ALLGATHER_COALESCED, what, reqs, flat, inputs, dev);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,

@@ -23,6 +23,8 @@
 #include "engine/log.h"
 #include "engine/telemetry.h"
 #include "transport/shm/shm_transport.h"
+#include "transport/socket/auth.h"
+#include "transport/socket/rendezvous.h"
 #include "transport/socket/socket_transport.h"
 
 namespace railcc::engine {
@@ -89,6 +91,11 @@ void Request::onComplete(std::function<void()> cb) {
     }
   }
   cb();
+}
+
+void Request::runUserCode(std::function<void()> fn) {
+  if (pool_ && CallbackPool::onEngineThread()) pool_->post(std::move(fn));
+  else fn();
 }
 
 void Request::finish(std::exception_ptr err) {
@@ -434,6 +441,16 @@ class CommImpl {
 
   void abort(const std::string& why);
   void shutdown();
+  // What every op fails with once abort() was called on this rank.
+  std::exception_ptr abortedError() {
+    std::lock_guard<std::mutex> g(mu_);
+    return std::make_exception_ptr(Error(ErrorCode::kAborted, abortWhy_));
+  }
+  // Wakes our progress thread wherever it sleeps; safe against a concurrent shutdown().
+  void ringSelf() {
+    std::lock_guard<std::mutex> g(connMu_);
+    if (shm_) shm_->ringSelf();
+  }
 
   CommOptions opts_;
   Store* store_ = nullptr;  // outlives the communicator (owned by the glue or the test)
@@ -445,7 +462,6 @@ class CommImpl {
   // number of ranks (two or more) sharing memory, else empty.
   std::vector<int> rail_;
   std::unique_ptr<transport::shm::Domain> shm_;
-  std::unique_ptr<transport::socket::Listener> listener_;
   std::vector<std::vector<Channel>> chans_;  // [lane][peer]
   std::vector<char> bucket_;
   std::vector<char> scratch_;  // one-shot receive area, n blocks of at most RAILCC_ONESHOT_BYTES
@@ -465,7 +481,17 @@ class CommImpl {
   std::deque<std::unique_ptr<Op>> queue_;
   std::atomic<size_t> queued_{0};
   std::atomic<bool> sleeping_{false};
-  int eventFd_ = -1;
+  // Wakes a progress thread asleep in poll(). A member that closes itself, so a constructor
+  // that throws (a failed init) leaks nothing.
+  struct OwnedFd {
+    int fd = -1;
+    OwnedFd() = default;
+    OwnedFd(const OwnedFd&) = delete;
+    OwnedFd& operator=(const OwnedFd&) = delete;
+    ~OwnedFd() {
+      if (fd >= 0) close(fd);
+    }
+  } wakeFd_;
   bool closing_ = false;
   uint64_t collSeq_ = 0;
   // The engine token (under mu_): whoever holds it (the progress thread, or a caller running
@@ -489,6 +515,8 @@ class CommImpl {
   std::vector<int> waitingOn_;     // peers of the transfers that were unfinished when an op failed
   std::unique_ptr<Telemetry> tele_;
   std::string hostname_;
+  // Runs c10d Future callbacks and comm hooks off the progress thread (Request::runUserCode).
+  std::shared_ptr<CallbackPool> userPool_;
 
   // watchdog thread: progress record, straggler checks. It also does every store write after
   // set-up, so a store whose host froze or became unreachable can block only it, never the
@@ -541,6 +569,10 @@ class CommImpl {
 
  private:
   void bootstrap(Store& store);
+  using GetFrom = std::function<std::string(const std::string& key, int rank, const char* what)>;
+  // Sets up the TCP connections to `remote` (ranks on other hosts) by a concurrent rendezvous.
+  void connectRemote(Store& store, const std::vector<int>& remote, const std::string& secretHex,
+                     Clock::time_point deadline, const GetFrom& getFrom);
   void progressLoop();
   bool tryAcquire();
   void release(bool wakeProgress);
@@ -587,7 +619,6 @@ class CommImpl {
   [[noreturn]] void failStalled(const std::vector<Transfer*>& pending, Millis timeout);
   void fail(std::exception_ptr err);
   [[noreturn]] void peerFailed(int peer, const std::string& detail);
-  void pollStray();
   // After a failure the streams are out of step: forget every queued transfer.
   void clearChannels() {
     for (auto& lane : chans_)
@@ -603,16 +634,11 @@ class CommImpl {
 
 namespace {
 
-std::string randomHex(size_t bytes) {
-  std::random_device rd;
-  std::string s;
-  static const char* hex = "0123456789abcdef";
-  for (size_t i = 0; i < bytes; ++i) {
-    unsigned v = rd() & 0xff;
-    s += hex[v >> 4];
-    s += hex[v & 15];
-  }
-  return s;
+// The pid namespace of this process ("pid:[4026531836]"): pids mean something only within one.
+std::string pidNamespace() {
+  char buf[64] = {0};
+  ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "unknown";
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -639,7 +665,9 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   RAILCC_CHECK_ARG(size_ >= 1, "world size must be >= 1, got ", size_);
   RAILCC_CHECK_ARG(rank_ >= 0 && rank_ < size_, "rank ", rank_, " is out of range for world size ", size_);
   log::setThreadRank(rank_);
-  eventFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  wakeFd_.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  RAILCC_SYSCHECK(wakeFd_.fd, "eventfd");
+  userPool_ = std::make_shared<CallbackPool>(rank_);
   wd_ = std::make_shared<WatchdogShared>();
   wd_->keep = opts_.storeKeepAlive;
   wd_->store = store_;
@@ -659,9 +687,48 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   if (size_ > 1) watchdog_ = std::thread([this, w = wd_] { watchdogLoop(w); });
 }
 
-CommImpl::~CommImpl() {
-  shutdown();
-  if (eventFd_ >= 0) close(eventFd_);
+CommImpl::~CommImpl() { shutdown(); }
+
+void CommImpl::connectRemote(Store& store, const std::vector<int>& remote, const std::string& secretHex,
+                             Clock::time_point deadline, const GetFrom& getFrom) {
+  const Config& cfg = opts_.config;
+  std::vector<uint8_t> secret;
+  for (size_t i = 0; i + 1 < secretHex.size(); i += 2)
+    secret.push_back(static_cast<uint8_t>(std::stoi(secretHex.substr(i, 2), nullptr, 16)));
+  PeerInfo& self = peers_[static_cast<size_t>(rank_)];
+  std::unique_ptr<transport::socket::Listener> listener;  // closed when set-up is done
+  if (std::any_of(remote.begin(), remote.end(), [&](int r) { return r < rank_; })) {
+    sockaddr_in bindAddr{};
+    std::string ifname = transport::socket::pickInterface(cfg.socketIfname, bindAddr);
+    listener = std::make_unique<transport::socket::Listener>(bindAddr);
+    self.addr = transport::socket::formatAddr(listener->addr());
+    RAILCC_INFO(INIT, "listening on ", ifname, " ", self.addr, " until the peers on other hosts have connected");
+    store.set("addr/" + std::to_string(rank_), self.addr);
+  }
+  transport::socket::Rendezvous rv(secret, rank_, listener.get());
+  for (int r : remote) {
+    PeerInfo& p = peers_[static_cast<size_t>(r)];
+    if (r > rank_) p.addr = getFrom("addr/" + std::to_string(r), r, "TCP address");
+    for (int lane = 0; lane < kLanes; ++lane) {
+      if (r > rank_) rv.dial(r, lane, parseAddr(p.addr));
+      else rv.expect(r, lane);
+    }
+  }
+  try {
+    rv.run(deadline);
+  } catch (const Error& e) {
+    Error err(e.code(), "railcc init of group '" + opts_.name + "': " + e.what());
+    err.ranks = e.ranks;
+    for (int r : e.ranks) err.hosts.push_back(peers_[static_cast<size_t>(r)].hostname);
+    throw err;
+  }
+  for (int r : remote) {
+    std::string where = r > rank_ ? peers_[static_cast<size_t>(r)].addr : rv.remoteAddress(r, 0);
+    for (int lane = 0; lane < kLanes; ++lane)
+      chans_[lane][static_cast<size_t>(r)].conn =
+          transport::socket::makeConnection(rv.take(r, lane), where, static_cast<size_t>(cfg.stagingSize));
+    peers_[static_cast<size_t>(r)].transport = "socket " + where;
+  }
 }
 
 void CommImpl::bootstrap(Store& store) {
@@ -681,9 +748,9 @@ void CommImpl::bootstrap(Store& store) {
         if (e.code() != ErrorCode::kTimeout || Clock::now() >= deadline) throw;
       }
       for (const PeerInfo& p : peers_) {
-        // Only peers we will share memory with: their pids are ours to check (ranks in other pid
-        // namespaces on one host must run with RAILCC_SHM_DISABLE=1 or distinct RAILCC_HOST_ID).
-        if (cfg.shmDisable || p.pid <= 0 || p.rank == rank_ || p.hostId != hostId ||
+        // Only peers we will share memory with, and only in our pid namespace: a pid of another
+        // namespace names some other process here, or none.
+        if (cfg.shmDisable || p.pid <= 0 || p.rank == rank_ || p.hostId != hostId || p.pidNs != pidNamespace() ||
             !transport::shm::processGone(p.pid))
           continue;
         Error err(ErrorCode::kPeerFailure, "railcc init of group '" + opts_.name + "': rank " + std::to_string(p.rank) +
@@ -695,7 +762,7 @@ void CommImpl::bootstrap(Store& store) {
       }
     }
   };
-  auto getFrom = [&](const std::string& key, int r, const char* what) {
+  GetFrom getFrom = [&](const std::string& key, int r, const char* what) {
     try {
       return waitKey(key);
     } catch (const Error& e) {
@@ -709,10 +776,11 @@ void CommImpl::bootstrap(Store& store) {
     }
   };
 
-  // The group secret: every data connection must present it before we read into a buffer.
+  // The group secret, shared through the store (which every member trusts, as in c10d): each
+  // TCP connection proves it holds it by challenge-response before we read into a buffer.
   std::string secret;
   if (rank_ == 0) {
-    secret = randomHex(16);
+    secret = transport::socket::randomHex(32);
     store.set("secret", secret);
   } else {
     secret = getFrom("secret", 0, "group secret");
@@ -721,18 +789,11 @@ void CommImpl::bootstrap(Store& store) {
   peers_.resize(static_cast<size_t>(size_));
   char hn[256] = {0};
   gethostname(hn, sizeof(hn) - 1);
-  std::string addr = "-";
-  if (size_ > 1) {
-    sockaddr_in bindAddr{};
-    std::string ifname = transport::socket::pickInterface(cfg.socketIfname, bindAddr);
-    listener_ = std::make_unique<transport::socket::Listener>(bindAddr);
-    addr = transport::socket::formatAddr(listener_->addr());
-    RAILCC_INFO(INIT, "listening on ", ifname, " ", addr, " for peers on other hosts");
-  }
-  store.set("peer/" + std::to_string(rank_), hostId + "|" + hn + "|" + std::to_string(getpid()) + "|" + addr);
+  const std::string pidNs = pidNamespace();
+  const std::string me = hostId + "|" + hn + "|" + std::to_string(getpid()) + "|" + pidNs;
+  store.set("peer/" + std::to_string(rank_), me);
   for (int r = 0; r < size_; ++r) {
-    std::string v = r == rank_ ? hostId + "|" + hn + "|" + std::to_string(getpid()) + "|" + addr
-                               : getFrom("peer/" + std::to_string(r), r, "address");
+    std::string v = r == rank_ ? me : getFrom("peer/" + std::to_string(r), r, "host identity");
     auto f = split(v, '|');
     RAILCC_CHECK_EQ(f.size(), size_t(4));
     PeerInfo& p = peers_[static_cast<size_t>(r)];
@@ -740,7 +801,7 @@ void CommImpl::bootstrap(Store& store) {
     p.hostId = f[0];
     p.hostname = f[1];
     p.pid = std::stoi(f[2]);
-    p.addr = f[3];
+    p.pidNs = f[3];
   }
   for (int r = 0; r < size_; ++r)
     if (peers_[static_cast<size_t>(r)].hostId == hostId && !cfg.shmDisable) localRanks_.push_back(r);
@@ -766,9 +827,8 @@ void CommImpl::bootstrap(Store& store) {
   // Same host: shared memory. Each rank creates one segment holding its incoming FIFOs and
   // maps its neighbours'; names are unlinked as soon as everyone has mapped them.
   if (localRanks_.size() > 1) {
-    size_t slot = static_cast<size_t>(std::max<int64_t>(cfg.buffSize, 4096));
-    shm_ = std::make_unique<transport::shm::Domain>(secret.substr(0, 12) + "-" + std::to_string(rank_),
-                                                    static_cast<int>(localRanks_.size()) * kLanes, slot);
+    size_t slot = static_cast<size_t>(cfg.buffSize);
+    shm_ = std::make_unique<transport::shm::Domain>(static_cast<int>(localRanks_.size()) * kLanes, slot);
     store.set("shm/" + std::to_string(rank_), shm_->segmentName());
     for (int r : localRanks_)
       if (r != rank_) shm_->attach(localIndex(r), getFrom("shm/" + std::to_string(r), r, "shared-memory segment"));
@@ -779,74 +839,20 @@ void CommImpl::bootstrap(Store& store) {
     for (int r : localRanks_) {
       if (r == rank_) continue;
       for (int lane = 0; lane < kLanes; ++lane)
-        chans_[lane][static_cast<size_t>(r)].conn = shm_->connect(localIndex(rank_), localIndex(r), lane, kLanes);
+        chans_[lane][static_cast<size_t>(r)].conn = shm_->connect(localIndex(rank_), localIndex(r), lane, kLanes,
+                                                                   peers_[static_cast<size_t>(r)].pidNs == pidNs);
       peers_[static_cast<size_t>(r)].transport = "shm";
     }
     RAILCC_INFO(SHM, "shared memory: ", localRanks_.size(), " ranks on this host, FIFO of ", slot,
                 " bytes per peer, lane and direction");
   }
 
-  // Other hosts: TCP. The lower rank connects; the higher accepts and checks the hello.
+  // Other hosts: TCP. The lower rank dials, the higher accepts; only a rank that some peer
+  // dials listens, and only until set-up is done.
   std::vector<int> remote;
   for (int r = 0; r < size_; ++r)
     if (r != rank_ && !chans_[0][static_cast<size_t>(r)].conn) remote.push_back(r);
-  transport::socket::Hello hello{};
-  for (size_t i = 0; i < 16; ++i) hello.secret[i] = static_cast<uint8_t>(std::stoi(secret.substr(2 * i, 2), nullptr, 16));
-  for (int r : remote) {
-    if (r < rank_) continue;
-    for (int lane = 0; lane < kLanes; ++lane) {
-      transport::socket::Hello h = hello;
-      h.srcRank = rank_;
-      h.dstRank = r;
-      h.lane = lane;
-      int fd;
-      try {
-        fd = transport::socket::connectTo(parseAddr(peers_[static_cast<size_t>(r)].addr), h, deadline);
-      } catch (const Error& e) {
-        Error err(e.code(), "railcc init: connecting to rank " + std::to_string(r) + " (host " +
-                                peers_[static_cast<size_t>(r)].hostname + ") failed: " + e.what());
-        err.ranks = {r};
-        throw err;
-      }
-      chans_[lane][static_cast<size_t>(r)].conn =
-          transport::socket::makeConnection(fd, peers_[static_cast<size_t>(r)].addr, static_cast<size_t>(cfg.stagingSize));
-    }
-  }
-  size_t expect = 0;
-  for (int r : remote)
-    if (r < rank_) expect += kLanes;
-  while (expect > 0) {
-    sockaddr_in from{};
-    int fd = listener_->accept(&from);
-    if (fd < 0) {
-      if (Clock::now() > deadline) {
-        std::string missing;
-        for (int r : remote)
-          if (r < rank_ && !chans_[kLanes - 1][static_cast<size_t>(r)].conn) missing += " " + std::to_string(r);
-        Error err(ErrorCode::kTimeout, "railcc init: ranks" + missing + " never connected within RAILCC_INIT_TIMEOUT");
-        throw err;
-      }
-      pollfd pfd{listener_->fd(), POLLIN, 0};
-      poll(&pfd, 1, 100);
-      continue;
-    }
-    transport::socket::Hello h{};
-    bool ok = transport::socket::readHello(fd, h, Millis(2000)) && std::memcmp(h.secret, hello.secret, 16) == 0 &&
-              h.dstRank == rank_ && h.srcRank >= 0 && h.srcRank < rank_ && h.lane >= 0 && h.lane < kLanes &&
-              std::find(remote.begin(), remote.end(), h.srcRank) != remote.end() &&
-              !chans_[h.lane][static_cast<size_t>(h.srcRank)].conn;
-    if (!ok) {
-      RAILCC_WARN(NET, "dropped a connection from ", transport::socket::formatAddr(from),
-                  ": it did not present this group's handshake");
-      close(fd);
-      continue;
-    }
-    transport::socket::ackHello(fd);
-    chans_[h.lane][static_cast<size_t>(h.srcRank)].conn = transport::socket::makeConnection(
-        fd, peers_[static_cast<size_t>(h.srcRank)].addr, static_cast<size_t>(cfg.stagingSize));
-    --expect;
-  }
-  for (int r : remote) peers_[static_cast<size_t>(r)].transport = "socket " + peers_[static_cast<size_t>(r)].addr;
+  if (!remote.empty()) connectRemote(store, remote, secret, deadline, getFrom);
   if (!remote.empty())
     RAILCC_WARN(NET, "TCP sockets serve ", remote.size(), " peer(s)", cfg.shmDisable ? " (RAILCC_SHM_DISABLE=1)" : "",
                 "; there is no RDMA transport in this build");
@@ -863,7 +869,7 @@ void CommImpl::bootstrap(Store& store) {
 // Queue and progress thread
 
 RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
-  op->req = std::make_shared<Request>(opts_.config.spinUs);
+  op->req = std::make_shared<Request>(opts_.config.spinUs, userPool_);
   if (op->timeout.count() <= 0) op->timeout = opts_.timeout;
   if (op->p2p) {
     op->traceId = tele_->opQueued(0, op->xfer.kind == Transfer::kSend ? "send" : "recv", "-", "-", op->xfer.peer,
@@ -916,9 +922,9 @@ RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
   if (!wake) return req;
   cv_.notify_one();
   if (sleeping_.load()) {
-    if (shm_) shm_->ringSelf();
+    ringSelf();
     uint64_t one = 1;
-    if (write(eventFd_, &one, sizeof(one)) < 0) { /* wake-up is best effort */ }
+    if (write(wakeFd_.fd, &one, sizeof(one)) < 0) { /* wake-up is best effort */ }
   }
   return req;
 }
@@ -978,9 +984,9 @@ void CommImpl::fail(std::exception_ptr err) {
     }
     wd_->cv.notify_all();
   }
-  if (shm_) shm_->markFailed();
   {
     std::lock_guard<std::mutex> g(connMu_);
+    if (shm_) shm_->markFailed();
     for (auto& lane : chans_)
       for (auto& ch : lane)
         if (ch.conn) ch.conn->markFailed();
@@ -1089,6 +1095,9 @@ std::exception_ptr CommImpl::runCollective(Op& op) {
     err = std::make_exception_ptr(Error(ErrorCode::kInternal, e.what()));
     what = e.what();
   }
+  // abort() shut our connections down: what the transports saw next is our own doing, not a
+  // peer's failure.
+  if (err && aborted_) err = abortedError();
   tele_->opFinished(op.traceId, op.fp.seq, what, waitingOn_);
   if (err) {
     fail(err);
@@ -1104,8 +1113,8 @@ std::exception_ptr CommImpl::runCollective(Op& op) {
 // A caller about to block on `req` runs it itself when the engine is idle: two thread hand-offs
 // fewer (waking the progress thread, then waking the caller), which on cores shared by several
 // ranks cost more than a small op. Host collectives only, and only those queued up to `req`;
-// requests are finished after the token is released, so their callbacks may queue and wait on
-// new ops without deadlocking.
+// requests are finished after the token is released, so that what they run inline (user code
+// included: this is not the progress thread) may queue and wait on new ops.
 void CommImpl::helpRun(const Request* req) {
   if (!tryAcquire()) return;
   log::setThreadRank(rank_);
@@ -1132,7 +1141,8 @@ void CommImpl::helpRun(const Request* req) {
 
 void CommImpl::progressLoop() {
   log::setThreadRank(rank_);
-  bool held = false, strayDue = false;
+  CallbackPool::markEngineThread();
+  bool held = false;
   while (true) {
     if (!held) {
       if (!tryAcquire()) {
@@ -1143,8 +1153,6 @@ void CommImpl::progressLoop() {
         continue;
       }
       held = true;
-      if (strayDue) pollStray();
-      strayDue = false;
     }
     drainQueue();
     std::exception_ptr broken;
@@ -1177,7 +1185,7 @@ void CommImpl::progressLoop() {
       } catch (const Error& e) {
         for (auto& op : p2pActive_) tele_->opFinished(op->traceId, 0, e.what(), {op->xfer.peer});
         for (auto& op : anyPending_) tele_->opFinished(op->traceId, 0, e.what(), {});
-        fail(std::current_exception());
+        fail(aborted_ ? abortedError() : std::current_exception());
         clearChannels();
       }
       continue;
@@ -1193,7 +1201,6 @@ void CommImpl::progressLoop() {
     std::unique_lock<std::mutex> g(mu_);
     cv_.wait_for(g, Millis(100), [&] { return !queue_.empty() || stop_.load() || kick_; });
     kick_ = false;
-    strayDue = true;
   }
 }
 
@@ -1506,7 +1513,6 @@ void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
         peerFailed(peer, e.what());
       }
     }
-    pollStray();
   }
   // Spin briefly (a peer is usually microseconds away), then sleep so that ranks sharing a
   // core do not starve the one that has work.
@@ -1537,10 +1543,10 @@ void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
   }
   sleeping_.store(true);
   if (!fds.empty()) {
-    fds.push_back({eventFd_, POLLIN, 0});
+    fds.push_back({wakeFd_.fd, POLLIN, 0});
     if (queued_.load() == 0) poll(fds.data(), fds.size(), hasShm ? 1 : 100);
     uint64_t v;
-    if (read(eventFd_, &v, sizeof(v)) < 0) { /* nothing pending */ }
+    if (read(wakeFd_.fd, &v, sizeof(v)) < 0) { /* nothing pending */ }
   } else if (shm_) {
     // The timeout only bounds how late abort, liveness and timeout checks can run.
     shm_->sleep(100000, [&] { return anyReady(); });
@@ -1582,28 +1588,17 @@ void CommImpl::failStalled(const std::vector<Transfer*>& pending, Millis timeout
   throw err;
 }
 
-void CommImpl::pollStray() {
-  if (!listener_) return;
-  sockaddr_in from{};
-  int fd;
-  while ((fd = listener_->accept(&from)) >= 0) {
-    RAILCC_WARN(NET, "dropped a connection from ", transport::socket::formatAddr(from),
-                " to the railcc port after set-up: no connections are expected now");
-    close(fd);
-  }
-}
-
 void CommImpl::abort(const std::string& why) {
   {
     std::lock_guard<std::mutex> g(mu_);
     if (!aborted_) abortWhy_ = why;
     aborted_ = true;
   }
-  fail(std::make_exception_ptr(Error(ErrorCode::kAborted, why)));
+  fail(abortedError());
   cv_.notify_all();
-  if (shm_) shm_->ringSelf();
+  ringSelf();
   uint64_t one = 1;
-  if (write(eventFd_, &one, sizeof(one)) < 0) { /* best effort */ }
+  if (write(wakeFd_.fd, &one, sizeof(one)) < 0) { /* best effort */ }
 }
 
 void CommImpl::shutdown() {
@@ -1619,6 +1614,9 @@ void CommImpl::shutdown() {
     cv_.notify_all();
     thread_.join();
   }
+  // Every request is finished now; the callbacks they handed over run to their end (new ops
+  // they queue fail at once: closing_ is set).
+  userPool_->shutdown(Millis(5000));
   if (watchdog_.joinable()) {
     std::unique_lock<std::mutex> g(wd_->mu);
     wd_->stop = true;
@@ -1637,11 +1635,12 @@ void CommImpl::shutdown() {
     }
   }
   {
+    // abort() may run now on another thread (a watchdog, work.wait(timeout)): it touches the
+    // channels and the shared memory only under connMu_.
     std::lock_guard<std::mutex> g(connMu_);
     chans_.clear();
+    shm_.reset();
   }
-  shm_.reset();
-  listener_.reset();
   releaseDevice();
 }
 

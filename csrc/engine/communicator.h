@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/callback_pool.h"
 #include "engine/config.h"
 #include "engine/device.h"
 #include "engine/store.h"
@@ -24,7 +25,8 @@ namespace railcc::engine {
 class Request {
  public:
   /// `spinUs`: how long wait() polls, yielding the CPU, before it blocks.
-  explicit Request(int64_t spinUs) : spinUs_(spinUs) {}
+  explicit Request(int64_t spinUs, std::shared_ptr<CallbackPool> pool = nullptr)
+      : spinUs_(spinUs), pool_(std::move(pool)) {}
   bool completed() const;
   /// Blocks until the op finishes or `timeout` passes (negative: no limit). Returns false
   /// on timeout; never throws the op's error (see error()).
@@ -32,8 +34,14 @@ class Request {
   std::exception_ptr error() const;
   /// For a receive from any source: the rank the message came from.
   int sourceRank() const { return source_.load(); }
-  /// Runs `cb` once when the op finishes: on the progress thread, or at once if it already has.
+  /// Runs `cb` once when the op finishes: on the thread that finishes it (possibly the
+  /// progress thread), or at once if it already has. `cb` must be quick and must never wait
+  /// for another op: user code goes through runUserCode().
   void onComplete(std::function<void()> cb);
+  /// Runs `fn` now, unless this is a thread the engine needs (its progress thread): then on the
+  /// communicator's callback threads, where it may block and wait on other ops. For c10d
+  /// Future callbacks and DDP comm hooks.
+  void runUserCode(std::function<void()> fn);
 
   // Engine side.
   void finish(std::exception_ptr err);
@@ -54,6 +62,7 @@ class Request {
   std::atomic<int> source_{-1};
   std::atomic<bool> doneFlag_{false};  // done_, readable without the lock
   const int64_t spinUs_;
+  std::shared_ptr<CallbackPool> pool_;
 };
 
 using RequestPtr = std::shared_ptr<Request>;
@@ -76,7 +85,8 @@ struct PeerInfo {
   std::string hostId;     // decides shared memory
   std::string hostname;   // for people
   int pid = 0;
-  std::string addr;       // TCP listen address "ip:port"
+  std::string pidNs;      // its pid namespace: pids of another mean nothing here
+  std::string addr;       // TCP listen address "ip:port" while it set up, "-" if it never listened
   std::string transport;  // "shm" or "socket ip:port", filled after connecting
 };
 
