@@ -4,10 +4,11 @@
     torch.distributed.init_process_group(backend="railcc")
 """
 
-import json
+# Imported under private names: the package's public names are exactly __all__.
+import json as _json
 
-import torch
-import torch.distributed as dist
+import torch as _torch
+import torch.distributed as _dist
 
 from . import _C
 from ._errors import (
@@ -43,9 +44,9 @@ def _create_backend(dist_backend_opts, backend_options=None):
 
 
 def _register():
-    if getattr(dist.Backend, "RAILCC", None) is not None:
+    if getattr(_dist.Backend, "RAILCC", None) is not None:
         return
-    dist.Backend.register_backend("railcc", _create_backend, extended_api=True, devices=["cpu", "cuda"])
+    _dist.Backend.register_backend("railcc", _create_backend, extended_api=True, devices=["cpu", "cuda"])
 
 
 _register()
@@ -64,8 +65,8 @@ def cuda_info():
 
 def backend_of(group=None, device="cpu"):
     """The railcc backend object serving `group` (default group if None) on `device`."""
-    pg = group if group is not None else dist.group.WORLD
-    backend = pg._get_backend(torch.device(device))
+    pg = group if group is not None else _dist.group.WORLD
+    backend = pg._get_backend(_torch.device(device))
     if not isinstance(backend, _C.ProcessGroupRailcc):
         raise TypeError(f"group is served by {type(backend).__name__}, not railcc")
     return backend
@@ -79,7 +80,7 @@ def dump_trace(group=None, dir=None):
     railcc-trace-<group>-rank<R>.json; the dict's "path" says where ("" when not written).
     `python -m railcc trace DIR` merges the files of all ranks into one verdict."""
     backend = backend_of(group)
-    doc = json.loads(backend.trace_json())
+    doc = _json.loads(backend.trace_json())
     doc["path"] = backend.dump_trace(dir or "")
     return doc
 
@@ -95,7 +96,7 @@ def straggler_report(group=None):
       published by other ranks.
 
     Not a collective: it reads what this rank measured and what the others published."""
-    return json.loads(backend_of(group).straggler_report_json())
+    return _json.loads(backend_of(group).straggler_report_json())
 
 
 def abort(group=None):
