@@ -1,5 +1,16 @@
 #include "backend.h"
 
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <atomic>
+#include <map>
+
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/InferenceMode.h>
@@ -43,25 +54,98 @@ std::exception_ptr toTorchError(std::exception_ptr err, const std::string& conte
 namespace {
 
 // ------------------------------------------------------------------ store adapter
+
+// An idle TCP connection to a TCPStore's server, one per server and process: the kernel shows
+// it readable at EOF the moment the server's process exits, so railcc learns that the store is
+// gone without calling it (every failed call makes torch's client print a C++ backtrace).
+class StoreWatch {
+ public:
+  static std::shared_ptr<StoreWatch> of(const std::string& host, uint16_t port) {
+    static std::mutex mu;
+    static std::map<std::string, std::weak_ptr<StoreWatch>> all;
+    std::lock_guard<std::mutex> g(mu);
+    std::string key = host + ":" + std::to_string(port);
+    if (auto w = all[key].lock()) return w;
+    auto w = std::make_shared<StoreWatch>(host, port);
+    all[key] = w;
+    return w;
+  }
+  StoreWatch(const std::string& host, uint16_t port) {
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return;
+    for (addrinfo* a = res; a != nullptr && fd_ < 0; a = a->ai_next) {
+      int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+      if (fd < 0) continue;
+      int rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof(err);
+      if (rc != 0 && (errno != EINPROGRESS || poll(&p, 1, 1000) != 1 ||
+                      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0)) {
+        ::close(fd);
+        continue;
+      }
+      fd_ = fd;
+    }
+    freeaddrinfo(res);
+  }
+  ~StoreWatch() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  bool gone() {
+    if (gone_.load() || fd_ < 0) return gone_.load();
+    char c;
+    ssize_t r = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) gone_.store(true);
+    return gone_.load();
+  }
+
+ private:
+  int fd_ = -1;
+  std::atomic<bool> gone_{false};
+};
+
+// The first line of a c10d error: its what() goes on with a C++ backtrace.
+std::string firstLine(const std::exception& e) {
+  std::string w = e.what();
+  return w.substr(0, w.find('\n'));
+}
+
 class C10dStore : public engine::Store {
  public:
-  explicit C10dStore(c10::intrusive_ptr<c10d::Store> s) : s_(std::move(s)) {}
+  explicit C10dStore(c10::intrusive_ptr<c10d::Store> s) : s_(std::move(s)) {
+    c10::intrusive_ptr<c10d::Store> base = s_;
+    if (auto* p = dynamic_cast<c10d::PrefixStore*>(base.get())) base = p->getUnderlyingNonPrefixStore();
+    if (auto* tcp = dynamic_cast<c10d::TCPStore*>(base.get())) watch_ = StoreWatch::of(tcp->getHost(), tcp->getPort());
+  }
   void set(const std::string& k, const std::string& v) override {
-    s_->set(k, std::vector<uint8_t>(v.begin(), v.end()));
+    try {
+      s_->set(k, std::vector<uint8_t>(v.begin(), v.end()));
+    } catch (const c10::DistNetworkError& e) {
+      lost_.store(true);
+      RAILCC_THROW(kPeerFailure, "the c10d store is unreachable: ", firstLine(e));
+    }
   }
   std::string get(const std::string& k, Millis timeout) override {
     try {
       s_->wait({k}, timeout);
+    } catch (const c10::DistNetworkError& e) {
+      lost_.store(true);
+      RAILCC_THROW(kPeerFailure, "the c10d store is unreachable: ", firstLine(e));
     } catch (const std::exception& e) {
-      RAILCC_THROW(kTimeout, "store key '", k, "' did not appear within ", timeout.count(), " ms (", e.what(), ")");
+      RAILCC_THROW(kTimeout, "store key '", k, "' did not appear within ", timeout.count(), " ms (", firstLine(e), ")");
     }
     auto v = s_->get(k);
     return std::string(v.begin(), v.end());
   }
   int64_t add(const std::string& k, int64_t d) override { return s_->add(k, d); }
+  bool lost() override { return lost_.load() || (watch_ && watch_->gone()); }
 
  private:
   c10::intrusive_ptr<c10d::Store> s_;
+  std::shared_ptr<StoreWatch> watch_;
+  std::atomic<bool> lost_{false};
 };
 
 // ------------------------------------------------------------------ argument checks

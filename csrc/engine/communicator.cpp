@@ -1708,6 +1708,7 @@ std::string CommImpl::progressRecord() const {
 }
 
 bool CommImpl::storeTryGet(const std::string& key, Millis wait, std::string& out) {
+  if (store_->lost()) return false;  // its host has exited: nothing to read, and no noise
   if (!wd_->keep) {  // a store the caller owns (tests): read in place, it cannot be left behind
     try {
       out = store_->get(key, wait);
@@ -1764,6 +1765,7 @@ void CommImpl::watchdogLoop(std::shared_ptr<WatchdogShared> w) {
       if (w->stop) {  // from here on the communicator may be gone: only the queued reports go out
         g.unlock();
         for (auto& [key, value] : todo) {
+          if (storeGone || w->store->lost()) break;
           try {
             w->store->set(key, value);
           } catch (const std::exception&) {
@@ -1777,18 +1779,23 @@ void CommImpl::watchdogLoop(std::shared_ptr<WatchdogShared> w) {
         if (records) todo.push_back({"progress/" + std::to_string(rank), progressRecord()});
       }
     }
+    if (!storeGone && w->store->lost()) {
+      storeGone = true;
+      RAILCC_WARN(WATCHDOG, "the c10d store is gone (its host, usually rank 0 or the launcher, has exited): no more "
+                  "progress records or failure reports through it; peer failures are still found by the transports");
+    }
     for (auto& [key, value] : todo) {
-      bool record = key.rfind("progress/", 0) == 0;
-      if (record && storeGone) continue;  // failure reports are always tried
+      if (storeGone) break;
       try {
         w->store->set(key, value);
       } catch (const std::exception& e) {
-        // The store's host is gone (it usually dies with rank 0 or the launcher): stop sending
-        // progress records, which would only fail again.
+        // The store's host is gone (it usually dies with rank 0 or the launcher): stop all
+        // background traffic through it, which would only fail again, each time noisily.
         std::string what = e.what();
-        RAILCC_WARN(WATCHDOG, "could not write '", key, "' to the store", record ? ", no more progress records" : "",
-                    ": ", what.substr(0, what.find('\n')));
-        if (record) storeGone = true;
+        RAILCC_WARN(WATCHDOG, "could not write '", key, "' to the c10d store, so railcc stops its background store "
+                    "traffic (progress records, failure reports): ", what.substr(0, what.find('\n')));
+        storeGone = true;
+        break;
       }
     }
     {

@@ -18,6 +18,10 @@ class Store {
   /// Blocks until `key` exists or `timeout` passes; then throws Error(kTimeout) naming it.
   virtual std::string get(const std::string& key, std::chrono::milliseconds timeout) = 0;
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  /// True once the store is known to be unreachable for good (its host exited): background
+  /// traffic (progress records, failure reports) then stops instead of failing again and
+  /// again. Never blocks; false when unknown.
+  virtual bool lost() { return false; }
 };
 
 /// An in-process store: ranks as threads share one instance.
