@@ -31,9 +31,10 @@ def parse_args(argv=None):
     p.add_argument("--backend", default="railcc",
                    help='c10d backend string, e.g. "railcc", "gloo", "cpu:railcc,cuda:railcc" (default: railcc)')
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--comm-hook", choices=["none", "allreduce-python"], default="none",
+    p.add_argument("--comm-hook", choices=["none", "allreduce-python", *BUILTIN_HOOKS], default="none",
                    help="none: DDP's built-in allreduce; allreduce-python: a Python hook that calls "
-                        "dist.all_reduce(async_op=True).get_future().then(divide by world size)")
+                        "dist.all_reduce(async_op=True).get_future().then(divide by world size); the others "
+                        "are torch's own hooks (PowerSGD from step 2, rank 1, with its own fixed seed)")
     p.add_argument("--save", metavar="PATH", help="rank 0 saves the final state_dict here (torch.save)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--global-batch", type=int, default=24, help="samples per step over all ranks")
@@ -69,6 +70,24 @@ def global_batch(args, step):
     return x, y
 
 
+def _builtin_hook(name):
+    """(hook, state) of one of torch's DDP comm hooks."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if name == "allreduce":
+        return default_hooks.allreduce_hook, None
+    if name == "fp16":
+        return default_hooks.fp16_compress_hook, None
+    if name == "bf16":
+        return default_hooks.bf16_compress_hook, None
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2,
+                                        min_compression_rate=0.5)
+    return (powerSGD_hook.powerSGD_hook if name == "powersgd" else powerSGD_hook.batched_powerSGD_hook), state
+
+
+BUILTIN_HOOKS = ["allreduce", "fp16", "bf16", "powersgd", "batched-powersgd"]
+
+
 def allreduce_python_hook(process_group, bucket):
     """DDP comm hook: average the bucket with an async all_reduce and a Future callback."""
     group = process_group if process_group is not None else dist.group.WORLD
@@ -92,6 +111,9 @@ def train(args, rank, world, device):
                   bucket_cap_mb=args.bucket_cap_mb)
         if args.comm_hook == "allreduce-python":
             net.register_comm_hook(state=None, hook=allreduce_python_hook)
+        elif args.comm_hook in BUILTIN_HOOKS:
+            hook, state = _builtin_hook(args.comm_hook)
+            net.register_comm_hook(state=state, hook=hook)
     opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=args.momentum)
     loss_fn = nn.MSELoss()
     per_rank = args.global_batch // world

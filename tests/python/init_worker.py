@@ -1,0 +1,50 @@
+"""One rank of a railcc job, for tests that drive set-up from outside the rank (strangers on the
+port, other pid namespaces, failed inits):
+
+    python init_worker.py RANK WORLD STORE_FILE [--ops N] [--hold S]
+
+It joins over a FileStore, runs N all_reduces checked against the expected sum, optionally
+waits S seconds, destroys the group and prints one JSON line: {"rank", "ok", "init_s",
+"error"}. Exit status 0 when ok."""
+
+import argparse
+import json
+import sys
+import time
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("rank", type=int)
+    p.add_argument("world", type=int)
+    p.add_argument("store")
+    p.add_argument("--ops", type=int, default=3)
+    p.add_argument("--hold", type=float, default=0.0)
+    a = p.parse_args()
+    import torch
+    import torch.distributed as dist
+
+    import railcc  # noqa: F401
+
+    out = {"rank": a.rank, "ok": False}
+    t0 = time.monotonic()
+    try:
+        dist.init_process_group("railcc", store=dist.FileStore(a.store, a.world), rank=a.rank, world_size=a.world)
+        out["init_s"] = time.monotonic() - t0
+        for i in range(a.ops):
+            t = torch.full((1000 + i,), float(a.rank + 1))
+            dist.all_reduce(t)
+            want = a.world * (a.world + 1) / 2
+            if not bool((t == want).all()):
+                raise AssertionError(f"all_reduce {i}: got {t[0].item()}, want {want}")
+        time.sleep(a.hold)
+        dist.destroy_process_group()
+        out["ok"] = True
+    except Exception as e:  # reported to the test, which decides
+        out["error"] = f"{type(e).__name__}: {e}"
+    print(json.dumps(out), flush=True)
+    return 0 if out["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

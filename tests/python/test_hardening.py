@@ -1,0 +1,476 @@
+"""Defects found by trying railcc as a user and as an attacker would, each with the test that
+showed it: callbacks that wait on the group, all_gather_coalesced, strangers and impostors at
+set-up, teardown racing abort, what a failed init leaves behind, out-of-range parameters, and
+the package's public names. Real processes, real sockets, real shared memory."""
+
+import datetime
+import gc
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import harness
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "init_worker.py")
+
+
+def _new_group(seconds=30, **kw):
+    return dist.new_group(backend="railcc", timeout=datetime.timedelta(seconds=seconds), **kw)
+
+
+# ------------------------------------------------------------------------ callbacks (item 1)
+
+
+def rk_callback_waits_on_the_group(rank, n):
+    g = _new_group()
+    if rank == 1:
+        time.sleep(0.5)  # rank 0's op is still pending when its then() is attached
+    x = torch.full((4,), float(rank + 1))
+    fut = dist.all_reduce(x, group=g, async_op=True).get_future()
+
+    def inner(f):
+        # a second level: a callback of an op queued from a callback, which waits again
+        z = torch.full((2,), float(10 * (rank + 1)))
+        dist.all_reduce(z, group=g, async_op=True).get_future().wait()
+        return z
+
+    def outer(f):
+        y = torch.full((3,), float(rank + 1))
+        dist.all_reduce(y, group=g, async_op=True).get_future().wait()
+        peer = torch.zeros(5)
+        if rank == 0:
+            dist.send(torch.arange(5.0), dst=1, group=g)
+        else:
+            dist.recv(peer, src=0, group=g)
+        z = dist.all_reduce(torch.ones(1), group=g, async_op=True).get_future().then(inner).wait()
+        return [y, peer, z]
+
+    y, peer, z = fut.then(outer).wait()
+    out = {"x": x.tolist(), "y": y.tolist(), "peer": peer.tolist(), "z": z.tolist()}
+    dist.destroy_process_group(g)
+    return out
+
+
+def test_future_callback_may_wait_on_ops_of_the_same_group():
+    pool = harness.RankPool(2)
+    try:
+        got = pool.run(rk_callback_waits_on_the_group, timeout=60)  # a hang fails here
+    finally:
+        pool.kill()
+    for rank, g in enumerate(got):
+        assert g["x"] == [3.0] * 4 and g["y"] == [3.0] * 3 and g["z"] == [30.0] * 2, g
+        assert g["peer"] == ([0.0] * 5 if rank == 0 else [0.0, 1.0, 2.0, 3.0, 4.0]), g
+
+
+# ---------------------------------------------------------------- all_gather_coalesced (item 2)
+
+
+def _multidim(dim, size, value, dtype):
+    return torch.full([size] * dim, value, dtype=dtype)
+
+
+def rk_all_gather_coalesced(rank, n):
+    out = {}
+    for dtype in (torch.float32, torch.cfloat, torch.int64, torch.bfloat16):
+        for count in range(2, 5):  # [1], [2x2], [3x3x3] ... in one call, as torch's own suite does
+            ins = [_multidim(i, i, rank + i, dtype) for i in range(1, count)]
+            outs = [[_multidim(i, i, -1, dtype) for i in range(1, count)] for _ in range(n)]
+            dist.all_gather_coalesced(outs, ins)
+            want = [[_multidim(i, i, r + i, dtype) for i in range(1, count)] for r in range(n)]
+            out[f"{dtype}/{count}"] = all(torch.equal(a, b) for la, lb in zip(outs, want) for a, b in zip(la, lb))
+    # empty tensors among the inputs, and an async call
+    ins = [rank * torch.ones(2, 2), torch.ones(0), (rank + 1) * torch.ones(3, 3), torch.ones(0)]
+    outs = [[-torch.ones(2, 2), -torch.ones(0), -torch.ones(3, 3), -torch.ones(0)] for _ in range(n)]
+    dist.all_gather_coalesced(outs, ins, async_op=True).wait()
+    out["empty"] = all(torch.equal(outs[r][0], r * torch.ones(2, 2)) and torch.equal(outs[r][2], (r + 1) * torch.ones(3, 3))
+                       and outs[r][1].numel() == 0 for r in range(n))
+    # bad input: a clear error, and the group stays usable
+    try:
+        dist.all_gather_coalesced([[torch.empty(3)] for _ in range(n)], [torch.ones(4)])
+        out["bad"] = "no error"
+    except (ValueError, RuntimeError) as e:
+        out["bad"] = str(e)
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    out["after"] = t.tolist()
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_all_gather_coalesced(pools, n):
+    for got in pools(n).run(rk_all_gather_coalesced, timeout=120):
+        bad = {k: v for k, v in got.items() if v is False}
+        assert not bad, bad
+        assert "allgather_coalesced" in got["bad"] and "elements" in got["bad"], got["bad"]
+        assert got["after"] == [float(n)] * 2
+
+
+# ------------------------------------------------------------ strangers at set-up (items 3, 6)
+
+
+def _listening_ports(pid):
+    """TCP ports process `pid` listens on (IPv4)."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+        with open(f"/proc/{pid}/net/tcp") as f:
+            rows = f.read().splitlines()[1:]
+    except OSError:
+        return []
+    ports = []
+    for row in rows:
+        cols = row.split()
+        if cols[3] == "0A" and cols[9] in inodes:
+            ports.append(int(cols[1].split(":")[1], 16))
+    return ports
+
+
+def _spawn(rank, world, store, env=None, args=()):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.Popen([sys.executable, WORKER, str(rank), str(world), store, *args], env=e,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _result(p, timeout):
+    out, err = p.communicate(timeout=timeout)
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    return (json.loads(lines[-1]) if lines else {"ok": False, "error": "no result"}), err
+
+
+def test_idle_strangers_do_not_stall_init_and_are_named(tmp_path):
+    # A stranger connects to the acceptor's port every 20 ms during set-up and never speaks; a
+    # handshake read one connection at a time (2 s each) could not finish within 12 s.
+    env = {"RAILCC_SHM_DISABLE": "1", "RAILCC_SOCKET_IFNAME": "lo", "RAILCC_INIT_TIMEOUT": "12"}
+    store = str(tmp_path / "store")
+    acceptor = _spawn(1, 2, store, env)
+    stop = threading.Event()
+    strangers, seen = [], {}
+
+    def knock():
+        while not stop.is_set() and len(strangers) < 60:
+            for port in _listening_ports(acceptor.pid):
+                seen["port"] = port
+                try:
+                    strangers.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+                except OSError:
+                    pass
+            time.sleep(0.02)
+
+    t = threading.Thread(target=knock, daemon=True)
+    t.start()
+    time.sleep(1.0)  # the acceptor waits in the store for rank 0
+    dialer = _spawn(0, 2, store, env)
+    try:
+        r0, _ = _result(dialer, 60)
+        r1, err1 = _result(acceptor, 60)
+    finally:
+        stop.set()
+        t.join()
+        for s in strangers:
+            s.close()
+        for p in (dialer, acceptor):
+            if p.poll() is None:
+                p.kill()
+    assert r0["ok"] and r1["ok"], (r0, r1, err1[-2000:])
+    assert "port" in seen and strangers, "the test never reached the acceptor's port"
+    print(f"\nmeasured: {len(strangers)} idle strangers during set-up; init took {r0['init_s']:.2f} s (rank 0), "
+          f"{r1['init_s']:.2f} s (rank 1, which started 1 s earlier)")
+
+
+def test_stranger_with_a_wrong_handshake_is_logged_with_its_address(tmp_path):
+    env = {"RAILCC_SHM_DISABLE": "1", "RAILCC_SOCKET_IFNAME": "lo", "RAILCC_INIT_TIMEOUT": "20"}
+    store = str(tmp_path / "store")
+    acceptor = _spawn(1, 2, store, env)
+    stop = threading.Event()
+    sent = []
+
+    def knock():
+        while not stop.is_set() and not sent:
+            for port in _listening_ports(acceptor.pid):
+                try:
+                    s = socket.create_connection(("127.0.0.1", port), timeout=1)
+                    s.sendall(b"GET / HTTP/1.0\r\n\r\n" + b"x" * 64)
+                    sent.append(s.getsockname())
+                    s.close()
+                except OSError:
+                    pass
+            time.sleep(0.01)
+
+    t = threading.Thread(target=knock, daemon=True)
+    t.start()
+    time.sleep(1.0)
+    dialer = _spawn(0, 2, store, env)
+    try:
+        r0, _ = _result(dialer, 60)
+        r1, err1 = _result(acceptor, 60)
+    finally:
+        stop.set()
+        t.join()
+    assert r0["ok"] and r1["ok"], (r0, r1, err1[-2000:])
+    if sent:  # the stranger got in before set-up ended: the acceptor says who it was
+        assert f"unauthenticated connection from 127.0.0.1:{sent[0][1]}" in err1, err1[-2000:]
+
+
+def rk_listening_sockets(rank, n):
+    return _listening_ports(os.getpid())
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_no_tcp_listener_survives_set_up(pools, transport):
+    env = {"RAILCC_SHM_DISABLE": "1", "RAILCC_SOCKET_IFNAME": "lo"} if transport == "tcp" else {}
+    assert pools(2, **env).run(rk_listening_sockets) == [[], []]
+
+
+# ----------------------------------------------------------- other pid namespaces (item 5)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for unshare -p")
+def test_jobs_in_separate_pid_namespaces_sharing_dev_shm(tmp_path):
+    # Two jobs, each rank in a pid namespace of its own (as containers with --ipc=host), start
+    # together three times over, so each job's stale-segment sweep meets the other's live
+    # segments; a pid from another namespace looks gone, a held lock does not.
+    def job(tag, r):
+        return subprocess.Popen(["unshare", "-p", "-f", "--mount-proc", sys.executable, WORKER, str(r), "2",
+                                 str(tmp_path / f"store-{tag}"), "--ops", "20", "--hold", "0.5"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    for round_ in range(3):
+        for f in tmp_path.glob("store-*"):
+            f.unlink()
+        procs = [job(tag, r) for tag in ("a", "b") for r in (0, 1)]
+        results = []
+        for p in procs:
+            res, err = _result(p, 120)
+            results.append((res, err[-1500:]))
+        bad = [r for r in results if not r[0]["ok"]]
+        assert not bad, (round_, bad)
+
+
+# --------------------------------------------------------------- teardown and abort (7, 8)
+
+
+def rk_abort_hammered_during_destroy(rank, n):
+    import railcc
+
+    errors = []
+    for i in range(15):
+        g = _new_group()
+        t = torch.ones(1 << 16)
+        dist.all_reduce(t, group=g)
+        be = railcc.backend_of(g)
+        stop = threading.Event()
+
+        def hammer():
+            while not stop.is_set():
+                try:
+                    be.abort_group()
+                except Exception as e:  # noqa: BLE001 (anything but a crash is fine here)
+                    errors.append(type(e).__name__)
+
+        h = threading.Thread(target=hammer)
+        h.start()
+        time.sleep(0.001 * i)
+        dist.destroy_process_group(g)
+        be.abort_group()  # after shutdown too
+        stop.set()
+        h.join()
+        del be, g
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    return {"after": t.tolist(), "errors": sorted(set(errors))}
+
+
+def test_abort_hammered_from_a_thread_during_destroy(pools):
+    for got in pools(2).run(rk_abort_hammered_during_destroy, timeout=120):
+        assert got["after"] == [2.0] * 4, got
+
+
+def rk_abort_over_tcp(rank, n, op):
+    import railcc
+
+    g = _new_group()
+    out = {}
+    if rank == 0:
+        t = torch.zeros(1 << 14)
+        threading.Timer(1.0, lambda: railcc.abort(g)).start()
+        try:
+            if op == "all_reduce":
+                dist.all_reduce(t, group=g)  # rank 1 never joins
+            else:
+                dist.recv(t, src=1, group=g)  # rank 1 never sends
+            out["error"] = "no error"
+        except railcc.RailccError as e:
+            out["error"] = type(e).__name__
+            out["msg"] = str(e)
+    else:
+        time.sleep(3)
+    dist.destroy_process_group(g)
+    return out
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "recv"])
+def test_abort_reports_aborted_error_over_tcp(pools, op):
+    got = pools(2, RAILCC_SHM_DISABLE="1", RAILCC_SOCKET_IFNAME="lo").run(rk_abort_over_tcp, op, timeout=60)
+    assert got[0]["error"] == "AbortedError", got[0]
+
+
+# ------------------------------------------------------ the store's host exits (item 11)
+
+_STORE_HOST_EXITS = r"""
+import os, sys, time, torch, torch.distributed as dist
+import railcc
+dist.init_process_group("railcc")  # env://: rank 0 hosts the TCPStore
+t = torch.ones(4)
+dist.all_reduce(t)
+if dist.get_rank() == 0:
+    os._exit(0)
+time.sleep(4)  # the watchdog would write progress records meanwhile
+try:
+    dist.all_reduce(t)
+    print("RESULT no error", flush=True)
+except Exception as e:
+    print("RESULT", type(e).__name__, flush=True)
+os._exit(0)
+"""
+
+
+def test_store_host_exiting_is_said_once_without_backtraces():
+    port = _free_port()
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="3")
+    procs = [subprocess.Popen([sys.executable, "-c", _STORE_HOST_EXITS], env=dict(env, RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(3)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for r in (1, 2):
+        out = outs[r]
+        assert "RESULT PeerFailureError" in out, out[-3000:]
+        assert "Exception raised from" not in out and "frame #" not in out, out[-3000:]
+        store_lines = [ln for ln in out.splitlines() if "c10d store" in ln and "RAILCC" in ln]
+        assert len(store_lines) <= 1, store_lines
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------ failed inits leak nothing (9)
+
+_LEAK_DRIVER = r"""
+import json, os, subprocess, sys, time, gc
+import torch, torch.distributed as dist
+import railcc
+
+def res():
+    maps = sum(1 for ln in open("/proc/self/maps") if "/dev/shm/railcc-" in ln)
+    shm = sorted(f for f in os.listdir("/dev/shm") if f.startswith(f"railcc-{os.getuid()}-{os.getpid()}-"))
+    return {"fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")), "maps": maps, "shm": shm}
+
+worker, tmp = sys.argv[1], sys.argv[2]
+os.environ["RAILCC_INIT_TIMEOUT"] = "2"
+t = torch.ones(8); t.add_(1)  # torch's own threads start before the baseline
+before = res()
+errors = []
+for i in range(5):  # nobody else ever comes
+    try:
+        dist.init_process_group("railcc", store=dist.FileStore(f"{tmp}/lonely{i}", 2), rank=0, world_size=2)
+    except Exception as e:
+        errors.append(type(e).__name__)
+os.environ["RAILCC_INIT_TIMEOUT"] = "60"  # wait for the peer's python to start
+for i in range(3):  # the peer fails after rank 0 made its shared memory
+    env = dict(os.environ, RAILCC_BUFFSIZE=str(64 << 30))
+    dist.distributed_c10d._world.group_count = 0  # the fresh peer's keys are group 0's
+    peer = subprocess.Popen([sys.executable, worker, "1", "2", f"{tmp}/shm{i}"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        dist.init_process_group("railcc", store=dist.FileStore(f"{tmp}/shm{i}", 2), rank=0, world_size=2)
+    except Exception as e:
+        errors.append(type(e).__name__)
+    peer.wait(60)
+dist.distributed_c10d._world.group_count = 0
+peer = subprocess.Popen([sys.executable, worker, "1", "2", f"{tmp}/ok", "--ops", "1"],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+dist.init_process_group("railcc", store=dist.FileStore(f"{tmp}/ok", 2), rank=0, world_size=2)
+x = torch.ones(1000); dist.all_reduce(x)
+dist.destroy_process_group()
+peer.wait(60)
+gc.collect()
+deadline = time.time() + 5
+after = res()
+while after != before and time.time() < deadline:
+    time.sleep(0.1); after = res()
+print(json.dumps({"before": before, "after": after, "errors": errors}))
+"""
+
+
+def test_failed_inits_and_destroy_leave_no_fd_thread_mapping_or_segment(tmp_path):
+    r = subprocess.run([sys.executable, "-c", _LEAK_DRIVER, WORKER, str(tmp_path)], capture_output=True, text=True,
+                       timeout=240)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    assert lines, r.stderr[-3000:]
+    got = json.loads(lines[-1])
+    assert got["errors"] == ["CollectiveTimeoutError"] * 5 + ["PeerFailureError"] * 3, got
+    assert got["after"] == got["before"], got
+
+
+# ---------------------------------------------------------------- parameter ranges (item 10)
+
+
+@pytest.mark.parametrize("value,needle", [
+    ("7378697629483823104", "out of range: allowed 4096 to 68719476736"),
+    ("100", "out of range: allowed 4096 to 68719476736"),
+    ("4M", "is not an integer"),
+])
+def test_size_parameter_out_of_range_fails_init_on_every_rank(value, needle):
+    with pytest.raises(harness.TaskError) as info:
+        harness.RankPool(2, env={"RAILCC_BUFFSIZE": value}, init_timeout=60)
+    msg = str(info.value)
+    for rank in (0, 1):
+        assert f"{rank}: " in msg or f"{rank}:" in msg, msg[-3000:]
+    assert msg.count("RAILCC_BUFFSIZE") >= 2 and needle in msg, msg[-3000:]
+
+
+def test_every_numeric_parameter_has_a_range():
+    import railcc
+
+    rows = railcc.params()
+    for p in rows:
+        if p["type"] == "int":
+            assert ".." in p["allowed"], p
+            lo, hi = (int(v) for v in p["allowed"].split(".."))
+            assert lo <= int(p["default"]) <= hi, p
+    env = dict(os.environ, RAILCC_SPIN_US="-5")
+    out = subprocess.run([sys.executable, "-m", "railcc", "env"], env=env, capture_output=True, text=True,
+                         timeout=60).stdout
+    assert "REFUSED: RAILCC_SPIN_US=-5 is out of range: allowed 0 to 1000000" in out, out
+
+
+# ----------------------------------------------------------------------- public names (12)
+
+
+def test_public_names_are_what_all_lists():
+    import types
+
+    import railcc
+
+    public = {n for n in dir(railcc) if not n.startswith("_")}
+    extra = {n for n in public - set(railcc.__all__)
+             if not (isinstance(getattr(railcc, n), types.ModuleType) and getattr(railcc, n).__name__.startswith("railcc."))}
+    assert not extra, extra
+    assert all(hasattr(railcc, n) for n in railcc.__all__)
