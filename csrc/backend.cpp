@@ -430,12 +430,14 @@ engine::Config configFromEnv() {
 // ------------------------------------------------------------------ ProcessGroupRailcc
 
 ProcessGroupRailcc::ProcessGroupRailcc(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                       std::chrono::milliseconds timeout, std::string groupName)
+                                       std::chrono::milliseconds timeout, std::string groupName,
+                                       std::vector<int> globalRanks)
     : c10d::Backend(rank, size), store_(std::make_shared<C10dStore>(store)), timeout_(timeout) {
   engine::CommOptions o;
   o.rank = rank;
   o.size = size;
   o.name = std::move(groupName);
+  if (static_cast<int>(globalRanks.size()) == size) o.globalRanks = std::move(globalRanks);
   o.timeout = timeout;
   o.storeKeepAlive = store_;
   o.config = configFromEnv();

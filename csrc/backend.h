@@ -54,7 +54,7 @@ std::exception_ptr toTorchError(std::exception_ptr err, const std::string& conte
 class ProcessGroupRailcc : public c10d::Backend {
  public:
   ProcessGroupRailcc(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                     std::chrono::milliseconds timeout, std::string groupName);
+                     std::chrono::milliseconds timeout, std::string groupName, std::vector<int> globalRanks = {});
   ~ProcessGroupRailcc() override;
 
   const std::string getBackendName() const override { return "railcc"; }

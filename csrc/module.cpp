@@ -72,11 +72,12 @@ PYBIND11_MODULE(_C, m) {
   py::class_<railcc::ProcessGroupRailcc, c10d::Backend, NoGilHolder<railcc::ProcessGroupRailcc>>(
       m, "ProcessGroupRailcc")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout, std::string name) {
-             return c10::make_intrusive<railcc::ProcessGroupRailcc>(store, rank, size, timeout, std::move(name));
+                       std::chrono::milliseconds timeout, std::string name, std::vector<int> globalRanks) {
+             return c10::make_intrusive<railcc::ProcessGroupRailcc>(store, rank, size, timeout, std::move(name),
+                                                                    std::move(globalRanks));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name") = "",
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("global_ranks") = std::vector<int>{}, py::call_guard<py::gil_scoped_release>())
       .def("peer_transports", &railcc::ProcessGroupRailcc::peerTransports)
       .def("listen_address",
            [](railcc::ProcessGroupRailcc& self) { return self.comm().peers()[static_cast<size_t>(self.getRank())].addr; })

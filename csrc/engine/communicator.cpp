@@ -434,9 +434,31 @@ class CommImpl {
     return t;
   }
 
+  // "rank G" with G the rank in the default group; "rank G (group rank r)" where they differ.
+  std::string rankName(int r) const {
+    int g = globalRank(r);
+    return g == r ? "rank " + std::to_string(r) : "rank " + std::to_string(g) + " (group rank " + std::to_string(r) + ")";
+  }
+  int globalRank(int r) const {
+    const auto& gr = opts_.globalRanks;
+    return r >= 0 && static_cast<size_t>(r) < gr.size() ? gr[static_cast<size_t>(r)] : r;
+  }
+  // The error with its ranks as users know them (see rankName).
+  std::exception_ptr globalized(std::exception_ptr err) const {
+    if (opts_.globalRanks.empty()) return err;
+    try {
+      std::rethrow_exception(err);
+    } catch (const Error& e) {
+      Error copy = e;
+      for (int& r : copy.ranks) r = globalRank(r);
+      return std::make_exception_ptr(copy);
+    } catch (...) {
+      return err;
+    }
+  }
   std::string peerName(int r) const {
     const PeerInfo& p = peers_[static_cast<size_t>(r)];
-    return "rank " + std::to_string(r) + " (host " + p.hostname + ", " + (p.transport.empty() ? "self" : p.transport) + ")";
+    return rankName(r) + " (host " + p.hostname + ", " + (p.transport.empty() ? "self" : p.transport) + ")";
   }
 
   void abort(const std::string& why);
@@ -675,7 +697,11 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
                                       static_cast<size_t>(std::max<int64_t>(opts_.config.stragglerWindow, 1)));
   arrivals_.assign(static_cast<size_t>(size_), 0);
   lagFlagged_.assign(static_cast<size_t>(size_), false);
-  bootstrap(store);
+  try {
+    bootstrap(store);
+  } catch (const Error&) {
+    std::rethrow_exception(globalized(std::current_exception()));
+  }
   hostname_ = peers_[static_cast<size_t>(rank_)].hostname;
   streamMin_ = std::max<size_t>(transport::lastLevelCacheBytes() / localRanks_.size(), size_t(1) << 20);
   for (const PeerInfo& p : peers_) shmPeer_.push_back(p.transport == "shm");
@@ -753,7 +779,7 @@ void CommImpl::bootstrap(Store& store) {
         if (cfg.shmDisable || p.pid <= 0 || p.rank == rank_ || p.hostId != hostId || p.pidNs != pidNamespace() ||
             !transport::shm::processGone(p.pid))
           continue;
-        Error err(ErrorCode::kPeerFailure, "railcc init of group '" + opts_.name + "': rank " + std::to_string(p.rank) +
+        Error err(ErrorCode::kPeerFailure, "railcc init of group '" + opts_.name + "': " + rankName(p.rank) +
                                                " (host " + p.hostname + ", pid " + std::to_string(p.pid) +
                                                ") exited during init");
         err.ranks = {p.rank};
@@ -768,7 +794,7 @@ void CommImpl::bootstrap(Store& store) {
     } catch (const Error& e) {
       if (e.code() == ErrorCode::kPeerFailure) throw;
       Error err(e.code() == ErrorCode::kTimeout ? ErrorCode::kTimeout : e.code(),
-                "railcc init of group '" + opts_.name + "': rank " + std::to_string(r) + " did not publish its " +
+                "railcc init of group '" + opts_.name + "': " + rankName(r) + " did not publish its " +
                     what + " within RAILCC_INIT_TIMEOUT=" + std::to_string(cfg.initTimeoutSec) +
                     " s; it never reached init_process_group or died during it (" + e.what() + ")");
       err.ranks = {r};
@@ -893,7 +919,7 @@ RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
       e.ranks = stragglerRanks_;
       for (int r : e.ranks) e.hosts.push_back(peers_[static_cast<size_t>(r)].hostname);
       stragglerMsg_.clear();
-      req->setStraggler(std::make_exception_ptr(e));
+      req->setStraggler(globalized(std::make_exception_ptr(e)));
     }
   }
   std::exception_ptr err;
@@ -1023,14 +1049,14 @@ void CommImpl::peerFailed(int peer, const std::string& detail) {
   std::string msg;
   if (reason.rfind("collective mismatch", 0) == 0) {
     code = ErrorCode::kMismatch;  // the peer saw both calls; repeat them here
-    msg = "rank " + std::to_string(peer) + " (host " + p.hostname + ") detected a " + reason;
+    msg = rankName(peer) + " (host " + p.hostname + ") detected a " + reason;
   } else if (!reason.empty()) {
-    msg = "rank " + std::to_string(peer) + " (host " + p.hostname + ", " + p.transport + ") failed: " + reason;
+    msg = rankName(peer) + " (host " + p.hostname + ", " + p.transport + ") failed: " + reason;
   } else if (detail.find("reported a failure") != std::string::npos) {
-    msg = "rank " + std::to_string(peer) + " (host " + p.hostname + ", pid " + std::to_string(p.pid) + ", " + p.transport +
+    msg = rankName(peer) + " (host " + p.hostname + ", pid " + std::to_string(p.pid) + ", " + p.transport +
           ") failed earlier; its reason is no longer readable from the store (see that rank's log or trace dump)";
   } else {
-    msg = "rank " + std::to_string(peer) + " (host " + p.hostname + ", pid " + std::to_string(p.pid) + ", " +
+    msg = rankName(peer) + " (host " + p.hostname + ", pid " + std::to_string(p.pid) + ", " +
           p.transport + ") is gone: " + detail + "; it left no report, so it most likely died (killed, OOM or crash)";
   }
   Error err(code, msg);
@@ -1098,6 +1124,7 @@ std::exception_ptr CommImpl::runCollective(Op& op) {
   // abort() shut our connections down: what the transports saw next is our own doing, not a
   // peer's failure.
   if (err && aborted_) err = abortedError();
+  if (err) err = globalized(err);
   tele_->opFinished(op.traceId, op.fp.seq, what, waitingOn_);
   if (err) {
     fail(err);
@@ -1185,7 +1212,7 @@ void CommImpl::progressLoop() {
       } catch (const Error& e) {
         for (auto& op : p2pActive_) tele_->opFinished(op->traceId, 0, e.what(), {op->xfer.peer});
         for (auto& op : anyPending_) tele_->opFinished(op->traceId, 0, e.what(), {});
-        fail(aborted_ ? abortedError() : std::current_exception());
+        fail(aborted_ ? abortedError() : globalized(std::current_exception()));
         clearChannels();
       }
       continue;
@@ -1289,11 +1316,11 @@ void CommImpl::checkHeader(const Transfer& t, const WireHeader& h, int peer) {
   }
   if (same) return;
   Error err(ErrorCode::kMismatch,
-            "collective mismatch between rank " + std::to_string(rank_) + " and " + peerName(peer) +
-                ":\n  rank " + std::to_string(rank_) + " called " + describeCall(e) + (e.kind == h.kind &&
+            "collective mismatch between " + rankName(rank_) + " and " + peerName(peer) +
+                ":\n  " + rankName(rank_) + " called " + describeCall(e) + (e.kind == h.kind &&
                 e.kind != static_cast<uint8_t>(OpKind::kP2P) && h.seq == e.seq && h.bytes != e.bytes
                 ? " expecting " + std::to_string(e.bytes) + " bytes from it" : "") +
-                "\n  rank " + std::to_string(peer) + " called " + describeCall(h) +
+                "\n  " + rankName(peer) + " called " + describeCall(h) +
                 (h.bytes != e.bytes ? " sending " + std::to_string(h.bytes) + " bytes" : ""));
   err.ranks = {rank_, peer};
   err.hosts = {peers_[static_cast<size_t>(rank_)].hostname, peers_[static_cast<size_t>(peer)].hostname};
@@ -1827,7 +1854,7 @@ void CommImpl::checkStragglers() {
     double med = median(others);
     bool bad = l.ops >= minOps && l.meanUs > limit && l.meanUs > 4 * med;
     if (bad && !lagFlagged_[r]) {
-      news.push_back("rank " + std::to_string(r) + " (host " + peers_[r].hostname + ") is a straggler: it entered the last " +
+      news.push_back(rankName(r) + " (host " + peers_[r].hostname + ") is a straggler: it entered the last " +
                      std::to_string(l.ops) + " collectives " + fmt("%.1f", l.meanUs / 1000) + " ms after the first rank on average (max " +
                      fmt("%.1f", l.maxUs / 1000) + " ms; median rank " + fmt("%.1f", med / 1000) + " ms)");
       newRanks.push_back(static_cast<int>(r));
@@ -1949,7 +1976,7 @@ std::string CommImpl::describePeerProgress(uint64_t seq, std::vector<int>& culpr
       break;
     }
     if (!storeTryGet("progress/" + std::to_string(r), std::max(Millis(1), std::min(Millis(100), left)), rec)) {
-      os << "\n  rank " << r << " (host " << p.hostname << ") has no progress record in the store";
+      os << "\n  " << rankName(r) << " (host " << p.hostname << ") has no progress record in the store";
       frozen.push_back(r);
       continue;
     }
@@ -1963,7 +1990,7 @@ std::string CommImpl::describePeerProgress(uint64_t seq, std::vector<int>& culpr
     bool stopped = p.hostId == peers_[static_cast<size_t>(rank_)].hostId && processState(p.pid) == 'T';
     std::string last = jsonText(rec, "last_op");
     std::string lastCall = "seq " + std::to_string(enq) + (enq > 0 && !last.empty() ? " (" + last + ")" : "");
-    os << "\n  rank " << r << " (host " << p.hostname << ") ";
+    os << "\n  " << rankName(r) << " (host " << p.hostname << ") ";
     if (stopped || stale) {
       // Its record is old: whether it reached this op is unknown, but it is not running.
       os << (stopped ? "is frozen: its process " + std::to_string(p.pid) + " is stopped (SIGSTOP or a debugger)"
@@ -2788,7 +2815,7 @@ bool CommImpl::ipcReady(int d) {
     const char* b = all.data() + blob * q;
     if (b[0] != 1) {
       ok = false;
-      why = "rank " + std::to_string(q) + " could not set up its side";
+      why = rankName(q) + " could not set up its side";
       break;
     }
     void* mp = nullptr;

@@ -72,6 +72,9 @@ struct CommOptions {
   int rank = 0;
   int size = 1;
   std::string name;          // group name, for logs
+  /// Each group rank's rank in the default group: errors and logs name ranks by it, as users
+  /// know them. Empty: the same numbers.
+  std::vector<int> globalRanks;
   Millis timeout{Millis(30 * 60 * 1000)};  // per-op timeout (no progress for this long fails the op)
   Config config = Config::defaults();
   /// Optional owner of the store, so that a watchdog thread stuck in an unreachable store can

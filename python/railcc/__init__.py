@@ -40,7 +40,9 @@ __version__ = "0.1.0"
 
 def _create_backend(dist_backend_opts, backend_options=None):
     o = dist_backend_opts
-    return _C.ProcessGroupRailcc(o.store, o.group_rank, o.group_size, o.timeout, str(o.group_id))
+    # Errors name ranks as the user knows them: by their rank in the default group.
+    global_ranks = list(getattr(o, "global_ranks_in_group", None) or [])
+    return _C.ProcessGroupRailcc(o.store, o.group_rank, o.group_size, o.timeout, str(o.group_id), global_ranks)
 
 
 def _register():
