@@ -1,5 +1,6 @@
 #include "transport/socket/rendezvous.h"
 
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -297,10 +298,16 @@ bool Rendezvous::advance(Conn& c) {
       case Conn::kSendHello: c.expect(kAnswer); c.phase = Conn::kRecvAnswer; break;
       case Conn::kRecvAnswer: finishServerHello(c); break;
       case Conn::kSendProof: c.expect(kAck); c.phase = Conn::kRecvAck; break;
-      case Conn::kRecvAck:
+      case Conn::kRecvAck: {
         if (get(c.in, 0, 8) != kAckMagic) throw peerFailure("did not acknowledge railcc's handshake");
+        // Having answered within the handshake, this socket is in delayed-ACK (interactive)
+        // mode: the acceptor's last bytes would wait up to 40 ms for our ACK. Unacknowledged
+        // data turns off keepalive, so a link cut meanwhile would go unnoticed on that side.
+        int one = 1;
+        setsockopt(c.fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
         c.phase = Conn::kDone;
         return true;
+      }
       case Conn::kRecvHello: finishClientHello(c); break;
       case Conn::kSendAnswer: c.expect(kProof); c.phase = Conn::kRecvProof; break;
       case Conn::kRecvProof: finishProof(c); break;
