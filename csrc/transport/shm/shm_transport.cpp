@@ -166,9 +166,10 @@ class ShmConnection : public Connection {
   void checkAlive() override {
     if (peerHdr_->failed.load())
       RAILCC_THROW(kPeerFailure, "it reported a failure of its own");
-    // The segment's lock goes when the process dies, in any pid namespace. A child it forked
-    // inherits the lock, though: where the pid is ours to read, its exit counts too.
-    if (!peerSeg_->ownerAlive() || (samePidNamespace_ && processGone(peerHdr_->pid)))
+    // Where the peer's pid is ours to read, it decides (a peer that only destroyed this group
+    // frees its segment but lives on, and one whose forked child inherited the lock is still
+    // gone). From another pid namespace its pid means nothing: its lock goes when it dies.
+    if (samePidNamespace_ ? processGone(peerHdr_->pid) : !peerSeg_->ownerAlive())
       RAILCC_THROW(kPeerFailure, "its process ", peerHdr_->pid, " on this host exited");
   }
 
