@@ -449,8 +449,10 @@ class CommImpl {
     try {
       std::rethrow_exception(err);
     } catch (const Error& e) {
+      if (e.ranksGlobal) return err;
       Error copy = e;
       for (int& r : copy.ranks) r = globalRank(r);
+      copy.ranksGlobal = true;
       return std::make_exception_ptr(copy);
     } catch (...) {
       return err;
@@ -722,6 +724,7 @@ void CommImpl::connectRemote(Store& store, const std::vector<int>& remote, const
   for (size_t i = 0; i + 1 < secretHex.size(); i += 2)
     secret.push_back(static_cast<uint8_t>(std::stoi(secretHex.substr(i, 2), nullptr, 16)));
   PeerInfo& self = peers_[static_cast<size_t>(rank_)];
+  self.addr = "-";  // until some peer dials us
   std::unique_ptr<transport::socket::Listener> listener;  // closed when set-up is done
   if (std::any_of(remote.begin(), remote.end(), [&](int r) { return r < rank_; })) {
     sockaddr_in bindAddr{};
@@ -828,6 +831,7 @@ void CommImpl::bootstrap(Store& store) {
     p.hostname = f[1];
     p.pid = std::stoi(f[2]);
     p.pidNs = f[3];
+    p.addr = "-";  // set for the peers that listen, in connectRemote
   }
   for (int r = 0; r < size_; ++r)
     if (peers_[static_cast<size_t>(r)].hostId == hostId && !cfg.shmDisable) localRanks_.push_back(r);
@@ -992,9 +996,15 @@ void CommImpl::fail(std::exception_ptr err) {
     if (broken_) return;
     broken_ = err;
   }
-  std::string msg;
+  std::string msg, culprits;
   try {
     std::rethrow_exception(err);
+  } catch (const Error& e) {
+    msg = e.what();
+    // A dead or silent rank is the root cause for every peer this failure reaches through the
+    // report below: they name it, not us, the messenger.
+    if (e.code() == ErrorCode::kPeerFailure || e.code() == ErrorCode::kTimeout)
+      for (int r : e.ranks) culprits += (culprits.empty() ? "" : ",") + std::to_string(e.ranksGlobal ? r : globalRank(r));
   } catch (const std::exception& e) {
     msg = e.what();
   }
@@ -1005,7 +1015,7 @@ void CommImpl::fail(std::exception_ptr err) {
   if (wd_ && size_ > 1) {
     {
       std::lock_guard<std::mutex> g(wd_->mu);
-      wd_->publish.push_back({"failed/" + std::to_string(rank_), msg});
+      wd_->publish.push_back({"failed/" + std::to_string(rank_), (culprits.empty() ? "" : "ranks=" + culprits + "\n") + msg});
       wd_->drained = false;
     }
     wd_->cv.notify_all();
@@ -1045,6 +1055,13 @@ void CommImpl::peerFailed(int peer, const std::string& detail) {
   const PeerInfo& p = peers_[static_cast<size_t>(peer)];
   std::string reason;
   storeTryGet("failed/" + std::to_string(peer), Millis(200), reason);
+  std::vector<int> rootCause;  // global ranks the peer blamed for its own failure
+  if (reason.rfind("ranks=", 0) == 0) {
+    size_t nl = reason.find('\n');
+    for (const std::string& r : split(reason.substr(6, nl == std::string::npos ? std::string::npos : nl - 6), ','))
+      if (!r.empty()) rootCause.push_back(std::stoi(r));
+    reason = nl == std::string::npos ? "" : reason.substr(nl + 1);
+  }
   ErrorCode code = ErrorCode::kPeerFailure;
   std::string msg;
   if (reason.rfind("collective mismatch", 0) == 0) {
@@ -1060,8 +1077,20 @@ void CommImpl::peerFailed(int peer, const std::string& detail) {
           p.transport + ") is gone: " + detail + "; it left no report, so it most likely died (killed, OOM or crash)";
   }
   Error err(code, msg);
-  err.ranks = {peer};
+  err.ranks = {globalRank(peer)};
   err.hosts = {p.hostname};
+  err.ranksGlobal = true;
+  bool blamesUs = std::find(rootCause.begin(), rootCause.end(), globalRank(rank_)) != rootCause.end();
+  if (code == ErrorCode::kPeerFailure && !rootCause.empty() && !blamesUs) {
+    err.ranks = rootCause;
+    err.hosts.clear();
+    for (int g : rootCause) {
+      int r = g;
+      for (size_t i = 0; i < opts_.globalRanks.size(); ++i)
+        if (opts_.globalRanks[i] == g) r = static_cast<int>(i);
+      err.hosts.push_back(r >= 0 && r < size_ ? peers_[static_cast<size_t>(r)].hostname : "?");
+    }
+  }
   if (current_) {
     err.seq = static_cast<long long>(current_->fp.seq);
     err.op = opKindName(current_->kind);

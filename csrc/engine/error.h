@@ -34,6 +34,7 @@ class Error : public std::runtime_error {
   std::vector<std::string> hosts;   // their hosts, same order
   long long seq = -1;               // collective sequence number, -1 if none
   std::string op;                   // e.g. "allreduce"
+  bool ranksGlobal = false;         // `ranks` are already ranks of the default group
 
  private:
   ErrorCode code_;
