@@ -153,44 +153,52 @@ def _result(p, timeout):
     return (json.loads(lines[-1]) if lines else {"ok": False, "error": "no result"}), err
 
 
-def test_idle_strangers_do_not_stall_init_and_are_named(tmp_path):
-    # A stranger connects to the acceptor's port every 20 ms during set-up and never speaks; a
-    # handshake read one connection at a time (2 s each) could not finish within 12 s.
-    env = {"RAILCC_SHM_DISABLE": "1", "RAILCC_SOCKET_IFNAME": "lo", "RAILCC_INIT_TIMEOUT": "12"}
-    store = str(tmp_path / "store")
-    acceptor = _spawn(1, 2, store, env)
+def _idle_strangers_round(tmp_path, attempt):
+    # Ranks 0 and 1 share "host" A and set up large shared-memory FIFOs before they dial rank 2
+    # on "host" B, which listens meanwhile: strangers reach its port during set-up. One connects
+    # every 5 ms and never speaks; read one at a time (2 s each) they would pass the 12 s limit.
+    store = str(tmp_path / f"store{attempt}")
+    common = {"RAILCC_SOCKET_IFNAME": "lo", "RAILCC_INIT_TIMEOUT": "12", "RAILCC_BUFFSIZE": str(64 << 20)}
+    acceptor = _spawn(2, 3, store, dict(common, RAILCC_HOST_ID="b"))
     stop = threading.Event()
-    strangers, seen = [], {}
+    strangers = []
 
     def knock():
         while not stop.is_set() and len(strangers) < 60:
             for port in _listening_ports(acceptor.pid):
-                seen["port"] = port
                 try:
                     strangers.append(socket.create_connection(("127.0.0.1", port), timeout=1))
                 except OSError:
                     pass
-            time.sleep(0.02)
+            time.sleep(0.005)
 
     t = threading.Thread(target=knock, daemon=True)
     t.start()
-    time.sleep(1.0)  # the acceptor waits in the store for rank 0
-    dialer = _spawn(0, 2, store, env)
+    time.sleep(1.0)  # the acceptor waits in the store for the others
+    dialers = [_spawn(r, 3, store, dict(common, RAILCC_HOST_ID="a")) for r in (0, 1)]
     try:
-        r0, _ = _result(dialer, 60)
-        r1, err1 = _result(acceptor, 60)
+        results = [_result(p, 60) for p in (*dialers, acceptor)]
     finally:
         stop.set()
         t.join()
         for s in strangers:
             s.close()
-        for p in (dialer, acceptor):
+        for p in (*dialers, acceptor):
             if p.poll() is None:
                 p.kill()
-    assert r0["ok"] and r1["ok"], (r0, r1, err1[-2000:])
-    assert "port" in seen and strangers, "the test never reached the acceptor's port"
-    print(f"\nmeasured: {len(strangers)} idle strangers during set-up; init took {r0['init_s']:.2f} s (rank 0), "
-          f"{r1['init_s']:.2f} s (rank 1, which started 1 s earlier)")
+    return results, len(strangers)
+
+
+def test_idle_strangers_do_not_stall_init_and_are_named(tmp_path):
+    for attempt in range(3):
+        results, strangers = _idle_strangers_round(tmp_path, attempt)
+        for res, err in results:
+            assert res["ok"], (res, err[-2000:])
+        if strangers:
+            break
+    assert strangers, "in three tries no stranger reached the acceptor's port during set-up"
+    print(f"\nmeasured: {strangers} idle strangers during set-up; init took "
+          f"{', '.join(str(round(r['init_s'], 2)) for r, _ in results)} s (ranks 0, 1, 2; rank 2 started 1 s earlier)")
 
 
 def test_stranger_with_a_wrong_handshake_is_logged_with_its_address(tmp_path):
