@@ -270,6 +270,30 @@ def test_jobs_in_separate_pid_namespaces_sharing_dev_shm(tmp_path):
         assert not bad, (round_, bad)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for unshare -p")
+def test_live_segment_survives_a_job_started_in_another_pid_namespace(tmp_path):
+    # This process holds a segment as railcc's creator does (a lock for its lifetime) under the
+    # pid in its name; a real job then starts in a fresh pid namespace, where that pid does not
+    # exist, and sweeps for stale segments at set-up. The live segment must survive.
+    import fcntl
+
+    name = f"/dev/shm/railcc-{os.getuid()}-{os.getpid()}-livesegmenttest"
+    fd = os.open(name, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.ftruncate(fd, 4096)
+        store = str(tmp_path / "store")
+        procs = [subprocess.Popen(["unshare", "-p", "-f", "--mount-proc", sys.executable, WORKER, str(r), "2", store],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+        results = [_result(p, 120) for p in procs]
+        assert all(r["ok"] for r, _ in results), results
+        assert os.path.exists(name), "a live segment was removed as stale from another pid namespace"
+    finally:
+        os.close(fd)
+        if os.path.exists(name):
+            os.unlink(name)
+
+
 # --------------------------------------------------------------- teardown and abort (7, 8)
 
 
