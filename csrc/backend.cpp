@@ -1,15 +1,7 @@
 #include "backend.h"
 
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
-#include <atomic>
-#include <map>
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
@@ -23,6 +15,7 @@
 
 #include "engine/error.h"
 #include "engine/log.h"
+#include "engine/store_watch.h"
 
 namespace railcc {
 
@@ -55,57 +48,6 @@ namespace {
 
 // ------------------------------------------------------------------ store adapter
 
-// An idle TCP connection to a TCPStore's server, one per server and process: the kernel shows
-// it readable at EOF the moment the server's process exits, so railcc learns that the store is
-// gone without calling it (every failed call makes torch's client print a C++ backtrace).
-class StoreWatch {
- public:
-  static std::shared_ptr<StoreWatch> of(const std::string& host, uint16_t port) {
-    static std::mutex mu;
-    static std::map<std::string, std::weak_ptr<StoreWatch>> all;
-    std::lock_guard<std::mutex> g(mu);
-    std::string key = host + ":" + std::to_string(port);
-    if (auto w = all[key].lock()) return w;
-    auto w = std::make_shared<StoreWatch>(host, port);
-    all[key] = w;
-    return w;
-  }
-  StoreWatch(const std::string& host, uint16_t port) {
-    addrinfo hints{}, *res = nullptr;
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return;
-    for (addrinfo* a = res; a != nullptr && fd_ < 0; a = a->ai_next) {
-      int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
-      if (fd < 0) continue;
-      int rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
-      pollfd p{fd, POLLOUT, 0};
-      int err = 0;
-      socklen_t len = sizeof(err);
-      if (rc != 0 && (errno != EINPROGRESS || poll(&p, 1, 1000) != 1 ||
-                      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0)) {
-        ::close(fd);
-        continue;
-      }
-      fd_ = fd;
-    }
-    freeaddrinfo(res);
-  }
-  ~StoreWatch() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  bool gone() {
-    if (gone_.load() || fd_ < 0) return gone_.load();
-    char c;
-    ssize_t r = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) gone_.store(true);
-    return gone_.load();
-  }
-
- private:
-  int fd_ = -1;
-  std::atomic<bool> gone_{false};
-};
-
 // The first line of a c10d error: its what() goes on with a C++ backtrace.
 std::string firstLine(const std::exception& e) {
   std::string w = e.what();
@@ -117,7 +59,7 @@ class C10dStore : public engine::Store {
   explicit C10dStore(c10::intrusive_ptr<c10d::Store> s) : s_(std::move(s)) {
     c10::intrusive_ptr<c10d::Store> base = s_;
     if (auto* p = dynamic_cast<c10d::PrefixStore*>(base.get())) base = p->getUnderlyingNonPrefixStore();
-    if (auto* tcp = dynamic_cast<c10d::TCPStore*>(base.get())) watch_ = StoreWatch::of(tcp->getHost(), tcp->getPort());
+    if (auto* tcp = dynamic_cast<c10d::TCPStore*>(base.get())) watch_ = engine::StoreWatch::of(tcp->getHost(), tcp->getPort());
   }
   void set(const std::string& k, const std::string& v) override {
     try {
@@ -144,7 +86,7 @@ class C10dStore : public engine::Store {
 
  private:
   c10::intrusive_ptr<c10d::Store> s_;
-  std::shared_ptr<StoreWatch> watch_;
+  std::shared_ptr<engine::StoreWatch> watch_;
   std::atomic<bool> lost_{false};
 };
 
