@@ -204,6 +204,10 @@ TEST(Rendezvous, PeersWithTheSecretConnectEveryLaneWhileStrangersIdle) {
   }
   // Not a speed claim: far below the 2 s per stranger that reading hellos one by one cost.
   EXPECT_LT(took, std::chrono::seconds(10));
+  // Each stranger is named once set-up is over, whether it was accepted or still queued.
+  EXPECT_EQ(acceptor.dropped().size(), strangers.size());
+  for (const std::string& line : acceptor.dropped())
+    EXPECT_NE(line.find("still mid-handshake when set-up ended"), std::string::npos) << line;
   for (int fd : strangers) ::close(fd);
 }
 

@@ -333,7 +333,10 @@ void Rendezvous::run(Clock::time_point deadline) {
     }
     bool waiting = std::any_of(expected_.begin(), expected_.end(), [](auto& e) { return !e.second; });
     bool dialing = std::any_of(conns_.begin(), conns_.end(), [](auto& c) { return c->dialer; });
-    if (!waiting && !dialing) return;
+    if (!waiting && !dialing) {
+      closeStrangers();
+      return;
+    }
 
     auto now = Clock::now();
     if (now >= deadline) {
@@ -404,30 +407,51 @@ void Rendezvous::run(Clock::time_point deadline) {
     if (!fds.empty() && who[0] == nullptr && fds[0].revents) {
       sockaddr_in from{};
       int fd;
-      while ((fd = listener_->accept(&from)) >= 0) {
-        size_t pending = 0;
-        for (auto& c : conns_) pending += !c->dialer;
-        if (pending >= kMaxPending) {
-          for (size_t i = 0; i < conns_.size(); ++i)
-            if (!conns_[i]->dialer) {
-              drop(i, "still mid-handshake when " + std::to_string(kMaxPending) + " more connections waited");
-              break;
-            }
-        }
-        auto c = std::make_unique<Conn>();
-        c->fd = fd;
-        c->addr = from;
-        c->since = Clock::now();
-        c->expect(kHello);
-        c->phase = Conn::kRecvHello;
-        conns_.push_back(std::move(c));
-        try {
-          advance(*conns_.back());  // its hello is often there already
-        } catch (const Stranger& s) {
-          drop(conns_.size() - 1, s.why);
-        }
-      }
+      while ((fd = listener_->accept(&from)) >= 0) adopt(fd, from);
     }
+  }
+}
+
+void Rendezvous::adopt(int fd, const sockaddr_in& from) {
+  size_t pending = 0;
+  for (auto& c : conns_) pending += !c->dialer;
+  if (pending >= kMaxPending) {
+    for (size_t i = 0; i < conns_.size(); ++i)
+      if (!conns_[i]->dialer) {
+        drop(i, "still mid-handshake when " + std::to_string(kMaxPending) + " more connections waited");
+        break;
+      }
+  }
+  auto c = std::make_unique<Conn>();
+  c->fd = fd;
+  c->addr = from;
+  c->since = Clock::now();
+  c->expect(kHello);
+  c->phase = Conn::kRecvHello;
+  conns_.push_back(std::move(c));
+  try {
+    advance(*conns_.back());  // its hello is often there already
+  } catch (const Stranger& s) {
+    drop(conns_.size() - 1, s.why);
+  }
+}
+
+void Rendezvous::closeStrangers() {
+  // Every group member is in. Whatever else reached the listener (accepted or still in its
+  // backlog) is a stranger: each is named in the log, with what it sent if that is already
+  // here, before the listener closes and the kernel resets them.
+  if (listener_) {
+    sockaddr_in from{};
+    int fd;
+    while ((fd = listener_->accept(&from)) >= 0) adopt(fd, from);
+  }
+  while (!conns_.empty()) {
+    size_t i = conns_.size() - 1;
+    if (conns_[i]->dialer) {
+      conns_.pop_back();
+      continue;
+    }
+    drop(i, "still mid-handshake when set-up ended");
   }
 }
 

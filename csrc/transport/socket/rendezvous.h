@@ -57,6 +57,8 @@ class Rendezvous {
   struct Conn;
   void startConnect(Conn& c);
   void drop(size_t i, const std::string& why);
+  void adopt(int fd, const sockaddr_in& from);  // an accepted connection starts its handshake
+  void closeStrangers();                        // set-up is done: name and close the rest
   bool advance(Conn& c);  // false: the connection is done for (dropped or failed)
   void finishClientHello(Conn& c);
   void finishServerHello(Conn& c);
