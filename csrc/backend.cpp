@@ -13,8 +13,8 @@
 #include <atomic>
 #include <sstream>
 
-#include "engine/error.h"
-#include "engine/log.h"
+#include "common/error.h"
+#include "common/log.h"
 #include "engine/store_watch.h"
 
 namespace railcc {
@@ -362,9 +362,9 @@ class WorkRailcc : public c10d::Work {
   std::exception_ptr error_;
 };
 
-engine::Config configFromEnv() {
+Config configFromEnv() {
   log::reinit();
-  return engine::Config::fromEnv();
+  return Config::fromEnv();
 }
 
 }  // namespace

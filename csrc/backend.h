@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "engine/communicator.h"
-#include "engine/error.h"
+#include "common/error.h"
 
 namespace railcc {
 

@@ -6,8 +6,8 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend.h"
-#include "engine/config.h"
-#include "engine/error.h"
+#include "common/config.h"
+#include "common/error.h"
 
 namespace py = pybind11;
 
@@ -99,7 +99,7 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("params", [] {
     py::list rows;
-    for (const auto& p : railcc::engine::describeParams()) {
+    for (const auto& p : railcc::describeParams()) {
       py::dict d;
       d["name"] = p.name;
       d["env"] = p.env;

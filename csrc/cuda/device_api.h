@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "engine/types.h"
+#include "common/types.h"
 
 namespace railcc::cuda {
 

@@ -8,7 +8,7 @@
 
 #include <cstddef>
 
-#include "engine/types.h"
+#include "common/types.h"
 
 namespace railcc::cuda {
 

@@ -3,7 +3,7 @@
 #include <system_error>
 #include <thread>
 
-#include "engine/log.h"
+#include "common/log.h"
 
 namespace railcc::engine {
 

@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "engine/callback_pool.h"
-#include "engine/config.h"
+#include "common/config.h"
 #include "engine/device.h"
 #include "engine/store.h"
-#include "engine/types.h"
+#include "common/types.h"
 
 namespace railcc::engine {
 

@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "engine/error.h"
-#include "engine/log.h"
+#include "common/error.h"
+#include "common/log.h"
 
 namespace railcc::engine {
 namespace {

@@ -2,8 +2,8 @@
 // inner loops are plain element loops the compiler vectorizes; half types widen to float.
 #include <cstring>
 
-#include "engine/error.h"
-#include "engine/types.h"
+#include "common/error.h"
+#include "common/types.h"
 
 namespace railcc {
 namespace {

@@ -1,6 +1,6 @@
 #include "engine/store.h"
 
-#include "engine/error.h"
+#include "common/error.h"
 
 namespace railcc::engine {
 

@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include "transport/copy.h"
+
 namespace railcc::transport {
 
 /// Where a buffer lives. Host only today; CUDA and DMABUF are for the cuda_ipc and ib
@@ -17,16 +19,6 @@ enum class MemoryKind { kHost, kCuda, kDmabuf };
 ///
 /// Receiving has two forms: recv() copies out; peek()/consume() expose the bytes in place,
 /// which lets the engine reduce straight out of shared memory or a staging buffer.
-/// memcpy with non-temporal stores: for large destinations that will not be read again soon
-/// (a collective's result bigger than the last-level cache). Writing around the cache saves
-/// the read-for-ownership of every destination line; measured here 40 GB/s against 20-25
-/// for memcpy into a 64 MiB destination, while memcpy wins below the cache size. Ends with a
-/// store fence, so the data is visible to another thread once the caller publishes it.
-void streamCopy(void* dst, const void* src, size_t n);
-
-/// Bytes of the last-level cache shared by this CPU (sysfs; 32 MiB when unknown).
-size_t lastLevelCacheBytes();
-
 class Connection {
  public:
   virtual ~Connection() = default;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "engine/communicator.h"
-#include "engine/error.h"
+#include "common/error.h"
 #include "ranks.h"
 #include "transport/transport.h"
 

@@ -24,7 +24,7 @@
 
 #include "engine/communicator.h"
 #include "engine/device.h"
-#include "engine/error.h"
+#include "common/error.h"
 #include "ranks.h"
 
 using namespace railcc;

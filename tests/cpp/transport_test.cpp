@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "engine/error.h"
-#include "engine/types.h"
+#include "common/error.h"
+#include "common/types.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/socket/auth.h"
 #include "transport/socket/rendezvous.h"

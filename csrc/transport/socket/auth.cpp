@@ -5,7 +5,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "engine/error.h"
+#include "common/error.h"
 
 namespace railcc::transport::socket {
 namespace {

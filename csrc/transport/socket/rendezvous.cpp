@@ -9,8 +9,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "engine/error.h"
-#include "engine/log.h"
+#include "common/error.h"
+#include "common/log.h"
 #include "transport/socket/auth.h"
 #include "transport/socket/socket_transport.h"
 

@@ -13,8 +13,8 @@
 #include <cstring>
 #include <thread>
 
-#include "engine/error.h"
-#include "engine/log.h"
+#include "common/error.h"
+#include "common/log.h"
 
 namespace railcc::transport::socket {
 namespace {

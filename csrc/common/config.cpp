@@ -1,12 +1,12 @@
-#include "engine/config.h"
+#include "common/config.h"
 
 #include <cstdlib>
 #include <string>
 
-#include "engine/error.h"
-#include "engine/log.h"
+#include "common/error.h"
+#include "common/log.h"
 
-namespace railcc::engine {
+namespace railcc {
 namespace {
 
 bool parse(const std::string& s, std::string& out) {
@@ -146,4 +146,4 @@ std::vector<ParamInfo> describeParams() {
   return rows;
 }
 
-}  // namespace railcc::engine
+}  // namespace railcc

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-namespace railcc::engine {
+namespace railcc {
 
 // The single table of railcc's parameters. Each row gives the member name, its type, the
 // environment variable, an NCCL_* fallback that means the same thing (or ""), the default,
@@ -102,4 +102,4 @@ struct ParamInfo {
 /// One row per parameter with its effective value: for `python -m railcc env` and README.
 std::vector<ParamInfo> describeParams();
 
-}  // namespace railcc::engine
+}  // namespace railcc

@@ -1,4 +1,4 @@
-#include "engine/log.h"
+#include "common/log.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "engine/error.h"
+#include "common/error.h"
 
 namespace railcc {
 

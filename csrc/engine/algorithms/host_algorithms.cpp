@@ -1,0 +1,391 @@
+#include "engine/comm_impl.h"
+
+namespace railcc::engine {
+
+// ---------------------------------------------------------------------------------------
+// Algorithms. Direct, pairwise schedules: at step s rank r sends to r+s and receives from
+// r-s, so every step pairs distinct peers and the order of every reduction is fixed.
+
+
+void CommImpl::oneshotReduce(const std::function<const char*(int)>& blockOf, char* out, size_t count, DataType dt,
+                             ReduceOp op, double scale) {
+  int n = size_, r = rank_;
+  size_t bytes = count * dtypeSize(dt), stride = pad8(bytes);
+  if (scratch_.size() < stride * static_cast<size_t>(n)) scratch_.resize(stride * static_cast<size_t>(n));
+  char* sc = scratch_.data();
+  auto slot = [&](int p) { return sc + stride * static_cast<size_t>(p); };
+  std::vector<Transfer> xs;
+  xs.reserve(2 * static_cast<size_t>(n));
+  for (int p = 0; p < n; ++p)
+    if (p != r) {
+      xs.push_back(sendTo(p, blockOf(p), bytes));
+      xs.push_back(recvFrom(p, slot(p), bytes));
+    }
+  std::memcpy(slot(r), blockOf(r), bytes);  // `out` may alias our own block
+  exchange(xs);
+  if (op == ReduceOp::kPremulSum) scaleCopy(out, slot(0), count, dt, scale);
+  else std::memcpy(out, slot(0), bytes);
+  for (int p = 1; p < n; ++p) reduceInto(out, slot(p), count, dt, op, scale);
+  if (op == ReduceOp::kAvg) divideBy(out, count, dt, n);
+}
+
+// Broadcast when every rank shares this host: an all-gather through the rings in which only
+// the root's piece is not empty. The root writes each byte once and every other rank copies it
+// out (n copies of the data in all; a chain of FIFOs makes 2(n-1)).
+//
+// Every rank sends its call's header to every other rank and checks theirs after the data has
+// moved: each waits for one event (the root's data, or for the root the ring's space) instead
+// of two (every header, then the data), which on shared cores is one wake-up fewer per rank on
+// the critical path. A rank that disagrees (count, dtype, root, another op) makes every rank
+// that checks its header fail, the root included, and the root's failure reaches a rank that
+// waits on the wrong ring. The header receives are posted before the ring and read while it
+// runs, so a rank that took the FIFO chain instead (a root whose count is at most
+// RAILCC_ONESHOT_BYTES when ours is larger) fails the rank it sends to at once. Only a
+// broadcast larger than the ring has the root wait for the headers first: its writes wait for
+// every reader to make room, and a rank reading another ring never would.
+void CommImpl::runBroadcastRing(char* buf, size_t bytes, int root) {
+  std::vector<size_t> sizes(static_cast<size_t>(size_), 0);
+  std::vector<char*> outs(static_cast<size_t>(size_), nullptr);
+  sizes[static_cast<size_t>(root)] = bytes;
+  outs[static_cast<size_t>(root)] = buf;
+  if (rank_ == root && bytes > shm_->bcastRing(-1).capacity()) {
+    syncRound();
+    return runAllgatherRing(buf, sizes, outs, false);
+  }
+  std::vector<Transfer> sends, recvs;
+  headerRound(sends, recvs);
+  exchange(sends);
+  post(recvs);
+  runAllgatherRing(buf, sizes, outs, false);
+  complete(recvs);
+}
+
+
+void CommImpl::pairwiseReduceScatter(const std::vector<int>& g, char* buf, size_t count, DataType dt, ReduceOp op,
+                                     double scale) {
+  const int m = static_cast<int>(g.size()), i = positionIn(g, rank_);
+  const size_t es = dtypeSize(dt);
+  Blocks b(count, m, es);
+  char* mine = buf + b.offset(i);
+  if (op == ReduceOp::kPremulSum) scaleCopy(mine, mine, b.count(i), dt, scale);
+  for (int s = 1; s < m; ++s) {
+    int to = (i + s) % m, from = (i - s + m) % m;
+    std::vector<Transfer> xs{sendTo(g[static_cast<size_t>(to)], buf + b.offset(to), b.count(to) * es),
+                             recvReduce(g[static_cast<size_t>(from)], mine, b.count(i), dt, op, scale)};
+    exchange(xs);
+  }
+}
+
+void CommImpl::pairwiseAllgather(const std::vector<int>& g, char* buf, size_t count, size_t es) {
+  const int m = static_cast<int>(g.size()), i = positionIn(g, rank_);
+  Blocks b(count, m, es);
+  for (int s = 1; s < m; ++s) {
+    int to = (i + s) % m, from = (i - s + m) % m;
+    std::vector<Transfer> xs{sendTo(g[static_cast<size_t>(to)], buf + b.offset(i), b.count(i) * es),
+                             recvFrom(g[static_cast<size_t>(from)], buf + b.offset(from), b.count(from) * es)};
+    exchange(xs);
+  }
+}
+
+void CommImpl::runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
+  int n = size_, r = rank_;
+  size_t es = dtypeSize(dt);
+  if (oneshot(count * es)) return oneshotReduce([buf](int) { return buf; }, buf, count, dt, op, scale);
+  if (ringsCover() && ringSlice() > 0) return runAllreduceRings(buf, count, dt, op, scale);
+  if (!rail_.empty()) return runAllreduceHosts(buf, count, dt, op, scale);
+  std::vector<int> all(static_cast<size_t>(n));
+  std::iota(all.begin(), all.end(), 0);
+  pairwiseReduceScatter(all, buf, count, dt, op, scale);
+  Blocks b(count, n, es);
+  char* mine = buf + b.offset(r);
+  if (op == ReduceOp::kAvg) divideBy(mine, b.count(r), dt, n);
+  if (ringsCover()) {
+    // The reduce-scatter above already checked every peer's fingerprint.
+    std::vector<size_t> sizes(static_cast<size_t>(n));
+    std::vector<char*> outs(static_cast<size_t>(n));
+    for (int p = 0; p < n; ++p) {
+      sizes[static_cast<size_t>(p)] = b.count(p) * es;
+      outs[static_cast<size_t>(p)] = buf + b.offset(p);
+    }
+    return runAllgatherRing(mine, sizes, outs, false);
+  }
+  pairwiseAllgather(all, buf, count, es);
+}
+
+// All-reduce across hosts that each run the same number of ranks: reduce-scatter among the
+// ranks of each host (shared memory), all-reduce each host's piece among the ranks that hold
+// it on every host (one rail: the network), then all-gather on each host again. Every rank
+// sends S/L bytes over the network where the flat pairwise schedule sends about S (L ranks
+// per host, S the buffer's size), and each element is reduced once, by one rank, so every
+// rank ends with the same bits. Each rank checks the headers of its host's ranks and of its
+// rail; a rank that disagrees fails those, and their failure reaches the rest.
+void CommImpl::runAllreduceHosts(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
+  const size_t es = dtypeSize(dt);
+  const int L = static_cast<int>(localRanks_.size()), H = static_cast<int>(rail_.size());
+  Blocks b(count, L, es);
+  const int li = localIndex(rank_);
+  char* piece = buf + b.offset(li);
+  const size_t pc = b.count(li);
+  pairwiseReduceScatter(localRanks_, buf, count, dt, op, scale);
+  // The host's partial results are already scaled; an average divides once, at the end.
+  ReduceOp across = op == ReduceOp::kPremulSum || op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  pairwiseReduceScatter(rail_, piece, pc, dt, across, 1.0);
+  if (op == ReduceOp::kAvg) {
+    Blocks c(pc, H, es);
+    const int hi = positionIn(rail_, rank_);
+    divideBy(piece + c.offset(hi), c.count(hi), dt, size_);
+  }
+  pairwiseAllgather(rail_, piece, pc, es);
+  pairwiseAllgather(localRanks_, buf, count, es);
+}
+
+CommImpl::Rings CommImpl::rings() {
+  Rings r;
+  r.own = shm_->bcastRing(-1);
+  r.of.resize(static_cast<size_t>(size_));
+  r.myIdx = localIndex(rank_);
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) {
+      r.of[static_cast<size_t>(p)] = shm_->bcastRing(localIndex(p));
+      r.consumers.push_back(localIndex(p));
+      r.wake.push_back(shm_->headerOf(localIndex(p)));
+      r.on.push_back({kCollLane, p});
+    }
+  return r;
+}
+
+void CommImpl::ringTurn(const Rings& r, size_t moved, const std::function<bool()>& ready) {
+  for (auto& [lane, peer] : r.on)
+    if (!chans_[lane][static_cast<size_t>(peer)].recvq.empty()) moved += progressChannel(lane, peer);
+  if (moved + pumpP2P() > 0) {
+    lastProgress_ = Clock::now();
+    return;
+  }
+  if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
+  idle(r.on, current_->timeout, opKindName(current_->kind), ready);
+}
+
+// Reductions when every rank shares this host, through the broadcast rings, in chunks. Per
+// chunk k each rank q owns a piece of `count(k, q)` elements; `in(k, q)` is our input for it
+// and `out(k, q)` where it ends. Each rank writes into its ring the pieces its peers reduce
+// (block A: every piece but its own, in rank order), then reduces its own piece in one pass,
+// in rank order, straight out of the peers' rings. With `gather` (all-reduce) it then writes
+// that result into its ring (block B) and copies every peer's result out of theirs. Each ring
+// carries A0 B0 A1 B1 ... (A0 A1 ... without gather); a peer may write A(k+1) while we still
+// copy its B(k). For a 4-rank all-reduce of 16 MiB each rank reads and writes about 76 MiB
+// where the pairwise reduce-scatter and ring all-gather moved 92 (n-1 reduction passes, each
+// reading and writing the accumulator), with two waits per chunk instead of n. Headers are
+// checked while the data moves, as in the ring broadcast.
+struct CommImpl::RingReduce {
+  size_t nchunks;  // every chunk but the last has the same counts
+  std::function<size_t(size_t, int)> count;
+  std::function<const char*(size_t, int)> in;
+  std::function<char*(size_t, int)> out;
+  bool gather;
+};
+
+void CommImpl::runRingsReduce(const RingReduce& job, DataType dt, ReduceOp op, double scale, bool bypass) {
+  const int n = size_, me = rank_;
+  const size_t es = dtypeSize(dt), nchunks = job.nchunks, blocks = job.gather ? 2 : 1;
+  Rings rs = rings();
+  transport::shm::BcastRing& own = rs.own;
+  const int myIdx = rs.myIdx;
+  std::vector<transport::shm::BcastRing>& peerRing = rs.of;
+  std::vector<Transfer> sends, recvs;
+  headerRound(sends, recvs);
+  exchange(sends);
+  post(recvs);
+
+  // Piece sizes of a chunk, worked out once for the full chunks and once for the last.
+  struct Layout {
+    std::vector<size_t> bytes, before;  // piece q's bytes, and those of pieces 0..q-1
+    size_t total = 0;
+  };
+  auto layoutOf = [&](size_t k) {
+    Layout l;
+    for (int q = 0; q < n; ++q) {
+      l.before.push_back(l.total);
+      l.bytes.push_back(job.count(k, q) * es);
+      l.total += l.bytes.back();
+    }
+    return l;
+  };
+  const Layout full = layoutOf(0), last = layoutOf(nchunks ? nchunks - 1 : 0);
+  auto layout = [&](size_t k) -> const Layout& { return k + 1 == nchunks ? last : full; };
+  auto bytes = [&](size_t k, int q) { return layout(k).bytes[static_cast<size_t>(q)]; };
+  // Block A of producer p: every piece but p's, in rank order.
+  auto offsetInA = [&](size_t k, int p, int q) {
+    const Layout& l = layout(k);
+    return l.before[static_cast<size_t>(q)] - (p < q ? l.bytes[static_cast<size_t>(p)] : 0);
+  };
+  auto bytesA = [&](size_t k, int p) { return layout(k).total - bytes(k, p); };
+
+  size_t written = 0, reduced = 0;  // own blocks written (A0 B0 A1 ... or A0 A1 ...), chunks reduced
+  std::vector<size_t> read(static_cast<size_t>(n), 0);  // blocks of each peer consumed
+  read[static_cast<size_t>(me)] = blocks * nchunks;
+  auto done = [&] {
+    if (written < blocks * nchunks || reduced < nchunks) return false;
+    for (size_t x : read)
+      if (x < blocks * nchunks) return false;
+    return true;
+  };
+  // The peers' A blocks of chunk `reduced`, once every one is there (and our own is written).
+  auto inputsReady = [&] {
+    if (reduced >= nchunks || written <= blocks * reduced) return false;
+    for (int p = 0; p < n; ++p)
+      if (p != me && (read[static_cast<size_t>(p)] != blocks * reduced ||
+                      !peerRing[static_cast<size_t>(p)].block(myIdx, bytesA(reduced, p))))
+        return false;
+    return true;
+  };
+  // Our next block, once there is room for it (B only after its chunk is reduced).
+  auto nextWrite = [&](bool commit) {
+    if (written >= blocks * nchunks) return false;
+    size_t k = written / blocks;
+    bool isA = written % blocks == 0;
+    if (!isA && reduced <= k) return false;
+    size_t len = isA ? bytesA(k, me) : bytes(k, me);
+    char* dst = own.reserve(len, rs.consumers);
+    if (!dst || !commit) return dst != nullptr;
+    if (isA) {
+      for (int q = 0; q < n; ++q)
+        if (q != me) std::memcpy(dst + offsetInA(k, me, q), job.in(k, q), bytes(k, q));
+    } else {
+      std::memcpy(dst, job.out(k, me), len);
+    }
+    own.publish(len, rs.wake);
+    ++written;
+    return true;
+  };
+  // A peer's result B(k), once it is there.
+  auto resultOf = [&](int p) -> const char* {
+    size_t x = read[static_cast<size_t>(p)];
+    if (!job.gather || p == me || x % 2 == 0 || x >= 2 * nchunks) return nullptr;
+    return peerRing[static_cast<size_t>(p)].block(myIdx, bytes(x / 2, p));
+  };
+  while (!done()) {
+    size_t moved = 0;
+    if (nextWrite(true)) moved += 1;
+    if (inputsReady()) {
+      size_t k = reduced, cnt = bytes(k, me) / es;
+      char* out = job.out(k, me);
+      const char* mine = job.in(k, me);
+      if (op == ReduceOp::kPremulSum) scaleCopy(out, mine, cnt, dt, scale);
+      else if (out != mine) std::memmove(out, mine, cnt * es);
+      for (int p = 0; p < n; ++p) {
+        if (p == me) continue;
+        auto& from = peerRing[static_cast<size_t>(p)];
+        reduceInto(out, from.block(myIdx, bytesA(k, p)) + offsetInA(k, p, me), cnt, dt, op, scale);
+        from.release(myIdx, bytesA(k, p));
+        ++read[static_cast<size_t>(p)];
+      }
+      if (op == ReduceOp::kAvg) divideBy(out, cnt, dt, n);
+      ++reduced;
+      moved += cnt * es + 1;
+    }
+    for (int p = 0; p < n; ++p) {
+      const char* src = resultOf(p);
+      if (!src) continue;
+      size_t k = read[static_cast<size_t>(p)] / 2, len = bytes(k, p);
+      if (bypass) transport::streamCopy(job.out(k, p), src, len);
+      else std::memcpy(job.out(k, p), src, len);
+      peerRing[static_cast<size_t>(p)].release(myIdx, len);
+      ++read[static_cast<size_t>(p)];
+      moved += len + 1;
+    }
+    ringTurn(rs, moved, [&] {
+      if (nextWrite(false) || inputsReady()) return true;
+      for (int p = 0; p < n; ++p)
+        if (resultOf(p)) return true;
+      return false;
+    });
+  }
+  complete(recvs);
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    size_t sent = 0, got = 0;  // p reads its piece of our A (and our B); we read ours of its
+    for (size_t k = 0; k < nchunks; ++k) {
+      sent += bytes(k, p) + (job.gather ? bytes(k, me) : 0);
+      got += bytes(k, me) + (job.gather ? bytes(k, p) : 0);
+    }
+    tele_->opBytes(current_->traceId, p, sent, got);
+  }
+}
+
+void CommImpl::runAllreduceRings(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
+  const size_t es = dtypeSize(dt), chunkElems = ringSlice() / es * static_cast<size_t>(size_);
+  auto chunkOf = [=](size_t k) { return Blocks(std::min(chunkElems, count - k * chunkElems), size_, es); };
+  auto piece = [=](size_t k, int q) { return buf + k * chunkElems * es + chunkOf(k).offset(q); };
+  RingReduce job{(count + chunkElems - 1) / chunkElems, [=](size_t k, int q) { return chunkOf(k).count(q); },
+                 piece, piece, true};
+  runRingsReduce(job, dt, op, scale, count * es >= streamMin_);
+}
+
+void CommImpl::runReduceScatterRings(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
+                                     double scale) {
+  const size_t es = dtypeSize(dt), chunkElems = ringSlice() / es;
+  const int me = rank_;
+  auto cnt = [=](size_t k) { return std::min(chunkElems, count - k * chunkElems); };
+  RingReduce job{(count + chunkElems - 1) / chunkElems, [=](size_t k, int) { return cnt(k); },
+                 [=, &ins](size_t k, int q) -> const char* { return ins[static_cast<size_t>(q)] + k * chunkElems * es; },
+                 [=](size_t k, int q) -> char* { return q == me ? out + k * chunkElems * es : nullptr; }, false};
+  runRingsReduce(job, dt, op, scale, false);
+}
+
+// All-gather through the broadcast rings: each rank writes its piece once into its own ring
+// and copies every peer's piece out of theirs, n copies of each piece in all where per-peer
+// FIFOs make 2(n-1). With `headers`, header-only messages check every peer's call first.
+void CommImpl::runAllgatherRing(const char* mine, const std::vector<size_t>& sizes, const std::vector<char*>& outs,
+                                bool headers) {
+  int n = size_, me = rank_;
+  if (headers) syncRound();
+  const size_t chunk = 256u << 10;
+  Rings rs = rings();
+  transport::shm::BcastRing& own = rs.own;
+  const int myIdx = rs.myIdx;
+  const size_t myBytes = sizes[static_cast<size_t>(me)];
+  size_t wrote = 0;
+  std::vector<size_t> got(static_cast<size_t>(n), 0);
+  got[static_cast<size_t>(me)] = myBytes;
+  auto complete = [&] {
+    if (wrote < myBytes) return false;
+    for (int p = 0; p < n; ++p)
+      if (got[static_cast<size_t>(p)] < sizes[static_cast<size_t>(p)]) return false;
+    return true;
+  };
+  while (!complete()) {
+    size_t moved = 0;
+    if (wrote < myBytes) {
+      size_t k = own.write(mine + wrote, std::min(chunk, myBytes - wrote), rs.consumers, rs.wake);
+      wrote += k;
+      moved += k;
+    }
+    for (int p = 0; p < n; ++p) {
+      size_t want = sizes[static_cast<size_t>(p)] - got[static_cast<size_t>(p)];
+      if (p == me || want == 0) continue;
+      auto& ring = rs.of[static_cast<size_t>(p)];
+      auto [src, avail] = ring.peek(myIdx);
+      size_t k = std::min(avail, want);
+      if (k == 0) continue;
+      if (sizes[static_cast<size_t>(p)] >= streamMin_)
+        transport::streamCopy(outs[static_cast<size_t>(p)] + got[static_cast<size_t>(p)], src, k);
+      else
+        std::memcpy(outs[static_cast<size_t>(p)] + got[static_cast<size_t>(p)], src, k);
+      ring.consume(myIdx, k);
+      got[static_cast<size_t>(p)] += k;
+      moved += k;
+    }
+    ringTurn(rs, moved, [&] {
+      if (wrote < myBytes && own.canWrite(rs.consumers)) return true;
+      for (int p = 0; p < n; ++p)
+        if (p != me && got[static_cast<size_t>(p)] < sizes[static_cast<size_t>(p)] &&
+            rs.of[static_cast<size_t>(p)].readable(myIdx))
+          return true;
+      return false;
+    });
+  }
+  for (int p = 0; p < n; ++p)
+    if (p != me) tele_->opBytes(current_->traceId, p, myBytes, sizes[static_cast<size_t>(p)]);
+}
+
+}  // namespace railcc::engine

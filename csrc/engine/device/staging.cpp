@@ -1,0 +1,171 @@
+#include "engine/comm_impl.h"
+
+namespace railcc::engine {
+
+// ---------------------------------------------------------------------------------------
+// Device buffers: pinned staging
+
+void CommImpl::deviceWait(const cuda::DeviceApi& api, void* ev, int device, const char* what) {
+  auto t0 = Clock::now();
+  Millis limit = current_ ? current_->timeout : opts_.timeout;
+  for (int spins = 0;; ++spins) {
+    int e = api.eventQuery(ev);
+    if (e == 0) return;
+    if (e != api.notReady) checkDevice(e, "cudaEventQuery", device);
+    if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
+    if (Clock::now() - t0 > limit)
+      RAILCC_THROW(kTimeout, what, " on cuda:", device, " did not finish within ", limit.count(),
+                   " ms: the GPU is hung, or busy with work queued before this op on the caller's stream");
+    // The copies take tens of microseconds to milliseconds: poll briefly, then nap.
+    if (spins < 64) __builtin_ia32_pause();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+void CommImpl::releaseDevice() {
+  if (devOf_ < 0 && !stage_ && ipc_.pool.empty()) return;
+  const cuda::DeviceApi* api = nullptr;
+  try {
+    api = &deviceApi();
+  } catch (const Error&) {
+    return;
+  }
+  // Errors are ignored here: at process exit the CUDA runtime may already be gone. This runs
+  // on the caller's thread (shutdown), whose current device is put back afterwards.
+  int callerDevice = -1;
+  api->getDevice(&callerDevice);
+  if (devOf_ >= 0) api->setDevice(devOf_);
+  // IPC ops may still run on the GPU (they complete once queued): let them finish before the
+  // peers' pools are unmapped, but never hang teardown on a GPU that does not.
+  if (lastStream_ && stageEv_[0] && api->eventRecord(stageEv_[0], lastStream_) == 0) {
+    auto until = Clock::now() + std::chrono::seconds(10);
+    while (api->eventQuery(stageEv_[0]) == api->notReady && Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  lastStream_ = nullptr;
+  releaseIpc(*api, false);
+  for (auto& ev : stageEv_)
+    if (ev) api->eventDestroy(ev), ev = nullptr;
+  if (ownStream_) api->streamDestroy(ownStream_), ownStream_ = nullptr;
+  if (stage_) api->hostFree(stage_), stage_ = nullptr;
+  stageCap_ = 0;
+  devOf_ = -1;
+  if (callerDevice >= 0) api->setDevice(callerDevice);
+}
+
+CommImpl::DeviceOp CommImpl::beginDevice(const Placement& where) {
+  const cuda::DeviceApi& api = deviceApi();
+  const int d = where.device;
+  checkDevice(api.setDevice(d), "cudaSetDevice", d);
+  if (devOf_ != d) {
+    // Events and streams belong to one device; a group that moves to another starts afresh.
+    for (auto& ev : stageEv_)
+      if (ev) api.eventDestroy(ev), ev = nullptr;
+    if (ownStream_) api.streamDestroy(ownStream_), ownStream_ = nullptr;
+    devOf_ = d;
+    lastStream_ = nullptr;
+    for (auto& ev : stageEv_) checkDevice(api.eventCreate(&ev), "cudaEventCreate", d);
+  }
+  void* stream = where.stream;
+  if (!stream) {
+    if (!ownStream_) checkDevice(api.streamCreate(&ownStream_), "cudaStreamCreate", d);
+    stream = ownStream_;
+  }
+  if (where.waitEvent) checkDevice(api.streamWaitEvent(stream, where.waitEvent), "cudaStreamWaitEvent", d);
+  // Ops complete once queued, and what orders one op's writes to the IPC pool after the peers'
+  // reads of the op before is that op's stream: a new stream first waits for the last one.
+  if (lastStream_ && lastStream_ != stream) {
+    checkDevice(api.eventRecord(stageEv_[1], lastStream_), "cudaEventRecord", d);
+    checkDevice(api.streamWaitEvent(stream, stageEv_[1]), "cudaStreamWaitEvent (previous op's stream)", d);
+  }
+  lastStream_ = stream;
+  return {d, stream, where.queued && where.stream != nullptr};
+}
+
+void CommImpl::runStaged(const DeviceOp& dv, DataType dt, size_t slots, std::vector<Region> regions,
+                         const StagedBody& body, bool agree) {
+  const cuda::DeviceApi& api = deviceApi();
+  const int d = dv.device;
+  void* stream = dv.stream;
+
+  // Regions at one address are staged once, so an in-place op stays in place on the host.
+  std::vector<size_t> slot(regions.size());
+  std::vector<Region> uniq;
+  for (size_t i = 0; i < regions.size(); ++i) {
+    size_t j = 0;
+    while (j < uniq.size() && !(regions[i].dev != nullptr && uniq[j].dev == regions[i].dev && uniq[j].count == regions[i].count))
+      ++j;
+    if (j == uniq.size()) uniq.push_back(regions[i]);
+    uniq[j].in |= regions[i].in;
+    uniq[j].out |= regions[i].out;
+    slot[i] = j;
+  }
+
+  const size_t es = dtypeSize(dt);
+  const size_t setBytes = static_cast<size_t>(std::max<int64_t>(opts_.config.cudaStagingBytes / 2, 4096));
+  const size_t per = std::max<size_t>(setBytes / std::max<size_t>(slots, 1) / es, 1);  // elements per region and chunk
+  const size_t stride = (per * es + 63) / 64 * 64;
+  size_t maxCount = 0;
+  for (auto& r : regions) maxCount = std::max(maxCount, r.count);
+  if (agree && size_ > 1) {
+    int64_t m = static_cast<int64_t>(maxCount);
+    runAllreduce(reinterpret_cast<char*>(&m), 1, DataType::kInt64, ReduceOp::kMax, 1.0);
+    maxCount = static_cast<size_t>(m);
+  }
+  const size_t chunks = std::max<size_t>(1, (maxCount + per - 1) / per);
+  const size_t need = 2 * std::max<size_t>(uniq.size(), 1) * stride;
+  if (stageCap_ < need) {
+    if (stage_) checkDevice(api.hostFree(stage_), "cudaFreeHost", d), stage_ = nullptr, stageCap_ = 0;
+    void* p = nullptr;
+    checkDevice(api.hostAlloc(&p, need), "cudaHostAlloc (pinned staging)", d);
+    stage_ = static_cast<char*>(p);
+    stageCap_ = need;
+    RAILCC_INFO(COLL, "group '", opts_.name, "': ", need >> 10, " KiB of pinned staging for cuda:", d,
+                " (RAILCC_CUDA_STAGING_BYTES=", opts_.config.cudaStagingBytes, ")");
+  }
+  auto hostOf = [&](size_t set, size_t j) { return stage_ + (set * uniq.size() + j) * stride; };
+  auto piece = [&](size_t count, size_t k) {
+    size_t lo = k * per;
+    return lo >= count ? size_t(0) : std::min(per, count - lo);
+  };
+  auto toHost = [&](size_t k, size_t set) {
+    for (size_t j = 0; j < uniq.size(); ++j) {
+      size_t n = uniq[j].in ? piece(uniq[j].count, k) : 0;
+      if (n)
+        checkDevice(api.memcpyAsync(hostOf(set, j), uniq[j].dev + k * per * es, n * es, stream),
+                    "cudaMemcpyAsync (device to pinned host)", d);
+    }
+    checkDevice(api.eventRecord(stageEv_[set], stream), "cudaEventRecord", d);
+  };
+  auto toDevice = [&](size_t k, size_t set) {
+    for (size_t j = 0; j < uniq.size(); ++j) {
+      size_t n = uniq[j].out ? piece(uniq[j].count, k) : 0;
+      if (n)
+        checkDevice(api.memcpyAsync(uniq[j].dev + k * per * es, hostOf(set, j), n * es, stream),
+                    "cudaMemcpyAsync (pinned host to device)", d);
+    }
+  };
+
+  std::vector<char*> host(regions.size());
+  std::vector<size_t> counts(regions.size());
+  toHost(0, 0);
+  for (size_t k = 0; k < chunks; ++k) {
+    size_t set = k & 1;
+    // Stream order keeps the copy back of chunk k-1 (same set) ahead of this copy out.
+    if (k + 1 < chunks) toHost(k + 1, set ^ 1);
+    deviceWait(api, stageEv_[set], d, "the copy of a chunk to pinned host memory");
+    for (size_t i = 0; i < regions.size(); ++i) {
+      host[i] = hostOf(set, slot[i]);
+      counts[i] = piece(regions[i].count, k);
+    }
+    body(host, counts);
+    lastProgress_ = Clock::now();
+    toDevice(k, set);
+  }
+  // The op completes once its results are on the device: the staging is then free for the
+  // next op, and the caller's buffers are no longer touched.
+  checkDevice(api.eventRecord(stageEv_[0], stream), "cudaEventRecord", d);
+  deviceWait(api, stageEv_[0], d, "the copy of the result back to the device");
+}
+
+}  // namespace railcc::engine

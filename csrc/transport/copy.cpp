@@ -1,0 +1,65 @@
+#include "transport/copy.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
+#include "transport/transport.h"
+
+namespace railcc::transport {
+
+void Connection::copyOut(void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); }
+
+void streamCopy(void* dst, const void* src, size_t n) {
+#if defined(__x86_64__)
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  size_t head = static_cast<size_t>(-reinterpret_cast<uintptr_t>(d)) & 15;  // align the stores
+  if (head > n) head = n;
+  std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  n -= head;
+  size_t body = n & ~size_t(63);
+  for (size_t i = 0; i < body; i += 64) {
+    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  std::memcpy(d + body, s + body, n - body);
+  _mm_sfence();
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+size_t lastLevelCacheBytes() {
+  // sysconf(_SC_LEVEL3_CACHE_SIZE) reports the host's cache inside some VMs; sysfs reports
+  // what this CPU shares.
+  size_t best = 0;
+  for (int i = 0; i < 8; ++i) {
+    std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream sz(dir + "size");
+    std::string v;
+    if (!(sz >> v) || v.empty()) continue;
+    size_t num = std::strtoull(v.c_str(), nullptr, 10);
+    char unit = v.back();
+    if (unit == 'K') num <<= 10;
+    else if (unit == 'M') num <<= 20;
+    best = std::max(best, num);
+  }
+  return best ? best : size_t(32) << 20;
+}
+
+}  // namespace railcc::transport

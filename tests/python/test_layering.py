@@ -1,0 +1,63 @@
+"""The layering of csrc, checked on every run: common <- transport, cuda <- engine <- glue.
+Every arrow points down; nothing below the glue includes torch, c10 or pybind11; and every
+source file stays a room a newcomer can hold in their head."""
+
+import os
+import re
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+CSRC = os.path.join(ROOT, "csrc")
+
+# What each layer may include from the project (by top folder under csrc).
+ALLOWED = {
+    "common": {"common"},
+    "transport": {"common", "transport"},
+    "cuda": {"common", "cuda"},
+    "engine": {"common", "transport", "cuda", "engine"},
+}
+FOREIGN = re.compile(r"#\s*include\s*[<\"](torch|c10|ATen|pybind11|Python\.h)")
+PROJECT = re.compile(r"#\s*include\s*\"([^\"]+)\"")
+MAX_LINES = 1000
+
+
+def _sources():
+    for dirpath, _, files in os.walk(CSRC):
+        for f in sorted(files):
+            if f.endswith((".h", ".cpp", ".cu", ".cuh")):
+                path = os.path.join(dirpath, f)
+                yield os.path.relpath(path, CSRC), path
+
+
+def test_every_include_points_down():
+    bad = []
+    for rel, path in _sources():
+        layer = rel.split(os.sep)[0] if os.sep in rel else "glue"
+        if layer not in ALLOWED:
+            continue  # the c10d glue (csrc/*.cpp) may include anything
+        with open(path) as f:
+            for n, line in enumerate(f, 1):
+                if FOREIGN.search(line):
+                    bad.append(f"{rel}:{n}: {layer} includes torch/pybind: {line.strip()}")
+                m = PROJECT.search(line)
+                if m:
+                    target = m.group(1).split("/")[0] if "/" in m.group(1) else "glue"
+                    if target not in ALLOWED[layer]:
+                        bad.append(f"{rel}:{n}: {layer} includes {target}: {line.strip()}")
+    assert not bad, "upward or foreign includes:\n" + "\n".join(bad)
+
+
+def test_source_files_stay_small():
+    big = []
+    for rel, path in _sources():
+        with open(path) as f:
+            n = sum(1 for _ in f)
+        if n > MAX_LINES:
+            big.append(f"{rel}: {n} lines")
+    assert not big, f"files over {MAX_LINES} lines:\n" + "\n".join(big)
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_each_layer_exists(layer):
+    assert os.path.isdir(os.path.join(CSRC, layer)), layer
