@@ -445,14 +445,8 @@ void Rendezvous::closeStrangers() {
     int fd;
     while ((fd = listener_->accept(&from)) >= 0) adopt(fd, from);
   }
-  while (!conns_.empty()) {
-    size_t i = conns_.size() - 1;
-    if (conns_[i]->dialer) {
-      conns_.pop_back();
-      continue;
-    }
-    drop(i, "still mid-handshake when set-up ended");
-  }
+  // Only accepted connections are left: run() returns once no dial is under way.
+  while (!conns_.empty()) drop(conns_.size() - 1, "still mid-handshake when set-up ended");
 }
 
 int Rendezvous::take(int peer, int lane) {
