@@ -97,6 +97,6 @@ setup(
     ext_modules=[CMakeExtension("railcc._C")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",
-    entry_points={"console_scripts": ["railcc-bench = railcc.bench:main"]},
+    entry_points={"console_scripts": ["railcc-bench = railcc.bench:main", "railcc = railcc.__main__:main"]},
     zip_safe=False,
 )

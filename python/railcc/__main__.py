@@ -1,6 +1,8 @@
 """python -m railcc env [--markdown]   list railcc's parameters (effective values, sources)
 python -m railcc bench ...          same as railcc-bench
-python -m railcc trace DIR [--json]  merge the flight-recorder dumps of all ranks into one verdict"""
+python -m railcc trace DIR [--json]  merge the flight-recorder dumps of all ranks into one verdict
+python -m railcc doctor [--json]     check this host's GPU/RDMA/network/shm/NUMA set-up, with fixes
+                                     (railcc doctor --help; --all-ranks under torchrun compares hosts)"""
 
 import sys
 
@@ -44,6 +46,10 @@ def main(argv=None):
         from .trace import main as trace_main
 
         return trace_main(argv[1:])
+    if argv[0] == "doctor":
+        from .doctor import main as doctor_main
+
+        return doctor_main(argv[1:])
     if argv[0] == "bench":
         from .bench import main as bench_main
 
