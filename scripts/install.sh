@@ -7,11 +7,14 @@ cd "$(dirname "$0")/.."
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 pkgs=(cmake ninja-build ccache g++ libgtest-dev libhwloc-dev libibverbs-dev iproute2)
+# The Soft-RoCE VM of the RDMA tests (tests/vm): a kernel with rdma_rxe, qemu, busybox for
+# its initrd, and rdma-core's tools and providers (rxe) for the verbs library.
+pkgs+=(qemu-system-x86 linux-image-amd64 busybox-static rdma-core ibverbs-providers ibverbs-utils cpio xz-utils)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 PY=${PYTHON:-python3}
