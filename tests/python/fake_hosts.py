@@ -130,7 +130,6 @@ def dgx(root, *, peermem=True, iommu=False, acs=False, shm="512g", memlock="unli
         sock = 0 if i < gpus // 2 else 1
         dom = f"pci0000:{'00' if sock == 0 else '80'}"
         bus = (0x00 if sock == 0 else 0x80) + 0x10 * (i % (gpus // 2) + 1)
-        rp = f"{dom}/0000:{bus - 0x10 + (0x80 if sock else 0) - (0x80 if sock else 0):02x}:0{i % 4 + 1}.0"
         rp = f"{dom}/0000:{(0x00 if sock == 0 else 0x80):02x}:{i % 4 + 1:02x}.0"
         h.pci(rp, "0x8086", _BRIDGE, numa=sock, acs_ctrl=acs_ctrl)
         up = f"{rp}/0000:{bus:02x}:00.0"

@@ -3,7 +3,6 @@ what it found, and the exact fix. Each also records facts (ctx.facts) that --all
 compares across hosts."""
 
 import difflib
-import os
 import re
 from dataclasses import dataclass
 
