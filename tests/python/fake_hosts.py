@@ -50,7 +50,7 @@ class FakeHost:
         target = os.path.join(self.root, target_rel.lstrip("/"))
         os.symlink(os.path.relpath(target, os.path.dirname(path)), path)
 
-    def pci(self, devpath, vendor, cls, numa=-1, acs_ctrl=None, iommu_group=None, driver=None):
+    def pci(self, devpath, vendor, cls, numa=-1, acs_ctrl=None, iommu_group=None):
         """devpath: "pci0000:00/0000:00:01.0/0000:01:00.0": the device is its last part."""
         bdf = devpath.rsplit("/", 1)[-1]
         d = f"/sys/devices/{devpath}"
@@ -63,9 +63,6 @@ class FakeHost:
         if iommu_group is not None:
             self.write(f"/sys/kernel/iommu_groups/{iommu_group}/type", self.iommu_type + "\n")
             self.link(f"{d}/iommu_group", f"/sys/kernel/iommu_groups/{iommu_group}")
-        if driver:
-            os.makedirs(os.path.join(self.root, f"sys/bus/pci/drivers/{driver}"), exist_ok=True)
-            self.link(f"{d}/driver", f"/sys/bus/pci/drivers/{driver}")
         return d
 
     def netdev(self, name, mtu=1500, up=True, ip=None, prefix=24, device=None, loopback=False):
@@ -137,9 +134,9 @@ def dgx(root, *, peermem=True, iommu=False, acs=False, shm="512g", memlock="unli
         dn_g, dn_n = f"{up}/0000:{bus + 1:02x}:00.0", f"{up}/0000:{bus + 1:02x}:01.0"
         h.pci(dn_g, "0x1000", _BRIDGE, numa=sock, acs_ctrl=acs_ctrl)
         h.pci(dn_n, "0x1000", _BRIDGE, numa=sock, acs_ctrl=acs_ctrl)
-        h.pci(f"{dn_g}/0000:{bus + 2:02x}:00.0", "0x10de", _GPU, numa=sock, iommu_group=group, driver="nvidia")
+        h.pci(f"{dn_g}/0000:{bus + 2:02x}:00.0", "0x10de", _GPU, numa=sock, iommu_group=group)
         nic = h.pci(f"{dn_n}/0000:{bus + 3:02x}:00.0", "0x15b3", _NIC if not roce else _ETH, numa=sock,
-                    iommu_group=group + 1, driver="mlx5_core")
+                    iommu_group=group + 1)
         group += 2
         nics.append(nic)
     for i, nic in enumerate(nics):
@@ -166,10 +163,8 @@ def dgx(root, *, peermem=True, iommu=False, acs=False, shm="512g", memlock="unli
     else:
         h.write("/proc/cmdline", "BOOT_IMAGE=/vmlinuz root=/dev/sda1 iommu=pt\n")
     h.write("/proc/sys/kernel/osrelease", "5.15.0-105-generic\n")
-    h.write("/proc/mounts", f"tmpfs /dev/shm tmpfs rw,nosuid,nodev,size={shm.replace('g', '')}{'g' if shm.endswith('g') else ''} 0 0\n"
-            if not shm.endswith("k") else f"shm /dev/shm tmpfs rw,nosuid,nodev,noexec,relatime,size={shm} 0 0\n")
-    soft = memlock
+    h.write("/proc/mounts", f"shm /dev/shm tmpfs rw,nosuid,nodev,noexec,relatime,size={shm} 0 0\n")
     h.write("/proc/self/limits", "Limit                     Soft Limit           Hard Limit           Units     \n"
-            f"Max locked memory         {soft:<20} {soft:<20} bytes     \n")
+            f"Max locked memory         {memlock:<20} {memlock:<20} bytes     \n")
     h.write("/proc/self/status", f"Name:\tpython\nCpus_allowed_list:\t{cpus}\n")
     return h.root

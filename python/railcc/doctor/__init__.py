@@ -19,8 +19,6 @@ import textwrap
 from .checks import FAIL, NA, OK, WARN, Context, run_checks
 from .system import System
 
-_ORDER = {FAIL: 0, WARN: 1, OK: 2, NA: 3}
-
 
 def _railcc_facts():
     """(params, cuda info, versions) from the installed railcc, or empty ones with the reason

@@ -87,8 +87,7 @@ def gather_and_compare(report, args):
         reports.append(json.loads(store.get(key)))
     diff = differences(reports)
     if args.json:
-        print(json.dumps({"reports": reports, "differences": {k: {v: w for v, w in d.items()} for k, d in diff.items()}},
-                         indent=2))
+        print(json.dumps({"reports": reports, "differences": diff}, indent=2))
     else:
         from . import format_report
 

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from . import topology as topo
-from .system import ACS_REDIRECT_BITS, format_cpus
+from .system import ACS_REDIRECT_BITS, ACS_UNREADABLE, format_cpus
 
 OK, WARN, FAIL, NA = "ok", "warn", "fail", "n/a"
 
@@ -183,8 +183,12 @@ def _dmabuf_everywhere(ctx):
     return bool(vals) and all(vals)
 
 
+def _peermem_loaded(ctx):
+    return ctx.sys.module_loaded("nvidia_peermem") or ctx.sys.module_loaded("nv_peer_mem")
+
+
 def check_peermem(ctx):
-    loaded = ctx.sys.module_loaded("nvidia_peermem") or ctx.sys.module_loaded("nv_peer_mem")
+    loaded = _peermem_loaded(ctx)
     ctx.facts["nvidia_peermem"] = "loaded" if loaded else "not loaded"
     if not ctx.gpus or not ctx.nics():
         return [Result("nvidia_peermem", NA, ("loaded" if loaded else "not loaded") + "; GPUDirect RDMA needs a GPU and an RDMA NIC")]
@@ -205,7 +209,7 @@ def check_gdr(ctx):
         level, src = topo.gdr_level(ctx.env)
     except ValueError as e:
         return [Result("gdr path", FAIL, str(e), "use LOC, PIX, PXB, PHB or SYS")]
-    enabled = ctx.sys.module_loaded("nvidia_peermem") or ctx.sys.module_loaded("nv_peer_mem") or _dmabuf_everywhere(ctx)
+    enabled = _peermem_loaded(ctx) or _dmabuf_everywhere(ctx)
     out = []
     for i, g in enumerate(ctx.gpus):
         dev, pci, path = ctx.nearest_nic(g)
@@ -233,8 +237,8 @@ def check_iommu(ctx):
     if not units:
         ctx.facts["iommu"] = "off"
         return [Result("iommu", OK if devices else NA, f"no IOMMU unit active (/sys/class/iommu is empty; cmdline: {flags})")]
-    translated = [(d.bdf, ctx.sys.iommu_group_type(d.iommu_group)) for d in devices
-                  if ctx.sys.iommu_group_type(d.iommu_group).startswith("DMA")]
+    types = [(d.bdf, ctx.sys.iommu_group_type(d.iommu_group)) for d in devices]
+    translated = [(b, t) for b, t in types if t.startswith("DMA")]
     ctx.facts["iommu"] = "translated" if translated else "passthrough"
     if not devices:
         return [Result("iommu", NA, f"{len(units)} IOMMU unit(s); no GPU or RDMA NIC (cmdline: {flags})")]
@@ -257,11 +261,10 @@ def check_acs(ctx):
     bad, unread = [], 0
     for br in sorted(bridges):
         ctrl = ctx.sys.acs_control(br)
-        if ctrl is None:
-            if len(ctx.sys.read_bytes(f"/sys/bus/pci/devices/{br}/config")) <= 256:
-                unread += 1
+        if ctrl == ACS_UNREADABLE:
+            unread += 1
             continue
-        on = [n for n, bit in ACS_REDIRECT_BITS.items() if n in ("ReqRedir", "CmpltRedir") and ctrl & bit]
+        on = [n for n, bit in ACS_REDIRECT_BITS.items() if ctrl and ctrl & bit]
         if on:
             bad.append((br, on))
     ctx.facts["acs redirect bridges"] = str(len(bad))

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 NVIDIA = "0x10de"
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 PCI_EXT_CAP_ACS = 0x000D
-# ACS control bits that send peer-to-peer requests up to the root complex.
-ACS_REDIRECT_BITS = {"SrcValid": 0x01, "TransBlk": 0x02, "ReqRedir": 0x04, "CmpltRedir": 0x08, "UpstreamFwd": 0x10}
+# ACS control bits that send peer-to-peer requests and completions up to the root complex.
+ACS_REDIRECT_BITS = {"ReqRedir": 0x04, "CmpltRedir": 0x08}
+ACS_UNREADABLE = -1  # acs_control(): only the first 256 bytes of config space are readable
 
 
 @dataclass
@@ -28,16 +29,11 @@ class PciDevice:
     numa: int  # -1: unknown
     chain: list  # PCI bridges from the root port down to the device's parent, as BDFs
     root: str  # "pci0000:00": the host bridge
-    driver: str = ""
     iommu_group: str = ""
 
     @property
     def is_gpu(self):
         return self.vendor == NVIDIA and self.cls.startswith("0x03")
-
-    @property
-    def is_bridge(self):
-        return self.cls.startswith("0x0604")
 
 
 @dataclass
@@ -86,7 +82,6 @@ class Iface:
     loopback: bool
     mtu: int
     ipv4: list  # addresses, in the order the kernel lists them
-    pci: str  # BDF of a physical NIC, or ""
 
 
 def _int(s, default=-1):
@@ -163,7 +158,6 @@ class System:
         parts = self.target(rel).split("/")
         chain = [p for p in parts[:-1] if _BDF.match(p)]
         root = next((p for p in parts if p.startswith("pci")), "")
-        drv = self.target(rel + "/driver") if self.exists(rel + "/driver") else ""
         grp = self.target(rel + "/iommu_group") if self.exists(rel + "/iommu_group") else ""
         return PciDevice(
             bdf=bdf,
@@ -173,7 +167,6 @@ class System:
             numa=_int(self.read(rel + "/numa_node"), -1),
             chain=chain,
             root=root,
-            driver=os.path.basename(drv),
             iommu_group=os.path.basename(grp),
         )
 
@@ -184,9 +177,11 @@ class System:
         return [d for d in self.pci_devices() if d.is_gpu]
 
     def acs_control(self, bdf):
-        """The ACS control register of a PCI function, or None when it has no ACS capability
-        (or its extended config space cannot be read: that needs root)."""
+        """The ACS control register of a PCI function, None when it has no ACS capability, or
+        ACS_UNREADABLE when its extended config space cannot be read (that needs root)."""
         cfg = self.read_bytes(f"/sys/bus/pci/devices/{bdf}/config")
+        if len(cfg) <= 0x100:
+            return ACS_UNREADABLE
         off, seen = 0x100, set()
         while 0x100 <= off <= len(cfg) - 8 and off not in seen:
             seen.add(off)
@@ -279,10 +274,6 @@ class System:
         for name in self.listdir("/sys/class/net"):
             base = f"/sys/class/net/{name}"
             flags = _int(self.read(base + "/flags"), 0)
-            pci = ""
-            if self.exists(base + "/device"):
-                t = os.path.basename(self.target(base + "/device"))
-                pci = t if _BDF.match(t) else ""
             out.append(Iface(
                 name=name,
                 ifindex=_int(self.read(base + "/ifindex"), 0),
@@ -290,7 +281,6 @@ class System:
                 loopback=bool(flags & 0x8),  # IFF_LOOPBACK
                 mtu=_int(self.read(base + "/mtu"), 0),
                 ipv4=addrs.get(name, []),
-                pci=pci,
             ))
         return sorted(out, key=lambda i: (i.ifindex, i.name))
 

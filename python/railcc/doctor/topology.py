@@ -7,18 +7,27 @@ _LEVEL_NUMBERS = {"0": "LOC", "1": "PIX", "2": "PXB", "3": "PHB", "4": "SYS", "5
 DEFAULT_GDR_LEVEL = "PXB"
 
 
+def _shared_bridges(a, b):
+    """How many PCI bridges, from the root port down, devices a and b have in common (0 when
+    they hang off different host bridges)."""
+    if a.root != b.root:
+        return 0
+    common = 0
+    for x, y in zip(a.chain, b.chain):
+        if x != y:
+            break
+        common += 1
+    return common
+
+
 def path_type(a, b):
     """How traffic between PCI devices a and b travels: PIX (through at most one PCIe
     switch), PXB (through several switches, not the host bridge), PHB (through the host
     bridge of one CPU), SYS (across CPU sockets)."""
     if a.bdf == b.bdf:
         return "LOC"
-    common = 0
-    for x, y in zip(a.chain, b.chain):
-        if x != y:
-            break
-        common += 1
-    if common == 0 or a.root != b.root:
+    common = _shared_bridges(a, b)
+    if common == 0:
         if a.numa >= 0 and b.numa >= 0 and a.numa != b.numa:
             return "SYS"
         return "PHB"
@@ -28,12 +37,8 @@ def path_type(a, b):
 
 def bridges_between(a, b):
     """The PCI bridges a transfer between a and b passes (below the host bridge)."""
-    common = 0
-    for x, y in zip(a.chain, b.chain):
-        if x != y:
-            break
-        common += 1
-    if common == 0 or a.root != b.root:
+    common = _shared_bridges(a, b)
+    if common == 0:
         return list(a.chain) + list(b.chain)
     return sorted(set(a.chain[common - 1:] + b.chain[common - 1:]))
 

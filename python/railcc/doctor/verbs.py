@@ -25,6 +25,7 @@ def _lib():
     lib.ibv_alloc_pd.restype = ctypes.c_void_p
     lib.ibv_alloc_pd.argtypes = [ctypes.c_void_p]
     lib.ibv_dealloc_pd.argtypes = [ctypes.c_void_p]
+    lib.ibv_dereg_mr.argtypes = [ctypes.c_void_p]
     return lib
 
 
@@ -80,6 +81,7 @@ def _dmabuf(lib, ctx):
         mr = reg(pd, 0, 0, 0, -1, 0)
         err = ctypes.get_errno()
         if mr:  # cannot happen with fd -1; do not leak it if it does
+            lib.ibv_dereg_mr(mr)
             return True, "registration of a test dma-buf succeeded"
         name = errno.errorcode.get(err, str(err))
         if err in (errno.EOPNOTSUPP, errno.EPROTONOSUPPORT):
