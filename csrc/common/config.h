@@ -43,6 +43,25 @@ namespace railcc {
   X(socketIfname, std::string, "RAILCC_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "", "",              \
     "Interfaces for TCP: prefixes, comma separated; ^ excludes, = matches exactly. "          \
     "Default: the first up interface that is not loopback or docker.")                        \
+  X(net, std::string, "RAILCC_NET", "NCCL_NET", "", "",                                            \
+    "Forces the transport between hosts by name (socket; NCCL's Socket is read as socket). "  \
+    "Empty: the most preferred transport both sides can use. Logged per peer at INFO.")      \
+  X(nchannels, int64_t, "RAILCC_NCHANNELS", "", "0", "0..64",                                    \
+    "Connections per peer pair between hosts; large messages are split across them, and "     \
+    "each is bound to one interface of RAILCC_SOCKET_IFNAME in turn. 0: "                    \
+    "RAILCC_NSOCKS_PERTHREAD x RAILCC_SOCKET_NTHREADS. Always within the MIN/MAX bounds.")    \
+  X(minNchannels, int64_t, "RAILCC_MIN_NCHANNELS", "NCCL_MIN_NCHANNELS", "1", "1..64",         \
+    "Lower bound on the channels per peer pair.")                                            \
+  X(maxNchannels, int64_t, "RAILCC_MAX_NCHANNELS", "NCCL_MAX_NCHANNELS", "64", "1..64",        \
+    "Upper bound on the channels per peer pair.")                                            \
+  X(nsocksPerThread, int64_t, "RAILCC_NSOCKS_PERTHREAD", "NCCL_NSOCKS_PERTHREAD", "1", "1..64", \
+    "TCP: sockets per channel thread; with RAILCC_SOCKET_NTHREADS gives the default channel " \
+    "count (one progress thread drives them all).")                                          \
+  X(socketNthreads, int64_t, "RAILCC_SOCKET_NTHREADS", "NCCL_SOCKET_NTHREADS", "1", "1..16",   \
+    "TCP: see RAILCC_NSOCKS_PERTHREAD.")                                                     \
+  X(channelMinBytes, int64_t, "RAILCC_CHANNEL_MIN_BYTES", "", "262144", "4096..1073741824",  \
+    "A message is split across a pair's channels only into shares of at least this many "    \
+    "bytes. Must be equal on all ranks.")                                                    \
   X(shmDisable, bool, "RAILCC_SHM_DISABLE", "NCCL_SHM_DISABLE", "0", "",                          \
     "1 sends same-host traffic over TCP instead of shared memory.")                          \
   X(hostId, std::string, "RAILCC_HOST_ID", "", "", "",                                            \

@@ -30,15 +30,6 @@ std::string pidNamespace() {
 }
 
 
-sockaddr_in parseAddr(const std::string& s) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  auto colon = s.rfind(':');
-  inet_pton(AF_INET, s.substr(0, colon).c_str(), &a.sin_addr);
-  a.sin_port = htons(static_cast<uint16_t>(std::stoi(s.substr(colon + 1))));
-  return a;
-}
-
 }  // namespace
 
 CommImpl::CommImpl(Store& store, CommOptions opts)
@@ -74,46 +65,181 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
 
 CommImpl::~CommImpl() { shutdown(); }
 
-void CommImpl::connectRemote(Store& store, const std::vector<int>& remote, const std::string& secretHex,
-                             Clock::time_point deadline, const GetFrom& getFrom) {
+namespace {
+
+std::string lowered(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// One transport opened for this communicator.
+struct Opened {
+  std::string name;
+  bool interHost = false;
+  std::unique_ptr<transport::Setup> setup;
+  bool done = false;
+};
+
+// A peer's published endpoints: one line per transport, "name channels blob".
+std::map<std::string, std::pair<int, std::string>> parseEndpoints(const std::string& v) {
+  std::map<std::string, std::pair<int, std::string>> out;
+  for (const std::string& line : split(v, '\n')) {
+    auto a = line.find(' '), b = line.find(' ', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    out[line.substr(0, a)] = {std::stoi(line.substr(a + 1, b - a - 1)), line.substr(b + 1)};
+  }
+  return out;
+}
+
+}  // namespace
+
+void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::time_point deadline,
+                            const GetFrom& getFrom) {
   const Config& cfg = opts_.config;
-  std::vector<uint8_t> secret;
+  transport::SetupContext ctx;
+  ctx.rank = rank_;
+  ctx.size = size_;
+  ctx.lanes = kLanes;
+  ctx.group = opts_.name;
+  ctx.config = cfg;
   for (size_t i = 0; i + 1 < secretHex.size(); i += 2)
-    secret.push_back(static_cast<uint8_t>(std::stoi(secretHex.substr(i, 2), nullptr, 16)));
-  PeerInfo& self = peers_[static_cast<size_t>(rank_)];
-  self.addr = "-";  // until some peer dials us
-  std::unique_ptr<transport::socket::Listener> listener;  // closed when set-up is done
-  if (std::any_of(remote.begin(), remote.end(), [&](int r) { return r < rank_; })) {
-    sockaddr_in bindAddr{};
-    std::string ifname = transport::socket::pickInterface(cfg.socketIfname, bindAddr);
-    listener = std::make_unique<transport::socket::Listener>(bindAddr);
-    self.addr = transport::socket::formatAddr(listener->addr());
-    RAILCC_INFO(INIT, "listening on ", ifname, " ", self.addr, " until the peers on other hosts have connected");
-    store.set("addr/" + std::to_string(rank_), self.addr);
-  }
-  transport::socket::Rendezvous rv(secret, rank_, listener.get());
-  for (int r : remote) {
-    PeerInfo& p = peers_[static_cast<size_t>(r)];
-    if (r > rank_) p.addr = getFrom("addr/" + std::to_string(r), r, "TCP address");
-    for (int lane = 0; lane < kLanes; ++lane) {
-      if (r > rank_) rv.dial(r, lane, parseAddr(p.addr));
-      else rv.expect(r, lane);
+    ctx.secret.push_back(static_cast<uint8_t>(std::stoi(secretHex.substr(i, 2), nullptr, 16)));
+  for (const PeerInfo& p : peers_) ctx.peers.push_back({p.rank, p.hostId, p.hostname, p.pid, p.pidNs, "", 1});
+  ctx.localRanks = localRanks_;
+  bool remote = static_cast<int>(localRanks_.size()) < size_;
+
+  // RAILCC_NET / NCCL_NET names the transport between hosts (NCCL's "Socket" and "IB" too).
+  std::string forced = lowered(cfg.net);
+  if (forced == "ib") forced = "verbs";
+  std::vector<Opened> open;
+  std::string registered;
+  bool forcedSeen = false;
+  for (auto& reg : transport::registeredTransports()) {
+    registered += (registered.empty() ? "" : ", ") + reg.name;
+    std::unique_ptr<transport::Transport> t = reg.factory();
+    bool inter = t->interHost();
+    if (inter && (!remote || (!forced.empty() && reg.name != forced))) continue;
+    std::string why;
+    std::unique_ptr<transport::Setup> setup = t->open(ctx, why);
+    if (inter && !forced.empty()) {
+      forcedSeen = true;
+      if (!setup)
+        RAILCC_THROW(kInvalidUsage, "RAILCC_NET/NCCL_NET='", cfg.net, "' forces transport ", reg.name,
+                     ", which cannot run here: ", why);
     }
+    if (!setup) {
+      RAILCC_INFO(INIT, "transport ", reg.name, " not used: ", why);
+      continue;
+    }
+    open.push_back({reg.name, inter, std::move(setup)});
   }
+  if (remote && !forced.empty() && !forcedSeen)
+    RAILCC_THROW(kInvalidUsage, "RAILCC_NET/NCCL_NET='", cfg.net, "' names no registered transport between hosts; ",
+                 "registered: ", registered);
+
+  // Every endpoint in one store key, then the peers' in turn.
+  std::string mine;
+  for (auto& o : open) mine += o.name + " " + std::to_string(o.setup->channels()) + " " + o.setup->endpoint() + "\n";
+  store.set("ep/" + std::to_string(rank_), mine);
+
+  struct Choice {
+    Opened* via = nullptr;
+    int channels = 1;
+    transport::PeerRecord rec;
+    std::string why;
+  };
+  std::vector<Choice> choice(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    auto theirs = parseEndpoints(getFrom("ep/" + std::to_string(r), r, "transport endpoints"));
+    Choice& c = choice[static_cast<size_t>(r)];
+    std::string tried;
+    for (auto& o : open) {
+      auto it = theirs.find(o.name);
+      if (it == theirs.end()) {
+        tried += "\n  " + o.name + ": " + rankName(r) + " does not offer it";
+        continue;
+      }
+      transport::PeerRecord rec = ctx.peers[static_cast<size_t>(r)];
+      rec.channels = it->second.first;
+      rec.endpoint = it->second.second;
+      std::string why = o.setup->reach(rec);
+      if (why.empty()) {
+        tried += "\n  " + o.name + ": cannot reach it from here";
+        continue;
+      }
+      c.via = &o;
+      c.channels = std::max(1, std::min(o.setup->channels(), rec.channels));
+      c.rec = rec;
+      c.why = why + (o.interHost && !forced.empty() ? ", forced by RAILCC_NET/NCCL_NET" : "");
+      break;
+    }
+    if (!c.via) {
+      Error err(ErrorCode::kInvalidUsage, "railcc init of group '" + opts_.name + "': no transport reaches " +
+                                              rankName(r) + " (host " + peers_[static_cast<size_t>(r)].hostname +
+                                              ") from rank " + std::to_string(rank_) + ":" +
+                                              (tried.empty() ? std::string("\n  none is open here") : tried));
+      err.ranks = {r};
+      err.hosts = {peers_[static_cast<size_t>(r)].hostname};
+      throw err;
+    }
+    // The lower rank connects, the higher accepts.
+    for (int lane = 0; lane < kLanes; ++lane)
+      for (int ch = 0; ch < c.channels; ++ch) {
+        if (r > rank_) c.via->setup->connect(c.rec, lane, ch);
+        else c.via->setup->accept(c.rec, lane, ch);
+      }
+  }
+
+  // Drive every transport's connections until all are up.
   try {
-    rv.run(deadline);
+    while (true) {
+      bool all = true;
+      for (auto& o : open) {
+        if (!o.done) o.done = o.setup->progress(deadline, Millis(open.size() > 1 ? 5 : 100));
+        all = all && o.done;
+      }
+      if (all) break;
+    }
   } catch (const Error& e) {
     Error err(e.code(), "railcc init of group '" + opts_.name + "': " + e.what());
     err.ranks = e.ranks;
     for (int r : e.ranks) err.hosts.push_back(peers_[static_cast<size_t>(r)].hostname);
     throw err;
   }
-  for (int r : remote) {
-    std::string where = r > rank_ ? peers_[static_cast<size_t>(r)].addr : rv.remoteAddress(r, 0);
-    for (int lane = 0; lane < kLanes; ++lane)
-      chans_[lane][static_cast<size_t>(r)].conn =
-          transport::socket::makeConnection(rv.take(r, lane), where, static_cast<size_t>(cfg.stagingSize));
-    peers_[static_cast<size_t>(r)].transport = "socket " + where;
+  for (int r = 0; r < size_; ++r) {
+    Choice& c = choice[static_cast<size_t>(r)];
+    if (!c.via) continue;
+    std::string desc;
+    for (int lane = 0; lane < kLanes; ++lane) {
+      auto& chs = chans_[lane][static_cast<size_t>(r)];
+      chs.resize(static_cast<size_t>(c.channels));
+      for (int ch = 0; ch < c.channels; ++ch) chs[static_cast<size_t>(ch)].conn = c.via->setup->take(r, lane, ch);
+    }
+    for (int ch = 0; ch < c.channels; ++ch) {
+      std::string d = chans_[kCollLane][static_cast<size_t>(r)][static_cast<size_t>(ch)].conn->describe();
+      desc += ch == 0 ? d : ", " + d.substr(d.find(' ') + 1);
+    }
+    PeerInfo& p = peers_[static_cast<size_t>(r)];
+    p.transport = desc;
+    RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", r, " (", p.hostname, ") via ", desc, " (", c.via->name, ": ", c.why,
+                c.channels > 1 ? "; " + std::to_string(c.channels) + " channels" : std::string(), ")");
+  }
+
+  // Set-up resources (listeners, shared-memory names) go once the peers that need them have
+  // taken their connections.
+  bool round = false;
+  for (auto& o : open) round = round || o.setup->finishAfterPeers();
+  if (round) {
+    store.set("ready/" + std::to_string(rank_), "1");
+    for (int r = 0; r < size_; ++r) {
+      Choice& c = choice[static_cast<size_t>(r)];
+      if (c.via && c.via->setup->finishAfterPeers()) getFrom("ready/" + std::to_string(r), r, "connection set-up");
+    }
+  }
+  for (auto& o : open) {
+    o.setup->finish();
+    if (auto d = transport::shm::domainOf(o.setup.get())) shm_ = d;
   }
 }
 
@@ -209,45 +335,12 @@ void CommImpl::bootstrap(Store& store) {
   if (opts_.config.spinUs < 0) RAILCC_THROW(kInvalidUsage, "RAILCC_SPIN_US must be 0 or more, got ", opts_.config.spinUs);
 
   chans_.resize(kLanes);
-  for (auto& lane : chans_) lane = std::vector<Channel>(static_cast<size_t>(size_));
-
-  // Same host: shared memory. Each rank creates one segment holding its incoming FIFOs and
-  // maps its neighbours'; names are unlinked as soon as everyone has mapped them.
-  if (localRanks_.size() > 1) {
-    size_t slot = static_cast<size_t>(cfg.buffSize);
-    shm_ = std::make_unique<transport::shm::Domain>(static_cast<int>(localRanks_.size()) * kLanes, slot);
-    store.set("shm/" + std::to_string(rank_), shm_->segmentName());
-    for (int r : localRanks_)
-      if (r != rank_) shm_->attach(localIndex(r), getFrom("shm/" + std::to_string(r), r, "shared-memory segment"));
-    store.set("shmok/" + std::to_string(rank_), "1");
-    for (int r : localRanks_)
-      if (r != rank_) getFrom("shmok/" + std::to_string(r), r, "shared-memory mapping");
-    shm_->unlinkOwn();
-    for (int r : localRanks_) {
-      if (r == rank_) continue;
-      for (int lane = 0; lane < kLanes; ++lane)
-        chans_[lane][static_cast<size_t>(r)].conn = shm_->connect(localIndex(rank_), localIndex(r), lane, kLanes,
-                                                                   peers_[static_cast<size_t>(r)].pidNs == pidNs);
-      peers_[static_cast<size_t>(r)].transport = "shm";
-    }
-    RAILCC_INFO(SHM, "shared memory: ", localRanks_.size(), " ranks on this host, FIFO of ", slot,
-                " bytes per peer, lane and direction");
+  for (auto& lane : chans_) {
+    lane.resize(static_cast<size_t>(size_));
+    for (auto& peer : lane) peer.resize(1);  // ourselves included: an idle channel 0
   }
+  if (size_ > 1) connectPeers(store, secret, deadline, getFrom);
 
-  // Other hosts: TCP. The lower rank dials, the higher accepts; only a rank that some peer
-  // dials listens, and only until set-up is done.
-  std::vector<int> remote;
-  for (int r = 0; r < size_; ++r)
-    if (r != rank_ && !chans_[0][static_cast<size_t>(r)].conn) remote.push_back(r);
-  if (!remote.empty()) connectRemote(store, remote, secret, deadline, getFrom);
-  if (!remote.empty())
-    RAILCC_WARN(NET, "TCP sockets serve ", remote.size(), " peer(s)", cfg.shmDisable ? " (RAILCC_SHM_DISABLE=1)" : "",
-                "; there is no RDMA transport in this build");
-
-  for (int r = 0; r < size_; ++r)
-    if (r != rank_)
-      RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", r, " (", peers_[static_cast<size_t>(r)].hostname, ") via ",
-                  peers_[static_cast<size_t>(r)].transport);
   RAILCC_INFO(INIT, "group '", opts_.name, "' rank ", rank_, "/", size_, " ready in ",
               std::chrono::duration_cast<Millis>(Clock::now() - t0).count(), " ms");
 }

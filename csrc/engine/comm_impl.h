@@ -144,6 +144,9 @@ struct Transfer {
   ReduceOp op = ReduceOp::kSum;
   double scale = 1.0;
   const size_t* limit = nullptr;  // forwarding: send no further than another transfer has received
+  size_t limitBase = 0;           // a share of a split send: where it starts in what `limit` counts
+  int channel = 0;                // which of the pair's channels carries it
+  std::shared_ptr<std::vector<Transfer>> parts;  // a message split across channels (post())
   bool bypassCache = false;       // a large receive from shared memory: non-temporal stores
   // progress
   size_t hdrDone = 0;
@@ -154,10 +157,17 @@ struct Transfer {
   Clock::time_point began{};  // first byte sent, or header received: for link throughput
 };
 
+// How far a send may go now: a forwarding send no further than its source has received.
+inline size_t sendLimit(const Transfer& t) {
+  if (!t.limit) return t.bytes;
+  size_t got = *t.limit > t.limitBase ? *t.limit - t.limitBase : 0;
+  return std::min(t.bytes, got);
+}
+
 // False when a forwarding send has sent all it may until more arrives.
 inline bool hasBytesToSend(const Transfer& t) {
   if (t.hdrDone < sizeof(WireHeader) || t.done >= t.bytes) return true;
-  return !t.limit || t.done < std::min(t.bytes, *t.limit);
+  return t.done < sendLimit(t);
 }
 
 struct Channel {
@@ -431,8 +441,9 @@ class CommImpl {
   // host's lowest rank; set only when there are two hosts or more and each has the same
   // number of ranks (two or more) sharing memory, else empty.
   std::vector<int> rail_;
-  std::unique_ptr<transport::shm::Domain> shm_;
-  std::vector<std::vector<Channel>> chans_;  // [lane][peer]
+  std::shared_ptr<transport::shm::Domain> shm_;  // same-host rings and doorbell, when shm serves
+  std::vector<std::vector<std::vector<Channel>>> chans_;  // [lane][peer][channel]
+  Channel& chan(int lane, int peer, int c = 0) { return chans_[lane][static_cast<size_t>(peer)][static_cast<size_t>(c)]; }
   std::vector<char> bucket_;
   std::vector<char> scratch_;  // one-shot receive area, n blocks of at most RAILCC_ONESHOT_BYTES
 
@@ -541,8 +552,9 @@ class CommImpl {
   void bootstrap(Store& store);
   using GetFrom = std::function<std::string(const std::string& key, int rank, const char* what)>;
   // Sets up the TCP connections to `remote` (ranks on other hosts) by a concurrent rendezvous.
-  void connectRemote(Store& store, const std::vector<int>& remote, const std::string& secretHex,
-                     Clock::time_point deadline, const GetFrom& getFrom);
+  // Opens the registered transports, publishes their endpoints, picks one per peer and
+  // connects every (peer, lane, channel) through it.
+  void connectPeers(Store& store, const std::string& secretHex, Clock::time_point deadline, const GetFrom& getFrom);
   void progressLoop();
   bool tryAcquire();
   void release(bool wakeProgress);
@@ -564,7 +576,8 @@ class CommImpl {
   size_t progressP2P();
   void finishP2P();
   size_t progressChannel(int lane, int peer);
-  size_t progressChannelImpl(int lane, int peer);
+  size_t progressChannelImpl(Channel& ch, int lane, int peer);
+  void refreshSplit(Transfer& t);
   size_t progressSend(Channel& ch, Transfer& t);
   size_t progressRecv(Channel& ch, Transfer& t);
   bool readHeader(Channel& ch, size_t& moved);
@@ -592,10 +605,11 @@ class CommImpl {
   // After a failure the streams are out of step: forget every queued transfer.
   void clearChannels() {
     for (auto& lane : chans_)
-      for (auto& ch : lane) {
-        ch.sendq.clear();
-        ch.recvq.clear();
-      }
+      for (auto& peer : lane)
+        for (auto& ch : peer) {
+          ch.sendq.clear();
+          ch.recvq.clear();
+        }
   }
 };
 

@@ -131,8 +131,9 @@ void CommImpl::fail(std::exception_ptr err) {
     std::lock_guard<std::mutex> g(connMu_);
     if (shm_) shm_->markFailed();
     for (auto& lane : chans_)
-      for (auto& ch : lane)
-        if (ch.conn) ch.conn->markFailed();
+      for (auto& peer : lane)
+        for (auto& ch : peer)
+          if (ch.conn) ch.conn->markFailed();
   }
   try {
     std::string path = writeTrace("failure");
@@ -247,7 +248,7 @@ std::exception_ptr CommImpl::runCollective(Op& op) {
     // A peer that failed may have sent its part of this op before failing; taking it
     // would let this rank succeed where that rank raised.
     for (int r : localRanks_)
-      if (r != rank_ && chans_[kCollLane][static_cast<size_t>(r)].conn->peerReportedFailure())
+      if (r != rank_ && chan(kCollLane, r).conn->peerReportedFailure())
         peerFailed(r, "it reported a failure of its own");
     op.body();
   } catch (const Error& e) {
@@ -339,7 +340,7 @@ void CommImpl::progressLoop() {
         if (moved == 0 && (!p2pActive_.empty() || !anyPending_.empty())) {
           std::vector<std::pair<int, int>> on;
           for (int r = 0; r < size_; ++r) {
-            auto& ch = chans_[kP2PLane][static_cast<size_t>(r)];
+            auto& ch = chan(kP2PLane, r);
             if (!ch.sendq.empty() || !ch.recvq.empty() || (!anyPending_.empty() && ch.conn)) on.push_back({kP2PLane, r});
           }
           Millis to = !p2pActive_.empty() ? p2pActive_.front()->timeout : anyPending_.front()->timeout;
@@ -375,7 +376,7 @@ void CommImpl::startP2P(std::unique_ptr<Op> op) {
     anyPending_.push_back(std::move(op));
     return;
   }
-  Channel& ch = chans_[kP2PLane][static_cast<size_t>(op->xfer.peer)];
+  Channel& ch = chan(kP2PLane, op->xfer.peer);
   (op->xfer.kind == Transfer::kSend ? ch.sendq : ch.recvq).push_back(&op->xfer);
   p2pActive_.push_back(std::move(op));
 }
@@ -388,7 +389,7 @@ size_t CommImpl::progressP2P() {
     int got = -1;
     for (int r = 0; r < size_ && got < 0; ++r) {
       if (r == rank_) continue;
-      Channel& ch = chans_[kP2PLane][static_cast<size_t>(r)];
+      Channel& ch = chan(kP2PLane, r);
       if (!ch.recvq.empty()) continue;
       try {
         if (readHeader(ch, moved) && ch.inHdr.tag == op.xfer.hdr.tag) got = r;
@@ -403,12 +404,12 @@ size_t CommImpl::progressP2P() {
     }
     op.xfer.peer = got;
     op.req->setSourceRank(got);
-    chans_[kP2PLane][static_cast<size_t>(got)].recvq.push_back(&op.xfer);
+    chan(kP2PLane, got).recvq.push_back(&op.xfer);
     p2pActive_.push_back(std::move(*it));
     it = anyPending_.erase(it);
   }
   for (int r = 0; r < size_; ++r) {
-    Channel& ch = chans_[kP2PLane][static_cast<size_t>(r)];
+    Channel& ch = chan(kP2PLane, r);
     if (!ch.sendq.empty() || !ch.recvq.empty()) moved += progressChannel(kP2PLane, r);
   }
   if (moved) lastProgress_ = Clock::now();
@@ -474,7 +475,7 @@ size_t CommImpl::progressSend(Channel& ch, Transfer& t) {
     moved += k;
   }
   while (t.done < t.bytes) {
-    size_t upto = t.limit ? std::min(t.bytes, *t.limit) : t.bytes;
+    size_t upto = sendLimit(t);
     if (t.done >= upto) return moved;
     size_t k = ch.conn->send(t.src + t.done, upto - t.done);
     if (k == 0) return moved;
@@ -559,15 +560,17 @@ size_t CommImpl::progressRecv(Channel& ch, Transfer& t) {
 
 size_t CommImpl::progressChannel(int lane, int peer) {
   try {
-    return progressChannelImpl(lane, peer);
+    size_t moved = 0;
+    for (Channel& ch : chans_[lane][static_cast<size_t>(peer)])
+      if (!ch.sendq.empty() || !ch.recvq.empty()) moved += progressChannelImpl(ch, lane, peer);
+    return moved;
   } catch (const Error& e) {
     if (e.code() == ErrorCode::kPeerFailure) peerFailed(peer, e.what());
     throw;
   }
 }
 
-size_t CommImpl::progressChannelImpl(int lane, int peer) {
-  Channel& ch = chans_[lane][static_cast<size_t>(peer)];
+size_t CommImpl::progressChannelImpl(Channel& ch, int lane, int peer) {
   size_t moved = 0;
   while (!ch.sendq.empty()) {
     Transfer& t = *ch.sendq.front();
@@ -608,9 +611,48 @@ void CommImpl::post(std::vector<Transfer>& xs) {
   for (auto& t : xs) {
     t.lane = kCollLane;
     if (t.peer == rank_) RAILCC_THROW(kInternal, "transfer to self");
-    Channel& ch = chans_[kCollLane][static_cast<size_t>(t.peer)];
-    (t.kind == Transfer::kSend ? ch.sendq : ch.recvq).push_back(&t);
+    auto& chs = chans_[kCollLane][static_cast<size_t>(t.peer)];
+    // Large messages are split across the pair's channels, the same way on both sides: the
+    // shares depend only on the size, the pair's channel count and RAILCC_CHANNEL_MIN_BYTES.
+    size_t minShare = static_cast<size_t>(opts_.config.channelMinBytes);
+    size_t k = std::min(chs.size(), t.bytes / std::max<size_t>(minShare, 1));
+    if (k < 2) {
+      (t.kind == Transfer::kSend ? chs[0].sendq : chs[0].recvq).push_back(&t);
+      continue;
+    }
+    size_t share = (t.bytes + k - 1) / k;
+    share = (share + 63) / 64 * 64;  // element-aligned for every dtype
+    t.parts = std::make_shared<std::vector<Transfer>>();
+    t.parts->reserve(k);
+    for (size_t i = 0, off = 0; i < k && off < t.bytes; ++i, off += share) {
+      Transfer p = t;
+      p.parts.reset();
+      p.channel = static_cast<int>(i);
+      p.bytes = std::min(share, t.bytes - off);
+      p.hdr.bytes = p.bytes;
+      if (p.src) p.src += off;
+      if (p.dst) p.dst += off;
+      p.limitBase = t.limitBase + off;
+      t.parts->push_back(p);
+    }
+    for (Transfer& p : *t.parts) (p.kind == Transfer::kSend ? chs[static_cast<size_t>(p.channel)].sendq : chs[static_cast<size_t>(p.channel)].recvq).push_back(&p);
   }
+}
+
+// A split message is done when every share is; its `done` counts the bytes moved without a
+// gap from its start, which is what a forwarding send limited by it may rely on.
+void CommImpl::refreshSplit(Transfer& t) {
+  if (!t.parts) return;
+  size_t prefix = 0;
+  bool all = true, gap = false;
+  for (const Transfer& p : *t.parts) {
+    all = all && p.finished;
+    if (!gap) prefix += p.done;
+    gap = gap || !p.finished;
+    if (t.began == Clock::time_point{} && p.began != Clock::time_point{}) t.began = p.began;
+  }
+  t.done = prefix;
+  t.finished = all;
 }
 
 void CommImpl::complete(std::vector<Transfer>& xs) {
@@ -637,7 +679,10 @@ void CommImpl::complete(std::vector<Transfer>& xs) {
     size_t moved = 0;
     bool all = true;
     for (auto& [lane, peer] : chans) moved += progressChannel(lane, peer);
-    for (auto& t : xs) all = all && t.finished;
+    for (auto& t : xs) {
+      refreshSplit(t);
+      all = all && t.finished;
+    }
     moved += pumpP2P();
     if (all) return;
     if (moved) {
@@ -659,11 +704,11 @@ void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
     RAILCC_THROW(kAborted, what, " was still pending when the process group was shut down");
   if (now - lastProgress_ > timeout) {
     std::vector<Transfer*> pending;
-    for (auto& [lane, peer] : waitOn) {
-      Channel& ch = chans_[lane][static_cast<size_t>(peer)];
-      if (!ch.sendq.empty()) pending.push_back(ch.sendq.front());
-      if (!ch.recvq.empty()) pending.push_back(ch.recvq.front());
-    }
+    for (auto& [lane, peer] : waitOn)
+      for (Channel& ch : chans_[lane][static_cast<size_t>(peer)]) {
+        if (!ch.sendq.empty()) pending.push_back(ch.sendq.front());
+        if (!ch.recvq.empty()) pending.push_back(ch.recvq.front());
+      }
     failStalled(pending, timeout);
   }
   // Dead peers on shared memory cannot close anything: look for them a few times a second.
@@ -671,7 +716,7 @@ void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
     lastAliveCheck_ = now;
     for (auto& [lane, peer] : waitOn) {
       try {
-        chans_[lane][static_cast<size_t>(peer)].conn->checkAlive();
+        for (Channel& ch : chans_[lane][static_cast<size_t>(peer)]) ch.conn->checkAlive();
       } catch (const Error& e) {
         peerFailed(peer, e.what());
       }
@@ -681,29 +726,29 @@ void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
   // core do not starve the one that has work.
   auto anyReady = [&] {
     if (alsoReady && alsoReady()) return true;
-    for (auto& [lane, peer] : waitOn) {
-      Channel& ch = chans_[lane][static_cast<size_t>(peer)];
-      if (ch.conn->pollFd() >= 0) continue;
-      if (!ch.recvq.empty() && ch.conn->peek().second > 0) return true;
-      if (!ch.sendq.empty() && hasBytesToSend(*ch.sendq.front()) && ch.conn->canSend()) return true;
-    }
+    for (auto& [lane, peer] : waitOn)
+      for (Channel& ch : chans_[lane][static_cast<size_t>(peer)]) {
+        if (ch.conn->pollFd() >= 0) continue;
+        if (!ch.recvq.empty() && ch.conn->peek().second > 0) return true;
+        if (!ch.sendq.empty() && hasBytesToSend(*ch.sendq.front()) && ch.conn->canSend()) return true;
+      }
     return queued_.load() > 0;
   };
   if (pollFor(opts_.config.spinUs, anyReady)) return;
   std::vector<pollfd> fds;
   bool hasShm = false;
-  for (auto& [lane, peer] : waitOn) {
-    Channel& ch = chans_[lane][static_cast<size_t>(peer)];
-    int fd = ch.conn->pollFd();
-    if (fd < 0) {
-      hasShm = true;
-      continue;
+  for (auto& [lane, peer] : waitOn)
+    for (Channel& ch : chans_[lane][static_cast<size_t>(peer)]) {
+      int fd = ch.conn->pollFd();
+      if (fd < 0) {
+        hasShm = true;
+        continue;
+      }
+      short ev = 0;
+      if (!ch.sendq.empty()) ev |= POLLOUT;
+      if (!ch.recvq.empty() || lane == kP2PLane) ev |= POLLIN;
+      fds.push_back({fd, ev, 0});
     }
-    short ev = 0;
-    if (!ch.sendq.empty()) ev |= POLLOUT;
-    if (!ch.recvq.empty() || lane == kP2PLane) ev |= POLLIN;
-    fds.push_back({fd, ev, 0});
-  }
   sleeping_.store(true);
   if (!fds.empty()) {
     fds.push_back({wakeFd_.fd, POLLIN, 0});

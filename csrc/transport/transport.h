@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <utility>
 
@@ -9,9 +10,18 @@
 
 namespace railcc::transport {
 
-/// Where a buffer lives. Host only today; CUDA and DMABUF are for the cuda_ipc and ib
-/// transports, which register memory before it is sent.
+/// Where a buffer lives. Host memory is all the shm, socket and pipe transports move; CUDA
+/// and DMABUF are for transports that register device memory with a NIC (verbs).
 enum class MemoryKind { kHost, kCuda, kDmabuf };
+
+/// A registered buffer: what Connection::regMr returns and isend/irecv accept. Register once,
+/// reuse for many requests, deregister when the buffer goes (registration may be expensive).
+struct MemRegion {
+  void* addr = nullptr;
+  size_t bytes = 0;
+  MemoryKind kind = MemoryKind::kHost;
+  uint64_t handle = 0;  // the transport's own (an lkey/rkey pair, a dma-buf MR, ...)
+};
 
 /// A reliable, ordered byte stream to one peer, in both directions. Every call is
 /// non-blocking: it moves what it can and returns. Errors (peer closed, reset, died) throw
@@ -66,8 +76,44 @@ class Connection {
   /// down so the peer sees a close at once. Thread-safe (may run on an aborting thread).
   virtual void markFailed() {}
 
+  // --- Memory registration and requests --------------------------------------------------
+  // The engine's collectives drive the stream above: a message is a header the receiver
+  // checks, then a payload it may reduce in place. Transports whose hardware moves whole
+  // registered buffers (RDMA) also offer messages as requests, which is what this part is.
+  // The defaults carry each request as one length-prefixed message on the stream, so every
+  // transport supports them; a connection is used either as a stream or through requests.
+
+  /// Registers [p, p + n) for requests. Host memory needs nothing on a stream transport;
+  /// memory this transport cannot move throws kInvalidUsage naming the transport.
+  virtual MemRegion regMr(void* p, size_t n, MemoryKind kind);
+  virtual void deregMr(MemRegion& mr) { mr = MemRegion{}; }
+  /// Starts sending n bytes of p (inside `mr`, or null for unregistered host memory).
+  /// Returns a request id for test(). Blocks: no.
+  virtual int isend(const void* p, size_t n, const MemRegion* mr);
+  /// Starts receiving one message of at most n bytes into p. Returns a request id. Blocks: no.
+  virtual int irecv(void* p, size_t n, const MemRegion* mr);
+  /// Moves requests on; true once request `id` is done, with its size in `bytes`. A done
+  /// request is forgotten. Requests complete in the order they were started, per direction.
+  /// A message larger than its receive's n throws kInvalidUsage. Blocks: no.
+  virtual bool test(int id, size_t* bytes);
+
  protected:
   static void copyOut(void* dst, const void* src, size_t n);
+
+ private:
+  struct StreamRequest {
+    int id;
+    bool send;
+    char* p;
+    size_t n;
+    uint64_t len;      // the message's length (a receive learns it from the prefix)
+    size_t lenDone = 0;
+    size_t done = 0;
+    bool finished = false;
+  };
+  void progressRequests();
+  std::deque<StreamRequest> sendReqs_, recvReqs_, doneReqs_;
+  int nextReq_ = 1;
 };
 
 }  // namespace railcc::transport

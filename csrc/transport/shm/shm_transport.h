@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "transport/transport.h"
+#include "transport/net.h"
 
 namespace railcc::transport::shm {
 
@@ -165,5 +165,12 @@ class Domain {
   std::unique_ptr<Segment> own_;
   std::vector<std::unique_ptr<Segment>> peers_;
 };
+
+
+/// The shared-memory transport for the registry (shm_setup.cpp).
+std::unique_ptr<railcc::transport::Transport> makeTransport();
+/// The domain behind a shared-memory Setup (its broadcast rings and doorbell serve the
+/// same-host algorithms and the progress thread's sleep), or null for another transport's.
+std::shared_ptr<Domain> domainOf(Setup* setup);
 
 }  // namespace railcc::transport::shm

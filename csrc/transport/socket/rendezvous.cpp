@@ -56,6 +56,7 @@ struct Rendezvous::Conn {
   bool dialer = false;
   int peer = -1, lane = -1;
   sockaddr_in addr{};
+  sockaddr_in from{};  // a dialer's local address (its channel's interface), or any
   Phase phase = kWaitRetry;
   std::vector<uint8_t> out, in, hello, nonce;
   size_t outDone = 0, inGot = 0;
@@ -129,25 +130,30 @@ Digest macOf(const std::vector<uint8_t>& secret, const char* label, const std::v
 }  // namespace
 
 Rendezvous::Rendezvous(std::vector<uint8_t> secret, int rank, Listener* listener)
-    : secret_(std::move(secret)), rank_(rank), listener_(listener) {}
+    : secret_(std::move(secret)), rank_(rank) {
+  if (listener) listeners_.push_back(listener);
+}
+
+void Rendezvous::addListener(Listener* listener) { listeners_.push_back(listener); }
 
 Rendezvous::~Rendezvous() {
   for (auto& [key, v] : done_)
     if (v.first >= 0) ::close(v.first);
 }
 
-void Rendezvous::dial(int peer, int lane, const sockaddr_in& to) {
+void Rendezvous::dial(int peer, int lane, const sockaddr_in& to, const sockaddr_in* from) {
   auto c = std::make_unique<Conn>();
   c->dialer = true;
   c->peer = peer;
   c->lane = lane;
   c->addr = to;
+  if (from) c->from = *from;
   c->retryAt = Clock::now();
   conns_.push_back(std::move(c));
 }
 
 void Rendezvous::expect(int peer, int lane) {
-  RAILCC_CHECK_ARG(listener_ != nullptr, "rendezvous: rank ", peer, " is expected to connect, but nothing listens");
+  RAILCC_CHECK_ARG(!listeners_.empty(), "rendezvous: rank ", peer, " is expected to connect, but nothing listens");
   expected_[{peer, lane}] = false;
 }
 
@@ -156,6 +162,17 @@ void Rendezvous::startConnect(Conn& c) {
   RAILCC_SYSCHECK(c.fd, "socket");
   tuneSocket(c.fd);
   c.phase = Conn::kConnecting;
+  if (c.from.sin_addr.s_addr != 0) {
+    // Leave through the interface of this channel: bind its address, any port.
+    sockaddr_in src = c.from;
+    src.sin_port = 0;
+    if (::bind(c.fd, reinterpret_cast<const sockaddr*>(&src), sizeof(src)) != 0) {
+      std::string err = detail::errnoString();
+      ::close(c.fd);
+      c.fd = -1;
+      RAILCC_THROW(kSystem, "bind to ", formatAddr(src), " to reach ", formatAddr(c.addr), ": ", err);
+    }
+  }
   if (::connect(c.fd, reinterpret_cast<const sockaddr*>(&c.addr), sizeof(c.addr)) == 0 || errno == EINPROGRESS)
     return;  // advance() finds out on POLLOUT
   int err = errno;
@@ -318,7 +335,12 @@ bool Rendezvous::advance(Conn& c) {
 }
 
 void Rendezvous::run(Clock::time_point deadline) {
-  while (true) {
+  while (!step(deadline, std::chrono::milliseconds(100))) {
+  }
+}
+
+bool Rendezvous::step(Clock::time_point deadline, std::chrono::milliseconds budget) {
+  {
     // Finished connections leave the list; their fds wait in done_.
     for (size_t i = 0; i < conns_.size();) {
       Conn& c = *conns_[i];
@@ -334,8 +356,9 @@ void Rendezvous::run(Clock::time_point deadline) {
     bool waiting = std::any_of(expected_.begin(), expected_.end(), [](auto& e) { return !e.second; });
     bool dialing = std::any_of(conns_.begin(), conns_.end(), [](auto& c) { return c->dialer; });
     if (!waiting && !dialing) {
-      closeStrangers();
-      return;
+      if (!finished_) closeStrangers();
+      finished_ = true;
+      return true;
     }
 
     auto now = Clock::now();
@@ -371,7 +394,7 @@ void Rendezvous::run(Clock::time_point deadline) {
       else
         ++i;
     }
-    auto wake = std::min(deadline, now + std::chrono::milliseconds(100));
+    auto wake = std::min(deadline, now + budget);
     for (auto& c : conns_) {
       if (c->dialer && c->phase == Conn::kWaitRetry) {
         if (c->retryAt <= now) startConnect(*c);
@@ -380,10 +403,13 @@ void Rendezvous::run(Clock::time_point deadline) {
     }
     std::vector<pollfd> fds;
     std::vector<Conn*> who;
-    if (listener_ && waiting) {
-      fds.push_back({listener_->fd(), POLLIN, 0});
-      who.push_back(nullptr);
-    }
+    size_t nlisten = 0;
+    if (waiting)
+      for (Listener* l : listeners_) {
+        fds.push_back({l->fd(), POLLIN, 0});
+        who.push_back(nullptr);
+        ++nlisten;
+      }
     for (auto& c : conns_)
       if (c->fd >= 0 && c->events()) {
         fds.push_back({c->fd, c->events(), 0});
@@ -404,12 +430,14 @@ void Rendezvous::run(Clock::time_point deadline) {
         drop(static_cast<size_t>(it - conns_.begin()), s.why);
       }
     }
-    if (!fds.empty() && who[0] == nullptr && fds[0].revents) {
-      sockaddr_in from{};
-      int fd;
-      while ((fd = listener_->accept(&from)) >= 0) adopt(fd, from);
-    }
+    for (size_t i = 0; i < nlisten; ++i)
+      if (fds[i].revents) {
+        sockaddr_in from{};
+        int fd;
+        while ((fd = listeners_[i]->accept(&from)) >= 0) adopt(fd, from);
+      }
   }
+  return false;
 }
 
 void Rendezvous::adopt(int fd, const sockaddr_in& from) {
@@ -440,10 +468,10 @@ void Rendezvous::closeStrangers() {
   // Every group member is in. Whatever else reached the listener (accepted or still in its
   // backlog) is a stranger: each is named in the log, with what it sent if that is already
   // here, before the listener closes and the kernel resets them.
-  if (listener_) {
+  for (Listener* l : listeners_) {
     sockaddr_in from{};
     int fd;
-    while ((fd = listener_->accept(&from)) >= 0) adopt(fd, from);
+    while ((fd = l->accept(&from)) >= 0) adopt(fd, from);
   }
   // Only accepted connections are left: run() returns once no dial is under way.
   while (!conns_.empty()) drop(conns_.size() - 1, "still mid-handshake when set-up ended");

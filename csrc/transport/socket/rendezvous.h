@@ -35,8 +35,11 @@ class Rendezvous {
   Rendezvous(const Rendezvous&) = delete;
   Rendezvous& operator=(const Rendezvous&) = delete;
 
-  /// This rank connects to `peer` for `lane` at `to`. Blocks: no.
-  void dial(int peer, int lane, const sockaddr_in& to);
+  /// One more listener whose connections count (one per interface of a multi-rail rank).
+  void addListener(Listener* listener);
+  /// This rank connects to `peer` for `lane` at `to`, from the address `from` (its channel's
+  /// interface) when given. Blocks: no.
+  void dial(int peer, int lane, const sockaddr_in& to, const sockaddr_in* from = nullptr);
   /// `peer` connects to this rank for `lane`. Blocks: no.
   void expect(int peer, int lane);
 
@@ -45,6 +48,9 @@ class Rendezvous {
   /// authentication, or its address stays refused for 2 s (its process exited); kTimeout at
   /// the deadline, naming the peers still missing and any strangers that were dropped.
   void run(std::chrono::steady_clock::time_point deadline);
+  /// One pass of run(): moves every handshake on, waiting at most `budget` in poll(). True once
+  /// all are done (then strangers are closed, once). Throws as run() does.
+  bool step(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds budget);
 
   /// The connected fd of (peer, lane) once run() returned; the caller owns it from then on.
   int take(int peer, int lane);
@@ -66,7 +72,8 @@ class Rendezvous {
 
   std::vector<uint8_t> secret_;
   int rank_;
-  Listener* listener_;
+  std::vector<Listener*> listeners_;
+  bool finished_ = false;
   std::vector<std::unique_ptr<Conn>> conns_;
   std::map<std::pair<int, int>, bool> expected_;  // (peer, lane) -> arrived
   std::map<std::pair<int, int>, std::pair<int, std::string>> done_;  // (peer, lane) -> fd, address

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -137,11 +138,11 @@ std::string formatAddr(const sockaddr_in& a) {
   return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
 }
 
-std::string pickInterface(const std::string& spec, sockaddr_in& addr) {
+std::vector<Interface> pickInterfaces(const std::string& spec) {
   ifaddrs* list = nullptr;
   RAILCC_SYSCHECK(getifaddrs(&list), "getifaddrs");
-  std::string chosen, loopback;
-  sockaddr_in chosenAddr{}, loAddr{};
+  std::vector<Interface> chosen;
+  Interface loopback;
   std::vector<std::string> seen;
   for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
     if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
@@ -150,30 +151,28 @@ std::string pickInterface(const std::string& spec, sockaddr_in& addr) {
     seen.push_back(name);
     auto* a = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
     bool ok = spec.empty() ? matchSpec(name, "^docker,lo") : matchSpec(name, spec);
-    if (ok && chosen.empty()) {
-      chosen = name;
-      chosenAddr = *a;
-    }
-    if ((i->ifa_flags & IFF_LOOPBACK) && loopback.empty()) {
-      loopback = name;
-      loAddr = *a;
-    }
+    // Without a spec, the first match only; with one, every match (one address per name).
+    bool dup = std::any_of(chosen.begin(), chosen.end(), [&](const Interface& c) { return c.name == name; });
+    if (ok && !dup && (chosen.empty() || !spec.empty())) chosen.push_back({name, *a});
+    if ((i->ifa_flags & IFF_LOOPBACK) && loopback.name.empty()) loopback = {name, *a};
   }
   freeifaddrs(list);
-  if (chosen.empty() && spec.empty() && !loopback.empty()) {
-    // A machine with no network at all: every peer is local, loopback is right.
-    chosen = loopback;
-    chosenAddr = loAddr;
-  }
+  // A machine with no network at all: every peer is local, loopback is right.
+  if (chosen.empty() && spec.empty() && !loopback.name.empty()) chosen.push_back(loopback);
   if (chosen.empty()) {
     std::string all;
     for (auto& s : seen) all += (all.empty() ? "" : ", ") + s;
     RAILCC_THROW(kInvalidUsage, "RAILCC_SOCKET_IFNAME/NCCL_SOCKET_IFNAME='", spec,
                  "' matches no up IPv4 interface; interfaces here: ", all);
   }
-  addr = chosenAddr;
-  addr.sin_port = 0;
+  for (auto& c : chosen) c.addr.sin_port = 0;
   return chosen;
+}
+
+std::string pickInterface(const std::string& spec, sockaddr_in& addr) {
+  Interface first = pickInterfaces(spec).front();
+  addr = first.addr;
+  return first.name;
 }
 
 Listener::Listener(const sockaddr_in& bindAddr) {

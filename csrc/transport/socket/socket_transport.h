@@ -8,14 +8,25 @@
 #include <string>
 #include <vector>
 
-#include "transport/transport.h"
+#include "transport/net.h"
 
 namespace railcc::transport::socket {
 
 /// An IPv4 address and port in text form for logs: "10.0.0.2:41234".
 std::string formatAddr(const sockaddr_in& a);
 
-/// Picks the interface to bind from an NCCL-style spec ("eth,ib" prefixes, "^docker,lo"
+struct Interface {
+  std::string name;
+  sockaddr_in addr{};  // port 0
+};
+
+/// Every up IPv4 interface an NCCL-style spec names ("eth,ib" prefixes, "^docker,lo"
+/// excludes, "=eth0" exact), in the system's order; with an empty spec, only the first up,
+/// non-loopback, non-docker one (else loopback). Throws kInvalidUsage naming the spec if
+/// nothing matches. Each interface is one rail for the socket transport's channels.
+std::vector<Interface> pickInterfaces(const std::string& spec);
+
+/// The first of pickInterfaces(spec). Picks the interface to bind from an NCCL-style spec ("eth,ib" prefixes, "^docker,lo"
 /// excludes, "=eth0" exact). Empty spec: the first up, non-loopback, non-docker interface
 /// with an IPv4 address, else loopback. Throws kInvalidUsage naming the spec if nothing
 /// matches. Returns the interface name and fills `addr` (port 0).
@@ -40,6 +51,9 @@ class Listener {
   int fd_ = -1;
   sockaddr_in addr_{};
 };
+
+/// The socket transport for the registry (socket_setup.cpp).
+std::unique_ptr<railcc::transport::Transport> makeTransport();
 
 /// Wraps a connected, handshaken fd. `stagingBytes` bounds the buffer peek() reads into.
 std::unique_ptr<Connection> makeConnection(int fd, const std::string& peerDesc, size_t stagingBytes);

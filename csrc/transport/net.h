@@ -1,0 +1,106 @@
+#pragma once
+// The transport plug-in contract. A transport is a folder under csrc/transport/ and one line
+// in registry.cpp; the engine's bootstrap and algorithms know transports only through this.
+//
+// Modelled on NCCL's net plug-in, for one communicator at a time:
+//   open()      -> a Setup for this communicator, or nullptr with the reason it cannot serve
+//   endpoint()  -> an opaque blob ("listen"); the engine publishes it through the c10d store
+//   reach()     -> whether (and why) this side can reach a peer from that peer's blob
+//   connect() / accept() start one connection each, progress() drives them all without
+//                  blocking (resumable; the engine calls it until it answers true)
+//   take()      -> the finished Connection (transport.h): a byte stream with memory
+//                  registration and request-based sends and receives
+// The lower rank of a pair connects, the higher accepts. A pair holds `channels` connections
+// per lane (the smaller of the two sides' offers), each bound to one local interface or NIC.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "transport/transport.h"
+
+namespace railcc::transport {
+
+/// What a transport may know of a peer at set-up.
+struct PeerRecord {
+  int rank = -1;
+  std::string hostId;    // equal on ranks that share memory
+  std::string hostname;
+  int pid = 0;
+  std::string pidNs;     // pid namespace: a pid means something only within one
+  std::string endpoint;  // the blob this transport's Setup published on that rank
+  int channels = 1;      // connections per lane that rank offers
+};
+
+/// One communicator's set-up, as every transport sees it.
+struct SetupContext {
+  int rank = 0;
+  int size = 1;
+  int lanes = 1;                  // independent streams per pair (collectives, send/recv)
+  std::string group;              // for logs
+  Config config;
+  std::vector<uint8_t> secret;    // the group secret, for transports that authenticate
+  std::vector<PeerRecord> peers;  // every rank, without endpoints (those come later)
+  std::vector<int> localRanks;    // ranks that share this host's memory, this one included
+};
+
+class Setup {
+ public:
+  virtual ~Setup() = default;
+  /// This rank's endpoint blob ("" when it needs none). Called once, before any connect.
+  virtual std::string endpoint() = 0;
+  /// How many connections per lane this rank offers a peer (interfaces x sockets, NICs x QPs).
+  virtual int channels() const { return 1; }
+  /// Why this side can reach `peer` ("same host", "both have an IPv4 interface"), or "" when
+  /// it cannot. `peer.endpoint` is the blob the peer published.
+  virtual std::string reach(const PeerRecord& peer) = 0;
+  /// Starts the connection (peer, lane, channel) from this side (the lower rank). Blocks: no.
+  virtual void connect(const PeerRecord& peer, int lane, int channel) = 0;
+  /// Expects the peer to connect (peer, lane, channel) to this side. Blocks: no.
+  virtual void accept(const PeerRecord& peer, int lane, int channel) = 0;
+  /// Moves every started connection on; true once all are done. May wait up to `budget` for
+  /// something to happen (a poll), never longer. Throws railcc::Error with the peer in
+  /// `ranks` (kPeerFailure, kTimeout at `deadline`).
+  virtual bool progress(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds budget) = 0;
+  /// The finished connection (once progress() returned true); the caller owns it.
+  virtual std::unique_ptr<Connection> take(int peer, int lane, int channel) = 0;
+  /// Every peer has taken its connections (a store round-trip after progress() ended):
+  /// release set-up resources (listeners, names). Blocks: no.
+  virtual void finish() {}
+  /// True when finish() must wait until every peer served by this transport has taken its
+  /// connections (shared memory: a name may go only once every peer has mapped it).
+  virtual bool finishAfterPeers() const { return false; }
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string name() const = 0;
+  /// False for a transport that only reaches ranks sharing this host's memory.
+  virtual bool interHost() const = 0;
+  /// A Setup for one communicator, or nullptr with `whyNot` set (no device, disabled, ...).
+  virtual std::unique_ptr<Setup> open(const SetupContext& ctx, std::string& whyNot) = 0;
+};
+
+using TransportFactory = std::function<std::unique_ptr<Transport>()>;
+
+/// Registers a transport under `name`. Lower `preference` is tried first for a peer pair;
+/// a name registered twice replaces the first. Thread-safe.
+void registerTransport(const std::string& name, int preference, TransportFactory factory);
+/// Removes a transport registered by name (tests). Thread-safe.
+void unregisterTransport(const std::string& name);
+
+struct Registered {
+  std::string name;
+  int preference;
+  TransportFactory factory;
+};
+/// Every registered transport, most preferred first: the built-ins (registry.cpp) plus any
+/// registered at run time.
+std::vector<Registered> registeredTransports();
+
+}  // namespace railcc::transport
