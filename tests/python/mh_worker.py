@@ -328,6 +328,19 @@ def check_allreduce_disagreement(dist, rank, world):
 
 EXTRA = {}  # what checks hand back besides pass/fail
 
+def check_large_all_reduce(dist, rank, world):
+    """Three 32 MiB all_reduces of integer-valued floats: exact, and big enough for every
+    channel of a pair to carry a share."""
+    n = 8 * 1024 * 1024 + 5
+    for salt in range(3):
+        t = _value(rank, n, salt=salt)
+        dist.all_reduce(t)
+        e = _compare(t, sum(_value(r, n, salt=salt) for r in range(world)))
+        if e:
+            return f"salt {salt}: {e}"
+    return None
+
+
 CHECKS = {
     "all_reduce": check_all_reduce,
     "all_gather_into_tensor": check_all_gather_into_tensor,
@@ -337,7 +350,7 @@ CHECKS = {
     "send_recv_ring": check_send_recv_ring,
     "barrier": check_barrier,
 }
-OPTIONAL_CHECKS = {"straggler_report": check_straggler_report, "cable_cut": check_cable_cut,  # not in "all"
+OPTIONAL_CHECKS = {"large_all_reduce": check_large_all_reduce, "straggler_report": check_straggler_report, "cable_cut": check_cable_cut,  # not in "all"
                    "all_reduce_ops": check_all_reduce_ops, "allreduce_disagreement": check_allreduce_disagreement}
 
 

@@ -162,6 +162,7 @@ class TwoHosts:
         self.if_a = f"{prefix[:8]}a{tag}"
         self.if_b = f"{prefix[:8]}b{tag}"
         self._shaped = set()
+        self.rails = []  # extra veth pairs from add_rail(): (if_a, if_b, addr_a, addr_b)
 
     # Convenience views, indexed 0 (= A) and 1 (= B).
     @property
@@ -258,12 +259,36 @@ class TwoHosts:
             _run(["ip", "-n", ns, "link", "set", dev, "up"])
         self._wait_link()
 
-    def _wait_link(self, timeout=5.0):
+    def add_rail(self):
+        """Joins the pair by one more veth pair on its own /24 (10.{214+k}.X.0): a second NIC
+        per host, i.e. a second rail. Returns (if_a, if_b, addr_a, addr_b)."""
+        k = len(self.rails) + 1
+        tag = self.if_a[len(self.if_a.rstrip("0123456789")):]
+        if_a, if_b = f"r{k}a{tag}", f"r{k}b{tag}"
+        addr_a, addr_b = f"10.{213 + k}.{self.subnet_id}.1", f"10.{213 + k}.{self.subnet_id}.2"
+        _run(["ip", "link", "add", "name", if_a, "netns", self.ns_a, "type", "veth",
+              "peer", "name", if_b, "netns", self.ns_b])
+        for ns, dev, addr in ((self.ns_a, if_a, addr_a), (self.ns_b, if_b, addr_b)):
+            _run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev])
+            _run(["ip", "-n", ns, "link", "set", dev, "up"])
+        self.rails.append((if_a, if_b, addr_a, addr_b))
+        self._wait_link(links=((self.ns_a, if_a), (self.ns_b, if_b)))
+        return self.rails[-1]
+
+    def byte_counters(self, ns, dev):
+        """(rx_bytes, tx_bytes) of `dev` inside namespace `ns`, from the kernel's counters
+        (`ip netns exec` mounts that namespace's sysfs)."""
+        base = f"/sys/class/net/{dev}/statistics"
+        out = _run(self.exec_prefix(ns) + ["cat", f"{base}/rx_bytes", f"{base}/tx_bytes"]).stdout.split()
+        return int(out[0]), int(out[1])
+
+    def _wait_link(self, timeout=5.0, links=None):
         deadline = time.monotonic() + timeout
+        links = links or ((self.ns_a, self.if_a), (self.ns_b, self.if_b))
         while True:
             states = [
                 _run(["ip", "-n", ns, "-o", "link", "show", "dev", dev]).stdout
-                for ns, dev in ((self.ns_a, self.if_a), (self.ns_b, self.if_b))
+                for ns, dev in links
             ]
             if all("LOWER_UP" in s for s in states):
                 return

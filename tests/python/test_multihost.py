@@ -323,3 +323,36 @@ def test_cut_cable_is_reported_as_peer_failure_within_seconds(tmp_path):
         assert cut["ranks"] == [other] and f"rank {other}" in cut["msg"], (rank, cut)
         assert cut["after_s"] < 30, (rank, cut)  # keepalive: 2 s idle, then 3 probes 1 s apart
         print(f"\nmeasured: rank {rank} reported the cut cable after {cut['after_s']:.2f} s")
+
+
+@RAILCC_SKIP
+def test_two_tcp_channels_over_two_rails_carry_shares_of_a_large_all_reduce(tmp_path):
+    """RAILCC_NCHANNELS=2 with two interfaces per host (two veth pairs, two subnets): channel
+    c of the pair is bound to interface c, large messages are split across the channels, and
+    the kernel's byte counters of both interfaces show a share; every collective is exact."""
+    with two_hosts(prefix="rch") as h:
+        r1a, r1b, _, _ = h.add_rail()
+        rails = [(h.if_a, r1a), (h.if_b, r1b)]  # per host: rail 0, rail 1
+        before = [[h.byte_counters(host, dev)[1] for dev in rails[host]] for host in (0, 1)]
+        store = f"{h.addresses[0]}:{next(_ports)}"
+        cmds = []
+        for rank in (0, 1):
+            env = _env(h, rank, {"RAILCC_SOCKET_IFNAME": "=" + ",".join(rails[rank]),
+                                 "RAILCC_NCHANNELS": "2", "RAILCC_DEBUG": "INFO", "RAILCC_DEBUG_SUBSYS": "INIT"})
+            argv = [sys.executable, WORKER, "--rank", str(rank), "--world", "2", "--store", store,
+                    "--backend", "railcc", "--check",
+                    "all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,alltoall_single,"
+                    "send_recv_ring,barrier,all_reduce_ops,large_all_reduce"]
+            cmds.append((rank, argv, env))
+        launch = _launch(h, tmp_path, cmds)
+        launch.assert_ok(2)
+        after = [[h.byte_counters(host, dev)[1] for dev in rails[host]] for host in (0, 1)]
+    log = "\n".join(launch.logs)
+    assert "2 channels" in log, launch.describe()
+    # Each rank sends about 3 x 32 MiB over the two rails of its host in the large
+    # all_reduces: each rail must carry a fair share of it, not a trickle.
+    for host in (0, 1):
+        sent = [after[host][i] - before[host][i] for i in (0, 1)]
+        print(f"host {host}: bytes sent on rail 0, rail 1: {sent}")
+        assert min(sent) > 32 << 20, f"host {host}: bytes sent per rail {sent}\n{launch.describe()}"
+        assert max(sent) < 3 * min(sent), f"host {host}: uneven rails {sent}"
