@@ -1,0 +1,382 @@
+// A toy third transport, written only for this test and registered from it: every byte goes
+// through a pair of named pipes (FIFOs) per connection. It proves that a transport needs no
+// edit to the engine: bootstrap finds it in the registry, publishes its endpoint (a directory)
+// through the store, connects through its non-blocking connect/accept, and every collective
+// runs over it, split across two channels per peer, bit-exact against a local reference.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <numeric>
+
+#include "common/error.h"
+#include "ranks.h"
+#include "transport/net.h"
+
+using namespace railcc;
+using namespace railcc::engine;
+
+namespace {
+
+// One direction in, one out. pollFd() is an epoll set: the read end level-triggered, the write
+// end edge-triggered, so poll() wakes when data arrives or when a full pipe drains.
+class PipeConnection : public transport::Connection {
+ public:
+  PipeConnection(int rfd, int wfd, std::string desc) : rfd_(rfd), wfd_(wfd), desc_(std::move(desc)) {
+    ep_ = epoll_create1(EPOLL_CLOEXEC);
+    epoll_event in{EPOLLIN, {}}, out{EPOLLOUT | EPOLLET, {}};
+    epoll_ctl(ep_, EPOLL_CTL_ADD, rfd_, &in);
+    epoll_ctl(ep_, EPOLL_CTL_ADD, wfd_, &out);
+    buf_.resize(1 << 16);
+  }
+  ~PipeConnection() override {
+    close(rfd_);
+    close(wfd_);
+    close(ep_);
+  }
+  size_t send(const void* p, size_t n) override {
+    ssize_t k = write(wfd_, p, n);
+    if (k < 0 && errno == EAGAIN) {
+      drainEdges();
+      k = write(wfd_, p, n);  // the pipe may have drained before the harvest: a lost edge
+    }
+    if (k >= 0) return static_cast<size_t>(k);
+    if (errno == EAGAIN) return 0;
+    RAILCC_THROW(kPeerFailure, "pipe to ", desc_, ": ", std::strerror(errno));
+  }
+  std::pair<const void*, size_t> peek() override {
+    if (head_ == tail_) {
+      head_ = tail_ = 0;
+      ssize_t k = read(rfd_, buf_.data(), buf_.size());
+      if (k == 0) RAILCC_THROW(kPeerFailure, "pipe from ", desc_, " closed");
+      if (k < 0 && errno != EAGAIN) RAILCC_THROW(kPeerFailure, "pipe from ", desc_, ": ", std::strerror(errno));
+      if (k > 0) tail_ = static_cast<size_t>(k);
+    }
+    return {buf_.data() + head_, tail_ - head_};
+  }
+  void consume(size_t n) override { head_ += n; }
+  int pollFd() const override { return ep_; }
+  std::string describe() const override { return "pipe " + desc_; }
+  void markFailed() override { close(dup2(open("/dev/null", O_WRONLY), wfd_)); }
+
+ private:
+  // Harvests a pending write edge, so poll() on the set sleeps until the next one (the read
+  // end, level-triggered, stays reported while data waits).
+  void drainEdges() {
+    epoll_event ev[2];
+    epoll_wait(ep_, ev, 2, 0);
+  }
+  int rfd_, wfd_, ep_;
+  std::string desc_;
+  std::vector<char> buf_;
+  size_t head_ = 0, tail_ = 0;
+};
+
+// Endpoint: a directory of this rank. A connecting peer makes two FIFOs in it, named by its
+// rank, lane and channel; a FIFO's write end opens (non-blocking) only once a reader has it,
+// which is what makes connect and accept resumable.
+class PipeSetup : public transport::Setup {
+ public:
+  explicit PipeSetup(const transport::SetupContext& ctx) : ctx_(ctx) {}
+  ~PipeSetup() override {
+    for (auto& [k, c] : pending_) {
+      if (c.rfd >= 0) close(c.rfd);
+      if (c.wfd >= 0) close(c.wfd);
+    }
+    finish();
+  }
+  std::string endpoint() override {
+    char tmpl[] = "/tmp/railcc-pipe-XXXXXX";
+    RAILCC_SYSCHECK(mkdtemp(tmpl) != nullptr ? 0 : -1, "mkdtemp");
+    dir_ = tmpl;
+    return dir_;
+  }
+  int channels() const override { return 2; }
+  std::string reach(const transport::PeerRecord& peer) override {
+    struct stat st {};
+    return stat(peer.endpoint.c_str(), &st) == 0 ? "its pipe directory is visible here" : "";
+  }
+  void connect(const transport::PeerRecord& peer, int lane, int ch) override {
+    std::string base = peer.endpoint + "/" + name(ctx_.rank, lane, ch);
+    RAILCC_SYSCHECK(mkfifo((base + ".down").c_str(), 0600), "mkfifo");
+    RAILCC_SYSCHECK(mkfifo((base + ".up").c_str(), 0600), "mkfifo");
+    Pending& c = pending_[{peer.rank, lane, ch}];
+    c.dialer = true;
+    c.base = base;
+    c.rfd = open((base + ".down").c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  }
+  void accept(const transport::PeerRecord& peer, int lane, int ch) override {
+    Pending& c = pending_[{peer.rank, lane, ch}];
+    c.base = dir_ + "/" + name(peer.rank, lane, ch);
+  }
+  bool progress(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds) override {
+    bool all = true;
+    for (auto& [k, c] : pending_) {
+      if (c.wfd >= 0 && (c.dialer || c.hello)) continue;
+      if (!c.dialer && c.rfd < 0) {  // the dialer made both FIFOs before it opened one
+        c.rfd = open((c.base + ".up").c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+        if (c.rfd < 0) {
+          all = false;
+          continue;
+        }
+      }
+      if (c.wfd < 0) {
+        c.wfd = open((c.base + (c.dialer ? ".up" : ".down")).c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+        if (c.wfd < 0 && errno != ENXIO && errno != ENOENT)
+          RAILCC_THROW(kSystem, "open ", c.base, ": ", std::strerror(errno));
+        // The dialer says hello once both its ends are open; the acceptor is done only when
+        // it has read it, so it never removes the FIFOs (finish()) before the dialer opened them.
+        if (c.wfd >= 0 && c.dialer && write(c.wfd, "h", 1) != 1) RAILCC_THROW(kSystem, "hello to ", c.base);
+      }
+      if (c.wfd >= 0 && !c.dialer && !c.hello) {
+        char h = 0;
+        c.hello = read(c.rfd, &h, 1) == 1;
+      }
+      all = all && c.wfd >= 0 && (c.dialer || c.hello);
+    }
+    if (!all && std::chrono::steady_clock::now() > deadline) RAILCC_THROW(kTimeout, "pipe connections not set up");
+    if (!all) usleep(1000);
+    return all;
+  }
+  std::unique_ptr<transport::Connection> take(int peer, int lane, int ch) override {
+    Pending c = pending_.at({peer, lane, ch});
+    pending_.erase({peer, lane, ch});
+    return std::make_unique<PipeConnection>(c.rfd, c.wfd, c.base);
+  }
+  void finish() override {
+    if (dir_.empty()) return;
+    std::string cmd = "rm -rf '" + dir_ + "'";
+    if (system(cmd.c_str()) != 0) { /* best effort */ }
+    dir_.clear();
+  }
+
+ private:
+  struct Pending {
+    bool dialer = false;
+    bool hello = false;
+    std::string base;
+    int rfd = -1, wfd = -1;
+  };
+  static std::string name(int r, int lane, int ch) {
+    return std::to_string(r) + "-" + std::to_string(lane) + "-" + std::to_string(ch);
+  }
+  transport::SetupContext ctx_;
+  std::string dir_;
+  std::map<std::tuple<int, int, int>, Pending> pending_;
+};
+
+class PipeTransport : public transport::Transport {
+ public:
+  std::string name() const override { return "pipe"; }
+  bool interHost() const override { return true; }
+  std::unique_ptr<transport::Setup> open(const transport::SetupContext& ctx, std::string&) override {
+    return std::make_unique<PipeSetup>(ctx);
+  }
+};
+
+// Every rank its own "host", so nothing goes through shared memory, and RAILCC_NET=pipe.
+// Shares of 4 KiB: messages of 8 KiB and more are split across the two channels.
+void runOverPipes(int n, const std::function<void(Communicator&)>& body) {
+  signal(SIGPIPE, SIG_IGN);
+  transport::registerTransport("pipe", 50, [] { return std::make_unique<PipeTransport>(); });
+  Config cfg = Config::defaults();
+  cfg.net = "pipe";
+  cfg.initTimeoutSec = 30;
+  cfg.channelMinBytes = 4096;
+  testing_util::runRanks(n, cfg, "pipe", body, [](int r, Config& c) { c.hostId = "pipe-host-" + std::to_string(r); });
+  transport::unregisterTransport("pipe");
+}
+
+using testing_util::waitOk;
+
+// Integer-valued data: every reduction below is exact in any order.
+float val(int rank, size_t i, int salt) { return static_cast<float>((static_cast<int>(i) * (rank + 3) + salt + rank) % 97 - 48); }
+
+class Pipes : public testing::TestWithParam<int> {};
+
+TEST_P(Pipes, EveryCollectiveIsBitExact) {
+  const int n = GetParam();
+  runOverPipes(n, [n](Communicator& c) {
+    const int r = c.rank();
+    EXPECT_EQ(c.peers()[static_cast<size_t>((r + 1) % n)].transport.rfind("pipe ", 0), 0u);
+    for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(4099), size_t(300001)}) {
+      int salt = static_cast<int>(count % 13);
+      auto ref = [&](size_t i, ReduceOp op) {
+        float acc = val(0, i, salt);
+        for (int q = 1; q < n; ++q) {
+          float v = val(q, i, salt);
+          acc = op == ReduceOp::kSum ? acc + v : op == ReduceOp::kMax ? std::max(acc, v) : std::min(acc, v);
+        }
+        return acc;
+      };
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+        std::vector<float> b(count);
+        for (size_t i = 0; i < count; ++i) b[i] = val(r, i, salt);
+        waitOk(c.allreduce(b.data(), count, DataType::kFloat32, op));
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(b[i], ref(i, op)) << "allreduce " << reduceOpName(op) << " i=" << i;
+      }
+      {  // int64 product over small values and a coalesced pair
+        std::vector<int64_t> a(count), d(count + 3);
+        for (size_t i = 0; i < count; ++i) a[i] = (static_cast<int64_t>(i) + r) % 3 + 1;
+        for (size_t i = 0; i < count + 3; ++i) d[i] = static_cast<int64_t>(i) * (r + 1);
+        waitOk(c.allreduce(a.data(), count, DataType::kInt64, ReduceOp::kProduct));
+        waitOk(c.allreduceCoalesced({d.data()}, {count + 3}, DataType::kInt64, ReduceOp::kSum));
+        for (size_t i = 0; i < count; ++i) {
+          int64_t want = 1;
+          for (int q = 0; q < n; ++q) want *= (static_cast<int64_t>(i) + q) % 3 + 1;
+          ASSERT_EQ(a[i], want);
+        }
+        for (size_t i = 0; i < count + 3; ++i) ASSERT_EQ(d[i], static_cast<int64_t>(i) * n * (n + 1) / 2);
+      }
+      int root = n - 1;
+      {
+        std::vector<float> b(count);
+        for (size_t i = 0; i < count; ++i) b[i] = val(r == root ? 100 : r, i, salt);
+        waitOk(c.broadcast(b.data(), count, DataType::kFloat32, root));
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(b[i], val(100, i, salt)) << "broadcast";
+        for (size_t i = 0; i < count; ++i) b[i] = val(r, i, salt);
+        waitOk(c.reduce(b.data(), count, DataType::kFloat32, ReduceOp::kSum, root));
+        if (r == root)
+          for (size_t i = 0; i < count; ++i) ASSERT_EQ(b[i], ref(i, ReduceOp::kSum)) << "reduce";
+      }
+      {
+        std::vector<float> in(count);
+        for (size_t i = 0; i < count; ++i) in[i] = val(r, i, salt);
+        std::vector<std::vector<float>> outs(static_cast<size_t>(n), std::vector<float>(count));
+        std::vector<void*> po;
+        for (auto& o : outs) po.push_back(o.data());
+        waitOk(c.allgather(in.data(), count, DataType::kFloat32, po));
+        for (int q = 0; q < n; ++q)
+          for (size_t i = 0; i < count; ++i) ASSERT_EQ(outs[static_cast<size_t>(q)][i], val(q, i, salt)) << "allgather";
+        std::vector<std::vector<float>> g(static_cast<size_t>(n), std::vector<float>(count, -1));
+        std::vector<void*> pg;
+        for (auto& o : g) pg.push_back(o.data());
+        waitOk(c.gather(in.data(), count, DataType::kFloat32, r == 0 ? pg : std::vector<void*>{}, 0));
+        if (r == 0)
+          for (int q = 0; q < n; ++q)
+            for (size_t i = 0; i < count; ++i) ASSERT_EQ(g[static_cast<size_t>(q)][i], val(q, i, salt)) << "gather";
+        // reduce_scatter: block q of rank p is val(p, q * count + i)
+        std::vector<std::vector<float>> blocks(static_cast<size_t>(n), std::vector<float>(count));
+        std::vector<const void*> pb;
+        for (int q = 0; q < n; ++q) {
+          for (size_t i = 0; i < count; ++i) blocks[static_cast<size_t>(q)][i] = val(r, static_cast<size_t>(q) * count + i, salt);
+          pb.push_back(blocks[static_cast<size_t>(q)].data());
+        }
+        std::vector<float> out(count);
+        waitOk(c.reduceScatter(pb, out.data(), count, DataType::kFloat32, ReduceOp::kSum));
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], ref(static_cast<size_t>(r) * count + i, ReduceOp::kSum)) << "reduce_scatter";
+        // scatter from rank 0: rank q gets block q of rank 0's
+        std::vector<float> sc(count, -1);
+        waitOk(c.scatter(r == 0 ? pb : std::vector<const void*>{}, sc.data(), count, DataType::kFloat32, 0));
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(sc[i], val(0, static_cast<size_t>(r) * count + i, salt)) << "scatter";
+        // alltoall with uneven counts: rank p sends (p + q) % 3 * count / 2 elements to q
+        auto cnt = [&](int p, int q) { return static_cast<size_t>((p + q) % 3) * count / 2; };
+        std::vector<std::vector<float>> src(static_cast<size_t>(n)), dst(static_cast<size_t>(n));
+        std::vector<const void*> ps;
+        std::vector<void*> pd;
+        std::vector<size_t> ic, oc;
+        for (int q = 0; q < n; ++q) {
+          src[static_cast<size_t>(q)].resize(cnt(r, q));
+          for (size_t i = 0; i < cnt(r, q); ++i) src[static_cast<size_t>(q)][i] = val(r * n + q, i, salt);
+          dst[static_cast<size_t>(q)].resize(cnt(q, r));
+          ps.push_back(src[static_cast<size_t>(q)].data());
+          pd.push_back(dst[static_cast<size_t>(q)].data());
+          ic.push_back(cnt(r, q));
+          oc.push_back(cnt(q, r));
+        }
+        waitOk(c.alltoall(ps, ic, pd, oc, DataType::kFloat32));
+        for (int q = 0; q < n; ++q)
+          for (size_t i = 0; i < cnt(q, r); ++i) ASSERT_EQ(dst[static_cast<size_t>(q)][i], val(q * n + r, i, salt)) << "alltoall";
+      }
+      {  // send/recv around the ring, then a barrier
+        std::vector<float> s(count), got(count, -1);
+        for (size_t i = 0; i < count; ++i) s[i] = val(r, i, salt + 1);
+        auto sr = c.send(s.data(), count * sizeof(float), (r + 1) % n, 5);
+        waitOk(c.recv(got.data(), count * sizeof(float), (r - 1 + n) % n, 5));
+        waitOk(sr);
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(got[i], val((r - 1 + n) % n, i, salt + 1)) << "send/recv";
+        waitOk(c.barrier());
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Pipes, testing::Values(2, 3), [](const testing::TestParamInfo<int>& p) {
+  return "n" + std::to_string(p.param);
+});
+
+TEST(Pipes, ForcingAnUnregisteredTransportNamesTheRegisteredOnes) {
+  Config cfg = Config::defaults();
+  cfg.net = "carrier-pigeon";
+  cfg.initTimeoutSec = 10;
+  std::vector<std::string> errs(2);
+  MemoryStore store;
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      CommOptions o;
+      o.rank = r;
+      o.size = 2;
+      o.config = cfg;
+      o.config.hostId = "h" + std::to_string(r);
+      try {
+        Communicator c(store, o);
+      } catch (const std::exception& e) {
+        errs[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (auto& e : errs) {
+    EXPECT_NE(e.find("carrier-pigeon"), std::string::npos) << e;
+    EXPECT_NE(e.find("socket"), std::string::npos) << e;
+  }
+}
+
+TEST(Pipes, RequestsAndRegisteredMemoryOverAConnection) {
+  // The request half of the contract, on the toy's connections: registered buffers, several
+  // sends in flight, a receive that is too small is refused by name.
+  int a[2], b[2];
+  ASSERT_EQ(pipe2(a, O_NONBLOCK), 0);
+  ASSERT_EQ(pipe2(b, O_NONBLOCK), 0);
+  PipeConnection x(b[0], a[1], "x"), y(a[0], b[1], "y");
+  std::vector<char> big(200000), got(200000), small(10);
+  std::iota(big.begin(), big.end(), 1);
+  auto mr = x.regMr(big.data(), big.size(), transport::MemoryKind::kHost);
+  EXPECT_THROW(x.regMr(big.data(), 1, transport::MemoryKind::kCuda), Error);
+  int s1 = x.isend(big.data(), big.size(), &mr), s2 = x.isend(big.data(), 3, &mr);
+  int r1 = y.irecv(got.data(), got.size(), nullptr), r2 = y.irecv(small.data(), small.size(), nullptr);
+  size_t n1 = 0, n2 = 0;
+  bool d[4] = {false, false, false, false};
+  for (int spin = 0; spin < 100000 && !(d[0] && d[1] && d[2] && d[3]); ++spin) {
+    if (!d[0]) d[0] = x.test(s1, nullptr);
+    if (!d[1]) d[1] = x.test(s2, nullptr);
+    if (!d[2]) d[2] = y.test(r1, &n1);
+    if (!d[3]) d[3] = y.test(r2, &n2);
+  }
+  ASSERT_TRUE(d[0] && d[1] && d[2] && d[3]);
+  EXPECT_EQ(n1, big.size());
+  EXPECT_EQ(n2, 3u);
+  EXPECT_EQ(got, big);
+  EXPECT_EQ(small[2], big[2]);
+  x.deregMr(mr);
+  EXPECT_EQ(mr.addr, nullptr);
+  int s3 = x.isend(big.data(), 50, nullptr);
+  bool refused = false;
+  try {
+    int r3 = y.irecv(small.data(), small.size(), nullptr);  // may already meet the message
+    for (int spin = 0; spin < 100000; ++spin) {
+      x.test(s3, nullptr);
+      y.test(r3, nullptr);
+    }
+  } catch (const Error& e) {
+    refused = std::string(e.what()).find("irecv of at most 10 bytes met a message of 50 bytes") != std::string::npos;
+  }
+  EXPECT_TRUE(refused);
+}
+
+}  // namespace
