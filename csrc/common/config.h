@@ -40,6 +40,10 @@ namespace railcc {
     "every rank sends to every peer and reduces in rank order. A CUDA IPC all-reduce of at "  \
     "most this many bytes has every rank reduce every peer's buffer. Must be equal on all "   \
     "ranks.")                                                                                 \
+  X(algo, std::string, "RAILCC_ALGO", "NCCL_ALGO", "", "",                                         \
+    "Algorithms to prefer, comma separated: oneshot, rings, hier, pairwise, chain, direct "   \
+    "(NCCL's ring = pairwise,chain; tree/collnet/nvls are skipped). Per op, the first listed " \
+    "that can run it wins, else the size/placement rule. Must be equal on all ranks.")       \
   X(socketIfname, std::string, "RAILCC_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "", "",              \
     "Interfaces for TCP: prefixes, comma separated; ^ excludes, = matches exactly. "          \
     "Default: the first up interface that is not loopback or docker.")                        \

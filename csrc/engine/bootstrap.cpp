@@ -54,6 +54,16 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   }
   hostname_ = peers_[static_cast<size_t>(rank_)].hostname;
   streamMin_ = std::max<size_t>(transport::lastLevelCacheBytes() / localRanks_.size(), size_t(1) << 20);
+  place_.size = size_;
+  place_.localRanks = static_cast<int>(localRanks_.size());
+  place_.rings = ringsCover();
+  place_.ringSlices = place_.rings && ringSlice() > 0;
+  place_.hostsEven = !rail_.empty();
+  place_.oneshotBytes = opts_.config.oneshotBytes;
+  std::string ignored;
+  prefer_ = parseAlgos(opts_.config.algo, &ignored);
+  if (!ignored.empty()) RAILCC_INFO(COLL, "RAILCC_ALGO/NCCL_ALGO: railcc has no ", ignored, " algorithm; the rule decides instead");
+  if (rank_ == 0) RAILCC_INFO(COLL, "group '", opts_.name, "' algorithms: ", describeRule(place_, prefer_));
   for (const PeerInfo& p : peers_) shmPeer_.push_back(p.transport == "shm");
   // A first progress record now, so that a rank frozen before the watchdog's first beat is
   // still told apart from one that never published anything.

@@ -31,6 +31,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "engine/algorithms/choose.h"
 #include "engine/communicator.h"
 #include "engine/device.h"
 #include "engine/telemetry.h"
@@ -446,6 +447,11 @@ class CommImpl {
   Channel& chan(int lane, int peer, int c = 0) { return chans_[lane][static_cast<size_t>(peer)][static_cast<size_t>(c)]; }
   std::vector<char> bucket_;
   std::vector<char> scratch_;  // one-shot receive area, n blocks of at most RAILCC_ONESHOT_BYTES
+
+  // The algorithm rule (algorithms/choose.h) with this group's placement, set after set-up.
+  AlgoPlace place_;
+  std::vector<Algo> prefer_;  // RAILCC_ALGO / NCCL_ALGO
+  Algo algoFor(AlgoOp op, size_t bytes) const { return chooseAlgo(op, bytes, place_, prefer_, nullptr); }
 
   bool oneshot(size_t bytes) const {
     return size_ > 1 && static_cast<int64_t>(bytes) <= opts_.config.oneshotBytes;

@@ -132,8 +132,7 @@ RequestPtr Communicator::broadcast(void* buf, size_t count, DataType dt, int roo
     int n = c->size_, r = c->rank_;
     if (n == 1) return;
     size_t bytes = count * dtypeSize(dt);
-    if (c->ringsCover() && static_cast<int64_t>(bytes) > c->opts_.config.oneshotBytes)
-      return c->runBroadcastRing(buf, bytes, root);
+    if (c->algoFor(AlgoOp::kBroadcast, bytes) == Algo::kRings) return c->runBroadcastRing(buf, bytes, root);
     int pos = (r - root + n) % n;
     // A pipelined chain: each rank forwards bytes as soon as they arrive.
     std::vector<Transfer> xs;
@@ -203,7 +202,7 @@ RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, st
     int n = c->size_, r = c->rank_;
     size_t bytes = count * dtypeSize(dt);
     if (outs[static_cast<size_t>(r)] != in && bytes) std::memmove(outs[static_cast<size_t>(r)], in, bytes);
-    if (c->ringsCover() && static_cast<int64_t>(bytes) > c->opts_.config.oneshotBytes)
+    if (c->algoFor(AlgoOp::kAllgather, bytes) == Algo::kRings)
       return c->runAllgatherRing(in, std::vector<size_t>(outs.size(), bytes), outs, true);
     // Every peer at once: one synchronization instead of n-1, and nothing is reduced, so the
     // order in which the pieces land does not matter.
@@ -246,11 +245,12 @@ RequestPtr Communicator::reduceScatter(std::vector<const void*> ins, void* out, 
     int n = c->size_, r = c->rank_;
     size_t bytes = count * dtypeSize(dt);
     const char* mine = ins[static_cast<size_t>(r)];
-    if (c->oneshot(bytes)) {
+    Algo algo = c->algoFor(AlgoOp::kReduceScatter, bytes);
+    if (algo == Algo::kOneShot) {
       auto blockOf = [&ins](int p) { return static_cast<const char*>(ins[static_cast<size_t>(p)]); };
       return c->oneshotReduce(blockOf, out, count, dt, op, scale);
     }
-    if (c->ringsCover() && c->ringSlice() > 0) return c->runReduceScatterRings(ins, out, count, dt, op, scale);
+    if (algo == Algo::kRings) return c->runReduceScatterRings(ins, out, count, dt, op, scale);
     if (op == ReduceOp::kPremulSum) scaleCopy(out, mine, count, dt, scale);
     else if (out != mine && bytes) std::memmove(out, mine, bytes);
     for (int s = 1; s < n; ++s) {

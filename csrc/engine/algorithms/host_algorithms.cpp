@@ -90,9 +90,12 @@ void CommImpl::pairwiseAllgather(const std::vector<int>& g, char* buf, size_t co
 void CommImpl::runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
   int n = size_, r = rank_;
   size_t es = dtypeSize(dt);
-  if (oneshot(count * es)) return oneshotReduce([buf](int) { return buf; }, buf, count, dt, op, scale);
-  if (ringsCover() && ringSlice() > 0) return runAllreduceRings(buf, count, dt, op, scale);
-  if (!rail_.empty()) return runAllreduceHosts(buf, count, dt, op, scale);
+  switch (algoFor(AlgoOp::kAllreduce, count * es)) {
+    case Algo::kOneShot: return oneshotReduce([buf](int) { return buf; }, buf, count, dt, op, scale);
+    case Algo::kRings: return runAllreduceRings(buf, count, dt, op, scale);
+    case Algo::kHier: return runAllreduceHosts(buf, count, dt, op, scale);
+    default: break;  // pairwise
+  }
   std::vector<int> all(static_cast<size_t>(n));
   std::iota(all.begin(), all.end(), 0);
   pairwiseReduceScatter(all, buf, count, dt, op, scale);

@@ -1,0 +1,131 @@
+#include "engine/algorithms/choose.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace railcc::engine {
+
+const char* algoName(Algo a) {
+  switch (a) {
+    case Algo::kOneShot: return "oneshot";
+    case Algo::kRings: return "rings";
+    case Algo::kHier: return "hier";
+    case Algo::kPairwise: return "pairwise";
+    case Algo::kChain: return "chain";
+    case Algo::kDirect: return "direct";
+  }
+  return "?";
+}
+
+namespace {
+
+const char* opName(AlgoOp op) {
+  switch (op) {
+    case AlgoOp::kAllreduce: return "all_reduce";
+    case AlgoOp::kReduceScatter: return "reduce_scatter";
+    case AlgoOp::kBroadcast: return "broadcast";
+    case AlgoOp::kAllgather: return "all_gather";
+  }
+  return "?";
+}
+
+// Whether `a` can run `op` of `bytes` here.
+bool fits(Algo a, AlgoOp op, size_t bytes, const AlgoPlace& p) {
+  bool reducing = op == AlgoOp::kAllreduce || op == AlgoOp::kReduceScatter;
+  switch (a) {
+    case Algo::kOneShot: return reducing && p.size > 1 && static_cast<int64_t>(bytes) <= p.oneshotBytes;
+    case Algo::kRings: return p.rings && (!reducing || p.ringSlices);
+    case Algo::kHier: return op == AlgoOp::kAllreduce && p.hostsEven;
+    case Algo::kPairwise: return reducing;
+    case Algo::kChain: return op == AlgoOp::kBroadcast;
+    case Algo::kDirect: return op == AlgoOp::kAllgather;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::vector<Algo> parseAlgos(const std::string& spec, std::string* ignored) {
+  std::vector<Algo> out;
+  std::istringstream is(spec);
+  std::string name;
+  while (std::getline(is, name, ',')) {
+    name.erase(std::remove_if(name.begin(), name.end(), [](char c) { return c == ' '; }), name.end());
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (name.empty()) continue;
+    bool found = false;
+    for (Algo a : {Algo::kOneShot, Algo::kRings, Algo::kHier, Algo::kPairwise, Algo::kChain, Algo::kDirect})
+      if (name == algoName(a)) {
+        out.push_back(a);
+        found = true;
+      }
+    if (found) continue;
+    if (name == "ring") {
+      out.push_back(Algo::kPairwise);
+      out.push_back(Algo::kChain);
+    } else if (name == "tree" || name.rfind("collnet", 0) == 0 || name.rfind("nvls", 0) == 0 || name == "pat") {
+      if (ignored) *ignored += (ignored->empty() ? "" : ", ") + name;
+    } else {
+      RAILCC_THROW(kInvalidUsage, "RAILCC_ALGO/NCCL_ALGO='", spec, "': unknown algorithm '", name,
+                   "'; railcc has oneshot, rings, hier, pairwise, chain and direct (NCCL's ring means pairwise and chain)");
+    }
+  }
+  return out;
+}
+
+Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& p, const std::vector<Algo>& prefer, const char** why) {
+  for (Algo a : prefer)
+    if (fits(a, op, bytes, p)) {
+      if (why) *why = "RAILCC_ALGO";
+      return a;
+    }
+  auto pick = [&](Algo a, const char* w) {
+    if (why) *why = w;
+    return a;
+  };
+  switch (op) {
+    case AlgoOp::kAllreduce:
+    case AlgoOp::kReduceScatter:
+      if (fits(Algo::kOneShot, op, bytes, p)) return pick(Algo::kOneShot, "at most RAILCC_ONESHOT_BYTES");
+      if (fits(Algo::kRings, op, bytes, p)) return pick(Algo::kRings, "every rank on this host");
+      if (fits(Algo::kHier, op, bytes, p)) return pick(Algo::kHier, "hosts with equal rank counts");
+      return pick(Algo::kPairwise, "otherwise");
+    case AlgoOp::kBroadcast:
+    case AlgoOp::kAllgather:
+      if (fits(Algo::kRings, op, bytes, p) && static_cast<int64_t>(bytes) > p.oneshotBytes)
+        return pick(Algo::kRings, "every rank on this host, above RAILCC_ONESHOT_BYTES");
+      return op == AlgoOp::kBroadcast ? pick(Algo::kChain, "otherwise") : pick(Algo::kDirect, "otherwise");
+  }
+  return Algo::kPairwise;
+}
+
+std::string describeRule(const AlgoPlace& p, const std::vector<Algo>& prefer) {
+  std::ostringstream os;
+  os << p.size << " ranks, " << p.localRanks << " on this host";
+  if (!prefer.empty()) {
+    os << "; RAILCC_ALGO prefers";
+    for (Algo a : prefer) os << " " << algoName(a);
+  }
+  // The sizes where the choice can change: zero, the one-shot limit and just above it.
+  size_t edges[] = {0, static_cast<size_t>(std::max<int64_t>(p.oneshotBytes, 0)),
+                    static_cast<size_t>(std::max<int64_t>(p.oneshotBytes, 0)) + 1};
+  for (AlgoOp op : {AlgoOp::kAllreduce, AlgoOp::kReduceScatter, AlgoOp::kBroadcast, AlgoOp::kAllgather}) {
+    os << "\n  " << opName(op) << ":";
+    Algo last{};
+    bool first = true;
+    for (size_t b : edges) {
+      const char* why = "";
+      Algo a = chooseAlgo(op, b, p, prefer, &why);
+      if (!first && a == last) continue;
+      os << (first ? " " : "; ") << (first ? "" : "from ") << (first ? "" : std::to_string(b) + " B ") << algoName(a)
+         << " (" << why << ")";
+      last = a;
+      first = false;
+    }
+  }
+  return os.str();
+}
+
+}  // namespace railcc::engine

@@ -1,0 +1,50 @@
+#pragma once
+// Which algorithm runs a collective: one rule, in one place, that can be printed.
+//
+// The inputs are what every rank of a group knows alike (the op, its size in bytes, how the
+// ranks sit on hosts, the configuration), so every rank picks the same algorithm without
+// talking. RAILCC_ALGO (or NCCL_ALGO) lists algorithms to prefer: for each op the first one
+// listed that can run it here wins; otherwise the rule decides.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace railcc::engine {
+
+enum class Algo : uint8_t {
+  kOneShot,   // every rank sends its block to every peer and reduces in rank order: one step
+  kRings,     // shared-memory broadcast rings (all ranks on one host, three or more)
+  kHier,      // per host, then per rail across hosts, then per host again
+  kPairwise,  // reduce-scatter then all-gather by pairwise exchanges (NCCL's "ring" family)
+  kChain,     // pipelined chain from the root (broadcast)
+  kDirect,    // every peer at once, nothing reduced (all-gather)
+};
+
+const char* algoName(Algo a);
+
+enum class AlgoOp : uint8_t { kAllreduce, kReduceScatter, kBroadcast, kAllgather };
+
+struct AlgoPlace {
+  int size = 1;
+  int localRanks = 1;
+  bool rings = false;        // the broadcast rings cover the group
+  bool ringSlices = false;   // and are large enough for the reducing ring algorithms
+  bool hostsEven = false;    // two or more hosts with the same number (two or more) of ranks
+  int64_t oneshotBytes = 0;  // RAILCC_ONESHOT_BYTES
+};
+
+/// Parses RAILCC_ALGO / NCCL_ALGO: comma-separated names, case-insensitive. NCCL's names map
+/// to railcc's ("ring" -> pairwise and chain); NCCL algorithms railcc lacks (tree, collnet*,
+/// nvls*, pat) are skipped and named in `ignored`. Anything else throws kInvalidUsage listing
+/// the valid names.
+std::vector<Algo> parseAlgos(const std::string& spec, std::string* ignored);
+
+/// The algorithm for one op of `bytes` bytes; `why` says which rule (or preference) chose it.
+Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& place, const std::vector<Algo>& prefer, const char** why);
+
+/// The rule as it applies to this group, one line per op: for logs and `railcc algo`.
+std::string describeRule(const AlgoPlace& place, const std::vector<Algo>& prefer);
+
+}  // namespace railcc::engine
