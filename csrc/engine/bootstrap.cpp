@@ -149,7 +149,12 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
 
   // Every endpoint in one store key, then the peers' in turn.
   std::string mine;
-  for (auto& o : open) mine += o.name + " " + std::to_string(o.setup->channels()) + " " + o.setup->endpoint() + "\n";
+  for (auto& o : open) {
+    std::string ep = o.setup->endpoint();
+    mine += o.name + " " + std::to_string(o.setup->channels()) + " " + ep + "\n";
+    // The address peers on other hosts reach us at during set-up ("-" when none dials us).
+    if (o.interHost && peers_[static_cast<size_t>(rank_)].addr == "-" && !ep.empty()) peers_[static_cast<size_t>(rank_)].addr = ep;
+  }
   store.set("ep/" + std::to_string(rank_), mine);
 
   struct Choice {
@@ -181,6 +186,7 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
       c.via = &o;
       c.channels = std::max(1, std::min(o.setup->channels(), rec.channels));
       c.rec = rec;
+      if (o.interHost) peers_[static_cast<size_t>(r)].addr = rec.endpoint;
       c.why = why + (o.interHost && !forced.empty() ? ", forced by RAILCC_NET/NCCL_NET" : "");
       break;
     }
@@ -324,7 +330,7 @@ void CommImpl::bootstrap(Store& store) {
     p.hostname = f[1];
     p.pid = std::stoi(f[2]);
     p.pidNs = f[3];
-    p.addr = "-";  // set for the peers that listen, in connectRemote
+    p.addr = "-";  // the inter-host endpoint, set in connectPeers
   }
   for (int r = 0; r < size_; ++r)
     if (peers_[static_cast<size_t>(r)].hostId == hostId && !cfg.shmDisable) localRanks_.push_back(r);

@@ -89,7 +89,7 @@ struct PeerInfo {
   std::string hostname;   // for people
   int pid = 0;
   std::string pidNs;      // its pid namespace: pids of another mean nothing here
-  std::string addr;       // TCP listen address "ip:port" while it set up, "-" if it never listened
+  std::string addr;       // its inter-host endpoint during set-up (TCP: "ip:port[,ip:port]"), "-" if none
   std::string transport;  // "shm" or "socket ip:port", filled after connecting
 };
 
