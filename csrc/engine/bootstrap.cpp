@@ -164,6 +164,14 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     std::string why;
   };
   std::vector<Choice> choice(static_cast<size_t>(size_));
+  // While peers' endpoints are awaited, the transports serve what already reaches them.
+  pump_ = [&open] {
+    for (auto& o : open) o.setup->idle(Millis(open.size() > 1 ? 2 : 5));
+  };
+  struct NoPump {
+    std::function<void()>& p;
+    ~NoPump() { p = nullptr; }
+  } noPump{pump_};
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     auto theirs = parseEndpoints(getFrom("ep/" + std::to_string(r), r, "transport endpoints"));
@@ -271,10 +279,11 @@ void CommImpl::bootstrap(Store& store) {
   auto waitKey = [&](const std::string& key) {
     while (true) {
       try {
-        return store.get(key, std::min(left(), Millis(1000)));
+        return store.get(key, std::min(left(), Millis(pump_ ? 20 : 1000)));
       } catch (const Error& e) {
         if (e.code() != ErrorCode::kTimeout || Clock::now() >= deadline) throw;
       }
+      if (pump_) pump_();
       for (const PeerInfo& p : peers_) {
         // Only peers we will share memory with, and only in our pid namespace: a pid of another
         // namespace names some other process here, or none.

@@ -560,6 +560,7 @@ class CommImpl {
   // Sets up the TCP connections to `remote` (ranks on other hosts) by a concurrent rendezvous.
   // Opens the registered transports, publishes their endpoints, picks one per peer and
   // connects every (peer, lane, channel) through it.
+  std::function<void()> pump_;  // run between store waits during connectPeers
   void connectPeers(Store& store, const std::string& secretHex, Clock::time_point deadline, const GetFrom& getFrom);
   void progressLoop();
   bool tryAcquire();

@@ -62,6 +62,9 @@ class Setup {
   virtual void connect(const PeerRecord& peer, int lane, int channel) = 0;
   /// Expects the peer to connect (peer, lane, channel) to this side. Blocks: no.
   virtual void accept(const PeerRecord& peer, int lane, int channel) = 0;
+  /// Called, with nothing registered yet or more to come, while bootstrap waits for peers'
+  /// endpoints: serve what already arrives (a listener's strangers) for up to `budget`.
+  virtual void idle(std::chrono::milliseconds budget) {}
   /// Moves every started connection on; true once all are done. May wait up to `budget` for
   /// something to happen (a poll), never longer. Throws railcc::Error with the peer in
   /// `ranks` (kPeerFailure, kTimeout at `deadline`).

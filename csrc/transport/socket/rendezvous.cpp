@@ -51,6 +51,7 @@ enum class Io { kDone, kAgain, kClosed, kError };
 struct Rendezvous::Conn {
   enum Phase { kWaitRetry, kConnecting, kSendHello, kRecvAnswer, kSendProof, kRecvAck,  // dialer
                kRecvHello, kSendAnswer, kRecvProof, kSendAck,                           // acceptor
+               kParked,  // a hello for a (peer, lane) not expected yet, while registrations may still come
                kDone };
   int fd = -1;
   bool dialer = false;
@@ -203,6 +204,10 @@ void Rendezvous::finishClientHello(Conn& c) {
   int lane = static_cast<int32_t>(get(c.in, 20, 4));
   if (dst != rank_) throw Stranger{"it asked for rank " + std::to_string(dst) + ", this is rank " + std::to_string(rank_)};
   auto it = expected_.find({src, lane});
+  if (it == expected_.end() && open_) {
+    c.phase = Conn::kParked;  // judged again once expect() calls have come (step())
+    return;
+  }
   if (it == expected_.end())
     throw Stranger{"rank " + std::to_string(src) + " lane " + std::to_string(lane) + " does not connect to this rank"};
   if (it->second) throw Stranger{"rank " + std::to_string(src) + " lane " + std::to_string(lane) + " is connected already"};
@@ -353,7 +358,21 @@ bool Rendezvous::step(Clock::time_point deadline, std::chrono::milliseconds budg
       c.fd = -1;
       conns_.erase(conns_.begin() + static_cast<std::ptrdiff_t>(i));
     }
-    bool waiting = std::any_of(expected_.begin(), expected_.end(), [](auto& e) { return !e.second; });
+    // Parked hellos: answered once their (peer, lane) is expected, judged once nothing more is.
+    for (size_t i = 0; i < conns_.size();) {
+      Conn& c = *conns_[i];
+      if (c.phase == Conn::kParked && (!open_ || expected_.count({static_cast<int>(get(c.in, 12, 4)),
+                                                                   static_cast<int>(get(c.in, 20, 4))}))) {
+        try {
+          finishClientHello(c);
+        } catch (const Stranger& s) {
+          drop(i, s.why);
+          continue;
+        }
+      }
+      ++i;
+    }
+    bool waiting = open_ || std::any_of(expected_.begin(), expected_.end(), [](auto& e) { return !e.second; });
     bool dialing = std::any_of(conns_.begin(), conns_.end(), [](auto& c) { return c->dialer; });
     if (!waiting && !dialing) {
       if (!finished_) closeStrangers();
@@ -389,7 +408,7 @@ bool Rendezvous::step(Clock::time_point deadline, std::chrono::milliseconds budg
     }
     // Accepted connections that stall are strangers (or frozen peers): out, whatever they hold.
     for (size_t i = 0; i < conns_.size();) {
-      if (!conns_[i]->dialer && now - conns_[i]->since > kHandshakeWait)
+      if (!conns_[i]->dialer && conns_[i]->phase != Conn::kParked && now - conns_[i]->since > kHandshakeWait)
         drop(i, "no complete railcc handshake within 10 s");
       else
         ++i;

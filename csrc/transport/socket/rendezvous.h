@@ -48,6 +48,10 @@ class Rendezvous {
   /// authentication, or its address stays refused for 2 s (its process exited); kTimeout at
   /// the deadline, naming the peers still missing and any strangers that were dropped.
   void run(std::chrono::steady_clock::time_point deadline);
+  /// While open, more dial()/expect() calls may come: listeners are served, strangers judged,
+  /// and a peer's hello that arrives before its expect() waits for it; step() never reports
+  /// done. The owner closes it once every connection is registered.
+  void keepOpen(bool open) { open_ = open; }
   /// One pass of run(): moves every handshake on, waiting at most `budget` in poll(). True once
   /// all are done (then strangers are closed, once). Throws as run() does.
   bool step(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds budget);
@@ -74,6 +78,7 @@ class Rendezvous {
   int rank_;
   std::vector<Listener*> listeners_;
   bool finished_ = false;
+  bool open_ = false;
   std::vector<std::unique_ptr<Conn>> conns_;
   std::map<std::pair<int, int>, bool> expected_;  // (peer, lane) -> arrived
   std::map<std::pair<int, int>, std::pair<int, std::string>> done_;  // (peer, lane) -> fd, address

@@ -88,8 +88,16 @@ class SocketSetup : public Setup {
     rv().expect(peer.rank, lane * kMaxChannels + channel);
   }
 
+  void idle(std::chrono::milliseconds budget) override {
+    if (listeners_.empty()) return;
+    rv().keepOpen(true);
+    rv_->step(std::chrono::steady_clock::now() + std::chrono::hours(1), budget);
+  }
+
   bool progress(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds budget) override {
-    return !rv_ || rv_->step(deadline, budget);
+    if (!rv_) return true;
+    rv_->keepOpen(false);
+    return rv_->step(deadline, budget);
   }
 
   std::unique_ptr<Connection> take(int peer, int lane, int channel) override {
