@@ -635,7 +635,10 @@ void CommImpl::post(std::vector<Transfer>& xs) {
       p.limitBase = t.limitBase + off;
       t.parts->push_back(p);
     }
-    for (Transfer& p : *t.parts) (p.kind == Transfer::kSend ? chs[static_cast<size_t>(p.channel)].sendq : chs[static_cast<size_t>(p.channel)].recvq).push_back(&p);
+    for (Transfer& p : *t.parts) {
+      Channel& ch = chs[static_cast<size_t>(p.channel)];
+      (p.kind == Transfer::kSend ? ch.sendq : ch.recvq).push_back(&p);
+    }
   }
 }
 

@@ -205,7 +205,9 @@ void Rendezvous::finishClientHello(Conn& c) {
   if (dst != rank_) throw Stranger{"it asked for rank " + std::to_string(dst) + ", this is rank " + std::to_string(rank_)};
   auto it = expected_.find({src, lane});
   if (it == expected_.end() && open_) {
-    c.phase = Conn::kParked;  // judged again once expect() calls have come (step())
+    c.peer = src;  // what it claims, judged again once expect() calls have come (step())
+    c.lane = lane;
+    c.phase = Conn::kParked;
     return;
   }
   if (it == expected_.end())
@@ -361,8 +363,7 @@ bool Rendezvous::step(Clock::time_point deadline, std::chrono::milliseconds budg
     // Parked hellos: answered once their (peer, lane) is expected, judged once nothing more is.
     for (size_t i = 0; i < conns_.size();) {
       Conn& c = *conns_[i];
-      if (c.phase == Conn::kParked && (!open_ || expected_.count({static_cast<int>(get(c.in, 12, 4)),
-                                                                   static_cast<int>(get(c.in, 20, 4))}))) {
+      if (c.phase == Conn::kParked && (!open_ || expected_.count({c.peer, c.lane}))) {
         try {
           finishClientHello(c);
         } catch (const Stranger& s) {
