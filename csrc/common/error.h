@@ -35,6 +35,7 @@ class Error : public std::runtime_error {
   long long seq = -1;               // collective sequence number, -1 if none
   std::string op;                   // e.g. "allreduce"
   bool ranksGlobal = false;         // `ranks` are already ranks of the default group
+  bool ranksDead = false;           // seen gone (process exited, connection dropped), not merely silent
 
  private:
   ErrorCode code_;

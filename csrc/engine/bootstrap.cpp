@@ -71,6 +71,7 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   lastProgress_ = lastAliveCheck_ = Clock::now();
   thread_ = std::thread([this] { progressLoop(); });
   if (size_ > 1) watchdog_ = std::thread([this, w = wd_] { watchdogLoop(w); });
+  enlist();
 }
 
 CommImpl::~CommImpl() { shutdown(); }

@@ -608,6 +608,14 @@ class CommImpl {
   }
   [[noreturn]] void failStalled(const std::vector<Transfer*>& pending, Millis timeout);
   void fail(std::exception_ptr err);
+  // failure_spread.cpp: the communicators of this process, so that a rank found dead in one
+  // group fails the others that hold it (their peers may never talk to it in the op they wait in).
+  void enlist();
+  void unlist();
+  void spreadDeath(const Error& e);
+  void memberDied(const std::vector<int>& ranks, const std::string& group, const std::string& why);
+  std::exception_ptr brokenError() const;
+  std::atomic<bool> memberDown_{false};  // another group of this rank failed us: raise broken_
   [[noreturn]] void peerFailed(int peer, const std::string& detail);
   // After a failure the streams are out of step: forget every queued transfer.
   void clearChannels() {

@@ -136,6 +136,12 @@ void CommImpl::fail(std::exception_ptr err) {
           if (ch.conn) ch.conn->markFailed();
   }
   try {
+    std::rethrow_exception(err);
+  } catch (const Error& e) {
+    spreadDeath(e);
+  } catch (...) {
+  }
+  try {
     std::string path = writeTrace("failure");
     if (!path.empty()) RAILCC_WARN(WATCHDOG, "flight recorder written to ", path);
   } catch (const std::exception& e) {
@@ -188,6 +194,9 @@ void CommImpl::peerFailed(int peer, const std::string& detail) {
   err.ranks = {globalRank(peer)};
   err.hosts = {p.hostname};
   err.ranksGlobal = true;
+  // Gone with no word of its own: every group holding it is doomed (see failure_spread.cpp).
+  // A peer that reported a failure is alive, or blamed others who may only be slow.
+  err.ranksDead = code == ErrorCode::kPeerFailure && reason.empty() && detail.find("reported a failure") == std::string::npos;
   bool blamesUs = std::find(rootCause.begin(), rootCause.end(), globalRank(rank_)) != rootCause.end();
   if (code == ErrorCode::kPeerFailure && !rootCause.empty() && !blamesUs) {
     err.ranks = rootCause;
@@ -262,6 +271,9 @@ std::exception_ptr CommImpl::runCollective(Op& op) {
   // peer's failure.
   if (err && aborted_) err = abortedError();
   if (err) err = globalized(err);
+  // Another group of this rank found a member dead and failed us: that is the cause, not
+  // the closed connections it left behind.
+  if (err && memberDown_) err = brokenError();
   tele_->opFinished(op.traceId, op.fp.seq, what, waitingOn_);
   if (err) {
     fail(err);
@@ -693,6 +705,7 @@ void CommImpl::complete(std::vector<Transfer>& xs) {
       continue;
     }
     if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
+    if (memberDown_) std::rethrow_exception(brokenError());
     std::vector<std::pair<int, int>> on;
     for (auto& t : xs)
       if (!t.finished) on.push_back({kCollLane, t.peer});
@@ -702,6 +715,7 @@ void CommImpl::complete(std::vector<Transfer>& xs) {
 
 void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeout, const char* what,
                     const std::function<bool()>& alsoReady) {
+  if (memberDown_) std::rethrow_exception(brokenError());
   auto now = Clock::now();
   if (stop_ && now - lastProgress_ > Millis(1000))
     RAILCC_THROW(kAborted, what, " was still pending when the process group was shut down");
@@ -813,6 +827,7 @@ void CommImpl::abort(const std::string& why) {
 }
 
 void CommImpl::shutdown() {
+  unlist();
   {
     std::lock_guard<std::mutex> g(mu_);
     if (closing_ && !thread_.joinable()) return;

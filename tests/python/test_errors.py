@@ -234,6 +234,49 @@ def test_dead_peer_is_named_within_seconds(transport):
               f"destroy took {g['destroy'] * 1000:.1f} ms")
 
 
+def rk_death_seen_in_another_group(rank, n):
+    # Rank 1 dies inside an op of the subgroup [1, 2]. Rank 2 raises there and stops, as a
+    # training script would; rank 0 meanwhile waits in a world broadcast from rank 1, which
+    # reaches it through rank 2 only. It never talks to rank 1 in that op, so it learns of the
+    # death from rank 2's world group, which the subgroup's failure must fail too.
+    import railcc
+
+    sub = dist.new_group([1, 2])
+    dist.barrier()
+    big = torch.zeros(1 << 18)
+    if rank == 1:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        if rank == 2:
+            dist.all_reduce(big, group=sub)
+        else:
+            dist.broadcast(big, src=1)
+    except railcc.PeerFailureError as e:
+        return {"ok": True, "ranks": list(e.ranks), "msg": str(e), "detect": time.monotonic() - start - 0.5}
+    except Exception as e:
+        return {"ok": False, "msg": f"{type(e).__name__}: {e}"}
+    return {"ok": False, "msg": "no error"}
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_death_found_in_one_group_fails_the_rank_s_other_groups(transport):
+    env = {"RAILCC_SHM_DISABLE": "1", "RAILCC_ALGO": "chain"} if transport == "tcp" else {"RAILCC_ALGO": "chain"}
+    pool = harness.RankPool(3, env=env)
+    try:
+        got = pool.run_raw(rk_death_seen_in_another_group, timeout=60, allow_dead=(1,))
+    finally:
+        pool.kill()
+    for r in (0, 2):
+        status, g = got[r]
+        assert status == "ok" and g["ok"], (r, got[r])
+        assert g["ranks"] == [1], g
+        assert "rank 1 " in g["msg"], g["msg"]
+        assert g["detect"] < 10, g  # promise: 2 s; a wide margin for a loaded machine
+        print(f"\nmeasured ({transport}): rank {r} named the dead rank after {g['detect']:.2f} s: {g['msg'][:160]}")
+
+
 def test_readme_configuration_table_matches_the_parameter_table():
     import subprocess
     import sys

@@ -44,6 +44,8 @@ SOAK_SEED = int(os.environ.get("RAILCC_SOAK_SEED", "20240611"))
 SOAK_STEPS = int(os.environ.get("RAILCC_SOAK_STEPS", "2000"))
 FAULT_SEED = int(os.environ.get("RAILCC_FAULT_SEED", "7001"))
 FAULT_ROUNDS = 5
+# RAILCC_FAULT_ROUNDS="4" (or "1,4") replays only those rounds, to chase one failure
+ONLY_ROUNDS = [int(x) for x in os.environ.get("RAILCC_FAULT_ROUNDS", "").split(",") if x.strip()]
 # (how the victim dies, transport) per round: "step" kills it as it reaches a random step,
 # "substep" as it reaches a random subgroup step, "timer" from a thread after a random delay
 # (wherever it then is, mostly inside a collective); "tcp" forces TCP between the ranks.
@@ -615,6 +617,8 @@ def rk_fault(rank, n, seed, steps, victim, mode, kill_step, delay, time_file):
 def test_killed_rank_is_named_by_survivors_within_two_seconds(tmp_path):
     problems, lines = [], []
     for rnd in range(FAULT_ROUNDS):
+        if ONLY_ROUNDS and rnd not in ONLY_ROUNDS:
+            continue
         seed = FAULT_SEED + rnd
         rng = random.Random(seed)
         victim = rng.randrange(N)
