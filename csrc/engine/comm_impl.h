@@ -212,11 +212,18 @@ class CommImpl {
   CommImpl(Store& store, CommOptions opts);
   ~CommImpl();
 
+  // Everything else is private. The facade (Communicator, communicator.cpp) defines each op
+  // from the primitives and algorithms below and queues it; no other code reaches in.
+  friend class Communicator;
+
+ private:
   RequestPtr enqueue(std::unique_ptr<Op> op);
   std::unique_ptr<Op> collective(OpKind kind, DataType dt, ReduceOp rop, int root, size_t count, Millis timeout);
 
   // algorithms (progress thread)
   void runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
+  void runAllreduceCoalesced(const std::vector<char*>& bufs, const std::vector<size_t>& counts, DataType dt, ReduceOp op,
+                             double scale);
   void runAllreduceRings(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
   void runReduceScatterRings(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
                              double scale);
@@ -288,6 +295,23 @@ class CommImpl {
   // splits differ per rank).
   void runStaged(const DeviceOp& dv, DataType dt, size_t slots, std::vector<Region> regions, const StagedBody& body,
                  bool agree = false);
+  // An op on device buffers, described once for the device layer: its buffers (as staging
+  // copies them), the host algorithm that runs on staged copies, and its CUDA IPC form, which
+  // works on the device buffers in place. runDevice() is the one place that picks between
+  // them: IPC where ipcReady() (every rank on this host, peer access, RAILCC_CUDA_IPC), else
+  // staging.
+  struct DevicePlan {
+    std::vector<Region> regions;
+    size_t slots = 0;    // the most regions any rank passes, so every rank cuts the same chunks
+    bool agree = false;  // agree on the largest region first (alltoall: splits differ per rank)
+    StagedBody host;
+    std::function<void(const DeviceOp&)> ipc;
+  };
+  void runDevice(const Placement& where, DataType dt, const DevicePlan& plan);
+  // An op's body: its host algorithm on host buffers; on device buffers runDevice() on the
+  // plan, which is built only for device ops.
+  void setBody(Op& o, const Placement& where, DataType dt, std::function<void()> host,
+               const std::function<DevicePlan()>& plan);
   void deviceWait(const cuda::DeviceApi& api, void* ev, int device, const char* what);
   void releaseDevice();
 
@@ -567,7 +591,6 @@ class CommImpl {
   void release(bool wakeProgress);
   void failQueued(std::exception_ptr broken);
   std::exception_ptr runCollective(Op& op);
- public:
   void helpRun(const Request* req);
   void poke() {
     {

@@ -48,51 +48,17 @@ RequestPtr Communicator::allreduce(void* buf, size_t count, DataType dt, ReduceO
   CommImpl* c = impl_.get();
   auto o = c->collective(OpKind::kAllreduce, dt, op, 0, count, timeout);
   auto run = [c, dt, op, scale](char* b, size_t n) { c->runAllreduce(b, n, dt, op, scale); };
-  o->device = where.onDevice();
-  if (o->device)
-    o->body = [c, where, buf, count, dt, op, scale, run] {
-      auto dv = c->beginDevice(where);
-      if (c->ipcReady(dv.device))
-        return c->runIpcAllreduce(dv, {{static_cast<char*>(buf), count}}, dt, op, scale);
-      c->runStaged(dv, dt, 1, {{static_cast<char*>(buf), count, true, true}},
-                   [&](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); });
-    };
-  else
-    o->body = [buf, count, run] { run(static_cast<char*>(buf), count); };
+  char* b8 = static_cast<char*>(buf);
+  c->setBody(*o, where, dt, [b8, count, run] { run(b8, count); }, [&] {
+    return CommImpl::DevicePlan{{{b8, count, true, true}}, 1, false,
+                [run](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); },
+                [c, b8, count, dt, op, scale](const CommImpl::DeviceOp& dv) {
+                  c->runIpcAllreduce(dv, {{b8, count}}, dt, op, scale);
+                }};
+  });
   return c->enqueue(std::move(o));
 }
 
-namespace {
-// Fuses small buffers into buckets of RAILCC_BUCKET_SIZE; one all-reduce per bucket.
-void coalescedAllreduce(CommImpl* c, const std::vector<char*>& bufs, const std::vector<size_t>& counts, DataType dt,
-                        ReduceOp op, double scale) {
-  size_t es = dtypeSize(dt);
-  size_t cap = static_cast<size_t>(std::max<int64_t>(c->opts_.config.bucketSize, 1)) / es * es;
-  size_t i = 0;
-  while (i < bufs.size()) {
-    // A tensor that fills a bucket alone is reduced in place; smaller ones are packed.
-    if (counts[i] * es >= cap || cap == 0) {
-      c->runAllreduce(bufs[i], counts[i], dt, op, scale);
-      ++i;
-      continue;
-    }
-    if (c->bucket_.size() < cap) c->bucket_.resize(cap);
-    size_t j = i, used = 0;
-    while (j < bufs.size() && used + counts[j] * es <= cap) {
-      if (counts[j]) std::memcpy(c->bucket_.data() + used, bufs[j], counts[j] * es);
-      used += counts[j] * es;
-      ++j;
-    }
-    c->runAllreduce(c->bucket_.data(), used / es, dt, op, scale);
-    used = 0;
-    for (size_t k = i; k < j; ++k) {
-      if (counts[k]) std::memcpy(bufs[k], c->bucket_.data() + used, counts[k] * es);
-      used += counts[k] * es;
-    }
-    i = j;
-  }
-}
-}  // namespace
 
 RequestPtr Communicator::allreduceCoalesced(std::vector<void*> bufs, std::vector<size_t> counts, DataType dt,
                                             ReduceOp op, double scale, Millis timeout, Placement where) {
@@ -104,23 +70,20 @@ RequestPtr Communicator::allreduceCoalesced(std::vector<void*> bufs, std::vector
   auto o = c->collective(OpKind::kAllreduceCoalesced, dt, op, 0, total, timeout);
   std::vector<char*> ptrs;
   for (void* b : bufs) ptrs.push_back(static_cast<char*>(b));
-  o->device = where.onDevice();
-  if (o->device)
-    o->body = [c, where, ptrs, counts, dt, op, scale] {
-      auto dv = c->beginDevice(where);
-      if (c->ipcReady(dv.device)) {
-        std::vector<std::pair<char*, size_t>> segs;
-        for (size_t i = 0; i < ptrs.size(); ++i) segs.push_back({ptrs[i], counts[i]});
-        return c->runIpcAllreduce(dv, segs, dt, op, scale);
-      }
-      std::vector<CommImpl::Region> regs;
-      for (size_t i = 0; i < ptrs.size(); ++i) regs.push_back({ptrs[i], counts[i], true, true});
-      c->runStaged(dv, dt, regs.size(), regs, [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
-        coalescedAllreduce(c, h, n, dt, op, scale);
-      });
+  c->setBody(*o, where, dt, [c, ptrs, counts, dt, op, scale] { c->runAllreduceCoalesced(ptrs, counts, dt, op, scale); }, [&] {
+    CommImpl::DevicePlan p;
+    std::vector<std::pair<char*, size_t>> segs;
+    for (size_t i = 0; i < ptrs.size(); ++i) {
+      p.regions.push_back({ptrs[i], counts[i], true, true});
+      segs.push_back({ptrs[i], counts[i]});
+    }
+    p.slots = p.regions.size();
+    p.host = [c, dt, op, scale](const std::vector<char*>& h, const std::vector<size_t>& n) {
+      c->runAllreduceCoalesced(h, n, dt, op, scale);
     };
-  else
-    o->body = [c, ptrs, counts, dt, op, scale] { coalescedAllreduce(c, ptrs, counts, dt, op, scale); };
+    p.ipc = [c, segs, dt, op, scale](const CommImpl::DeviceOp& dv) { c->runIpcAllreduce(dv, segs, dt, op, scale); };
+    return p;
+  });
   return c->enqueue(std::move(o));
 }
 
@@ -144,17 +107,13 @@ RequestPtr Communicator::broadcast(void* buf, size_t count, DataType dt, int roo
     }
     c->exchange(xs);
   };
-  o->device = where.onDevice();
-  if (o->device)
-    o->body = [c, where, buf, count, dt, root, run] {
-      auto dv = c->beginDevice(where);
-      if (c->ipcReady(dv.device)) return c->runIpcBroadcast(dv, static_cast<char*>(buf), count, dt, root);
-      bool isRoot = c->rank_ == root;
-      c->runStaged(dv, dt, 1, {{static_cast<char*>(buf), count, isRoot, !isRoot}},
-                   [&](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); });
-    };
-  else
-    o->body = [buf, count, run] { run(static_cast<char*>(buf), count); };
+  char* b8 = static_cast<char*>(buf);
+  c->setBody(*o, where, dt, [b8, count, run] { run(b8, count); }, [&] {
+    bool isRoot = c->rank_ == root;
+    return CommImpl::DevicePlan{{{b8, count, isRoot, !isRoot}}, 1, false,
+                [run](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); },
+                [c, b8, count, dt, root](const CommImpl::DeviceOp& dv) { c->runIpcBroadcast(dv, b8, count, dt, root); }};
+  });
   return c->enqueue(std::move(o));
 }
 
@@ -179,16 +138,14 @@ RequestPtr Communicator::reduce(void* buf, size_t count, DataType dt, ReduceOp o
     }
     if (op == ReduceOp::kAvg) divideBy(buf, count, dt, n);
   };
-  o->device = where.onDevice();
-  if (o->device)
-    o->body = [c, where, buf, count, dt, op, root, scale, run] {
-      auto dv = c->beginDevice(where);
-      if (c->ipcReady(dv.device)) return c->runIpcReduce(dv, static_cast<char*>(buf), count, dt, op, scale, root);
-      c->runStaged(dv, dt, 1, {{static_cast<char*>(buf), count, true, c->rank_ == root}},
-                   [&](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); });
-    };
-  else
-    o->body = [buf, count, run] { run(static_cast<char*>(buf), count); };
+  char* b8 = static_cast<char*>(buf);
+  c->setBody(*o, where, dt, [b8, count, run] { run(b8, count); }, [&] {
+    return CommImpl::DevicePlan{{{b8, count, true, c->rank_ == root}}, 1, false,
+                [run](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); },
+                [c, b8, count, dt, op, scale, root](const CommImpl::DeviceOp& dv) {
+                  c->runIpcReduce(dv, b8, count, dt, op, scale, root);
+                }};
+  });
   return c->enqueue(std::move(o));
 }
 
@@ -218,19 +175,17 @@ RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, st
   std::vector<char*> o8;
   for (void* p : outs) o8.push_back(static_cast<char*>(p));
   char* in8 = const_cast<char*>(static_cast<const char*>(in));
-  o->device = where.onDevice();
-  if (o->device)
-    o->body = [c, where, in8, count, dt, o8, run] {
-      auto dv = c->beginDevice(where);
-      if (c->ipcReady(dv.device)) return c->runIpcAllgather(dv, in8, count, dt, o8);
-      std::vector<CommImpl::Region> regs{{in8, count, true, false}};
-      for (char* p : o8) regs.push_back({p, count, false, true});
-      c->runStaged(dv, dt, o8.size() + 1, regs, [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
-        run(h[0], n[0], std::vector<char*>(h.begin() + 1, h.end()));
-      });
+  c->setBody(*o, where, dt, [in8, count, o8, run] { run(in8, count, o8); }, [&] {
+    CommImpl::DevicePlan p;
+    p.regions.push_back({in8, count, true, false});
+    for (char* q : o8) p.regions.push_back({q, count, false, true});
+    p.slots = o8.size() + 1;
+    p.host = [run](const std::vector<char*>& h, const std::vector<size_t>& n) {
+      run(h[0], n[0], std::vector<char*>(h.begin() + 1, h.end()));
     };
-  else
-    o->body = [in8, count, o8, run] { run(in8, count, o8); };
+    p.ipc = [c, in8, count, dt, o8](const CommImpl::DeviceOp& dv) { c->runIpcAllgather(dv, in8, count, dt, o8); };
+    return p;
+  });
   return c->enqueue(std::move(o));
 }
 
@@ -264,20 +219,19 @@ RequestPtr Communicator::reduceScatter(std::vector<const void*> ins, void* out, 
   std::vector<char*> i8;
   for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
   char* out8 = static_cast<char*>(out);
-  o->device = where.onDevice();
-  if (o->device)
-    o->body = [c, where, i8, out8, count, dt, op, scale, run] {
-      auto dv = c->beginDevice(where);
-      if (c->ipcReady(dv.device)) return c->runIpcReduceScatter(dv, i8, out8, count, dt, op, scale);
-      std::vector<CommImpl::Region> regs;
-      for (char* p : i8) regs.push_back({p, count, true, false});
-      regs.push_back({out8, count, false, true});
-      c->runStaged(dv, dt, i8.size() + 1, regs, [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
-        run(std::vector<char*>(h.begin(), h.end() - 1), h.back(), n.back());
-      });
+  c->setBody(*o, where, dt, [i8, out8, count, run] { run(i8, out8, count); }, [&] {
+    CommImpl::DevicePlan p;
+    for (char* q : i8) p.regions.push_back({q, count, true, false});
+    p.regions.push_back({out8, count, false, true});
+    p.slots = i8.size() + 1;
+    p.host = [run](const std::vector<char*>& h, const std::vector<size_t>& n) {
+      run(std::vector<char*>(h.begin(), h.end() - 1), h.back(), n.back());
     };
-  else
-    o->body = [i8, out8, count, run] { run(i8, out8, count); };
+    p.ipc = [c, i8, out8, count, dt, op, scale](const CommImpl::DeviceOp& dv) {
+      c->runIpcReduceScatter(dv, i8, out8, count, dt, op, scale);
+    };
+    return p;
+  });
   return c->enqueue(std::move(o));
 }
 
@@ -310,26 +264,22 @@ RequestPtr Communicator::alltoall(std::vector<const void*> ins, std::vector<size
   std::vector<char*> i8, o8;
   for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
   for (void* p : outs) o8.push_back(static_cast<char*>(p));
-  o->device = where.onDevice();
-  if (o->device)
-    o->body = [c, where, i8, o8, inCounts, outCounts, dt, run, n] {
-      auto dv = c->beginDevice(where);
-      if (c->ipcReady(dv.device)) return c->runIpcAlltoall(dv, i8, inCounts, o8, outCounts, dt);
-      std::vector<CommImpl::Region> regs;
-      for (size_t i = 0; i < n; ++i) regs.push_back({i8[i], inCounts[i], true, false});
-      for (size_t i = 0; i < n; ++i) regs.push_back({o8[i], outCounts[i], false, true});
-      c->runStaged(
-          dv, dt, 2 * n, regs,
-          [&](const std::vector<char*>& h, const std::vector<size_t>& k) {
-            run(std::vector<char*>(h.begin(), h.begin() + static_cast<long>(n)),
-                std::vector<size_t>(k.begin(), k.begin() + static_cast<long>(n)),
-                std::vector<char*>(h.begin() + static_cast<long>(n), h.end()),
-                std::vector<size_t>(k.begin() + static_cast<long>(n), k.end()));
-          },
-          /*agree=*/true);
+  c->setBody(*o, where, dt, [i8, o8, inCounts, outCounts, run] { run(i8, inCounts, o8, outCounts); }, [&] {
+    CommImpl::DevicePlan p;
+    for (size_t i = 0; i < n; ++i) p.regions.push_back({i8[i], inCounts[i], true, false});
+    for (size_t i = 0; i < n; ++i) p.regions.push_back({o8[i], outCounts[i], false, true});
+    p.slots = 2 * n;
+    p.agree = true;
+    p.host = [run, n](const std::vector<char*>& h, const std::vector<size_t>& k) {
+      auto half = static_cast<long>(n);
+      run(std::vector<char*>(h.begin(), h.begin() + half), std::vector<size_t>(k.begin(), k.begin() + half),
+          std::vector<char*>(h.begin() + half, h.end()), std::vector<size_t>(k.begin() + half, k.end()));
     };
-  else
-    o->body = [i8, o8, inCounts, outCounts, run] { run(i8, inCounts, o8, outCounts); };
+    p.ipc = [c, i8, inCounts, o8, outCounts, dt](const CommImpl::DeviceOp& dv) {
+      c->runIpcAlltoall(dv, i8, inCounts, o8, outCounts, dt);
+    };
+    return p;
+  });
   return c->enqueue(std::move(o));
 }
 
@@ -358,20 +308,17 @@ RequestPtr Communicator::gather(const void* in, size_t count, DataType dt, std::
   if (c->rank_ == root)
     for (void* p : outs) o8.push_back(static_cast<char*>(p));
   char* in8 = const_cast<char*>(static_cast<const char*>(in));
-  o->device = where.onDevice();
-  if (o->device)
-    o->body = [c, where, in8, count, dt, o8, root, run] {
-      auto dv = c->beginDevice(where);
-      if (c->ipcReady(dv.device)) return c->runIpcGather(dv, in8, count, dt, o8, root);
-      std::vector<CommImpl::Region> regs{{in8, count, true, false}};
-      for (char* p : o8) regs.push_back({p, count, false, true});
-      c->runStaged(dv, dt, static_cast<size_t>(c->size_) + 1, regs,
-                   [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
-                     run(h[0], n[0], std::vector<char*>(h.begin() + 1, h.end()));
-                   });
+  c->setBody(*o, where, dt, [in8, count, o8, run] { run(in8, count, o8); }, [&] {
+    CommImpl::DevicePlan p;
+    p.regions.push_back({in8, count, true, false});
+    for (char* q : o8) p.regions.push_back({q, count, false, true});
+    p.slots = static_cast<size_t>(c->size_) + 1;
+    p.host = [run](const std::vector<char*>& h, const std::vector<size_t>& n) {
+      run(h[0], n[0], std::vector<char*>(h.begin() + 1, h.end()));
     };
-  else
-    o->body = [in8, count, o8, run] { run(in8, count, o8); };
+    p.ipc = [c, in8, count, dt, o8, root](const CommImpl::DeviceOp& dv) { c->runIpcGather(dv, in8, count, dt, o8, root); };
+    return p;
+  });
   return c->enqueue(std::move(o));
 }
 
@@ -400,21 +347,17 @@ RequestPtr Communicator::scatter(std::vector<const void*> ins, void* out, size_t
   if (c->rank_ == root)
     for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
   char* out8 = static_cast<char*>(out);
-  o->device = where.onDevice();
-  if (o->device)
-    o->body = [c, where, i8, out8, count, dt, root, run] {
-      auto dv = c->beginDevice(where);
-      if (c->ipcReady(dv.device)) return c->runIpcScatter(dv, i8, out8, count, dt, root);
-      std::vector<CommImpl::Region> regs;
-      for (char* p : i8) regs.push_back({p, count, true, false});
-      regs.push_back({out8, count, false, true});
-      c->runStaged(dv, dt, static_cast<size_t>(c->size_) + 1, regs,
-                   [&](const std::vector<char*>& h, const std::vector<size_t>& n) {
-                     run(std::vector<char*>(h.begin(), h.end() - 1), h.back(), n.back());
-                   });
+  c->setBody(*o, where, dt, [i8, out8, count, run] { run(i8, out8, count); }, [&] {
+    CommImpl::DevicePlan p;
+    for (char* q : i8) p.regions.push_back({q, count, true, false});
+    p.regions.push_back({out8, count, false, true});
+    p.slots = static_cast<size_t>(c->size_) + 1;
+    p.host = [run](const std::vector<char*>& h, const std::vector<size_t>& n) {
+      run(std::vector<char*>(h.begin(), h.end() - 1), h.back(), n.back());
     };
-  else
-    o->body = [i8, out8, count, run] { run(i8, out8, count); };
+    p.ipc = [c, i8, out8, count, dt, root](const CommImpl::DeviceOp& dv) { c->runIpcScatter(dv, i8, out8, count, dt, root); };
+    return p;
+  });
   return c->enqueue(std::move(o));
 }
 

@@ -42,6 +42,18 @@ TEST(AlgoRule, SizeAndPlacementDecide) {
   std::string rule = describeRule(p, {});
   EXPECT_NE(rule.find("all_reduce: oneshot"), std::string::npos) << rule;
   EXPECT_NE(rule.find("from 65537 B rings"), std::string::npos) << rule;
+  EXPECT_NE(rule.find("GPU buffers: staged"), std::string::npos) << rule;
+}
+
+TEST(AlgoRule, GpuBuffersGoThroughCudaIpcOnlyWhereEveryRankMappedItsPeers) {
+  AlgoPlace p = oneHost(4);
+  const char* why = "";
+  EXPECT_EQ(chooseDevicePath(p, true, &why), DevicePath::kStaged);  // RAILCC_CUDA_IPC off
+  p.cudaIpc = true;
+  EXPECT_EQ(chooseDevicePath(p, false, &why), DevicePath::kStaged);
+  EXPECT_NE(std::string(why).find("could not map"), std::string::npos) << why;
+  EXPECT_EQ(chooseDevicePath(p, true, &why), DevicePath::kCudaIpc);
+  EXPECT_NE(describeRule(p, {}).find("GPU buffers: cuda-ipc"), std::string::npos);
 }
 
 TEST(AlgoRule, PreferencesApplyWhereTheyFitAndNcclNamesMap) {

@@ -101,6 +101,21 @@ Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& p, const std::vector<A
   return Algo::kPairwise;
 }
 
+const char* devicePathName(DevicePath d) { return d == DevicePath::kCudaIpc ? "cuda-ipc" : "staged"; }
+
+DevicePath chooseDevicePath(const AlgoPlace& place, bool peersMapped, const char** why) {
+  const char* w = "";
+  DevicePath d = DevicePath::kStaged;
+  if (!place.cudaIpc) w = "RAILCC_CUDA_IPC is off, or a peer is on another host";
+  else if (!peersMapped) w = "a rank could not map its peers' GPU memory";
+  else {
+    d = DevicePath::kCudaIpc;
+    w = "every rank on this host, GPU memory mapped across";
+  }
+  if (why) *why = w;
+  return d;
+}
+
 std::string describeRule(const AlgoPlace& p, const std::vector<Algo>& prefer) {
   std::ostringstream os;
   os << p.size << " ranks, " << p.localRanks << " on this host";
@@ -125,6 +140,10 @@ std::string describeRule(const AlgoPlace& p, const std::vector<Algo>& prefer) {
       first = false;
     }
   }
+  const char* why = "";
+  DevicePath d = chooseDevicePath(p, true, &why);
+  os << "\n  GPU buffers: " << devicePathName(d) << " (" << why << ")";
+  if (d == DevicePath::kCudaIpc) os << ", else staged";
   return os.str();
 }
 

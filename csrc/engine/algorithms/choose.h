@@ -33,7 +33,17 @@ struct AlgoPlace {
   bool ringSlices = false;   // and are large enough for the reducing ring algorithms
   bool hostsEven = false;    // two or more hosts with the same number (two or more) of ranks
   int64_t oneshotBytes = 0;  // RAILCC_ONESHOT_BYTES
+  bool cudaIpc = false;      // RAILCC_CUDA_IPC on, two or more ranks, every one on this host
 };
+
+/// How an op on GPU buffers runs: the collective on the GPUs through CUDA IPC, in place, or
+/// the host algorithm chosen above on copies staged through pinned host memory.
+enum class DevicePath : uint8_t { kCudaIpc, kStaged };
+const char* devicePathName(DevicePath d);
+
+/// `peersMapped`: every rank of the group mapped every peer's IPC pool and events on this
+/// device (known only at the group's first device op; all ranks learn the same answer).
+DevicePath chooseDevicePath(const AlgoPlace& place, bool peersMapped, const char** why);
 
 /// Parses RAILCC_ALGO / NCCL_ALGO: comma-separated names, case-insensitive. NCCL's names map
 /// to railcc's ("ring" -> pairwise and chain); NCCL algorithms railcc lacks (tree, collnet*,

@@ -87,6 +87,36 @@ void CommImpl::pairwiseAllgather(const std::vector<int>& g, char* buf, size_t co
   }
 }
 
+// Fuses small buffers into buckets of RAILCC_BUCKET_SIZE; one all-reduce per bucket.
+void CommImpl::runAllreduceCoalesced(const std::vector<char*>& bufs, const std::vector<size_t>& counts, DataType dt,
+                                     ReduceOp op, double scale) {
+  size_t es = dtypeSize(dt);
+  size_t cap = static_cast<size_t>(std::max<int64_t>(opts_.config.bucketSize, 1)) / es * es;
+  size_t i = 0;
+  while (i < bufs.size()) {
+    // A tensor that fills a bucket alone is reduced in place; smaller ones are packed.
+    if (counts[i] * es >= cap || cap == 0) {
+      runAllreduce(bufs[i], counts[i], dt, op, scale);
+      ++i;
+      continue;
+    }
+    if (bucket_.size() < cap) bucket_.resize(cap);
+    size_t j = i, used = 0;
+    while (j < bufs.size() && used + counts[j] * es <= cap) {
+      if (counts[j]) std::memcpy(bucket_.data() + used, bufs[j], counts[j] * es);
+      used += counts[j] * es;
+      ++j;
+    }
+    runAllreduce(bucket_.data(), used / es, dt, op, scale);
+    used = 0;
+    for (size_t k = i; k < j; ++k) {
+      if (counts[k]) std::memcpy(bufs[k], bucket_.data() + used, counts[k] * es);
+      used += counts[k] * es;
+    }
+    i = j;
+  }
+}
+
 void CommImpl::runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
   int n = size_, r = rank_;
   size_t es = dtypeSize(dt);

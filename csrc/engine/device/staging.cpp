@@ -82,6 +82,24 @@ CommImpl::DeviceOp CommImpl::beginDevice(const Placement& where) {
   return {d, stream, where.queued && where.stream != nullptr};
 }
 
+void CommImpl::setBody(Op& o, const Placement& where, DataType dt, std::function<void()> host,
+                       const std::function<DevicePlan()>& plan) {
+  o.device = where.onDevice();
+  if (!o.device) {
+    o.body = std::move(host);
+    return;
+  }
+  o.body = [this, where, dt, p = plan()] { runDevice(where, dt, p); };
+}
+
+void CommImpl::runDevice(const Placement& where, DataType dt, const DevicePlan& plan) {
+  DeviceOp dv = beginDevice(where);
+  // ipcReady() maps the peers' pools at the group's first device op (a collective step).
+  bool mapped = place_.cudaIpc && plan.ipc && ipcReady(dv.device);
+  if (chooseDevicePath(place_, mapped, nullptr) == DevicePath::kCudaIpc) return plan.ipc(dv);
+  runStaged(dv, dt, plan.slots, plan.regions, plan.host, plan.agree);
+}
+
 void CommImpl::runStaged(const DeviceOp& dv, DataType dt, size_t slots, std::vector<Region> regions,
                          const StagedBody& body, bool agree) {
   const cuda::DeviceApi& api = deviceApi();
