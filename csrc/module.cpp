@@ -8,6 +8,8 @@
 #include "backend.h"
 #include "common/config.h"
 #include "common/error.h"
+#include "topology/rails.h"
+#include "topology/topology.h"
 
 namespace py = pybind11;
 
@@ -133,6 +135,68 @@ PYBIND11_MODULE(_C, m) {
     }
     d["devices"] = n;
     d["error"] = why.empty() ? py::object(py::none()) : py::object(py::str(why));
+    return d;
+  });
+
+  m.def("topology", [](const std::string& xmlFile, const std::vector<std::string>& gpuBusIds,
+                       const std::vector<std::pair<int, int>>& places) {
+    // The machine (or an hwloc XML file) as csrc/topology sees it, and the rail of each
+    // (gpu, numa) local rank: what `railcc topo` prints.
+    namespace topo = railcc::topology;
+    topo::DiscoverOptions o;
+    o.xmlFile = xmlFile;
+    o.gpuBusIds = gpuBusIds;
+    topo::Topology t;
+    std::vector<topo::Assignment> rails;
+    {
+      py::gil_scoped_release nogil;
+      t = topo::discover(o);
+      std::vector<topo::RankPlace> rp;
+      for (auto& [g, n] : places) rp.push_back({g, n});
+      rails = topo::assignRails(t, rp);
+    }
+    auto pci = [](py::dict& d, const topo::PciDevice& p) {
+      d["bus_id"] = p.busId;
+      d["numa"] = p.numa;
+      d["link_gbs"] = p.linkGBs;
+    };
+    py::dict d;
+    d["source"] = t.source;
+    d["hostname"] = t.hostname;
+    d["numa_nodes"] = t.numaNodes;
+    py::list gpus, nics, paths, out;
+    for (const auto& g : t.gpus) {
+      py::dict x;
+      pci(x, g.pci);
+      x["found"] = g.found;
+      gpus.append(x);
+    }
+    for (const auto& n : t.nics) {
+      py::dict x;
+      x["name"] = n.name;
+      x["rdma"] = n.rdma;
+      x["netdevs"] = n.netdevs;
+      pci(x, n.pci);
+      nics.append(x);
+    }
+    for (size_t g = 0; g < t.gpus.size(); ++g) {
+      py::list row;
+      for (size_t n = 0; n < t.nics.size(); ++n) row.append(topo::pathName(t.path(g, n)));
+      paths.append(row);
+    }
+    for (const auto& a : rails) {
+      py::dict x;
+      x["nic"] = a.nic;
+      x["rail"] = a.rail;
+      x["path"] = topo::pathName(a.path);
+      x["why"] = a.why;
+      out.append(x);
+    }
+    d["gpus"] = gpus;
+    d["nics"] = nics;
+    d["paths"] = paths;
+    d["rails"] = out;
+    d["xml"] = t.xml;
     return d;
   });
 

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-pkgs=(cmake ninja-build ccache g++ libgtest-dev libhwloc-dev libibverbs-dev iproute2)
+pkgs=(cmake ninja-build ccache g++ pkgconf libgtest-dev libhwloc-dev libibverbs-dev iproute2)
 # The Soft-RoCE VM of the RDMA tests (tests/vm): a kernel with rdma_rxe, qemu, busybox for
 # its initrd, and rdma-core's tools and providers (rxe) for the verbs library.
 pkgs+=(qemu-system-x86 linux-image-amd64 busybox-static rdma-core ibverbs-providers ibverbs-utils cpio xz-utils)

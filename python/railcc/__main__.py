@@ -2,7 +2,9 @@
 python -m railcc bench ...          same as railcc-bench
 python -m railcc trace DIR [--json]  merge the flight-recorder dumps of all ranks into one verdict
 python -m railcc doctor [--json]     check this host's GPU/RDMA/network/shm/NUMA set-up, with fixes
-                                     (railcc doctor --help; --all-ranks under torchrun compares hosts)"""
+                                     (railcc doctor --help; --all-ranks under torchrun compares hosts)
+python -m railcc topo [--json]       GPUs, NICs, PCI paths (PIX/PXB/PHB/SYS), NUMA, each local rank's
+                                     NIC and rail, GPUDirect RDMA verdicts (--topo-file FILE: hwloc XML)"""
 
 import sys
 
@@ -50,6 +52,10 @@ def main(argv=None):
         from .doctor import main as doctor_main
 
         return doctor_main(argv[1:])
+    if argv[0] == "topo":
+        from .topo import main as topo_main
+
+        return topo_main(argv[1:])
     if argv[0] == "bench":
         from .bench import main as bench_main
 

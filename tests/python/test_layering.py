@@ -1,4 +1,4 @@
-"""The layering of csrc, checked on every run: common <- transport, cuda <- engine <- glue.
+"""The layering of csrc, checked on every run: common <- transport, cuda, topology <- engine <- glue.
 Every arrow points down; nothing below the glue includes torch, c10 or pybind11; and every
 source file stays a room a newcomer can hold in their head."""
 
@@ -15,7 +15,8 @@ ALLOWED = {
     "common": {"common"},
     "transport": {"common", "transport"},
     "cuda": {"common", "cuda"},
-    "engine": {"common", "transport", "cuda", "engine"},
+    "topology": {"common", "topology"},
+    "engine": {"common", "transport", "cuda", "topology", "engine"},
 }
 FOREIGN = re.compile(r"#\s*include\s*[<\"](torch|c10|ATen|pybind11|Python\.h)")
 PROJECT = re.compile(r"#\s*include\s*\"([^\"]+)\"")

@@ -1,0 +1,73 @@
+#pragma once
+// The machine as railcc needs to see it: GPUs, NICs (RDMA devices and network interfaces),
+// NUMA nodes and the PCI path between every GPU and every NIC, found with hwloc (or read from
+// an hwloc XML file). Depends on common only; the engine and `railcc topo` build on it.
+
+#include <string>
+#include <vector>
+
+namespace railcc::topology {
+
+/// How traffic between two PCI devices travels, nearest first, in NCCL's words.
+enum class Path : int {
+  kLOC,  // the same device
+  kPIX,  // through at most one PCIe switch
+  kPXB,  // through several PCIe switches, not the host bridge
+  kPHB,  // through the host bridge of one CPU
+  kSYS,  // across CPU sockets (or where is unknown)
+};
+const char* pathName(Path p);
+/// "PIX", "pxb", "2" (NCCL_NET_GDR_LEVEL's numbers): the path; throws kInvalidUsage otherwise.
+Path parsePath(const std::string& s);
+
+struct PciDevice {
+  std::string busId;               // "0000:17:00.0"
+  int numa = -1;                   // NUMA node, -1 when the device is local to several or none
+  double linkGBs = 0;              // PCIe link speed (GB/s) as hwloc reports it, 0 if unknown
+  std::vector<std::string> chain;  // PCI bridges (bus ids) from the root port down to the device
+  std::string root;                // its host bridge ("" when there is none)
+};
+
+struct Gpu {
+  PciDevice pci;
+  bool found = true;  // false: a bus id the CUDA runtime named but the topology lacks (VMs)
+};
+
+struct Nic {
+  std::string name;                 // "mlx5_0" for an RDMA device, "eth0" for an interface
+  bool rdma = false;                // an OpenFabrics device (verbs); else a network interface
+  std::vector<std::string> netdevs; // the network interfaces of the same PCI function
+  PciDevice pci;
+};
+
+struct Topology {
+  std::string source;  // "this machine (hwloc 2.9.0)" or "RAILCC_TOPO_FILE=<path>"
+  std::string hostname;
+  int numaNodes = 1;
+  std::vector<Gpu> gpus;  // in the order asked for (CUDA's), else by bus id
+  std::vector<Nic> nics;  // RDMA devices (with their interfaces), then other interfaces on PCI, by bus id
+  std::string xml;        // the topology as hwloc XML (what RAILCC_TOPO_DUMP_FILE writes)
+
+  /// Path between GPU g and NIC n.
+  Path path(size_t g, size_t n) const;
+  /// The RDMA NICs when there are any, else the network interfaces with a PCI device.
+  std::vector<size_t> railNics() const;
+};
+
+struct DiscoverOptions {
+  std::string xmlFile;                // read this instead of the machine (RAILCC_TOPO_FILE)
+  std::vector<std::string> gpuBusIds; // the GPUs, in CUDA's order; empty: every NVIDIA GPU found
+};
+
+/// Loads the topology. Throws Error(kInvalidUsage) naming the file when an XML cannot be read,
+/// Error(kSystem) when hwloc fails on the machine.
+Topology discover(const DiscoverOptions& opts);
+
+/// Path between two PCI devices (the rule behind Topology::path).
+Path pathBetween(const PciDevice& a, const PciDevice& b);
+
+/// "0000:17:00.0" from "00000000:17:00.0", "17:00.0" or upper case (CUDA writes 8 hex digits of
+/// domain; sysfs and hwloc 4).
+std::string normalizeBusId(const std::string& id);
+
+}  // namespace railcc::topology

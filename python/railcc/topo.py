@@ -1,0 +1,152 @@
+"""railcc topo: GPUs, NICs and the PCI paths between them, the NUMA affinity, the NIC each
+local rank would use (its rail) and the GPUDirect RDMA verdict per GPU-NIC pair.
+
+  railcc topo [--json] [--topo-file FILE] [--local-ranks N] [--dump FILE]
+
+--topo-file (or RAILCC_TOPO_FILE) reads an hwloc XML file instead of this machine (lstopo
+--of xml writes one); --dump (or RAILCC_TOPO_DUMP_FILE) writes the topology in use as hwloc
+XML. --local-ranks sets how many ranks share this host (default: one per GPU, else 1)."""
+
+import argparse
+import json
+import os
+import sys
+
+
+def _gpu_bus_ids():
+    """The GPUs in CUDA's order, by PCI bus id, when torch sees any; else [] (the topology's
+    own NVIDIA devices are then listed by bus id)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return []
+        ids = []
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            ids.append(f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0")
+        return ids
+    except Exception:
+        return []
+
+
+def _numa_of_this_process(numa_nodes):
+    if numa_nodes <= 1:
+        return 0
+    try:
+        cpus = os.sched_getaffinity(0)
+        nodes = set()
+        base = "/sys/devices/system/node"
+        for d in os.listdir(base):
+            if d.startswith("node") and d[4:].isdigit():
+                with open(os.path.join(base, d, "cpulist")) as f:
+                    mine = _cpulist(f.read())
+                if mine & cpus:
+                    nodes.add(int(d[4:]))
+        return nodes.pop() if len(nodes) == 1 else -1
+    except OSError:
+        return -1
+
+
+def _cpulist(text):
+    out = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def report(topo_file="", local_ranks=0, env=None):
+    """The topology as a dict (what --json prints)."""
+    from . import _C
+    from .doctor.topology import gdr_level, within
+
+    env = os.environ if env is None else env
+    topo_file = topo_file or env.get("RAILCC_TOPO_FILE", "")
+    gpus = [] if topo_file else _gpu_bus_ids()
+    first = _C.topology(topo_file, gpus, [])
+    n_gpus = len(first["gpus"])
+    ranks = local_ranks or max(n_gpus, 1)
+    places = []
+    for i in range(ranks):
+        if n_gpus:
+            places.append((i % n_gpus, -1))
+        else:
+            places.append((-1, _numa_of_this_process(first["numa_nodes"])))
+    t = _C.topology(topo_file, gpus, places)
+    level, level_from = gdr_level(env)
+    t["gdr_level"] = {"level": level, "from": level_from}
+    t["gdr"] = [[(t["nics"][n]["rdma"] and within(t["paths"][g][n], level)) for n in range(len(t["nics"]))]
+                for g in range(len(t["gpus"]))]
+    for i, r in enumerate(t["rails"]):
+        r["local_rank"] = i
+        g = places[i][0]
+        r["gdr"] = bool(g >= 0 and r["nic"] >= 0 and t["gdr"][g][r["nic"]])
+    return t
+
+
+def format_report(t):
+    out = [f"railcc topo: {t['source']}, host {t['hostname'] or '?'}, {t['numa_nodes']} NUMA node"
+           + ("s" if t["numa_nodes"] != 1 else "")]
+    nics, gpus = t["nics"], t["gpus"]
+    if not gpus:
+        out.append("GPUs: none found (no NVIDIA device on PCI, and torch sees no CUDA device)")
+    if not nics:
+        out.append("NICs: none on PCI (no RDMA device and no PCI network interface)")
+    if gpus and nics:
+        names = [n["name"] for n in nics]
+        width = max(6, max(len(n) for n in names) + 2)
+        out.append("")
+        out.append(" " * 8 + "".join(f"{n:<{width}}" for n in names) + "NUMA")
+        for g, gpu in enumerate(gpus):
+            cells = "".join(f"{t['paths'][g][n]:<{width}}" for n in range(len(nics)))
+            numa = gpu["numa"] if gpu["numa"] >= 0 else "?"
+            tag = "" if gpu["found"] else f"   ({gpu['bus_id']} is not in the topology: paths unknown)"
+            out.append(f"GPU{g:<5}" + cells + f"{numa}{tag}")
+        out.append("")
+        out.append("  PIX: one PCIe switch  PXB: several switches  PHB: through a CPU's host bridge  SYS: across sockets")
+    out.append("")
+    for g, gpu in enumerate(gpus):
+        out.append(f"GPU{g}: {gpu['bus_id']}, NUMA {gpu['numa'] if gpu['numa'] >= 0 else '?'}")
+    for n in nics:
+        kind = "RDMA" if n["rdma"] else "interface"
+        nd = f", netdevs {','.join(n['netdevs'])}" if n["rdma"] and n["netdevs"] else ""
+        speed = f", PCIe {n['link_gbs']:.1f} GB/s" if n["link_gbs"] > 0 else ""
+        out.append(f"{n['name']}: {kind}, {n['bus_id']}, NUMA {n['numa'] if n['numa'] >= 0 else '?'}{nd}{speed}")
+    out.append("")
+    lvl = t["gdr_level"]
+    out.append(f"rails ({len(t['rails'])} local rank{'s' if len(t['rails']) != 1 else ''}; GPUDirect RDMA within "
+               f"{lvl['level']} ({lvl['from']})):")
+    for r in t["rails"]:
+        gdr = ""
+        if r["nic"] >= 0 and nics[r["nic"]]["rdma"] and gpus:
+            gdr = "; GPUDirect RDMA" if r["gdr"] else f"; no GPUDirect RDMA ({r['path']} is beyond {lvl['level']})"
+        out.append(f"  local rank {r['local_rank']}: {r['why']}{gdr}")
+    return "\n".join(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="railcc topo", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--topo-file", default="", help="read this hwloc XML instead of the machine")
+    ap.add_argument("--local-ranks", type=int, default=0, help="ranks on this host (default: one per GPU, else 1)")
+    ap.add_argument("--dump", default="", help="write the topology in use as hwloc XML to this file")
+    a = ap.parse_args(argv)
+    if a.local_ranks < 0:
+        ap.error("--local-ranks must be 1 or more")
+    if a.topo_file and not os.path.isfile(a.topo_file):
+        ap.error(f"--topo-file {a.topo_file}: no such file")
+    try:
+        t = report(a.topo_file, a.local_ranks)
+    except Exception as e:  # a bad XML file, hwloc failing: one line, no traceback
+        print(f"railcc topo: {e}", file=sys.stderr)
+        return 1
+    dump = a.dump or os.environ.get("RAILCC_TOPO_DUMP_FILE", "")
+    if dump:
+        with open(dump, "w") as f:
+            f.write(t["xml"])
+    t.pop("xml")
+    print(json.dumps(t, indent=2) if a.json else format_report(t))
+    return 0
