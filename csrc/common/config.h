@@ -68,6 +68,12 @@ namespace railcc {
     "bytes. Must be equal on all ranks.")                                                    \
   X(shmDisable, bool, "RAILCC_SHM_DISABLE", "NCCL_SHM_DISABLE", "0", "",                          \
     "1 sends same-host traffic over TCP instead of shared memory.")                          \
+  X(topoFile, std::string, "RAILCC_TOPO_FILE", "", "", "",                                        \
+    "An hwloc XML file (lstopo --of xml) read instead of this machine's topology, for VMs "    \
+    "whose PCI tree is fake and for tests; also read by `railcc topo`.")                      \
+  X(topoDumpFile, std::string, "RAILCC_TOPO_DUMP_FILE", "", "", "",                               \
+    "Where the first rank of each host writes the topology it used, as hwloc XML (%h is "     \
+    "replaced by the host name).")                                                            \
   X(hostId, std::string, "RAILCC_HOST_ID", "", "", "",                                            \
     "Overrides the host identity (boot id + network namespace) that decides which peers "     \
     "share memory.")                                                                          \

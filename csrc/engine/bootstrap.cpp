@@ -367,6 +367,7 @@ void CommImpl::bootstrap(Store& store) {
     for (auto& peer : lane) peer.resize(1);  // ourselves included: an idle channel 0
   }
   if (size_ > 1) connectPeers(store, secret, deadline, getFrom);
+  logPlacement();
 
   RAILCC_INFO(INIT, "group '", opts_.name, "' rank ", rank_, "/", size_, " ready in ",
               std::chrono::duration_cast<Millis>(Clock::now() - t0).count(), " ms");

@@ -580,6 +580,7 @@ class CommImpl {
 
  private:
   void bootstrap(Store& store);
+  void logPlacement();  // placement.cpp: topology, this rank's NIC and rail, at INFO once
   using GetFrom = std::function<std::string(const std::string& key, int rank, const char* what)>;
   // Sets up the TCP connections to `remote` (ranks on other hosts) by a concurrent rendezvous.
   // Opens the registered transports, publishes their endpoints, picks one per peer and

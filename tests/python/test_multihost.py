@@ -242,14 +242,31 @@ def test_allreduce_disagreement_across_hosts_fails_every_rank(hosts, tmp_path):
 def test_railcc_transport_selection_log(hosts, tmp_path):
     """With RAILCC_DEBUG=INFO RAILCC_DEBUG_SUBSYS=INIT every rank logs, per connected peer, a
     line like "rank 0 -> peer 1 via shm" or "rank 0 -> peer 2 via socket 10.213.X.2:port":
-    same-namespace peers must use shm, cross-namespace peers the socket transport."""
+    same-namespace peers must use shm, cross-namespace peers the socket transport. With
+    RAILCC_TOPO_FILE naming a DGX-like machine, each rank also logs its NIC and rail, once: the
+    two ranks of a host on two different rails."""
     placement = PLACEMENTS["2hosts_x2_interleaved"]
     world = len(placement)
+    topo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "topo", "dgx_h100.xml")
     launch = _run_store_mode(hosts, tmp_path, "railcc", placement,
                              check="all_reduce,alltoall_single,send_recv_ring,barrier",
-                             extra_env={"RAILCC_DEBUG": "INFO", "RAILCC_DEBUG_SUBSYS": "INIT"})
+                             extra_env={"RAILCC_DEBUG": "INFO", "RAILCC_DEBUG_SUBSYS": "INIT",
+                                        "RAILCC_TOPO_FILE": topo})
     launch.assert_ok(world)
     problems = []
+    rails = {}
+    for rank in range(world):
+        lines = [line for line in launch.logs[rank].splitlines() if "topology from file" in line]
+        if len(lines) != 1:
+            problems.append(f"rank {rank}: {len(lines)} topology lines, want 1")
+        else:
+            m = re.search(r"local rank (\d) of 2 on .*-> mlx5_(\d) \(rail (\d), PHB\)", lines[0])
+            if not m or m.group(2) != m.group(3):
+                problems.append(f"rank {rank}: unexpected placement line {lines[0]!r}")
+            else:
+                rails.setdefault(placement[rank], set()).add(int(m.group(3)))
+    if not problems and rails != {0: {0, 1}, 1: {0, 1}}:
+        problems.append(f"rails by host {rails}: want both rails on each host")
     for rank in range(world):
         seen = {}
         for line in launch.logs[rank].splitlines():

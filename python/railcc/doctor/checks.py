@@ -31,8 +31,6 @@ RAILCC_OTHER = {
     "RAILCC_SYSFS_ROOT": "root of the sysfs/procfs tree `railcc doctor` reads (tests point it at a fake host)",
     "RAILCC_NET_GDR_LEVEL": "the doctor's GPUDirect RDMA path limit (as NCCL_NET_GDR_LEVEL)",
     "RAILCC_IB_GID_INDEX": "the doctor's forced GID index (as NCCL_IB_GID_INDEX)",
-    "RAILCC_TOPO_FILE": "an hwloc XML file `railcc topo` reads instead of this machine",
-    "RAILCC_TOPO_DUMP_FILE": "where `railcc topo` writes the topology it used, as hwloc XML",
 }
 
 
