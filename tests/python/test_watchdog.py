@@ -28,18 +28,28 @@ TIMEOUT_S = 4  # the subgroups' op timeout in the hang scenarios
 
 
 def _resources():
-    shm = sorted(f for f in os.listdir("/dev/shm") if f.startswith(f"railcc-{os.getuid()}-{os.getpid()}-"))
-    return {"fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")), "shm": shm}
+    """What this process holds: open fds (with what they point at), threads, railcc segments."""
+    fds = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds.add(f"{fd}->{os.readlink(f'/proc/self/fd/{fd}')}")
+        except OSError:
+            pass  # the listdir's own fd, gone already
+    shm = {f for f in os.listdir("/dev/shm") if f.startswith(f"railcc-{os.getuid()}-{os.getpid()}-")}
+    return {"fds": fds, "threads": set(os.listdir("/proc/self/task")), "shm": shm}
 
 
 def _leaks(before):
+    """What is held now and was not before. A pooled worker may still be letting go of something
+    an earlier test left (fewer fds after than before): only what is new counts."""
     # The caller has dropped its last reference to the group; the backend goes with it.
     gc.collect()
     deadline = time.monotonic() + 5
     while True:
         after = _resources()
-        if after == before or time.monotonic() > deadline:
-            return {} if after == before else {"before": before, "after": after}
+        new = {k: sorted(after[k] - before[k]) for k in after if after[k] - before[k]}
+        if not new or time.monotonic() > deadline:
+            return new
         time.sleep(0.1)
 
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 _INITRD_MODULES = ["virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci",
                    "netfs", "fscache", "9pnet", "9pnet_virtio", "9p"]
 _OUT_IN_VM = "/tmp/railcc-vm-out"
+# This checkout, shared on its own: it may sit under /tmp, which the VM covers with a tmpfs.
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _kernel():
@@ -81,6 +83,7 @@ mount -t 9p -o trans=virtio,version=9p2000.L,ro hostroot /host || echo "railcc-v
 mount -t proc proc /host/proc; mount -t sysfs sys /host/sys; mount -t devtmpfs dev /host/dev
 mkdir -p /host/dev/shm; mount -t tmpfs -o size=1g shm /host/dev/shm
 mount -t tmpfs tmp /host/tmp; mount -t tmpfs run /host/run
+mkdir -p "/host{_REPO}"; mount -t 9p -o trans=virtio,version=9p2000.L,ro repo "/host{_REPO}"
 mkdir -p /host{_OUT_IN_VM}; mount -t 9p -o trans=virtio,version=9p2000.L work /host{_OUT_IN_VM}
 chroot /host /bin/sh {_OUT_IN_VM}/job.sh > /host{_OUT_IN_VM}/job.log 2>&1
 echo $? > /host{_OUT_IN_VM}/job.rc
@@ -101,7 +104,8 @@ poweroff -f
 
 def _job(script, rails):
     lines = ["set -e", "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-             f"export OUT={_OUT_IN_VM}/out HOME=/tmp PYTHONDONTWRITEBYTECODE=1", 'mkdir -p "$OUT"',
+             f"export OUT={_OUT_IN_VM}/out HOME=/tmp PYTHONDONTWRITEBYTECODE=1",
+             f"export PYTHONPATH='{_REPO}/python'${{PYTHONPATH:+:$PYTHONPATH}}", 'mkdir -p "$OUT"',
              # crc32 first: the kernel cannot auto-load it from inside the chroot, and rxe needs it.
              "modprobe crc32_generic; modprobe crc32_pclmul 2>/dev/null || true",
              "modprobe rdma_rxe; modprobe veth", "ip link set lo up", "hostname railcc-vm"]
@@ -127,6 +131,7 @@ def run_in_vm(script, workdir, rails=1, timeout=300, memory_mb=3072, env=None):
            "-nographic", "-no-reboot", "-kernel", kernel, "-initrd", _initrd(workdir, ver),
            "-append", "console=ttyS0 panic=-1 quiet",
            "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+           "-virtfs", f"local,path={_REPO},mount_tag=repo,security_model=none,readonly=on,multidevs=remap",
            "-virtfs", f"local,path={share},mount_tag=work,security_model=none,multidevs=remap"]
     try:
         p = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
