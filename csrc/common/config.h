@@ -52,7 +52,8 @@ namespace railcc {
     "Empty: the most preferred transport both sides can use. Logged per peer at INFO.")      \
   X(nchannels, int64_t, "RAILCC_NCHANNELS", "", "0", "0..64",                                    \
     "Connections per peer pair between hosts; large messages are split across them, and "     \
-    "each is bound to one interface of RAILCC_SOCKET_IFNAME in turn. 0: "                    \
+    "each is bound to one interface of RAILCC_SOCKET_IFNAME in turn (to the rank's rail " \
+    "interface when the topology names one). 0: "                    \
     "RAILCC_NSOCKS_PERTHREAD x RAILCC_SOCKET_NTHREADS. Always within the MIN/MAX bounds.")    \
   X(minNchannels, int64_t, "RAILCC_MIN_NCHANNELS", "NCCL_MIN_NCHANNELS", "1", "1..64",         \
     "Lower bound on the channels per peer pair.")                                            \
@@ -63,6 +64,10 @@ namespace railcc {
     "count (one progress thread drives them all).")                                          \
   X(socketNthreads, int64_t, "RAILCC_SOCKET_NTHREADS", "NCCL_SOCKET_NTHREADS", "1", "1..16",   \
     "TCP: see RAILCC_NSOCKS_PERTHREAD.")                                                     \
+  X(crossNic, int64_t, "RAILCC_CROSS_NIC", "NCCL_CROSS_NIC", "2", "0..2",                      \
+    "Where the topology names each rank's NIC (rail): 0 and 2 carry a pair's traffic between " \
+    "hosts on one rail, the dialing (lower) rank's, on both ends; 2 falls back to the peer's "  \
+    "own rail when its host lacks that one, 0 warns too; 1 lets each end use its own rail.")   \
   X(channelMinBytes, int64_t, "RAILCC_CHANNEL_MIN_BYTES", "", "262144", "4096..1073741824",  \
     "A message is split across a pair's channels only into shares of at least this many "    \
     "bytes. Must be equal on all ranks.")                                                    \

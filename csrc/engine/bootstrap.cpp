@@ -106,7 +106,7 @@ std::map<std::string, std::pair<int, std::string>> parseEndpoints(const std::str
 }  // namespace
 
 void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::time_point deadline,
-                            const GetFrom& getFrom) {
+                            const GetFrom& getFrom, const RailPlace& place) {
   const Config& cfg = opts_.config;
   transport::SetupContext ctx;
   ctx.rank = rank_;
@@ -118,6 +118,8 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     ctx.secret.push_back(static_cast<uint8_t>(std::stoi(secretHex.substr(i, 2), nullptr, 16)));
   for (const PeerInfo& p : peers_) ctx.peers.push_back({p.rank, p.hostId, p.hostname, p.pid, p.pidNs, "", 1});
   ctx.localRanks = localRanks_;
+  ctx.rail = place.rail;
+  ctx.railIfs = place.railIfs;
   bool remote = static_cast<int>(localRanks_.size()) < size_;
 
   // RAILCC_NET / NCCL_NET names the transport between hosts (NCCL's "Socket" and "IB" too).
@@ -157,7 +159,10 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     // The address peers on other hosts reach us at during set-up ("-" when none dials us).
     if (o.interHost && peers_[static_cast<size_t>(rank_)].addr == "-" && !ep.empty()) peers_[static_cast<size_t>(rank_)].addr = ep;
   }
+  // Not a transport: this rank's rails, for rank 0's check that the hosts agree.
+  if (!place.line.empty()) mine += "rails 0 " + place.line + "\n";
   store.set("ep/" + std::to_string(rank_), mine);
+  std::vector<std::string> railLines{place.line};
 
   struct Choice {
     Opened* via = nullptr;
@@ -177,6 +182,7 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     auto theirs = parseEndpoints(getFrom("ep/" + std::to_string(r), r, "transport endpoints"));
+    if (theirs.count("rails")) railLines.push_back(theirs["rails"].second);
     Choice& c = choice[static_cast<size_t>(r)];
     std::string tried;
     for (auto& o : open) {
@@ -216,6 +222,8 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
         else c.via->setup->accept(c.rec, lane, ch);
       }
   }
+
+  if (rank_ == 0 && !place.line.empty()) checkRails(railLines);
 
   // Drive every transport's connections until all are up.
   try {
@@ -366,8 +374,8 @@ void CommImpl::bootstrap(Store& store) {
     lane.resize(static_cast<size_t>(size_));
     for (auto& peer : lane) peer.resize(1);  // ourselves included: an idle channel 0
   }
-  if (size_ > 1) connectPeers(store, secret, deadline, getFrom);
-  logPlacement();
+  RailPlace place = placeRank();
+  if (size_ > 1) connectPeers(store, secret, deadline, getFrom, place);
 
   RAILCC_INFO(INIT, "group '", opts_.name, "' rank ", rank_, "/", size_, " ready in ",
               std::chrono::duration_cast<Millis>(Clock::now() - t0).count(), " ms");

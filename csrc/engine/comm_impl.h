@@ -207,6 +207,16 @@ inline int positionIn(const std::vector<int>& g, int r) {
   return static_cast<int>(std::find(g.begin(), g.end(), r) - g.begin());
 }
 
+// What rank 0 makes of every rank's published rail line (placement.cpp): the hosts, the most
+// rails any has, and one sentence per disagreement (rail counts, subnets on one rail).
+struct RailCheck {
+  int hosts = 0;
+  int rails = 0;
+  std::vector<std::string> problems;
+  std::string agreed;  // "rail 0 10.77.0.0/24, rail 1 10.78.0.0/24"
+};
+RailCheck checkRailLines(const std::vector<std::string>& lines);
+
 class CommImpl {
  public:
   CommImpl(Store& store, CommOptions opts);
@@ -580,13 +590,24 @@ class CommImpl {
 
  private:
   void bootstrap(Store& store);
-  void logPlacement();  // placement.cpp: topology, this rank's NIC and rail, at INFO once
+  // placement.cpp: this rank's NIC and rail from the topology (logged at INFO once per
+  // process), and rank 0's check that the hosts agree on their rails.
+  struct RailPlace {
+    int rail = -1;                     // -1: unknown (one host, no topology, no NIC)
+    std::string nic;                   // "mlx5_1"
+    std::vector<std::string> railIfs;  // per rail of this host, its NIC's IPv4 interface ("" none)
+    std::string why;
+    std::string line;                  // published to the peers for checkRails
+  };
+  RailPlace placeRank();
+  void checkRails(const std::vector<std::string>& lines);
   using GetFrom = std::function<std::string(const std::string& key, int rank, const char* what)>;
   // Sets up the TCP connections to `remote` (ranks on other hosts) by a concurrent rendezvous.
   // Opens the registered transports, publishes their endpoints, picks one per peer and
   // connects every (peer, lane, channel) through it.
   std::function<void()> pump_;  // run between store waits during connectPeers
-  void connectPeers(Store& store, const std::string& secretHex, Clock::time_point deadline, const GetFrom& getFrom);
+  void connectPeers(Store& store, const std::string& secretHex, Clock::time_point deadline, const GetFrom& getFrom,
+                    const RailPlace& place);
   void progressLoop();
   bool tryAcquire();
   void release(bool wakeProgress);

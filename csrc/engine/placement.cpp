@@ -1,4 +1,11 @@
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+
 #include <fstream>
+#include <map>
+#include <memory>
+#include <set>
 
 #include "engine/comm_impl.h"
 #include "topology/rails.h"
@@ -6,52 +13,200 @@
 namespace railcc::engine {
 
 // ---------------------------------------------------------------------------------------
-// Where this rank sits: the machine's topology (hwloc, or RAILCC_TOPO_FILE) and the NIC and
-// rail the rail assignment gives this rank among the ranks of its host, logged at INFO once
-// per process, by the first communicator that spans hosts (or that is asked to dump).
-// Discovery never fails init: without it the transports pick interfaces as before.
+// Where this rank sits: the machine's topology (hwloc, or RAILCC_TOPO_FILE, discovered once
+// per process and file), the NIC and rail the rail assignment gives this rank among the ranks
+// of its host, and the interface of every rail NIC of the host. The transports between hosts
+// get it as a hint (transport::SetupContext); the first communicator that spans hosts logs it
+// at INFO once per process. Rank 0 compares the hosts' rails (checkRails). Discovery never
+// fails init: without it the transports pick interfaces as before.
 
-void CommImpl::logPlacement() {
+namespace {
+
+struct Discovered {
+  std::shared_ptr<const topology::Topology> topo;
+  std::string error;
+};
+
+Discovered discoverOnce(const std::string& file) {
+  static std::mutex mu;
+  static std::map<std::string, Discovered> cache;
+  std::lock_guard<std::mutex> g(mu);
+  auto it = cache.find(file);
+  if (it != cache.end()) return it->second;
+  Discovered d;
+  try {
+    topology::DiscoverOptions o;
+    o.xmlFile = file;
+    d.topo = std::make_shared<const topology::Topology>(topology::discover(o));
+  } catch (const std::exception& e) {
+    d.error = e.what();
+  }
+  return cache[file] = d;
+}
+
+// "10.77.0.0/24" for an interface's first IPv4 address, "" when it has none or is down.
+std::string subnetOf(const std::string& ifname) {
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) != 0) return "";
+  std::string out;
+  for (ifaddrs* a = all; a && out.empty(); a = a->ifa_next) {
+    if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET || !a->ifa_netmask || ifname != a->ifa_name) continue;
+    if (!(a->ifa_flags & IFF_UP)) continue;
+    uint32_t ip = ntohl(reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr);
+    uint32_t mask = ntohl(reinterpret_cast<sockaddr_in*>(a->ifa_netmask)->sin_addr.s_addr);
+    in_addr net{htonl(ip & mask)};
+    char buf[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &net, buf, sizeof buf);
+    int bits = __builtin_popcount(mask);
+    out = std::string(buf) + "/" + std::to_string(bits);
+  }
+  freeifaddrs(all);
+  return out;
+}
+
+std::map<std::string, std::string> fields(const std::string& line) {
+  std::map<std::string, std::string> out;
+  for (const std::string& kv : split(line, ';')) {
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) out[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return out;
+}
+
+}  // namespace
+
+CommImpl::RailPlace CommImpl::placeRank() {
   const Config& cfg = opts_.config;
-  const std::string& me = peers_[static_cast<size_t>(rank_)].hostId;
+  const PeerInfo& self = peers_[static_cast<size_t>(rank_)];
   int local = 0, localIdx = 0;
   bool otherHost = false;
   for (const PeerInfo& p : peers_) {
-    if (p.hostId != me) {
+    if (p.hostId != self.hostId) {
       otherHost = true;
       continue;
     }
     if (p.rank == rank_) localIdx = local;
     ++local;
   }
-  if (!otherHost && cfg.topoDumpFile.empty()) return;
+  RailPlace place;
+  if (!otherHost && cfg.topoDumpFile.empty()) return place;
   static std::mutex mu;
-  static bool done = false;
+  static bool logged = false;
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    first = !logged;
+    logged = true;
+  }
+  Discovered d = discoverOnce(cfg.topoFile);
+  if (!d.topo) {
+    if (first) RAILCC_WARN(INIT, "topology unknown (", d.error, "); interfaces are picked without it");
+    return place;
+  }
+  const topology::Topology& t = *d.topo;
+  if (first && !cfg.topoDumpFile.empty() && localIdx == 0) {  // one writer per host; %h names it
+    std::string path = cfg.topoDumpFile;
+    for (size_t at; (at = path.find("%h")) != std::string::npos;) path.replace(at, 2, self.hostname);
+    std::ofstream f(path);
+    f << t.xml;
+    if (!f) RAILCC_WARN(INIT, "RAILCC_TOPO_DUMP_FILE=", path, ": cannot write it");
+  }
+  // The GPU of a rank is known at its first CUDA op, not here: ranks are placed by order.
+  auto rails = topology::assignRails(t, std::vector<topology::RankPlace>(static_cast<size_t>(local)));
+  const topology::Assignment& a = rails[static_cast<size_t>(localIdx)];
+  place.why = a.why;
+  // Each rail NIC's interface: the first of its netdevs with an IPv4 address here.
+  std::string line;
+  for (size_t nic : t.railNics()) {
+    std::string name, subnet;
+    for (const std::string& dev : t.nics[nic].netdevs)
+      if (!(subnet = subnetOf(dev)).empty()) {
+        name = dev;
+        break;
+      }
+    place.railIfs.push_back(name);
+    line += ";" + std::to_string(place.railIfs.size() - 1) + "=" + (name.empty() ? "-" : name + "@" + subnet);
+  }
+  if (a.nic >= 0) {
+    place.rail = a.rail;
+    place.nic = t.nics[static_cast<size_t>(a.nic)].name;
+  }
+  place.line = "host=" + self.hostname + ";rank=" + std::to_string(rank_) + ";nic=" + (place.nic.empty() ? "-" : place.nic) +
+               ";rail=" + std::to_string(place.rail) + ";rails=" + std::to_string(place.railIfs.size()) + line;
+  if (first) {
+    std::string dev = place.rail >= 0 ? place.railIfs[static_cast<size_t>(place.rail)] : "";
+    RAILCC_INFO(INIT, "topology from ", t.source, ": ", t.gpus.size(), " GPUs, ", t.railNics().size(), " rail NICs, ",
+                t.numaNodes, " NUMA nodes; local rank ", localIdx, " of ", local, " on ", self.hostname, ": ", a.why,
+                place.rail < 0 ? "" : dev.empty() ? ", which has no IPv4 interface here" : ", interface " + dev);
+  }
+  return place;
+}
+
+RailCheck checkRailLines(const std::vector<std::string>& lines) {
+  struct Host {
+    std::string name;
+    int rails = 0;
+    std::map<int, std::string> ifs;  // rail -> "eth1@10.78.0.0/24" or "-"
+  };
+  std::vector<Host> hosts;
+  std::set<std::string> seen;
+  for (const std::string& line : lines) {
+    auto f = fields(line);
+    if (f["host"].empty() || !seen.insert(f["host"]).second) continue;
+    Host h;
+    h.name = f["host"];
+    h.rails = std::atoi(f["rails"].c_str());
+    for (int r = 0; r < h.rails; ++r) h.ifs[r] = f[std::to_string(r)];
+    hosts.push_back(h);
+  }
+  RailCheck out;
+  out.hosts = static_cast<int>(hosts.size());
+  for (const Host& h : hosts) out.rails = std::max(out.rails, h.rails);
+  if (hosts.size() < 2 || out.rails == 0) return out;
+  std::map<int, std::vector<std::string>> byCount;
+  for (const Host& h : hosts) byCount[h.rails].push_back(h.name);
+  auto names = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size() && i < 8; ++i) s += (i ? ", " : "") + v[i];
+    return v.size() > 8 ? s + " and " + std::to_string(v.size() - 8) + " more" : s;
+  };
+  if (byCount.size() > 1) {
+    std::string s = "hosts disagree on the number of rails (NICs):";
+    for (auto& [n, hs] : byCount) s += " " + std::to_string(n) + " on " + names(hs) + ";";
+    out.problems.push_back(s + " ranks on the missing rails send over another rail's NIC");
+  }
+  for (int r = 0; r < out.rails; ++r) {
+    std::map<std::string, std::vector<std::string>> bySubnet;  // subnet -> hosts
+    for (const Host& h : hosts) {
+      auto it = h.ifs.find(r);
+      if (it == h.ifs.end()) continue;
+      auto at = it->second.find('@');
+      bySubnet[at == std::string::npos ? "no IPv4 address" : it->second.substr(at + 1)].push_back(
+          h.name + " (" + it->second.substr(0, at) + ")");
+    }
+    if (bySubnet.size() > 1) {
+      std::string s = "rail " + std::to_string(r) + " is not one network:";
+      for (auto& [net, hs] : bySubnet) s += " " + net + " on " + names(hs) + ";";
+      out.problems.push_back(s + " its NICs on different subnets may not reach each other");
+    } else if (!bySubnet.empty()) {
+      out.agreed += (out.agreed.empty() ? "" : ", ") + std::string("rail ") + std::to_string(r) + " " + bySubnet.begin()->first;
+    }
+  }
+  return out;
+}
+
+void CommImpl::checkRails(const std::vector<std::string>& lines) {
+  static std::mutex mu;
+  static bool done = false;  // once per process: every group spanning the same hosts agrees alike
   {
     std::lock_guard<std::mutex> g(mu);
     if (done) return;
     done = true;
   }
-  try {
-    topology::DiscoverOptions o;
-    o.xmlFile = cfg.topoFile;
-    topology::Topology t = topology::discover(o);
-    if (!cfg.topoDumpFile.empty() && localIdx == 0) {  // one writer per host; %h names it
-      std::string path = cfg.topoDumpFile;
-      for (size_t at; (at = path.find("%h")) != std::string::npos;)
-        path.replace(at, 2, peers_[static_cast<size_t>(rank_)].hostname);
-      std::ofstream f(path);
-      f << t.xml;
-      if (!f) RAILCC_WARN(INIT, "RAILCC_TOPO_DUMP_FILE=", path, ": cannot write it");
-    }
-    // The GPU of a rank is known at its first CUDA op, not here: ranks are placed by order.
-    auto rails = topology::assignRails(t, std::vector<topology::RankPlace>(static_cast<size_t>(local)));
-    RAILCC_INFO(INIT, "topology from ", t.source, ": ", t.gpus.size(), " GPUs, ", t.railNics().size(), " rail NICs, ",
-                t.numaNodes, " NUMA nodes; local rank ", localIdx, " of ", local, " on ", peers_[static_cast<size_t>(rank_)].hostname,
-                ": ", rails[static_cast<size_t>(localIdx)].why);
-  } catch (const std::exception& e) {
-    RAILCC_WARN(INIT, "topology unknown (", e.what(), "); interfaces are picked without it");
-  }
+  RailCheck c = checkRailLines(lines);
+  if (c.hosts < 2 || c.rails == 0) return;
+  for (const std::string& p : c.problems) RAILCC_WARN(INIT, "rail check across ", c.hosts, " hosts: ", p);
+  if (c.problems.empty()) RAILCC_INFO(INIT, "rail check: ", c.hosts, " hosts agree on ", c.rails, " rails (", c.agreed, ")");
 }
 
 }  // namespace railcc::engine

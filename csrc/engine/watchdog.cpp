@@ -250,7 +250,7 @@ std::string CommImpl::stragglerReport() {
     if (isSlow) slow.insert({src, dst});
     os << (first ? "" : ", ") << "{\"src\": " << src << ", \"dst\": " << dst << ", \"src_host\": "
        << jsonString(peers_[src].hostname) << ", \"dst_host\": " << jsonString(peers_[dst].hostname)
-       << ", \"transport\": " << jsonString(kind) << ", \"bytes\": " << l.bytes << ", \"samples\": " << l.samples << ", \"gbps\": " << fmt("%.4f", l.gbps())
+       << ", \"transport\": " << jsonString(kind) << ", \"link\": " << jsonString(peers_[l.peer].transport) << ", \"bytes\": " << l.bytes << ", \"samples\": " << l.samples << ", \"gbps\": " << fmt("%.4f", l.gbps())
        << ", \"median_gbps\": " << fmt("%.4f", m) << ", \"slow\": " << (isSlow ? "true" : "false") << "}";
     first = false;
   }

@@ -46,6 +46,11 @@ struct SetupContext {
   std::vector<uint8_t> secret;    // the group secret, for transports that authenticate
   std::vector<PeerRecord> peers;  // every rank, without endpoints (those come later)
   std::vector<int> localRanks;    // ranks that share this host's memory, this one included
+  // From the topology, when known (else -1 and empty): this rank's rail, and per rail of this
+  // host the network interface of its NIC ("" where it has none with an IPv4 address).
+  // Transports between hosts keep a rank's traffic on its rail's NIC.
+  int rail = -1;
+  std::vector<std::string> railIfs;
 };
 
 class Setup {

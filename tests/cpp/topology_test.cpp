@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "topology/rails.h"
 #include "topology/topology.h"
+#include "engine/comm_impl.h"
 
 using namespace railcc;
 using namespace railcc::topology;
@@ -176,3 +177,34 @@ TEST(Topology, ThisMachineLoads) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- rank 0's check of the rails
+
+TEST(RailCheck, HostsThatAgreeAreSaidToAndDisagreementsNameTheHosts) {
+  using railcc::engine::checkRailLines;
+  auto line = [](const std::string& host, int rank, const std::string& rails) {
+    return "host=" + host + ";rank=" + std::to_string(rank) + ";nic=mlx5_0;rail=0;" + rails;
+  };
+  std::string two = "rails=2;0=eth0@10.77.0.0/24;1=eth1@10.78.0.0/24";
+  auto ok = checkRailLines({line("a", 0, two), line("a", 1, two), line("b", 2, two), line("b", 3, two)});
+  EXPECT_EQ(ok.hosts, 2);
+  EXPECT_EQ(ok.rails, 2);
+  EXPECT_TRUE(ok.problems.empty());
+  EXPECT_EQ(ok.agreed, "rail 0 10.77.0.0/24, rail 1 10.78.0.0/24");
+
+  auto fewer = checkRailLines({line("a", 0, two), line("b", 1, "rails=1;0=eth0@10.77.0.0/24")});
+  ASSERT_EQ(fewer.problems.size(), 1u);
+  EXPECT_NE(fewer.problems[0].find("1 on b; 2 on a"), std::string::npos) << fewer.problems[0];
+
+  auto subnet = checkRailLines({line("a", 0, two), line("b", 1, "rails=2;0=eth0@10.77.0.0/24;1=ib1@10.99.0.0/24"),
+                                line("c", 2, "rails=2;0=eth0@10.77.0.0/24;1=-")});
+  ASSERT_EQ(subnet.problems.size(), 1u);
+  const std::string& p = subnet.problems[0];
+  EXPECT_NE(p.find("rail 1 is not one network"), std::string::npos) << p;
+  EXPECT_NE(p.find("10.78.0.0/24 on a (eth1)"), std::string::npos) << p;
+  EXPECT_NE(p.find("10.99.0.0/24 on b (ib1)"), std::string::npos) << p;
+  EXPECT_NE(p.find("no IPv4 address on c (-)"), std::string::npos) << p;
+
+  EXPECT_EQ(checkRailLines({line("a", 0, two)}).hosts, 1);  // one host: nothing to compare
+  EXPECT_TRUE(checkRailLines({"junk", ""}).problems.empty());
+}

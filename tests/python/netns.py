@@ -296,15 +296,17 @@ class TwoHosts:
                 raise NetnsError(f"veth pair did not come up: {states}")
             time.sleep(0.05)
 
-    def slow_link(self, rate="100mbit", side="a", burst=None, latency="50ms"):
+    def slow_link(self, rate="100mbit", side="a", burst=None, latency="50ms", dev=None):
         """Shapes egress of one end (side 'a' or 'b') with a token bucket: `tc qdisc replace
         dev <veth> root tbf rate R burst B latency L`. Only traffic leaving that namespace
-        is slowed, so side='a' makes host A the straggler when it sends."""
+        is slowed, so side='a' makes host A the straggler when it sends. `dev` picks another
+        interface of that side (a rail from add_rail) instead of the first pair's."""
         i = self._index(side)
+        dev = dev or self.interfaces[i]
         if burst is None:
             # At least one timer tick worth of bytes (HZ may be 100), and not below 32 KiB.
             burst = f"{max(32 * 1024, int(_rate_bits(rate) / 8 / 100))}b"
-        _run(self.exec_prefix(i) + ["tc", "qdisc", "replace", "dev", self.interfaces[i], "root", "tbf",
+        _run(self.exec_prefix(i) + ["tc", "qdisc", "replace", "dev", dev, "root", "tbf",
                                     "rate", str(rate), "burst", str(burst), "latency", str(latency)])
         self._shaped.add(i)
 
@@ -315,10 +317,10 @@ class TwoHosts:
                                     "delay", str(delay)])
         self._shaped.add(i)
 
-    def clear_link(self, side=None):
-        """Removes shaping from one end, or from both when side is None."""
+    def clear_link(self, side=None, dev=None):
+        """Removes shaping from one end, or from both when side is None (`dev`: as slow_link)."""
         for i in ([0, 1] if side is None else [self._index(side)]):
-            _run(self.exec_prefix(i) + ["tc", "qdisc", "del", "dev", self.interfaces[i], "root"], check=False)
+            _run(self.exec_prefix(i) + ["tc", "qdisc", "del", "dev", dev or self.interfaces[i], "root"], check=False)
             self._shaped.discard(i)
 
     def cleanup(self):

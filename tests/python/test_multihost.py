@@ -373,3 +373,105 @@ def test_two_tcp_channels_over_two_rails_carry_shares_of_a_large_all_reduce(tmp_
         print(f"host {host}: bytes sent on rail 0, rail 1: {sent}")
         assert min(sent) > 32 << 20, f"host {host}: bytes sent per rail {sent}\n{launch.describe()}"
         assert max(sent) < 3 * min(sent), f"host {host}: uneven rails {sent}"
+
+
+def _rail_topologies(tmp_path, netdevs):
+    """One topology file per host, NIC k on netdevs[host][k]: local rank k gets rail k."""
+    spec = importlib.util.spec_from_file_location(
+        "make_topologies", os.path.join(HERE, "..", "data", "topo", "make_topologies.py"))
+    mt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mt)
+    files = []
+    for host, devs in enumerate(netdevs):
+        path = tmp_path / f"rails-host{host}.xml"
+        path.write_text(mt.rail_host(f"railhost{host}", devs))
+        files.append(str(path))
+    return files
+
+
+@RAILCC_SKIP
+def test_each_rank_sends_over_its_own_rail_and_a_slow_rail_is_named(tmp_path):
+    """Two hosts, two rails (two veth pairs on two subnets), 2 ranks per host, and a topology
+    file per host that puts NIC k on the host's rail-k interface: local rank k sends its
+    inter-host share over rail k. The kernel's byte counters must show both rails carrying a
+    fair share of three 32 MiB all_reduces (without the topology, one channel per pair leaves
+    rail 1 idle), every collective exact, rank 0's rail check satisfied. Then rail 1 of host A
+    is shaped to 200 Mbit/s with tbf and shared memory is off (so each rank has fast links to
+    compare with): the straggler warning must name rail 1 and its interface."""
+    with two_hosts(prefix="rrl") as h:
+        r1a, r1b, _, _ = h.add_rail()
+        netdevs = [(h.if_a, r1a), (h.if_b, r1b)]
+        topo = _rail_topologies(tmp_path, netdevs)
+        placement = [0, 0, 1, 1]
+
+        def launch(check, extra):
+            store = f"{h.addresses[0]}:{next(_ports)}"
+            cmds = []
+            for rank, host in enumerate(placement):
+                env = _env(h, host, {"RAILCC_SOCKET_IFNAME": "=" + ",".join(netdevs[host]),
+                                     "RAILCC_TOPO_FILE": topo[host], **extra})
+                argv = [sys.executable, WORKER, "--rank", str(rank), "--world", "4", "--store", store,
+                        "--backend", "railcc", "--check", check]
+                cmds.append((host, argv, env))
+            return _launch(h, tmp_path, cmds)
+
+        before = [[h.byte_counters(host, dev)[1] for dev in netdevs[host]] for host in (0, 1)]
+        res = launch("all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,alltoall_single,"
+                     "send_recv_ring,barrier,large_all_reduce",
+                     {"RAILCC_DEBUG": "INFO", "RAILCC_DEBUG_SUBSYS": "INIT"})
+        after = [[h.byte_counters(host, dev)[1] for dev in netdevs[host]] for host in (0, 1)]
+        res.assert_ok(4)
+        problems = []
+        for rank in range(4):
+            k = rank % 2
+            peer = rank + 2 if rank < 2 else rank - 2  # the same local rank on the other host
+            lines = [ln for ln in res.logs[rank].splitlines() if f"rank {rank} -> peer {peer} " in ln]
+            if len(lines) != 1 or f"from {netdevs[placement[rank]][k]} (rail {k})" not in lines[0] \
+                    or f"TCP on rail {k}" not in lines[0]:
+                problems.append(f"rank {rank}: connection to its rail peer {peer}: {lines}")
+        checks = [ln for ln in res.logs[0].splitlines() if "rail check" in ln]
+        if len(checks) != 1 or "2 hosts agree on 2 rails" not in checks[0]:
+            problems.append(f"rank 0's rail check: {checks}")
+        assert not problems, "\n".join(problems) + "\n" + res.describe()
+        for host in (0, 1):
+            sent = [after[host][i] - before[host][i] for i in (0, 1)]
+            print(f"\nhost {host}: bytes sent on rail 0, rail 1: {sent}")
+            # Each rail carries one rank's half of 3 x 32 MiB each way: 48 MiB, and a little more.
+            assert min(sent) > 24 << 20, f"host {host}: bytes sent per rail {sent}\n{res.describe()}"
+            assert max(sent) < 3 * min(sent), f"host {host}: uneven rails {sent}"
+
+        # The same under torchrun --nnodes 2 (the agent's store, ranks from the rendezvous).
+        port = next(_ports)
+        cmds = []
+        for node in (0, 1):
+            argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+                    "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{h.addr_a}:{port}",
+                    "--rdzv-id", f"rail{port}", "--rdzv-conf", f"is_host={'true' if node == 0 else 'false'}",
+                    "--local-addr", h.addresses[node], "--max-restarts", "0", "--monitor-interval", "0.2",
+                    WORKER, "--torchrun", "--backend", "railcc", "--check", "all_reduce,large_all_reduce,barrier"]
+            cmds.append((node, argv, _env(h, node, {"RAILCC_SOCKET_IFNAME": "=" + ",".join(netdevs[node]),
+                                                     "RAILCC_TOPO_FILE": topo[node], "RAILCC_DEBUG": "INFO",
+                                                     "RAILCC_DEBUG_SUBSYS": "INIT"})))
+        res = _launch(h, tmp_path, cmds)
+        res.assert_ok(4)
+        text = "\n".join(res.logs)
+        conns = re.findall(r"rank \d+ -> peer \d+ \(\S+\) via socket \S+ from (\S+) \(rail (\d)\)", text)
+        assert {(dev, int(k)) for dev, k in conns} == {(d, k) for devs in netdevs for k, d in enumerate(devs)}, text
+        assert "2 hosts agree on 2 rails" in text, text
+
+        h.slow_link(rate="200mbit", side="a", dev=r1a)
+        try:
+            res = launch("straggler_report", {"RAILCC_SHM_DISABLE": "1"})
+        finally:
+            h.clear_link(side="a", dev=r1a)
+        res.assert_ok(4)
+        warned = [ln for log in res.logs for ln in log.splitlines() if "slow link: rank" in ln]
+        named = [ln for ln in warned if "(rail 1)" in ln and (r1a in ln or r1b in ln)]
+        print(f"\nslow-link warnings: {len(warned)}; naming rail 1 and its interface: {len(named)}"
+              + "".join(f"\n  {ln}" for ln in named))
+        assert named, "\n".join(warned) + "\n" + res.describe()
+        for ln in warned:
+            assert "(rail 0)" not in ln, ln  # rail 0 was never slow
+        for rank, r in res.results.items():
+            for link in r["extra"]["straggler_report"]["slow_links"]:
+                assert {link["src_host"], link["dst_host"]} == {h.hostname_of(0), h.hostname_of(1)}, (rank, link)

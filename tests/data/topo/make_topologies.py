@@ -134,6 +134,22 @@ def vm_flat(x, s, indent):
     x.close(indent)
 
 
+def rail_host(name, netdevs):
+    """A one-socket host whose NIC k (mlx5_k) has the network interface netdevs[k], all under
+    one host bridge: the multi-rail network-namespace tests write one per "host", naming its
+    veth interfaces, so that local rank k is placed on rail k."""
+    def io(x, s, indent):
+        x.open("Bridge", indent, bridge_type="0-1", depth="0", bridge_pci="0000:[00-00]")
+        for k, dev in enumerate(netdevs):
+            x.open("PCIDev", indent + 1, pci_busid=f"0000:00:{k + 4:02x}.0",
+                   pci_type="0200 [15b3:101e] [15b3:0061] 00", pci_link_speed="0.000000")
+            x.leaf("OSDev", indent + 2, name=f"mlx5_{k}", osdev_type="3")
+            x.leaf("OSDev", indent + 2, name=dev, osdev_type="2")
+            x.close(indent + 1)
+        x.close(indent)
+    return machine(name, 1, io)
+
+
 if __name__ == "__main__":
     dgx.counters = {"gpu": 0, "nic": 0}
     nics_on_socket1.counters = {"gpu": 0, "nic": 0}
