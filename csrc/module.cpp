@@ -8,6 +8,7 @@
 #include "backend.h"
 #include "common/config.h"
 #include "common/error.h"
+#include "engine/rail_check.h"
 #include "topology/rails.h"
 #include "topology/topology.h"
 
@@ -135,6 +136,17 @@ PYBIND11_MODULE(_C, m) {
     }
     d["devices"] = n;
     d["error"] = why.empty() ? py::object(py::none()) : py::object(py::str(why));
+    return d;
+  });
+
+  m.def("check_rails", [](const std::vector<std::string>& lines) {
+    // What rank 0 says at init of these ranks' rail lines: for `railcc topo --all-ranks`.
+    railcc::engine::RailCheck c = railcc::engine::checkRailLines(lines);
+    py::dict d;
+    d["hosts"] = c.hosts;
+    d["rails"] = c.rails;
+    d["problems"] = c.problems;
+    d["agreed"] = c.agreed;
     return d;
   });
 

@@ -34,6 +34,7 @@
 #include "engine/algorithms/choose.h"
 #include "engine/communicator.h"
 #include "engine/device.h"
+#include "engine/rail_check.h"
 #include "engine/telemetry.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/transport.h"
@@ -206,16 +207,6 @@ struct Blocks {
 inline int positionIn(const std::vector<int>& g, int r) {
   return static_cast<int>(std::find(g.begin(), g.end(), r) - g.begin());
 }
-
-// What rank 0 makes of every rank's published rail line (placement.cpp): the hosts, the most
-// rails any has, and one sentence per disagreement (rail counts, subnets on one rail).
-struct RailCheck {
-  int hosts = 0;
-  int rails = 0;
-  std::vector<std::string> problems;
-  std::string agreed;  // "rail 0 10.77.0.0/24, rail 1 10.78.0.0/24"
-};
-RailCheck checkRailLines(const std::vector<std::string>& lines);
 
 class CommImpl {
  public:

@@ -2,10 +2,15 @@
 local rank would use (its rail) and the GPUDirect RDMA verdict per GPU-NIC pair.
 
   railcc topo [--json] [--topo-file FILE] [--local-ranks N] [--dump FILE]
+  torchrun ... -m railcc topo --all-ranks
 
 --topo-file (or RAILCC_TOPO_FILE) reads an hwloc XML file instead of this machine (lstopo
 --of xml writes one); --dump (or RAILCC_TOPO_DUMP_FILE) writes the topology in use as hwloc
-XML. --local-ranks sets how many ranks share this host (default: one per GPU, else 1)."""
+XML. --local-ranks sets how many ranks share this host (default: one per GPU, else 1).
+--all-ranks (under torchrun): every rank publishes its NIC, rail and rail interfaces through
+the job's store; rank 0 prints its host's view, every rank's rail, and the check railcc runs
+at init that all hosts agree on the rails (their number, one subnet per rail). Every rank
+exits 1 when they disagree."""
 
 import argparse
 import json
@@ -127,17 +132,116 @@ def format_report(t):
     return "\n".join(out)
 
 
+def _subnet(ifname):
+    """"10.77.0.0/24" for the interface's IPv4 address, "" when it has none."""
+    import fcntl
+    import ipaddress
+    import socket
+    import struct
+
+    req = struct.pack("256s", ifname[:15].encode())
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])  # SIOCGIFADDR
+            mask = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x891B, req)[20:24])  # SIOCGIFNETMASK
+        except OSError:
+            return ""
+    return str(ipaddress.ip_network(f"{addr}/{mask}", strict=False))
+
+
+def rail_line(t, rank, local_rank):
+    """This rank's rail line, as the engine publishes it at init (engine/rail_check.h)."""
+    rail_nics = [i for i, n in enumerate(t["nics"]) if n["rdma"]] or list(range(len(t["nics"])))
+    parts = []
+    for k, i in enumerate(rail_nics):
+        nic = t["nics"][i]
+        devs = nic["netdevs"] or [nic["name"]]
+        found = next(((d, _subnet(d)) for d in devs if _subnet(d)), None)
+        parts.append(f"{k}={found[0]}@{found[1]}" if found else f"{k}=-")
+    r = t["rails"][local_rank] if local_rank < len(t["rails"]) else {"nic": -1, "rail": -1}
+    nic = t["nics"][r["nic"]]["name"] if r["nic"] >= 0 else "-"
+    host = t["hostname"] or os.uname().nodename
+    return (f"host={host};rank={rank};nic={nic};rail={r['rail']};rails={len(rail_nics)}"
+            + "".join(";" + p for p in parts))
+
+
+def _all_ranks(a):
+    from datetime import timedelta
+
+    from . import _C
+    from .doctor.across import _NEEDED, _store
+
+    missing = [v for v in _NEEDED if v not in os.environ]
+    if missing:
+        print(f"railcc topo --all-ranks needs torchrun's {', '.join(missing)} (run it as "
+              f"`torchrun ... -m railcc topo --all-ranks`)", file=sys.stderr)
+        return 2
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    t = report(a.topo_file, a.local_ranks or local_world)
+    # Under torchrun every process of a node has the node's hostname; RAILCC_HOST_ID-style
+    # overrides aside, the kernel's name is what the init log uses too.
+    t["hostname"] = os.uname().nodename
+    line = rail_line(t, rank, local_rank)
+    prefix = f"railcc-topo/{os.environ.get('TORCHELASTIC_RUN_ID', 'job')}/"
+    store = _store(rank, a.timeout)
+    store.set(f"{prefix}{rank}", line)
+    if rank != 0:
+        print(f"rank {rank} on {t['hostname']}: {line} (rank 0 prints the comparison)")
+        try:
+            return int(store.get(f"{prefix}verdict"))
+        except Exception as e:  # noqa: BLE001 - rank 0 gone: say so, fail
+            print(f"railcc topo --all-ranks: no verdict from rank 0: {e}", file=sys.stderr)
+            return 1
+    store.set_timeout(timedelta(seconds=a.timeout))
+    lines = [line] + [store.get(f"{prefix}{r}").decode() for r in range(1, world)]
+    check = _C.check_rails(lines)
+    if a.json:
+        t.pop("xml", None)
+        print(json.dumps({"rank0": t, "ranks": lines, "check": check}, indent=2))
+    else:
+        t.pop("xml", None)
+        print(format_report(t))
+        print()
+        print(f"railcc topo --all-ranks: {world} ranks on {check['hosts']} host(s)")
+        for ln in lines:
+            f = dict(kv.split("=", 1) for kv in ln.split(";") if "=" in kv)
+            rail = int(f.get("rail", "-1"))
+            dev = f.get(str(rail), "-").split("@")[0] if rail >= 0 else "-"
+            print(f"  rank {f.get('rank')} on {f.get('host')}: {f.get('nic')} (rail {rail}, interface {dev})")
+        if check["problems"]:
+            for p in check["problems"]:
+                print(f"rail check: {p}")
+        elif check["rails"]:
+            print(f"rail check: {check['hosts']} hosts agree on {check['rails']} rails ({check['agreed']})")
+        else:
+            print("rail check: no host has a rail NIC")
+    code = 1 if check["problems"] else 0
+    store.set(f"{prefix}verdict", str(code))
+    return code
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="railcc topo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--topo-file", default="", help="read this hwloc XML instead of the machine")
     ap.add_argument("--local-ranks", type=int, default=0, help="ranks on this host (default: one per GPU, else 1)")
     ap.add_argument("--dump", default="", help="write the topology in use as hwloc XML to this file")
+    ap.add_argument("--all-ranks", action="store_true",
+                    help="under torchrun: gather every rank's rail and check that the hosts agree")
+    ap.add_argument("--timeout", type=float, default=120.0, help="--all-ranks: seconds to wait for the ranks")
     a = ap.parse_args(argv)
     if a.local_ranks < 0:
         ap.error("--local-ranks must be 1 or more")
     if a.topo_file and not os.path.isfile(a.topo_file):
         ap.error(f"--topo-file {a.topo_file}: no such file")
+    if a.all_ranks:
+        try:
+            return _all_ranks(a)
+        except Exception as e:  # the store, a bad XML file: one line, no traceback
+            print(f"railcc topo --all-ranks: {e}", file=sys.stderr)
+            return 1
     try:
         t = report(a.topo_file, a.local_ranks)
     except Exception as e:  # a bad XML file, hwloc failing: one line, no traceback

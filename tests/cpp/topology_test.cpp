@@ -9,7 +9,7 @@
 #include "common/error.h"
 #include "topology/rails.h"
 #include "topology/topology.h"
-#include "engine/comm_impl.h"
+#include "engine/rail_check.h"
 
 using namespace railcc;
 using namespace railcc::topology;

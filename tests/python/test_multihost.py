@@ -382,6 +382,7 @@ def _rail_topologies(tmp_path, netdevs):
     mt = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mt)
     files = []
+    os.makedirs(tmp_path, exist_ok=True)
     for host, devs in enumerate(netdevs):
         path = tmp_path / f"rails-host{host}.xml"
         path.write_text(mt.rail_host(f"railhost{host}", devs))
@@ -441,23 +442,43 @@ def test_each_rank_sends_over_its_own_rail_and_a_slow_rail_is_named(tmp_path):
             assert max(sent) < 3 * min(sent), f"host {host}: uneven rails {sent}"
 
         # The same under torchrun --nnodes 2 (the agent's store, ranks from the rendezvous).
-        port = next(_ports)
-        cmds = []
-        for node in (0, 1):
-            argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
-                    "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{h.addr_a}:{port}",
-                    "--rdzv-id", f"rail{port}", "--rdzv-conf", f"is_host={'true' if node == 0 else 'false'}",
-                    "--local-addr", h.addresses[node], "--max-restarts", "0", "--monitor-interval", "0.2",
-                    WORKER, "--torchrun", "--backend", "railcc", "--check", "all_reduce,large_all_reduce,barrier"]
-            cmds.append((node, argv, _env(h, node, {"RAILCC_SOCKET_IFNAME": "=" + ",".join(netdevs[node]),
-                                                     "RAILCC_TOPO_FILE": topo[node], "RAILCC_DEBUG": "INFO",
-                                                     "RAILCC_DEBUG_SUBSYS": "INIT"})))
-        res = _launch(h, tmp_path, cmds)
+        def torchrun(script, files):
+            port = next(_ports)
+            cmds = []
+            for node in (0, 1):
+                argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+                        "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{h.addr_a}:{port}",
+                        "--rdzv-id", f"rail{port}", "--rdzv-conf", f"is_host={'true' if node == 0 else 'false'}",
+                        "--local-addr", h.addresses[node], "--max-restarts", "0", "--monitor-interval", "0.2",
+                        *script]
+                cmds.append((node, argv, _env(h, node, {"RAILCC_SOCKET_IFNAME": "=" + ",".join(netdevs[node]),
+                                                         "RAILCC_TOPO_FILE": files[node], "RAILCC_DEBUG": "INFO",
+                                                         "RAILCC_DEBUG_SUBSYS": "INIT"})))
+            return _launch(h, tmp_path, cmds)
+
+        res = torchrun([WORKER, "--torchrun", "--backend", "railcc", "--check", "all_reduce,large_all_reduce,barrier"],
+                       topo)
         res.assert_ok(4)
         text = "\n".join(res.logs)
         conns = re.findall(r"rank \d+ -> peer \d+ \(\S+\) via socket \S+ from (\S+) \(rail (\d)\)", text)
         assert {(dev, int(k)) for dev, k in conns} == {(d, k) for devs in netdevs for k, d in enumerate(devs)}, text
         assert "2 hosts agree on 2 rails" in text, text
+
+        # railcc topo --all-ranks under torchrun: every rank's rail, and the same check.
+        res = torchrun(["-m", "railcc", "topo", "--all-ranks"], topo)
+        text = "\n".join(res.logs)
+        assert res.codes == [0, 0], res.describe()
+        for rank in range(4):
+            assert re.search(rf"rank {rank} on \S+: mlx5_(\d) \(rail \1, interface \S+\)", text), text
+        assert "rail check: 2 hosts agree on 2 rails" in text, text
+        # Host B's file swaps its rails: rail 0 is then two subnets, and every node fails.
+        swapped = _rail_topologies(tmp_path / "swapped", [netdevs[0], netdevs[1][::-1]])
+        res = torchrun(["-m", "railcc", "topo", "--all-ranks"], swapped)
+        text = "\n".join(res.logs)
+        assert res.codes[0] != 0 and res.codes[1] != 0, res.describe()
+        bad = [ln for ln in text.splitlines() if ln.startswith("rail check: rail 0 is not one network")]
+        assert bad and h.hostname_of(0) in bad[0] and f"{h.hostname_of(1)} ({r1b})" in bad[0], text
+        print("\n" + bad[0])
 
         h.slow_link(rate="200mbit", side="a", dev=r1a)
         try:
