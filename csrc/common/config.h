@@ -15,7 +15,7 @@ namespace railcc {
   X(debug, std::string, "RAILCC_DEBUG", "NCCL_DEBUG", "WARN", "",                                 \
     "Log level: WARN, INFO or TRACE (VERSION is read as INFO).")                              \
   X(debugSubsys, std::string, "RAILCC_DEBUG_SUBSYS", "NCCL_DEBUG_SUBSYS", "ALL", "",              \
-    "Comma list of subsystems to log: INIT,NET,SHM,COLL,P2P,WATCHDOG,ENV (^ inverts).")       \
+    "Comma list of subsystems to log: INIT,NET,IB,SHM,COLL,P2P,WATCHDOG,ENV (^ inverts).")    \
   X(debugFile, std::string, "RAILCC_DEBUG_FILE", "NCCL_DEBUG_FILE", "", "",                       \
     "Write the log to this file instead of stderr; %h is replaced by the host, %p by the pid.") \
   X(buffSize, int64_t, "RAILCC_BUFFSIZE", "NCCL_BUFFSIZE", "4194304", "4096..68719476736",                         \
@@ -48,7 +48,7 @@ namespace railcc {
     "Interfaces for TCP: prefixes, comma separated; ^ excludes, = matches exactly. "          \
     "Default: the first up interface that is not loopback or docker.")                        \
   X(net, std::string, "RAILCC_NET", "NCCL_NET", "", "",                                            \
-    "Forces the transport between hosts by name (socket; NCCL's Socket is read as socket). "  \
+    "Forces the transport between hosts by name (verbs or socket; NCCL's IB and Socket too). "  \
     "Empty: the most preferred transport both sides can use. Logged per peer at INFO.")      \
   X(nchannels, int64_t, "RAILCC_NCHANNELS", "", "0", "0..64",                                    \
     "Connections per peer pair between hosts; large messages are split across them, and "     \
@@ -71,6 +71,39 @@ namespace railcc {
   X(channelMinBytes, int64_t, "RAILCC_CHANNEL_MIN_BYTES", "", "262144", "4096..1073741824",  \
     "A message is split across a pair's channels only into shares of at least this many "    \
     "bytes. Must be equal on all ranks.")                                                    \
+  X(ibDisable, bool, "RAILCC_IB_DISABLE", "NCCL_IB_DISABLE", "0", "",                            \
+    "1: never use RDMA verbs between hosts (TCP instead); logged once at INFO.")            \
+  X(ibverbsLib, std::string, "RAILCC_IBVERBS_LIB", "", "", "",                                  \
+    "The libibverbs to load at run time instead of libibverbs.so.1 (a path or a soname).")  \
+  X(ibHca, std::string, "RAILCC_IB_HCA", "NCCL_IB_HCA", "", "",                                  \
+    "RDMA devices and ports to use: mlx5_0:1,mlx5_1 (prefixes), ^ excludes, = exact names. " \
+    "Default: every device with an ACTIVE port.")                                            \
+  X(ibGidIndex, int64_t, "RAILCC_IB_GID_INDEX", "NCCL_IB_GID_INDEX", "-1", "-1..1023",           \
+    "RoCE: the GID index to use on every port. -1: the first RoCE v2 (RAILCC_IB_ROCE_VERSION_NUM), " \
+    "IPv4-mapped (RAILCC_IB_ADDR_FAMILY), non-link-local GID inside RAILCC_IB_ADDR_RANGE.")  \
+  X(ibRoceVersion, int64_t, "RAILCC_IB_ROCE_VERSION_NUM", "NCCL_IB_ROCE_VERSION_NUM", "2", "1..2", \
+    "RoCE version of the GID picked automatically.")                                        \
+  X(ibAddrFamily, std::string, "RAILCC_IB_ADDR_FAMILY", "NCCL_IB_ADDR_FAMILY", "AF_INET", "AF_INET|AF_INET6", \
+    "Address family of the GID picked automatically.")                                      \
+  X(ibAddrRange, std::string, "RAILCC_IB_ADDR_RANGE", "NCCL_IB_ADDR_RANGE", "", "",              \
+    "Only GIDs inside this IPv4 range (10.77.0.0/16) are picked automatically.")           \
+  X(ibTimeout, int64_t, "RAILCC_IB_TIMEOUT", "NCCL_IB_TIMEOUT", "20", "1..31",                   \
+    "Queue-pair ACK timeout, 4.096 us x 2^value per try.")                                   \
+  X(ibRetryCnt, int64_t, "RAILCC_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT", "7", "0..7",               \
+    "Retries before a work request fails with 'retry exceeded' (the peer is gone or "       \
+    "unreachable).")                                                                         \
+  X(ibTc, int64_t, "RAILCC_IB_TC", "NCCL_IB_TC", "0", "0..255",                                  \
+    "Traffic class of RoCE packets.")                                                        \
+  X(ibSl, int64_t, "RAILCC_IB_SL", "NCCL_IB_SL", "0", "0..15",                                   \
+    "InfiniBand service level.")                                                             \
+  X(ibPkey, int64_t, "RAILCC_IB_PKEY", "NCCL_IB_PKEY", "0", "0..65535",                          \
+    "Partition key index of the queue pairs.")                                               \
+  X(ibQpsPerConn, int64_t, "RAILCC_IB_QPS_PER_CONNECTION", "NCCL_IB_QPS_PER_CONNECTION", "1", "1..16", \
+    "Queue pairs per peer pair and NIC. Each is one channel: large messages are split across " \
+    "them (NCCL's IB_SPLIT_DATA_ON_QPS=1).")                                                \
+  X(netGdrLevel, std::string, "RAILCC_NET_GDR_LEVEL", "NCCL_NET_GDR_LEVEL", "PXB", "LOC|PIX|PXB|PHB|SYS|0|1|2|3|4|5", \
+    "Farthest GPU-NIC PCI path over which the NIC reads and writes GPU memory directly "    \
+    "(GPUDirect RDMA); farther pairs stage through host memory.")                           \
   X(shmDisable, bool, "RAILCC_SHM_DISABLE", "NCCL_SHM_DISABLE", "0", "",                          \
     "1 sends same-host traffic over TCP instead of shared memory.")                          \
   X(topoFile, std::string, "RAILCC_TOPO_FILE", "", "", "",                                        \

@@ -82,6 +82,7 @@ unsigned parseSubsys(const char* spec) {
     else if (tok == "P2P") mask |= P2P;
     else if (tok == "WATCHDOG") mask |= WATCHDOG;
     else if (tok == "ENV") mask |= ENV;
+    else if (tok == "IB") mask |= IB;
     if (comma == std::string::npos) break;
     pos = comma + 1;
   }
@@ -145,7 +146,7 @@ void write(Level level, unsigned subsys, const std::string& msg) {
   const char* lv = level == Level::kWarn ? "WARN" : level == Level::kInfo ? "INFO" : "TRACE";
   const char* ss = subsys == INIT ? "INIT" : subsys == NET ? "NET" : subsys == SHM ? "SHM"
                  : subsys == COLL ? "COLL" : subsys == P2P ? "P2P" : subsys == WATCHDOG ? "WATCHDOG"
-                 : subsys == ENV ? "ENV" : "";
+                 : subsys == ENV ? "ENV" : subsys == IB ? "IB" : "";
   std::string rank = tRank < 0 ? "?" : std::to_string(tRank);
   std::lock_guard<std::mutex> g(s.mu);
   fprintf(s.out, "%s:%d:%ld [%s] RAILCC %s %s %s\n", s.host, getpid(), syscall(SYS_gettid),

@@ -15,6 +15,7 @@ enum Subsys : unsigned {
   P2P = 1u << 4,
   WATCHDOG = 1u << 5,
   ENV = 1u << 6,
+  IB = 1u << 7,
   ALL = ~0u,
 };
 

@@ -6,6 +6,7 @@
 #include "transport/net.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/socket/socket_transport.h"
+#include "transport/verbs/verbs_transport.h"
 
 namespace railcc::transport {
 namespace {
@@ -16,6 +17,7 @@ struct Registry {
   Registry() {
     // name, preference (lower first), factory
     add({"shm", 10, shm::makeTransport});
+    add({"verbs", 50, verbs::makeTransport});
     add({"socket", 100, socket::makeTransport});
   }
   void add(Registered r) { byName[r.name] = std::move(r); }

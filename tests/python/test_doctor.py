@@ -117,11 +117,12 @@ def test_process_on_the_far_socket_fails_numa(tmp_path):
 
 def test_environment_variables_are_judged(tmp_path):
     r = doctor(root=fake_hosts.dgx(tmp_path), RAILCC_BUFSIZE="1", RAILCC_SPIN_US="-3", NCCL_IB_HCA="mlx5",
-               RAILCC_DEBUG="INFO", NCCL_DEBUG="WARN")
+               NCCL_PXN_DISABLE="1", RAILCC_DEBUG="INFO", NCCL_DEBUG="WARN")
     by = r["by"]
     assert by["env RAILCC_BUFSIZE"]["verdict"] == "fail" and "RAILCC_BUFFSIZE" in by["env RAILCC_BUFSIZE"]["fix"]
     assert by["env RAILCC_SPIN_US"]["verdict"] == "fail"
-    assert by["env NCCL_IB_HCA"]["verdict"] == "warn" and "does not act on" in by["env NCCL_IB_HCA"]["found"]
+    assert by["env NCCL_IB_HCA"]["verdict"] == "ok" and "RDMA devices and ports" in by["env NCCL_IB_HCA"]["found"]
+    assert by["env NCCL_PXN_DISABLE"]["verdict"] == "warn" and "does not act on" in by["env NCCL_PXN_DISABLE"]["found"]
     assert by["env RAILCC_DEBUG"]["verdict"] == "ok"
     assert by["env NCCL_DEBUG"]["verdict"] == "warn" and "overridden by RAILCC_DEBUG" in by["env NCCL_DEBUG"]["found"]
 

@@ -242,7 +242,8 @@ def test_allreduce_disagreement_across_hosts_fails_every_rank(hosts, tmp_path):
 def test_railcc_transport_selection_log(hosts, tmp_path):
     """With RAILCC_DEBUG=INFO RAILCC_DEBUG_SUBSYS=INIT every rank logs, per connected peer, a
     line like "rank 0 -> peer 1 via shm" or "rank 0 -> peer 2 via socket 10.213.X.2:port":
-    same-namespace peers must use shm, cross-namespace peers the socket transport. With
+    same-namespace peers must use shm, cross-namespace peers the socket transport, and with no
+    RDMA device here each rank says why the verbs transport is not used. With
     RAILCC_TOPO_FILE naming a DGX-like machine, each rank also logs its NIC and rail, once: the
     two ranks of a host on two different rails."""
     placement = PLACEMENTS["2hosts_x2_interleaved"]
@@ -291,6 +292,9 @@ def test_railcc_transport_selection_log(hosts, tmp_path):
         for transport in ("shm", "socket"):
             if not seen.get(transport):
                 problems.append(f"rank {rank}: no 'via {transport}' line")
+        # No RDMA device here: the verbs transport says why it is not used, never silently.
+        if "transport verbs not used: no RDMA device found" not in launch.logs[rank]:
+            problems.append(f"rank {rank}: no line saying why verbs is not used")
     assert not problems, "\n".join(problems) + "\n" + launch.describe()
 
 

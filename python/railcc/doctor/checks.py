@@ -17,10 +17,8 @@ DMABUF_KERNEL = (5, 12)
 BRIDGE_PREFIXES = ("docker", "virbr", "br-", "cni", "flannel", "lxcbr", "vnet")
 # NCCL variables that railcc's engine does not act on (the doctor reads some of them).
 NCCL_KNOWN_IGNORED = {
-    "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_NET_GDR_LEVEL", "NCCL_NET_GDR_READ", "NCCL_P2P_DISABLE",
-    "NCCL_P2P_LEVEL", "NCCL_IB_DISABLE", "NCCL_PROTO",
-    "NCCL_TOPO_FILE", "NCCL_TOPO_DUMP_FILE", "NCCL_IB_TIMEOUT", "NCCL_IB_RETRY_CNT", "NCCL_IB_SL",
-    "NCCL_IB_TC", "NCCL_IB_QPS_PER_CONNECTION", "NCCL_IB_ADDR_FAMILY", "NCCL_IB_ROCE_VERSION_NUM",
+    "NCCL_NET_GDR_READ", "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_PROTO",
+    "NCCL_TOPO_FILE", "NCCL_TOPO_DUMP_FILE", "NCCL_IB_SPLIT_DATA_ON_QPS",
     "NCCL_NET_PLUGIN", "NCCL_COLLNET_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_CUMEM_ENABLE",
     "NCCL_LAUNCH_MODE", "NCCL_ASYNC_ERROR_HANDLING", "NCCL_BLOCKING_WAIT", "NCCL_DMABUF_ENABLE",
     "NCCL_IGNORE_CPU_AFFINITY", "NCCL_SOCKET_FAMILY", "NCCL_COMM_ID", "NCCL_CHECKS_DISABLE",
@@ -29,8 +27,6 @@ NCCL_KNOWN_IGNORED = {
 # Variables railcc reads outside the engine's parameter table.
 RAILCC_OTHER = {
     "RAILCC_SYSFS_ROOT": "root of the sysfs/procfs tree `railcc doctor` reads (tests point it at a fake host)",
-    "RAILCC_NET_GDR_LEVEL": "the doctor's GPUDirect RDMA path limit (as NCCL_NET_GDR_LEVEL)",
-    "RAILCC_IB_GID_INDEX": "the doctor's forced GID index (as NCCL_IB_GID_INDEX)",
 }
 
 

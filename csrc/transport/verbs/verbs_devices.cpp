@@ -1,0 +1,403 @@
+#include "transport/verbs/verbs_devices.h"
+
+#include <arpa/inet.h>
+#include <poll.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace railcc::transport::verbs {
+
+// --- HCA filter ---------------------------------------------------------------------------
+
+HcaFilter parseHcaSpec(const std::string& spec) {
+  HcaFilter f;
+  std::string s = spec;
+  if (!s.empty() && s[0] == '^') {
+    f.exclude = true;
+    s = s.substr(1);
+  }
+  if (!s.empty() && s[0] == '=') {
+    f.exact = true;
+    s = s.substr(1);
+  }
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    std::string tok = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (!tok.empty()) {
+      int port = -1;
+      size_t colon = tok.find(':');
+      if (colon != std::string::npos) {
+        port = std::atoi(tok.c_str() + colon + 1);
+        tok = tok.substr(0, colon);
+      }
+      f.items.push_back({tok, port});
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return f;
+}
+
+bool hcaMatches(const HcaFilter& f, const std::string& dev, int port) {
+  if (f.items.empty()) return true;
+  bool hit = false;
+  for (auto& [name, p] : f.items) {
+    bool nameOk = f.exact ? dev == name : dev.compare(0, name.size(), name) == 0;
+    if (nameOk && (p < 0 || p == port)) hit = true;
+  }
+  return f.exclude ? !hit : hit;
+}
+
+// --- GIDs ----------------------------------------------------------------------------------
+
+std::string formatGid(const uint8_t raw[16]) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  inet_ntop(AF_INET6, raw, buf, sizeof(buf));
+  return buf;
+}
+
+bool gidIsZero(const uint8_t raw[16]) {
+  for (int i = 0; i < 16; ++i)
+    if (raw[i]) return false;
+  return true;
+}
+
+bool gidIsLinkLocal(const uint8_t raw[16]) { return raw[0] == 0xfe && (raw[1] & 0xc0) == 0x80; }
+
+bool gidIsIpv4Mapped(const uint8_t raw[16]) {
+  for (int i = 0; i < 10; ++i)
+    if (raw[i]) return false;
+  return raw[10] == 0xff && raw[11] == 0xff;
+}
+
+namespace {
+
+// "10.77.0.0/16" contains the IPv4-mapped GID? An unparsable range contains nothing.
+bool inRange(const uint8_t raw[16], const std::string& range) {
+  if (range.empty()) return true;
+  if (!gidIsIpv4Mapped(raw)) return false;
+  size_t slash = range.find('/');
+  in_addr net{};
+  if (inet_pton(AF_INET, range.substr(0, slash).c_str(), &net) != 1) return false;
+  int bits = slash == std::string::npos ? 32 : std::atoi(range.c_str() + slash + 1);
+  if (bits < 0 || bits > 32) return false;
+  uint32_t mask = bits == 0 ? 0 : htonl(~uint32_t(0) << (32 - bits));
+  uint32_t a;
+  memcpy(&a, raw + 12, 4);
+  return (a & mask) == (net.s_addr & mask);
+}
+
+std::string describeEntry(const GidEntry& e) {
+  return std::to_string(e.index) + " " + formatGid(e.raw) +
+         (e.roceVersion ? " RoCE v" + std::to_string(e.roceVersion) : std::string()) +
+         (e.netdev.empty() ? std::string() : " on " + e.netdev);
+}
+
+}  // namespace
+
+int pickGid(const std::vector<GidEntry>& table, const Config& cfg, const std::string& where, std::string* why) {
+  auto listing = [&] {
+    std::string s;
+    for (const GidEntry& e : table)
+      if (!gidIsZero(e.raw)) s += "\n  " + describeEntry(e);
+    return s.empty() ? std::string("\n  (no GID at all: the port's interface has no address)") : s;
+  };
+  bool v4 = cfg.ibAddrFamily != "AF_INET6";
+  auto wanted = [&](const GidEntry& e) {
+    return !gidIsZero(e.raw) && !gidIsLinkLocal(e.raw) && gidIsIpv4Mapped(e.raw) == v4 &&
+           (e.roceVersion == 0 || e.roceVersion == cfg.ibRoceVersion) && inRange(e.raw, cfg.ibAddrRange);
+  };
+  int best = -1;
+  for (const GidEntry& e : table)
+    if (wanted(e)) {
+      best = e.index;
+      break;
+    }
+  if (cfg.ibGidIndex >= 0) {
+    for (const GidEntry& e : table) {
+      if (e.index != cfg.ibGidIndex || gidIsZero(e.raw)) continue;
+      *why = "GID index " + std::to_string(e.index) + " forced by RAILCC_IB_GID_INDEX/NCCL_IB_GID_INDEX";
+      if (gidIsLinkLocal(e.raw) || (e.roceVersion && e.roceVersion != cfg.ibRoceVersion))
+        *why += std::string("; it is ") + (gidIsLinkLocal(e.raw) ? "link-local" : "not RoCE v" + std::to_string(cfg.ibRoceVersion)) +
+                ", so traffic may not route" + (best >= 0 ? " (index " + std::to_string(best) + " would)" : "");
+      return e.index;
+    }
+    *why = where + " has no GID at index " + std::to_string(cfg.ibGidIndex) + " (RAILCC_IB_GID_INDEX/NCCL_IB_GID_INDEX=" +
+           std::to_string(cfg.ibGidIndex) + "); its table:" + listing() +
+           (best >= 0 ? "\nset it to " + std::to_string(best) + ", or unset it to pick automatically" : "");
+    return -1;
+  }
+  if (best >= 0) {
+    *why = "GID index " + std::to_string(best) + " picked: RoCE v" + std::to_string(cfg.ibRoceVersion) + ", " +
+           (v4 ? "IPv4" : "IPv6") + (cfg.ibAddrRange.empty() ? "" : " inside " + cfg.ibAddrRange) + ", not link-local";
+    return best;
+  }
+  *why = where + " has no RoCE v" + std::to_string(cfg.ibRoceVersion) + " " + (v4 ? "IPv4" : "IPv6") + " GID" +
+         (cfg.ibAddrRange.empty() ? "" : " inside RAILCC_IB_ADDR_RANGE=" + cfg.ibAddrRange) + "; its table:" + listing() +
+         "\ngive its interface an address (ip addr add ADDR/PREFIX dev NETDEV), or force one with RAILCC_IB_GID_INDEX";
+  return -1;
+}
+
+// --- GPUDirect RDMA ------------------------------------------------------------------------
+
+namespace {
+
+int pathRank(const std::string& p) {
+  static const char* order[] = {"LOC", "PIX", "PXB", "PHB", "SYS"};
+  for (int i = 0; i < 5; ++i)
+    if (p == order[i]) return i;
+  return -1;
+}
+
+int levelRank(const std::string& level) {
+  // NCCL's old numeric levels: 0 LOC, 1 PIX, 2 PXB, 3 PHB, 4 and 5 SYS.
+  if (level.size() == 1 && level[0] >= '0' && level[0] <= '5') return std::min(level[0] - '0', 4);
+  int r = pathRank(level);
+  return r < 0 ? pathRank("PXB") : r;
+}
+
+}  // namespace
+
+GdrDecision decideGdr(const GdrFacts& f) {
+  GdrDecision d;
+  std::string pair = f.gpu + " <-> " + f.nic;
+  std::string staged = ": staging through host memory";
+  int path = pathRank(f.path);
+  if (path < 0) {
+    d.line = "GPUDirect RDMA disabled for " + pair + ": the PCI path between them is unknown (no topology)" + staged;
+    return d;
+  }
+  if (path > levelRank(f.level)) {
+    d.line = "GPUDirect RDMA disabled for " + pair + ": their path is " + f.path + ", beyond RAILCC_NET_GDR_LEVEL/NCCL_NET_GDR_LEVEL=" +
+             f.level + staged;
+    return d;
+  }
+  if (f.dmabuf) {
+    d.mode = GdrMode::kDmabuf;
+    d.line = "GPUDirect RDMA enabled for " + pair + " (dma-buf, path " + f.path + ")";
+  } else if (f.peermem) {
+    d.mode = GdrMode::kPeermem;
+    d.line = "GPUDirect RDMA enabled for " + pair + " (nvidia_peermem, path " + f.path + ")";
+  } else {
+    d.line = "GPUDirect RDMA disabled for " + pair + ": nvidia_peermem not loaded and dma-buf unsupported" + staged;
+  }
+  return d;
+}
+
+// --- Devices -------------------------------------------------------------------------------
+
+namespace {
+
+std::string readLine(const std::string& path) {
+  std::ifstream f(path);
+  std::string s;
+  std::getline(f, s);
+  return s;
+}
+
+std::vector<GidEntry> readGids(const IbvLib* ibv, ibv_context* ctx, const std::string& dev, int port, int len) {
+  std::vector<GidEntry> out;
+  std::string base = "/sys/class/infiniband/" + dev + "/ports/" + std::to_string(port) + "/gid_attrs/";
+  for (int i = 0; i < len && i < 1024; ++i) {
+    ibv_gid g{};
+    if (ibv->queryGid(ctx, static_cast<uint8_t>(port), i, &g) != 0) continue;
+    GidEntry e;
+    e.index = i;
+    memcpy(e.raw, g.raw, 16);
+    if (gidIsZero(e.raw)) continue;
+    std::string type = readLine(base + "types/" + std::to_string(i));
+    e.roceVersion = type.find("v2") != std::string::npos ? 2 : type.find("v1") != std::string::npos ? 1 : 0;
+    e.netdev = readLine(base + "ndevs/" + std::to_string(i));
+    out.push_back(e);
+  }
+  return out;
+}
+
+const char* mtuBytes(ibv_mtu m) {
+  switch (m) {
+    case IBV_MTU_256: return "256";
+    case IBV_MTU_512: return "512";
+    case IBV_MTU_1024: return "1024";
+    case IBV_MTU_2048: return "2048";
+    case IBV_MTU_4096: return "4096";
+  }
+  return "?";
+}
+
+}  // namespace
+
+Device::Device(const IbvLib* ibv, ibv_device* dev, const std::string& name, int port, const Config& cfg)
+    : ibv_(ibv), name_(name), port_(port) {
+  ctx_ = ibv_->openDevice(dev);
+  if (ctx_ == nullptr) RAILCC_THROW(kSystem, "cannot open RDMA device ", name_, ": ", detail::errnoString());
+  try {
+    if (ibv_->queryPort(ctx_, static_cast<uint8_t>(port_), &attr_) != 0)
+      RAILCC_THROW(kSystem, "cannot query ", name_, " port ", port_);
+    if (roce()) {
+      auto table = readGids(ibv_, ctx_, name_, port_, attr_.gid_tbl_len);
+      gidIndex_ = pickGid(table, cfg, name_ + " port " + std::to_string(port_), &gidWhy_);
+      if (gidIndex_ < 0) RAILCC_THROW(kInvalidUsage, gidWhy_);
+      for (const GidEntry& e : table)
+        if (e.index == gidIndex_) {
+          memcpy(gid_.raw, e.raw, 16);
+          netdev_ = e.netdev;
+        }
+    } else if (cfg.ibGidIndex >= 0) {
+      gidIndex_ = static_cast<int>(cfg.ibGidIndex);
+      if (ibv_->queryGid(ctx_, static_cast<uint8_t>(port_), gidIndex_, &gid_) != 0)
+        RAILCC_THROW(kInvalidUsage, name_, " port ", port_, " has no GID at index ", gidIndex_,
+                     " (RAILCC_IB_GID_INDEX/NCCL_IB_GID_INDEX)");
+    }
+    pd_ = ibv_->allocPd(ctx_);
+    if (pd_ == nullptr) RAILCC_THROW(kSystem, "cannot allocate a protection domain on ", name_, ": ", detail::errnoString());
+    int fl = fcntl(ctx_->async_fd, F_GETFL);
+    fcntl(ctx_->async_fd, F_SETFL, fl | O_NONBLOCK);
+  } catch (...) {
+    if (pd_) ibv_->deallocPd(pd_);
+    ibv_->closeDevice(ctx_);
+    throw;
+  }
+  RAILCC_INFO(IB, "RDMA device ", describe(), gidWhy_.empty() ? std::string() : "; " + gidWhy_);
+  async_ = std::thread([this] { asyncLoop(); });
+}
+
+Device::~Device() {
+  stop_ = true;
+  if (async_.joinable()) async_.join();
+  if (pd_ && ibv_->deallocPd(pd_) != 0) RAILCC_WARN(IB, "releasing the protection domain of ", name_, " failed");
+  if (ibv_->closeDevice(ctx_) != 0) RAILCC_WARN(IB, "closing ", name_, " failed");
+}
+
+std::string Device::describe() const {
+  std::string s = name_ + ":" + std::to_string(port_) + " (";
+  if (roce())
+    s += "RoCE, GID " + std::to_string(gidIndex_) + " " + formatGid(gid_.raw) + (netdev_.empty() ? "" : " on " + netdev_);
+  else
+    s += "InfiniBand, LID " + std::to_string(attr_.lid);
+  return s + ", MTU " + mtuBytes(attr_.active_mtu) + ")";
+}
+
+bool Device::dmabufSupported() const {
+  if (ibv_->regDmabufMr == nullptr) return false;
+  errno = 0;
+  ibv_mr* mr = ibv_->regDmabufMr(pd_, 0, 0, 0, -1, 0);
+  if (mr != nullptr) {  // cannot happen with fd -1; never leak it if it does
+    ibv_->deregMr(mr);
+    return true;
+  }
+  return errno != EOPNOTSUPP && errno != EPROTONOSUPPORT;
+}
+
+std::string Device::broken(uint32_t qpn) const {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!brokenWhy_.empty()) return brokenWhy_;
+  for (auto& [n, why] : qpFatal_)
+    if (n == qpn) return why;
+  return "";
+}
+
+void Device::asyncLoop() {
+  while (!stop_) {
+    pollfd p{ctx_->async_fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    ibv_async_event ev{};
+    if (ibv_->getAsyncEvent(ctx_, &ev) != 0) continue;
+    std::string what = std::string(ibv_->eventTypeStr(ev.event_type)) + " on " + name_ + " port " + std::to_string(port_);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      switch (ev.event_type) {
+        case IBV_EVENT_PORT_ERR:
+          if (ev.element.port_num == port_)
+            brokenWhy_ = "link error: " + name_ + " port " + std::to_string(port_) +
+                         " went down (port error event): check the cable, the switch port and `ibv_devinfo -d " + name_ + "`";
+          break;
+        case IBV_EVENT_PORT_ACTIVE:
+          if (ev.element.port_num == port_ && brokenWhy_.find("went down") != std::string::npos) brokenWhy_.clear();
+          break;
+        case IBV_EVENT_DEVICE_FATAL:
+          brokenWhy_ = "link error: " + name_ + " reported a fatal device error: the NIC needs a reset (driver log: dmesg)";
+          break;
+        case IBV_EVENT_QP_FATAL:
+        case IBV_EVENT_QP_REQ_ERR:
+        case IBV_EVENT_QP_ACCESS_ERR:
+          qpFatal_.push_back({ev.element.qp ? ev.element.qp->qp_num : 0u,
+                              "link error: queue pair " + std::to_string(ev.element.qp ? ev.element.qp->qp_num : 0u) +
+                                  " on " + name_ + " port " + std::to_string(port_) + " failed (" +
+                                  ibv_->eventTypeStr(ev.event_type) + ")"});
+          break;
+        case IBV_EVENT_CQ_ERR:
+          brokenWhy_ = "link error: a completion queue on " + name_ + " overran (" + what + ")";
+          break;
+        default:
+          break;
+      }
+    }
+    RAILCC_INFO(IB, "async event ", what);
+    ibv_->ackAsyncEvent(&ev);
+  }
+}
+
+std::vector<std::shared_ptr<Device>> openDevices(const Config& cfg, std::string* whyNot) {
+  std::string why;
+  const IbvLib* ibv = ibvLib(cfg.ibverbsLib, &why);
+  if (ibv == nullptr) {
+    *whyNot = why;
+    return {};
+  }
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<Device>> cache;  // "name:port:gid settings"
+  std::lock_guard<std::mutex> g(mu);
+  int n = 0;
+  ibv_device** list = ibv->getDeviceList(&n);
+  if (list == nullptr || n == 0) {
+    if (list) ibv->freeDeviceList(list);
+    *whyNot = "no RDMA device found by " + ibv->path;
+    return {};
+  }
+  HcaFilter filter = parseHcaSpec(cfg.ibHca);
+  std::vector<std::shared_ptr<Device>> out;
+  std::string skipped;
+  try {
+    for (int i = 0; i < n; ++i) {
+      std::string name = ibv->getDeviceName(list[i]);
+      ibv_context* probe = ibv->openDevice(list[i]);
+      if (probe == nullptr) {
+        skipped += " " + name + " (cannot open)";
+        continue;
+      }
+      std::vector<int> ports;
+      for (int p = 1; p <= 16; ++p) {
+        ibv_port_attr a{};
+        if (ibv->queryPort(probe, static_cast<uint8_t>(p), &a) != 0) break;
+        if (!hcaMatches(filter, name, p)) skipped += " " + name + ":" + std::to_string(p) + " (RAILCC_IB_HCA)";
+        else if (a.state != IBV_PORT_ACTIVE) skipped += " " + name + ":" + std::to_string(p) + " (not ACTIVE)";
+        else ports.push_back(p);
+      }
+      ibv->closeDevice(probe);
+      for (int p : ports) {
+        std::string key = ibv->path + "|" + name + ":" + std::to_string(p) + "|" + std::to_string(cfg.ibGidIndex) + "|" +
+                          cfg.ibAddrFamily + "|" + cfg.ibAddrRange + "|" + std::to_string(cfg.ibRoceVersion);
+        std::shared_ptr<Device> d = cache[key].lock();
+        if (!d) cache[key] = d = std::make_shared<Device>(ibv, list[i], name, p, cfg);
+        out.push_back(d);
+      }
+    }
+  } catch (...) {
+    ibv->freeDeviceList(list);
+    throw;
+  }
+  ibv->freeDeviceList(list);
+  if (out.empty()) *whyNot = "no usable RDMA port:" + skipped;
+  return out;
+}
+
+}  // namespace railcc::transport::verbs

@@ -1,0 +1,252 @@
+// Set-up of the verbs transport: which ports serve this rank, the endpoint blob (every queue
+// pair this rank made for a peer on another host, with its ring), and connecting them.
+//
+// Queue pairs are made when the endpoint is published, one per (peer, lane, channel), so the
+// blob carries everything a peer needs (QPN, PSN, LID/GID, MTU, the ring's address and rkey)
+// and connecting is two local state changes on each side, with no second exchange. The
+// engine's store round-trip after set-up (finishAfterPeers) ensures that no rank writes
+// before its peer's queue pair is ready to receive.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "transport/verbs/verbs_transport.h"
+
+namespace railcc::transport::verbs {
+namespace {
+
+std::string hex(const uint8_t* p, size_t n) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) {
+    s += d[p[i] >> 4];
+    s += d[p[i] & 15];
+  }
+  return s;
+}
+
+bool unhex(const std::string& s, uint8_t* out, size_t n) {
+  if (s.size() != 2 * n) return false;
+  for (size_t i = 0; i < n; ++i) {
+    unsigned v = 0;
+    if (sscanf(s.c_str() + 2 * i, "%2x", &v) != 1) return false;
+    out[i] = static_cast<uint8_t>(v);
+  }
+  return true;
+}
+
+std::vector<std::string> fields(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (true) {
+    size_t e = s.find(sep, pos);
+    out.push_back(s.substr(pos, e == std::string::npos ? std::string::npos : e - pos));
+    if (e == std::string::npos) break;
+    pos = e + 1;
+  }
+  return out;
+}
+
+using Key = std::tuple<int, int, int>;  // peer, lane, channel
+
+// A peer's blob: "verbs1;<dev>;<dev>...;c,<to>,<lane>,<ch>,<dev#>,<qpn>,<psn>,<addr>,<rkey>,<ring>;..."
+// with <dev> = "d,<name:port>,<lid>,<gid hex>,<mtu>,<roce>".
+struct Blob {
+  std::vector<QpInfo> devs;
+  std::map<Key, QpInfo> conns;  // keyed by (the rank it is meant for, lane, channel)
+};
+
+bool parseBlob(const std::string& s, Blob* b) {
+  auto parts = fields(s, ';');
+  if (parts.empty() || parts[0] != "verbs1") return false;
+  try {
+    for (size_t i = 1; i < parts.size(); ++i) {
+      auto f = fields(parts[i], ',');
+      if (f[0] == "d" && f.size() == 6) {
+        QpInfo d;
+        d.dev = f[1];
+        d.lid = static_cast<uint16_t>(std::stoul(f[2]));
+        if (!unhex(f[3], d.gid, 16)) return false;
+        d.mtu = std::stoi(f[4]);
+        d.roce = f[5] == "1";
+        b->devs.push_back(d);
+      } else if (f[0] == "c" && f.size() == 10) {
+        size_t dev = std::stoul(f[4]);
+        if (dev >= b->devs.size()) return false;
+        QpInfo q = b->devs[dev];
+        q.qpn = static_cast<uint32_t>(std::stoul(f[5]));
+        q.psn = static_cast<uint32_t>(std::stoul(f[6]));
+        q.ringAddr = std::stoull(f[7], nullptr, 16);
+        q.rkey = static_cast<uint32_t>(std::stoul(f[8]));
+        q.ringBytes = std::stoull(f[9]);
+        b->conns[{std::stoi(f[1]), std::stoi(f[2]), std::stoi(f[3])}] = q;
+      } else {
+        return false;
+      }
+    }
+  } catch (const std::exception&) {
+    return false;
+  }
+  return true;
+}
+
+std::string peerName(const PeerRecord& p) { return "rank " + std::to_string(p.rank) + " (host " + p.hostname + ")"; }
+
+// Says once per process and device what GPUDirect RDMA can use on it.
+void logGdrOnce(const Device& d) {
+  static std::mutex mu;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> g(mu);
+  if (!said.insert(d.name()).second) return;
+  bool peermem = false;
+  for (const char* f : {"/sys/kernel/mm/memory_peers/nv_mem/version", "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
+                        "/sys/module/nvidia_peermem/version"})
+    peermem = peermem || access(f, F_OK) == 0;
+  bool dmabuf = d.dmabufSupported();
+  RAILCC_INFO(IB, "GPUDirect RDMA on ", d.name(), ": dma-buf ", dmabuf ? "supported" : "unsupported", ", nvidia_peermem ",
+              peermem ? "loaded" : "not loaded",
+              dmabuf || peermem ? "" : ": CUDA buffers between hosts are staged through host memory");
+}
+
+class VerbsSetup : public Setup {
+ public:
+  VerbsSetup(const SetupContext& ctx, std::vector<std::shared_ptr<Device>> devs, std::string railWhy)
+      : ctx_(ctx), devs_(std::move(devs)), railWhy_(std::move(railWhy)) {
+    channels_ = static_cast<int>(devs_.size() * static_cast<size_t>(ctx_.config.ibQpsPerConn));
+    ring_ = static_cast<size_t>(std::min<int64_t>(ctx_.config.buffSize, int64_t(1) << 29));
+    for (auto& d : devs_) logGdrOnce(*d);
+  }
+
+  int channels() const override { return channels_; }
+
+  std::string endpoint() override {
+    std::string s = "verbs1";
+    for (auto& d : devs_)
+      s += ";d," + d->name() + ":" + std::to_string(d->port()) + "," + std::to_string(d->lid()) + "," +
+           hex(d->gid().raw, 16) + "," + std::to_string(d->mtu()) + "," + (d->roce() ? "1" : "0");
+    for (const PeerRecord& p : ctx_.peers) {
+      if (p.rank == ctx_.rank ||
+          std::find(ctx_.localRanks.begin(), ctx_.localRanks.end(), p.rank) != ctx_.localRanks.end())
+        continue;
+      for (int lane = 0; lane < ctx_.lanes; ++lane)
+        for (int ch = 0; ch < channels_; ++ch) {
+          size_t dev = static_cast<size_t>(ch) % devs_.size();
+          auto c = std::make_unique<VerbsConnection>(devs_[dev], ring_, ctx_.config, peerName(p));
+          QpInfo q = c->local();
+          char addr[32];
+          snprintf(addr, sizeof(addr), "%llx", static_cast<unsigned long long>(q.ringAddr));
+          s += ";c," + std::to_string(p.rank) + "," + std::to_string(lane) + "," + std::to_string(ch) + "," +
+               std::to_string(dev) + "," + std::to_string(q.qpn) + "," + std::to_string(q.psn) + "," + addr + "," +
+               std::to_string(q.rkey) + "," + std::to_string(q.ringBytes);
+          conns_[{p.rank, lane, ch}] = std::move(c);
+        }
+    }
+    return s;
+  }
+
+  std::string reach(const PeerRecord& peer) override {
+    Blob b;
+    if (!parseBlob(peer.endpoint, &b) || b.devs.empty()) return "";
+    auto mine = conns_.find({peer.rank, 0, 0});
+    auto theirs = b.conns.find({ctx_.rank, 0, 0});
+    if (mine == conns_.end() || theirs == b.conns.end()) return "";
+    QpInfo here = mine->second->local();
+    if (here.roce != theirs->second.roce) return "";  // InfiniBand and Ethernet ports cannot talk
+    blobs_[peer.rank] = std::move(b);
+    return std::string("both have RDMA ports (") + here.dev + (here.roce ? " RoCE" : " InfiniBand") + " <-> " +
+           theirs->second.dev + ")" + railWhy_;
+  }
+
+  void connect(const PeerRecord& peer, int lane, int channel) override { want_.push_back({peer.rank, lane, channel}); }
+  void accept(const PeerRecord& peer, int lane, int channel) override { want_.push_back({peer.rank, lane, channel}); }
+
+  bool progress(std::chrono::steady_clock::time_point, std::chrono::milliseconds) override {
+    for (const Key& k : want_) {
+      auto [peer, lane, ch] = k;
+      auto bit = blobs_.find(peer);
+      auto cit = conns_.find(k);
+      Error missing(ErrorCode::kInvalidUsage, "verbs set-up: rank " + std::to_string(peer) +
+                                                  " published no queue pair for lane " + std::to_string(lane) +
+                                                  " channel " + std::to_string(ch) + " towards rank " +
+                                                  std::to_string(ctx_.rank));
+      missing.ranks = {peer};
+      if (bit == blobs_.end() || cit == conns_.end()) throw missing;
+      auto rit = bit->second.conns.find({ctx_.rank, lane, ch});
+      if (rit == bit->second.conns.end()) throw missing;
+      try {
+        cit->second->connectTo(rit->second);
+      } catch (Error& e) {
+        e.ranks = {peer};
+        throw;
+      }
+      done_[k] = std::move(cit->second);
+      conns_.erase(cit);
+    }
+    want_.clear();
+    return true;
+  }
+
+  std::unique_ptr<Connection> take(int peer, int lane, int channel) override {
+    auto it = done_.find({peer, lane, channel});
+    if (it == done_.end()) RAILCC_THROW(kInternal, "verbs: no connection to rank ", peer, " lane ", lane, " channel ", channel);
+    std::unique_ptr<Connection> c = std::move(it->second);
+    done_.erase(it);
+    return c;
+  }
+
+  void finish() override {
+    conns_.clear();  // queue pairs made for peers that another transport serves, or spare channels
+    blobs_.clear();
+  }
+  bool finishAfterPeers() const override { return true; }
+
+ private:
+  SetupContext ctx_;
+  std::vector<std::shared_ptr<Device>> devs_;
+  std::string railWhy_;
+  int channels_ = 1;
+  size_t ring_ = 0;
+  std::map<Key, std::unique_ptr<VerbsConnection>> conns_, done_;
+  std::map<int, Blob> blobs_;
+  std::vector<Key> want_;
+};
+
+class VerbsTransport : public railcc::transport::Transport {
+ public:
+  std::string name() const override { return "verbs"; }
+  bool interHost() const override { return true; }
+  std::unique_ptr<Setup> open(const SetupContext& ctx, std::string& whyNot) override {
+    if (ctx.config.ibDisable) {
+      whyNot = "disabled by RAILCC_IB_DISABLE/NCCL_IB_DISABLE=1";
+      return nullptr;
+    }
+    std::vector<std::shared_ptr<Device>> devs = openDevices(ctx.config, &whyNot);
+    if (devs.empty()) return nullptr;
+    // With a topology, the rank's traffic stays on its rail: the port whose interface is the
+    // rail's. Without one (or for InfiniBand ports, which have no interface), every port in turn.
+    std::string railWhy;
+    if (ctx.rail >= 0 && static_cast<size_t>(ctx.rail) < ctx.railIfs.size() && !ctx.railIfs[ctx.rail].empty()) {
+      for (auto& d : devs)
+        if (d->netdev() == ctx.railIfs[ctx.rail]) {
+          devs = {d};
+          railWhy = "; rail " + std::to_string(ctx.rail) + " on " + d->name();
+          break;
+        }
+    }
+    return std::make_unique<VerbsSetup>(ctx, std::move(devs), railWhy);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<railcc::transport::Transport> makeTransport() { return std::make_unique<VerbsTransport>(); }
+
+}  // namespace railcc::transport::verbs

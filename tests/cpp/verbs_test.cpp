@@ -1,0 +1,241 @@
+// The verbs transport. The rules (RAILCC_IB_HCA, GID choice, GPUDirect decision) run
+// everywhere on faked inputs; everything else needs an RDMA device and skips without one:
+// in CI it runs inside the Soft-RoCE VM (tests/vm/test_vm_verbs.py), over real rxe devices.
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "collective_checks.h"
+#include "common/error.h"
+#include "ranks.h"
+#include "transport/verbs/verbs_transport.h"
+
+using namespace railcc;
+using namespace railcc::engine;
+using namespace railcc::transport::verbs;
+
+namespace {
+
+// --- Rules, no device ----------------------------------------------------------------------
+
+TEST(VerbsRules, HcaSpecsFollowNcclSyntax) {
+  auto f = parseHcaSpec("mlx5_0:1,mlx5_1");
+  EXPECT_TRUE(hcaMatches(f, "mlx5_0", 1));
+  EXPECT_FALSE(hcaMatches(f, "mlx5_0", 2));
+  EXPECT_TRUE(hcaMatches(f, "mlx5_1", 2));
+  EXPECT_TRUE(hcaMatches(f, "mlx5_10", 1));  // a prefix
+  EXPECT_FALSE(hcaMatches(f, "mlx5_2", 1));
+  auto ex = parseHcaSpec("^mlx5_2");
+  EXPECT_TRUE(hcaMatches(ex, "mlx5_0", 1));
+  EXPECT_FALSE(hcaMatches(ex, "mlx5_2", 1));
+  auto exact = parseHcaSpec("=mlx5_1");
+  EXPECT_TRUE(hcaMatches(exact, "mlx5_1", 1));
+  EXPECT_FALSE(hcaMatches(exact, "mlx5_10", 1));
+  EXPECT_TRUE(hcaMatches(parseHcaSpec(""), "rxe0", 1));
+}
+
+GidEntry gid(int index, const char* text, int version, const char* netdev = "eth0") {
+  GidEntry e;
+  e.index = index;
+  inet_pton(AF_INET6, text, e.raw);
+  e.roceVersion = version;
+  e.netdev = netdev;
+  return e;
+}
+
+// A RoCE port as rxe and mlx5 show it: link-local v1/v2 first, then the IPv4-mapped ones.
+std::vector<GidEntry> roceTable() {
+  return {gid(0, "fe80::1", 1), gid(1, "fe80::1", 2), gid(2, "::ffff:10.1.0.5", 1), gid(3, "::ffff:10.1.0.5", 2),
+          gid(4, "::ffff:192.168.7.5", 2, "eth1"), gid(5, "2001:db8::5", 2)};
+}
+
+TEST(VerbsRules, GidPickIsRoceV2Ipv4NotLinkLocal) {
+  Config cfg = Config::defaults();
+  std::string why;
+  EXPECT_EQ(pickGid(roceTable(), cfg, "dev:1", &why), 3) << why;
+  cfg.ibAddrRange = "192.168.0.0/16";
+  EXPECT_EQ(pickGid(roceTable(), cfg, "dev:1", &why), 4) << why;
+  cfg.ibAddrRange = "";
+  cfg.ibRoceVersion = 1;
+  EXPECT_EQ(pickGid(roceTable(), cfg, "dev:1", &why), 2) << why;
+  cfg.ibRoceVersion = 2;
+  cfg.ibAddrFamily = "AF_INET6";
+  EXPECT_EQ(pickGid(roceTable(), cfg, "dev:1", &why), 5) << why;
+}
+
+TEST(VerbsRules, AForcedGidIndexWinsAndAMissingOneNamesTheRightOne) {
+  Config cfg = Config::defaults();
+  std::string why;
+  cfg.ibGidIndex = 1;
+  EXPECT_EQ(pickGid(roceTable(), cfg, "dev:1", &why), 1);
+  EXPECT_NE(why.find("link-local"), std::string::npos) << why;
+  EXPECT_NE(why.find("index 3 would"), std::string::npos) << why;
+  cfg.ibGidIndex = 9;
+  EXPECT_EQ(pickGid(roceTable(), cfg, "rxe0 port 1", &why), -1);
+  EXPECT_NE(why.find("rxe0 port 1 has no GID at index 9"), std::string::npos) << why;
+  EXPECT_NE(why.find("set it to 3"), std::string::npos) << why;
+  cfg.ibGidIndex = -1;
+  std::vector<GidEntry> onlyLinkLocal = {gid(0, "fe80::1", 2)};
+  EXPECT_EQ(pickGid(onlyLinkLocal, cfg, "rxe0 port 1", &why), -1);
+  EXPECT_NE(why.find("ip addr add"), std::string::npos) << why;
+}
+
+TEST(VerbsRules, GpuDirectDecisionFollowsPathLevelAndCapabilities) {
+  GdrFacts f{"GPU 0", "mlx5_0", "PIX", "PXB", true, true};
+  EXPECT_EQ(decideGdr(f).mode, GdrMode::kDmabuf);
+  EXPECT_EQ(decideGdr(f).line, "GPUDirect RDMA enabled for GPU 0 <-> mlx5_0 (dma-buf, path PIX)");
+  f.dmabuf = false;
+  EXPECT_EQ(decideGdr(f).mode, GdrMode::kPeermem);
+  f.peermem = false;
+  EXPECT_EQ(decideGdr(f).mode, GdrMode::kStaged);
+  EXPECT_EQ(decideGdr(f).line,
+            "GPUDirect RDMA disabled for GPU 0 <-> mlx5_0: nvidia_peermem not loaded and dma-buf unsupported: staging "
+            "through host memory");
+  GdrFacts far{"GPU 3", "mlx5_1", "SYS", "PXB", true, true};
+  EXPECT_EQ(decideGdr(far).mode, GdrMode::kStaged);
+  EXPECT_NE(decideGdr(far).line.find("path is SYS, beyond"), std::string::npos);
+  far.level = "SYS";
+  EXPECT_EQ(decideGdr(far).mode, GdrMode::kDmabuf);
+  far.level = "5";  // NCCL's old numbers
+  EXPECT_EQ(decideGdr(far).mode, GdrMode::kDmabuf);
+  far.level = "1";
+  EXPECT_EQ(decideGdr(far).mode, GdrMode::kStaged);
+  GdrFacts unknown{"GPU 0", "mlx5_0", "", "PXB", true, true};
+  EXPECT_NE(decideGdr(unknown).line.find("unknown"), std::string::npos);
+}
+
+// --- With a device (the Soft-RoCE VM) ---------------------------------------------------------
+
+std::vector<std::shared_ptr<Device>> devicesOrSkip(const Config& cfg) {
+  std::string why;
+  auto devs = openDevices(cfg, &why);
+  return devs;
+}
+
+#define SKIP_WITHOUT_RDMA(devs) \
+  if ((devs).empty()) GTEST_SKIP() << "no RDMA device here (the Soft-RoCE VM runs these)"
+
+TEST(VerbsLoopback, WritesWithImmediateWrapTheRingBothWays) {
+  Config cfg = Config::defaults();
+  auto devs = devicesOrSkip(cfg);
+  SKIP_WITHOUT_RDMA(devs);
+  const size_t ring = 64 << 10;
+  // Both ends on one device: rxe reaches its own address, not a second device's (no route).
+  VerbsConnection a(devs[0], ring, cfg, "rank 1 (host b)"), b(devs[0], ring, cfg, "rank 0 (host a)");
+  a.connectTo(b.local());
+  b.connectTo(a.local());
+  const size_t total = 3 * ring + 12345;
+  std::vector<uint8_t> out(total), inA(total), inB(total);
+  for (size_t i = 0; i < total; ++i) out[i] = static_cast<uint8_t>(i * 7 + i / 251);
+  size_t sentA = 0, sentB = 0, gotA = 0, gotB = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  size_t step = 1;
+  while (gotA < total || gotB < total) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "stalled at " << gotA << "/" << gotB;
+    step = step * 3 % 40000 + 1;  // pieces of every size, across the ring's end
+    sentA += a.send(out.data() + sentA, std::min(step, total - sentA));
+    sentB += b.send(out.data() + sentB, std::min(step + 5, total - sentB));
+    gotB += b.recv(inB.data() + gotB, std::min(step * 2, total - gotB));
+    gotA += a.recv(inA.data() + gotA, total - gotA);
+  }
+  EXPECT_EQ(inA, out);
+  EXPECT_EQ(inB, out);
+  EXPECT_EQ(a.describe().rfind("verbs ", 0), 0u) << a.describe();
+}
+
+TEST(VerbsLoopback, AGonePeerFailsTheConnectionNamingRetryExceeded) {
+  Config cfg = Config::defaults();
+  cfg.ibTimeout = 8;  // ~1 ms a try
+  cfg.ibRetryCnt = 1;
+  auto devs = devicesOrSkip(cfg);
+  SKIP_WITHOUT_RDMA(devs);
+  VerbsConnection a(devs[0], 64 << 10, cfg, "rank 1 (host b)");
+  {
+    VerbsConnection b(devs[0], 64 << 10, cfg, "rank 0 (host a)");
+    a.connectTo(b.local());
+    b.connectTo(a.local());
+  }  // b's queue pair is gone: nothing answers a's writes
+  std::string err;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  try {
+    while (std::chrono::steady_clock::now() < deadline) {
+      uint8_t x[100] = {0};
+      a.send(x, sizeof(x));
+      a.checkAlive();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kPeerFailure);
+    err = e.what();
+  }
+  EXPECT_NE(err.find("rank 1 (host b)"), std::string::npos) << err;
+  EXPECT_NE(err.find("status 12"), std::string::npos) << err;
+  EXPECT_NE(err.find("process died or its host is unreachable"), std::string::npos) << err;
+}
+
+// Every rank its own "host", RAILCC_NET=verbs: every byte between ranks crosses a queue pair.
+void runOverVerbs(int n, int qps, const std::function<void(Communicator&)>& body) {
+  Config cfg = Config::defaults();
+  cfg.net = "verbs";
+  cfg.initTimeoutSec = 120;
+  cfg.channelMinBytes = 4096;
+  cfg.ibQpsPerConn = qps;
+  cfg.buffSize = 256 << 10;
+  testing_util::runRanks(n, cfg, "verbs", body, [](int r, Config& c) { c.hostId = "verbs-host-" + std::to_string(r); });
+}
+
+class Verbs : public testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(Verbs, EveryCollectiveIsBitExact) {
+  auto devs = devicesOrSkip(Config::defaults());
+  SKIP_WITHOUT_RDMA(devs);
+  auto [n, qps] = GetParam();
+  size_t channels = devs.size() * static_cast<size_t>(qps);
+  runOverVerbs(n, qps, [n, channels](Communicator& c) {
+    std::string desc = c.peers()[static_cast<size_t>((c.rank() + 1) % n)].transport;
+    EXPECT_EQ(static_cast<size_t>(std::count(desc.begin(), desc.end(), ',')) + 1, channels) << desc;
+    testing_util::everyCollectiveIsBitExact(c, n, "verbs ");
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndQps, Verbs, testing::Values(std::make_pair(2, 1), std::make_pair(3, 2)),
+                         [](const testing::TestParamInfo<std::pair<int, int>>& p) {
+                           return "n" + std::to_string(p.param.first) + "_qps" + std::to_string(p.param.second);
+                         });
+
+TEST(VerbsInit, AGidIndexThePortLacksIsAClearInitError) {
+  Config probe = Config::defaults();
+  auto devs = devicesOrSkip(probe);
+  SKIP_WITHOUT_RDMA(devs);
+  if (!devs[0]->roce()) GTEST_SKIP() << "an InfiniBand port: GID indices are a RoCE matter";
+  devs.clear();
+  std::vector<std::string> errs(2);
+  MemoryStore store;
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      CommOptions o;
+      o.rank = r;
+      o.size = 2;
+      o.config = Config::defaults();
+      o.config.net = "verbs";
+      o.config.ibGidIndex = 37;
+      o.config.initTimeoutSec = 10;
+      o.config.hostId = "h" + std::to_string(r);
+      try {
+        Communicator c(store, o);
+      } catch (const std::exception& e) {
+        errs[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (auto& e : errs) {
+    EXPECT_NE(e.find("has no GID at index 37"), std::string::npos) << e;
+    EXPECT_NE(e.find("set it to 1"), std::string::npos) << e;
+  }
+}
+
+}  // namespace

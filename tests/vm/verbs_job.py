@@ -1,0 +1,94 @@
+"""Runs inside the Soft-RoCE VM (test_vm_verbs.py): real torch process groups whose ranks
+pretend to be on different hosts (RAILCC_HOST_ID), so every byte between them crosses an rxe
+queue pair. torch is imported once and the ranks are forked from it: under emulation an
+import takes about a minute and a half.
+
+    python verbs_job.py OUT_DIR
+
+Writes OUT_DIR/<case>.json: per rank, the failures it saw (none when exact), its error, or
+how long it took to raise.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import railcc  # noqa: E402,F401
+import test_collectives as tc  # noqa: E402
+
+OUT = sys.argv[1]
+SWEEP = [tc.rk_allreduce, tc.rk_reduce, tc.rk_reduce_scatter, tc.rk_allgather, tc.rk_broadcast, tc.rk_gather_scatter,
+         tc.rk_alltoall, tc.rk_p2p, tc.rk_barrier_and_zero, tc.rk_coalesced, tc.rk_allreduce_large]
+
+
+def sweep(rank, n):
+    bad = []
+    for fn in SWEEP:
+        bad += [f"{fn.__name__}: {b}" for b in fn(rank, n)]
+    return {"bad": bad}
+
+
+def killed_peer(rank, n):
+    t = torch.ones(1 << 20)
+    for _ in range(3):
+        dist.all_reduce(t)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        return {"raised": None}
+    except Exception as e:  # noqa: BLE001
+        return {"raised": type(e).__name__, "message": str(e)[:3000], "seconds": time.monotonic() - t0}
+
+
+def run(case, n, fn, env, timeout):
+    store = f"/tmp/store-{case}"
+    if os.path.exists(store):
+        os.unlink(store)
+    pids = {}
+    for r in range(n):
+        pid = os.fork()
+        if pid == 0:
+            res = {}
+            try:
+                os.environ.update(env)
+                os.environ["RAILCC_HOST_ID"] = f"vm-host-{r}"
+                dist.init_process_group("railcc", store=dist.FileStore(store, n), rank=r, world_size=n)
+                res = fn(r, n)
+                if case != "killed":
+                    dist.destroy_process_group()
+            except BaseException:  # noqa: BLE001
+                res = {"error": traceback.format_exc()[-3000:]}
+            with open(os.path.join(OUT, f"{case}-rank{r}.json"), "w") as f:
+                json.dump(res, f)
+            os._exit(0)
+        pids[pid] = r
+    deadline = time.monotonic() + timeout
+    while pids and time.monotonic() < deadline:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+        if pid:
+            pids.pop(pid, None)
+        else:
+            time.sleep(0.2)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    print(f"{case}: {'timed out' if pids else 'done'} in {timeout - (deadline - time.monotonic()):.1f} s", flush=True)
+
+
+VERBS = {"RAILCC_NET": "verbs", "RAILCC_DEBUG": "INFO", "RAILCC_DEBUG_SUBSYS": "INIT,IB",
+         "RAILCC_CHANNEL_MIN_BYTES": "65536"}
+run("n2", 2, sweep, VERBS, 400)
+run("n3_qps2", 3, sweep, dict(VERBS, RAILCC_IB_QPS_PER_CONNECTION="2"), 400)
+# A dead peer is found by the empty writes that probe it: 1 ms a try, 3 tries.
+run("killed", 2, killed_peer, dict(VERBS, RAILCC_IB_TIMEOUT="8", RAILCC_IB_RETRY_CNT="2"), 120)
