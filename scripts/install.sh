@@ -10,6 +10,8 @@ pkgs=(cmake ninja-build ccache g++ pkgconf libgtest-dev libhwloc-dev libibverbs-
 # The Soft-RoCE VM of the RDMA tests (tests/vm): a kernel with rdma_rxe, qemu, busybox for
 # its initrd, and rdma-core's tools and providers (rxe) for the verbs library.
 pkgs+=(qemu-system-x86 linux-image-amd64 busybox-static rdma-core ibverbs-providers ibverbs-utils cpio xz-utils)
+# Open MPI, the CPU reference of railcc-bench (--backend railcc,openmpi, through mpi4py).
+pkgs+=(openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -21,6 +23,6 @@ PY=${PYTHON:-python3}
 # torch first and pinned, so nothing below pulls a different one; the build then runs
 # without isolation against this torch.
 "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch==2.13.0"
-"$PY" -m pip install -q pytest pytest-timeout matplotlib
+"$PY" -m pip install -q pytest pytest-timeout matplotlib mpi4py numpy
 "$PY" -m pip install -q --no-build-isolation -e .
 "$PY" -c "import railcc, torch; print('railcc', railcc.__version__, 'built against torch', torch.__version__)"

@@ -94,6 +94,7 @@ def _sibling(name):
 
 _sibling("bench_report")
 _sibling("bench_timing")
+_sibling("bench_mpi")
 # Some names below are used only by the tests, which reach them through this module.
 from railcc_bench_report import (  # noqa: E402
     COLLS, DTYPES, REDOPS, SHARED_BOUND_COLLS, _fmt, average_busbw, avg_tolerance, bandwidths,
@@ -106,6 +107,11 @@ from railcc_bench_timing import (  # noqa: E402
     StoreBarrier, boot_id, device_copy_bandwidth, iteration_times, memcpy_bandwidth, peak_rss_kib,
     quiet_barrier, shared_clock, time_collective,
 )
+import railcc_bench_mpi as bench_mpi  # noqa: E402
+
+# Rows that are references, not backends under test: c10d's own dispatch cost (torch's fake
+# process group) and Open MPI through mpi4py.
+REFERENCES = ("fake", bench_mpi.NAME)
 
 
 
@@ -151,7 +157,9 @@ def build_parser():
     p.add_argument(
         "--backend",
         default="railcc",
-        help="comma list of backends; the first is the default group and the reference of the ratio columns",
+        help="comma list of backends; the first is the default group and the reference of the ratio columns; "
+        "also 'fake' (c10d's own dispatch cost: torch's fake process group, which moves nothing) and 'openmpi' "
+        "(the same sweep through mpi4py under mpirun, with --nprocs)",
     )
     p.add_argument("--nprocs", type=int, default=None, help="start this many local ranks instead of using torchrun")
     p.add_argument("--json", metavar="FILE", help="write every figure to FILE")
@@ -198,6 +206,8 @@ class Config:
     stepfactor: float = None
     stepbytes: int = None
     device: str = "cpu"
+    mpi_times: dict = None  # the Open MPI reference's figures, "coll|bytes|inplace" -> us
+    mpi_note: str = None
 
 
 def validate(args, world_size, argv=()):
@@ -220,6 +230,8 @@ def validate(args, world_size, argv=()):
     for b in backends:
         if backends.count(b) > 1:
             bad("--backend", f"{b} is given twice")
+    if backends[0] in REFERENCES:
+        bad("--backend", f"{backends[0]} cannot be first: the first backend is the default group")
     if args.stepfactor is not None and args.stepbytes is not None:
         bad("-f/--stepfactor", "not allowed with -i/--stepbytes")
     if args.minbytes < 1:
@@ -305,8 +317,12 @@ def check_backends(backends):
             import railcc  # noqa: F401  (registers the backend)
         except Exception as e:
             raise ValueError(f"argument --backend: cannot load railcc: {type(e).__name__}: {e}") from None
+    if "fake" in backends:
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers backend "fake")
     available = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(), "mpi": dist.is_mpi_available()}
     for b in backends:
+        if b == bench_mpi.NAME:
+            continue
         if b not in dist.Backend.backend_list or not available.get(b, True):
             known = ", ".join(x for x in dist.Backend.backend_list if available.get(x, True) and x != "undefined")
             hint = " (is the extension built?)" if b == "railcc" else ""
@@ -594,8 +610,11 @@ def _bench(cfg, rank, n, timeout, device=None):
     import torch.distributed as dist
 
     groups = {cfg.backends[0]: dist.group.WORLD}
+    if "fake" in cfg.backends:
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers backend "fake")
     for b in cfg.backends[1:]:
-        groups[b] = dist.new_group(backend=b, timeout=timeout)
+        if b != bench_mpi.NAME:  # measured before the ranks started (spawn)
+            groups[b] = dist.new_group(backend=b, timeout=timeout)
     # barriers and the max over ranks go over their own gloo group so they never queue behind,
     # or share connections with, the traffic being measured
     ctrl = dist.new_group(backend="gloo", timeout=timeout)
@@ -653,6 +672,9 @@ def _bench(cfg, rank, n, timeout, device=None):
         "coalesced_api": "torch.distributed.all_reduce_coalesced",
         "device": device_name,
     }
+    if bench_mpi.NAME in cfg.backends:
+        meta["openmpi"] = {"library": cfg.mpi_note, "launch": "mpirun --bind-to none --mca btl self,vader",
+                           "timing": "the same loop (bench_timing.iteration_times), mpi4py on numpy buffers"}
     if cuda:
         meta["rank_devices"] = rank_devices
         meta["ranks_per_device"] = ranks_per_device
@@ -728,10 +750,16 @@ def _bench(cfg, rank, n, timeout, device=None):
                     if inplace and not spec.inplace:
                         sides.append((None, None, None, None))
                         continue
-                    t = time_collective(case, groups[b], inplace, cfg.iters, cfg.warmup, ctrl, same_clock, quiet)
+                    if b == bench_mpi.NAME:
+                        t = cfg.mpi_times.get(f"{coll}|{nbytes}|{int(inplace)}")
+                        if t is None:
+                            sides.append((None, None, None, None))
+                            continue
+                    else:
+                        t = time_collective(case, groups[b], inplace, cfg.iters, cfg.warmup, ctrl, same_clock, quiet)
                     algbw, busbw = bandwidths(nbytes, t, coll, n)
                     wrong = None
-                    if cfg.check:
+                    if cfg.check and b not in REFERENCES:  # fake moves nothing; MPI checked nothing
                         w = torch.tensor([case.check(groups[b], inplace)], dtype=torch.int64)
                         dist.all_reduce(w, op=dist.ReduceOp.SUM, group=ctrl)
                         wrong = int(w[0])
@@ -923,6 +951,13 @@ def main(argv=None):
         check_backends(cfg.backends)
     except ValueError as e:
         error(str(e))
+    if bench_mpi.NAME in cfg.backends:
+        times, note = bench_mpi.measure(cfg, world_size) if not under_torchrun else (None, "needs --nprocs")
+        if times is None:
+            if rank == 0:
+                print(f"# {bench_mpi.NAME}: not run ({note})", flush=True)
+            cfg.backends = [b for b in cfg.backends if b != bench_mpi.NAME]
+        cfg.mpi_times, cfg.mpi_note = times, note
     if under_torchrun:
         return run_rank(cfg, rank, world_size)
     return spawn(cfg, world_size)

@@ -239,3 +239,37 @@ TEST(VerbsInit, AGidIndexThePortLacksIsAClearInitError) {
 }
 
 }  // namespace
+
+// Takes an interface down under a live connection: only where RAILCC_VM_TEST=1 says this is
+// the throw-away Soft-RoCE VM (tests/vm), never on a real host.
+TEST(VerbsLoopback, APortGoingDownIsALinkErrorNamingTheNicWithinTwoSeconds) {
+  const char* vm = getenv("RAILCC_VM_TEST");
+  if (vm == nullptr || std::string(vm) != "1") GTEST_SKIP() << "takes a link down: runs only in the Soft-RoCE VM";
+  Config cfg = Config::defaults();
+  auto devs = devicesOrSkip(cfg);
+  SKIP_WITHOUT_RDMA(devs);
+  std::shared_ptr<Device> dev;
+  for (auto& d : devs)
+    if (!d->netdev().empty()) dev = d;
+  if (!dev) GTEST_SKIP() << "no RoCE port with an interface";
+  VerbsConnection a(dev, 64 << 10, cfg, "rank 1 (host b)"), b(dev, 64 << 10, cfg, "rank 0 (host a)");
+  a.connectTo(b.local());
+  b.connectTo(a.local());
+  ASSERT_EQ(system(("ip link set " + dev->netdev() + " down").c_str()), 0);
+  auto t0 = std::chrono::steady_clock::now();
+  std::string err;
+  try {
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
+      a.checkAlive();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kPeerFailure);
+    err = e.what();
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(system(("ip link set " + dev->netdev() + " up").c_str()), 0);
+  EXPECT_NE(err.find("link error: " + dev->name() + " port 1 went down"), std::string::npos) << err;
+  EXPECT_LT(secs, 2.0) << err;
+  printf("port down reported after %.2f s: %s\n", secs, err.c_str());
+}

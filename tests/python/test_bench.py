@@ -559,6 +559,8 @@ def test_validate_aliases_and_lists():
         (["-c", "2"], 2, "-c/--check"),
         (["--backend", "gloo,gloo"], 2, "--backend"),
         (["--backend", ","], 2, "--backend"),
+        (["--backend", "openmpi,gloo"], 2, "--backend"),
+        (["--backend", "fake,gloo"], 2, "--backend"),
         (["--ntensors", "0"], 2, "--ntensors"),
     ],
 )
@@ -875,3 +877,45 @@ def test_e2e_railcc_dtypes_and_reductions(tmp_path):
             timeout=180,
         )
         assert p.returncode == 0, (dtype, redop, p.stdout + p.stderr)
+
+
+# ------------------------------------------------------------------------------------------------
+# References: c10d's dispatch floor (torch's fake process group) and Open MPI through mpi4py
+
+
+def _mpi_ready():
+    import shutil
+
+    if shutil.which("mpirun") is None:
+        return False
+    return subprocess.run([sys.executable, "-c", "import mpi4py"], capture_output=True).returncode == 0
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not _mpi_ready(), reason="Open MPI and mpi4py are not installed (scripts/install.sh installs them)")
+def test_fake_and_openmpi_rows_beside_gloo(tmp_path):
+    out = tmp_path / "r.json"
+    colls = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall", "sendrecv"]
+    p = run_bench(["--nprocs", "2", "--backend", "gloo,fake,openmpi", "-o", ",".join(colls), "-b", "8", "-e", "4K",
+                   "-f", "512", "-n", "3", "-w", "1", "--json", str(out)], timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(out.read_text())
+    assert_schema(doc, 2, ["gloo", "fake", "openmpi"], colls)
+    assert doc["meta"]["openmpi"]["library"].startswith("Open MPI"), doc["meta"]["openmpi"]
+    # Both references are ratio columns against the first backend; neither result is checked.
+    header = next(ln for ln in p.stdout.splitlines() if "backend" in ln and "gloo/fake" in ln)
+    assert "gloo/openmpi" in header, header
+    for r in doc["results"]:
+        assert (r["wrong"] is None) == (r["backend"] != "gloo"), r
+    sizes = {(r["op"], r["size"]) for r in doc["results"] if r["backend"] == "openmpi"}
+    assert sizes == {(r["op"], r["size"]) for r in doc["results"] if r["backend"] == "gloo"}
+
+
+@pytest.mark.timeout(300)
+def test_openmpi_without_mpirun_is_said_and_the_rest_runs(tmp_path):
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable))  # no mpirun on it
+    p = subprocess.run([sys.executable, BENCH, "--nprocs", "2", "--backend", "gloo,openmpi", "-b", "8", "-e", "8",
+                        "-n", "2", "-w", "1"], capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "# openmpi: not run (mpirun not found" in p.stdout, p.stdout
+    assert len(table_rows(p.stdout)) == 1, p.stdout  # the gloo row alone

@@ -1,7 +1,8 @@
 """The verbs transport over real Soft-RoCE devices in the VM (vm.py): one boot runs the
 transport's GoogleTests (no torch: loopback writes with immediate, a gone peer's 'retry
 exceeded', every collective at 2 and 3 ranks with 1 and 2 queue pairs over two rxe devices,
-a GID index the port lacks) and then real torch process groups (verbs_job.py): every
+a GID index the port lacks, an interface taken down under a connection) and real torch
+process groups (verbs_job.py): every
 collective, dtype and reduce op of the foundation tests at 2 and 3 ranks, bit-exact against
 torch, and a peer killed in the middle of an all_reduce."""
 
@@ -28,7 +29,10 @@ def vm(tmp_path_factory):
                    check=True, timeout=300, capture_output=True)
     subprocess.run(["cmake", "--build", BUILD, "--target", "railcc_tests"], check=True, timeout=1200, capture_output=True)
     script = (f"cd /tmp; {BUILD}/railcc_tests --gtest_filter='*Verbs*' > $OUT/gtest.txt 2>&1; echo $? > $OUT/gtest.rc; "
-              f"{sys.executable} {ROOT}/tests/vm/verbs_job.py $OUT > $OUT/job.txt 2>&1; echo $? > $OUT/job.rc")
+              f"{sys.executable} {ROOT}/tests/vm/verbs_job.py $OUT > $OUT/job.txt 2>&1; echo $? > $OUT/job.rc; "
+              # Last, as it takes a link down and up again.
+              f"RAILCC_VM_TEST=1 {BUILD}/railcc_tests --gtest_filter='*PortGoingDown*' > $OUT/portdown.txt 2>&1; "
+              "echo $? > $OUT/portdown.rc")
     res = run_in_vm(script, tmp_path_factory.mktemp("verbs"), rails=2, timeout=1100)
     assert os.path.exists(os.path.join(res.out_dir, "job.rc")), res.log + res.console[-3000:]
     return res
@@ -50,8 +54,9 @@ def _ranks(res, case):
 def test_transport_gtests_pass_over_rxe(vm):
     text = _read(vm, "gtest.txt")
     assert _read(vm, "gtest.rc").strip() == "0", text[-6000:]
-    # They ran against devices, not skipped: two rxe devices, so two channels a queue pair.
-    assert "[  SKIPPED ]" not in text, text[-6000:]
+    # They ran against devices, not skipped (but the one that takes a link down, run last).
+    skipped = [ln for ln in text.splitlines() if ln.startswith("[  SKIPPED ]") and "PortGoingDown" not in ln]
+    assert not skipped, text[-6000:]
     for name in ("VerbsLoopback.WritesWithImmediateWrapTheRingBothWays",
                  "VerbsLoopback.AGonePeerFailsTheConnectionNamingRetryExceeded",
                  "RanksAndQps/Verbs.EveryCollectiveIsBitExact/n2_qps1", "RanksAndQps/Verbs.EveryCollectiveIsBitExact/n3_qps2",
@@ -81,3 +86,10 @@ def test_a_peer_killed_mid_all_reduce_is_named_within_seconds(vm):
     assert "rank 1" in res["message"], res["message"]
     # Found by the probe writes (1 ms a try, 3 tries), well inside the watchdog's timeout.
     assert res["seconds"] < 30, res
+
+
+def test_a_port_going_down_is_a_link_error_within_two_seconds(vm):
+    text = _read(vm, "portdown.txt")
+    assert _read(vm, "portdown.rc").strip() == "0", text[-4000:]
+    assert "[       OK ] VerbsLoopback.APortGoingDownIsALinkErrorNamingTheNicWithinTwoSeconds" in text, text[-4000:]
+    print("\n" + "".join(ln for ln in text.splitlines(True) if ln.startswith("port down reported")))
