@@ -210,23 +210,7 @@ TEST(Pipes, ForcingAnUnregisteredTransportNamesTheRegisteredOnes) {
   Config cfg = Config::defaults();
   cfg.net = "carrier-pigeon";
   cfg.initTimeoutSec = 10;
-  std::vector<std::string> errs(2);
-  MemoryStore store;
-  std::vector<std::thread> ts;
-  for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] {
-      CommOptions o;
-      o.rank = r;
-      o.size = 2;
-      o.config = cfg;
-      o.config.hostId = "h" + std::to_string(r);
-      try {
-        Communicator c(store, o);
-      } catch (const std::exception& e) {
-        errs[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : ts) t.join();
+  std::vector<std::string> errs = testing_util::initErrors(2, cfg);
   for (auto& e : errs) {
     EXPECT_NE(e.find("carrier-pigeon"), std::string::npos) << e;
     EXPECT_NE(e.find("socket"), std::string::npos) << e;

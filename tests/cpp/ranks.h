@@ -47,6 +47,29 @@ inline void runRanks(int size, const Config& cfg, const std::string& name,
   for (int r = 0; r < size; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
 }
 
+/// Makes a communicator on `size` threads, each rank its own host ("h<rank>"), and returns
+/// what each one's set-up threw ("" where it did not): for tests of init errors.
+inline std::vector<std::string> initErrors(int size, const Config& cfg) {
+  std::vector<std::string> errs(static_cast<size_t>(size));
+  MemoryStore store;
+  std::vector<std::thread> ts;
+  for (int r = 0; r < size; ++r)
+    ts.emplace_back([&, r] {
+      CommOptions o;
+      o.rank = r;
+      o.size = size;
+      o.config = cfg;
+      o.config.hostId = "h" + std::to_string(r);
+      try {
+        Communicator c(store, o);
+      } catch (const std::exception& e) {
+        errs[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  return errs;
+}
+
 inline void waitOk(const RequestPtr& req) {
   ASSERT_TRUE(req->wait(Millis(60000)));
   if (req->error()) std::rethrow_exception(req->error());

@@ -212,26 +212,11 @@ TEST(VerbsInit, AGidIndexThePortLacksIsAClearInitError) {
   SKIP_WITHOUT_RDMA(devs);
   if (!devs[0]->roce()) GTEST_SKIP() << "an InfiniBand port: GID indices are a RoCE matter";
   devs.clear();
-  std::vector<std::string> errs(2);
-  MemoryStore store;
-  std::vector<std::thread> ts;
-  for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] {
-      CommOptions o;
-      o.rank = r;
-      o.size = 2;
-      o.config = Config::defaults();
-      o.config.net = "verbs";
-      o.config.ibGidIndex = 37;
-      o.config.initTimeoutSec = 10;
-      o.config.hostId = "h" + std::to_string(r);
-      try {
-        Communicator c(store, o);
-      } catch (const std::exception& e) {
-        errs[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : ts) t.join();
+  Config cfg = Config::defaults();
+  cfg.net = "verbs";
+  cfg.ibGidIndex = 37;
+  cfg.initTimeoutSec = 10;
+  std::vector<std::string> errs = testing_util::initErrors(2, cfg);
   for (auto& e : errs) {
     EXPECT_NE(e.find("has no GID at index 37"), std::string::npos) << e;
     EXPECT_NE(e.find("set it to 1"), std::string::npos) << e;
