@@ -495,8 +495,15 @@ def test_each_rank_sends_over_its_own_rail_and_a_slow_rail_is_named(tmp_path):
         print(f"\nslow-link warnings: {len(warned)}; naming rail 1 and its interface: {len(named)}"
               + "".join(f"\n  {ln}" for ln in named))
         assert named, "\n".join(warned) + "\n" + res.describe()
+        # Rail 0 between the hosts was never slow. Links within one host (loopback TCP, shared
+        # memory being off) are left out: four ranks on two cores can starve one of them for a
+        # window, which the report then rightly calls slow, but that is the CPU, not a cable.
+        hosts = {h.hostname_of(0), h.hostname_of(1)}
         for ln in warned:
-            assert "(rail 0)" not in ln, ln  # rail 0 was never slow
+            m = re.search(r"\((\S+) -> (\S+), ", ln)
+            if m and m.group(1) != m.group(2):
+                assert "(rail 0)" not in ln, ln
         for rank, r in res.results.items():
             for link in r["extra"]["straggler_report"]["slow_links"]:
-                assert {link["src_host"], link["dst_host"]} == {h.hostname_of(0), h.hostname_of(1)}, (rank, link)
+                if link["src_host"] != link["dst_host"]:
+                    assert {link["src_host"], link["dst_host"]} == hosts, (rank, link)
