@@ -330,11 +330,17 @@ def _gid_row(ctx, d, p):
 def check_memlock(ctx):
     lim = ctx.sys.memlock_limit()
     ctx.facts["memlock"] = _mib(lim) if lim != -1 else "unknown"
-    buff = int(ctx.param("RAILCC_BUFFSIZE", 4 << 20))
+    # What the verbs transport registers (csrc/transport/verbs): per peer on another host, per
+    # lane (collectives, send/recv) and per channel (active ports x queue pairs per connection),
+    # a receive ring and a send staging area of RAILCC_BUFFSIZE (at most 512 MiB) each.
+    ring = min(int(ctx.param("RAILCC_BUFFSIZE", 4 << 20)), 512 << 20)
+    qps = int(ctx.param("RAILCC_IB_QPS_PER_CONNECTION", 1))
+    ports = sum(1 for d in ctx.rdma for p in d.ports if p.state == "ACTIVE") or 1
     staging = int(ctx.param("RAILCC_CUDA_STAGING_BYTES", 32 << 20)) if ctx.gpus else 0
     remote = max(ctx.world - ctx.local_ranks, 0)
-    need = 2 * buff * remote + staging
-    how = (f"{_mib(need)} for {remote} remote peer(s) ({ctx.world_from}) x 2 directions x RAILCC_BUFFSIZE {_mib(buff)}"
+    need = remote * 2 * ports * qps * 2 * ring + staging
+    how = (f"{_mib(need)} for {remote} remote peer(s) ({ctx.world_from}) x 2 lanes x {ports * qps} channel(s) "
+           f"({ports} active port(s) x RAILCC_IB_QPS_PER_CONNECTION {qps}) x 2 rings of RAILCC_BUFFSIZE {_mib(ring)}"
            + (f" + CUDA staging {_mib(staging)}" if staging else ""))
     if lim == -1:
         return [Result("memlock", WARN, "RLIMIT_MEMLOCK unknown (/proc/self/limits unreadable)")]
