@@ -120,6 +120,7 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   ctx.localRanks = localRanks_;
   ctx.rail = place.rail;
   ctx.railIfs = place.railIfs;
+  ctx.gpuNics = place.gpuNics;
   bool remote = static_cast<int>(localRanks_.size()) < size_;
 
   // RAILCC_NET / NCCL_NET names the transport between hosts (NCCL's "Socket" and "IB" too).

@@ -589,6 +589,7 @@ class CommImpl {
     std::vector<std::string> railIfs;  // per rail of this host, its NIC's IPv4 interface ("" none)
     std::string why;
     std::string line;                  // published to the peers for checkRails
+    std::vector<transport::GpuNicPath> gpuNics;  // for the GPUDirect RDMA decisions
   };
   RailPlace placeRank();
   void checkRails(const std::vector<std::string>& lines);

@@ -127,6 +127,9 @@ CommImpl::RailPlace CommImpl::placeRank() {
     place.railIfs.push_back(name);
     line += ";" + std::to_string(place.railIfs.size() - 1) + "=" + (name.empty() ? "-" : name + "@" + subnet);
   }
+  for (size_t g = 0; g < t.gpus.size(); ++g)
+    for (size_t n = 0; n < t.nics.size(); ++n)
+      if (t.nics[n].rdma) place.gpuNics.push_back({"GPU " + std::to_string(g), t.nics[n].name, topology::pathName(t.path(g, n))});
   if (a.nic >= 0) {
     place.rail = a.rail;
     place.nic = t.nics[static_cast<size_t>(a.nic)].name;

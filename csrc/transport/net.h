@@ -36,6 +36,14 @@ struct PeerRecord {
   int channels = 1;      // connections per lane that rank offers
 };
 
+/// A GPU of this host and an RDMA NIC, with the PCI path between them (PIX, PXB, PHB, SYS),
+/// from the topology: what GPUDirect RDMA decisions rest on.
+struct GpuNicPath {
+  std::string gpu;   // "GPU 0"
+  std::string nic;   // "mlx5_0"
+  std::string path;
+};
+
 /// One communicator's set-up, as every transport sees it.
 struct SetupContext {
   int rank = 0;
@@ -51,6 +59,7 @@ struct SetupContext {
   // Transports between hosts keep a rank's traffic on its rail's NIC.
   int rail = -1;
   std::vector<std::string> railIfs;
+  std::vector<GpuNicPath> gpuNics;  // every GPU x RDMA NIC pair of this host (topology)
 };
 
 class Setup {

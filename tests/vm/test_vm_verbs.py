@@ -89,6 +89,19 @@ def test_a_peer_killed_mid_all_reduce_is_named_within_seconds(vm):
     assert res["seconds"] < 30, res
 
 
+def test_gpudirect_decisions_follow_the_topology_and_the_probes(vm):
+    # The killed-peer job ran with a topology file: GPU 0 and rxe0 share a PCIe switch, GPU 1 is
+    # across host bridges. Each rank keeps to its rail's device (rxe0) and says, per GPU, why
+    # GPUDirect RDMA is off: rxe takes no dma-buf and nvidia_peermem is not loaded; PHB is beyond
+    # the default level PXB.
+    log = _read(vm, "job.txt")
+    assert ("GPUDirect RDMA disabled for GPU 0 <-> rxe0: nvidia_peermem not loaded and dma-buf unsupported: "
+            "staging through host memory") in log, log[-6000:]
+    assert ("GPUDirect RDMA disabled for GPU 1 <-> rxe0: their path is PHB, beyond "
+            "RAILCC_NET_GDR_LEVEL/NCCL_NET_GDR_LEVEL=PXB") in log, log[-6000:]
+    assert "rail 0 on rxe0" in log, log[-6000:]
+
+
 def test_a_port_going_down_is_a_link_error_within_two_seconds(vm):
     text = _read(vm, "portdown.txt")
     assert _read(vm, "portdown.rc").strip() == "0", text[-4000:]

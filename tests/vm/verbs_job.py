@@ -18,11 +18,13 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "data", "topo"))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import railcc  # noqa: E402,F401
+import make_topologies  # noqa: E402
 import test_collectives as tc  # noqa: E402
 
 OUT = sys.argv[1]
@@ -90,5 +92,10 @@ VERBS = {"RAILCC_NET": "verbs", "RAILCC_DEBUG": "INFO", "RAILCC_DEBUG_SUBSYS": "
          "RAILCC_CHANNEL_MIN_BYTES": "65536"}
 run("n2", 2, sweep, VERBS, 400)
 run("n3_qps2", 3, sweep, dict(VERBS, RAILCC_IB_QPS_PER_CONNECTION="2"), 400)
-# A dead peer is found by the empty writes that probe it: 1 ms a try, 3 tries.
-run("killed", 2, killed_peer, dict(VERBS, RAILCC_IB_TIMEOUT="8", RAILCC_IB_RETRY_CNT="2"), 120)
+# A dead peer is found by the empty writes that probe it: 1 ms a try, 3 tries. With a topology
+# that puts GPU k and rxe<k> under PCIe switch k, each rank also logs the GPUDirect decisions
+# for its rail's device (the VM has no GPU: the topology file stands in for the PCI tree).
+topo = "/tmp/gpu_rxe.xml"
+with open(topo, "w") as f:
+    f.write(make_topologies.gpu_rdma_host("railcc-vm", [("rxe0", "vrail0"), ("rxe1", "vrail1")]))
+run("killed", 2, killed_peer, dict(VERBS, RAILCC_IB_TIMEOUT="8", RAILCC_IB_RETRY_CNT="2", RAILCC_TOPO_FILE=topo), 120)

@@ -100,20 +100,29 @@ bool parseBlob(const std::string& s, Blob* b) {
 
 std::string peerName(const PeerRecord& p) { return "rank " + std::to_string(p.rank) + " (host " + p.hostname + ")"; }
 
-// Says once per process and device what GPUDirect RDMA can use on it.
-void logGdrOnce(const Device& d) {
+// What GPUDirect RDMA can use on a device, probed once per process and device; said once at
+// INFO, with the decision for each GPU of this host and that device (the topology's path).
+void logGdr(const Device& d, const SetupContext& ctx) {
   static std::mutex mu;
+  static std::map<std::string, std::pair<bool, bool>> caps;  // device -> (dma-buf, peermem)
   static std::set<std::string> said;
   std::lock_guard<std::mutex> g(mu);
-  if (!said.insert(d.name()).second) return;
-  bool peermem = false;
-  for (const char* f : {"/sys/kernel/mm/memory_peers/nv_mem/version", "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
-                        "/sys/module/nvidia_peermem/version"})
-    peermem = peermem || access(f, F_OK) == 0;
-  bool dmabuf = d.dmabufSupported();
-  RAILCC_INFO(IB, "GPUDirect RDMA on ", d.name(), ": dma-buf ", dmabuf ? "supported" : "unsupported", ", nvidia_peermem ",
-              peermem ? "loaded" : "not loaded",
-              dmabuf || peermem ? "" : ": CUDA buffers between hosts are staged through host memory");
+  auto it = caps.find(d.name());
+  if (it == caps.end()) {
+    bool peermem = false;
+    for (const char* f : {"/sys/kernel/mm/memory_peers/nv_mem/version", "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
+                          "/sys/module/nvidia_peermem/version"})
+      peermem = peermem || access(f, F_OK) == 0;
+    it = caps.emplace(d.name(), std::make_pair(d.dmabufSupported(), peermem)).first;
+    auto [dmabuf, pm] = it->second;
+    RAILCC_INFO(IB, "GPUDirect RDMA on ", d.name(), ": dma-buf ", dmabuf ? "supported" : "unsupported", ", nvidia_peermem ",
+                pm ? "loaded" : "not loaded", dmabuf || pm ? "" : ": CUDA buffers between hosts are staged through host memory");
+  }
+  for (const GpuNicPath& p : ctx.gpuNics) {
+    if (p.nic != d.name() || !said.insert(p.gpu + "|" + p.nic).second) continue;
+    GdrFacts f{p.gpu, p.nic, p.path, ctx.config.netGdrLevel, it->second.first, it->second.second};
+    RAILCC_INFO(IB, decideGdr(f).line);
+  }
 }
 
 class VerbsSetup : public Setup {
@@ -122,7 +131,7 @@ class VerbsSetup : public Setup {
       : ctx_(ctx), devs_(std::move(devs)), railWhy_(std::move(railWhy)) {
     channels_ = static_cast<int>(devs_.size() * static_cast<size_t>(ctx_.config.ibQpsPerConn));
     ring_ = static_cast<size_t>(std::min<int64_t>(ctx_.config.buffSize, int64_t(1) << 29));
-    for (auto& d : devs_) logGdrOnce(*d);
+    for (auto& d : devs_) logGdr(*d, ctx_);
   }
 
   int channels() const override { return channels_; }

@@ -45,19 +45,21 @@ def bridge(x, indent, bus, sec, sub, depth):
            pci_busid=f"0000:{bus:02x}:00.0", pci_type="0604 [1000:c030] [0000:0000] 00", pci_link_speed="31.507692")
 
 
-def device(x, indent, bus, kind, n):
+def device(x, indent, bus, kind, n, names=None):
+    """A GPU, or an RDMA NIC named mlx5_<n> with interface ens<n>np0 (or `names`: (rdma, netdev))."""
     if kind == "gpu":
         x.leaf("PCIDev", indent, pci_busid=f"0000:{bus:02x}:00.0", pci_type="0302 [10de:2330] [10de:16c1] a1",
                pci_link_speed="63.015385")
         return
     x.open("PCIDev", indent, pci_busid=f"0000:{bus:02x}:00.0", pci_type="0207 [15b3:1021] [15b3:0041] 00",
            pci_link_speed="63.015385")
-    x.leaf("OSDev", indent + 1, name=f"mlx5_{n}", osdev_type="3", infos=[("NodeGUID", f"a088:c203:00{n:02x}:0001")])
-    x.leaf("OSDev", indent + 1, name=f"ens{n}np0", osdev_type="2", infos=[("Address", f"a0:88:c2:03:00:{n:02x}")])
+    rdma, netdev = names or (f"mlx5_{n}", f"ens{n}np0")
+    x.leaf("OSDev", indent + 1, name=rdma, osdev_type="3", infos=[("NodeGUID", f"a088:c203:00{n:02x}:0001")])
+    x.leaf("OSDev", indent + 1, name=netdev, osdev_type="2", infos=[("Address", f"a0:88:c2:03:00:{n:02x}")])
     x.close(indent)
 
 
-def switch(x, indent, base, devices, counters):
+def switch(x, indent, base, devices, counters, names=None):
     """A host bridge, its root port and a PCIe switch with one downstream port per device."""
     x.open("Bridge", indent, bridge_type="0-1", depth="0", bridge_pci=f"0000:[{base:02x}-{base + 0x1f:02x}]")
     bridge(x, indent + 1, base, base + 1, base + 0x1f, 1)           # root port
@@ -67,7 +69,7 @@ def switch(x, indent, base, devices, counters):
         x.open("Bridge", indent + 3, bridge_type="1-1", depth="3", bridge_pci=f"0000:[{bus:02x}-{bus:02x}]",
                pci_busid=f"0000:{base + 2:02x}:{k:02x}.0", pci_type="0604 [1000:c030] [0000:0000] 00",
                pci_link_speed="31.507692")
-        device(x, indent + 4, bus, kind, counters[kind])
+        device(x, indent + 4, bus, kind, counters[kind], names if kind == "nic" else None)
         counters[kind] += 1
         x.close(indent + 3)
     x.close(indent + 2)
@@ -147,6 +149,17 @@ def rail_host(name, netdevs):
             x.leaf("OSDev", indent + 2, name=dev, osdev_type="2")
             x.close(indent + 1)
         x.close(indent)
+    return machine(name, 1, io)
+
+
+def gpu_rdma_host(name, nics):
+    """One socket; PCIe switch k holds GPU k and the RDMA NIC nics[k] = (rdma name, interface):
+    GPU k reaches NIC k through one switch (PIX) and the others across host bridges (PHB). The
+    Soft-RoCE VM test names its rxe devices here to see railcc's GPUDirect decisions."""
+    def io(x, s, indent):
+        counters = {"gpu": 0, "nic": 0}
+        for k, names in enumerate(nics):
+            switch(x, indent, 0x10 + k * 0x20, ["gpu", "nic"], counters, names)
     return machine(name, 1, io)
 
 
