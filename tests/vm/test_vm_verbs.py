@@ -2,9 +2,9 @@
 transport's GoogleTests (no torch: loopback writes with immediate, a gone peer's 'retry
 exceeded', every collective at 2 and 3 ranks with 1 and 2 queue pairs over two rxe devices,
 a GID index the port lacks, an interface taken down under a connection) and real torch
-process groups (verbs_job.py): every
-collective, dtype and reduce op of the foundation tests at 2 and 3 ranks, bit-exact against
-torch, and a peer killed in the middle of an all_reduce."""
+process groups (verbs_job.py): every collective, dtype and reduce op of the foundation tests
+at 2 and 3 ranks, bit-exact against torch, a peer killed in the middle of an all_reduce, and
+the GPUDirect decisions under a topology file."""
 
 import glob
 import json
