@@ -114,8 +114,9 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   ctx.lanes = kLanes;
   ctx.group = opts_.name;
   ctx.config = cfg;
-  for (size_t i = 0; i + 1 < secretHex.size(); i += 2)
-    ctx.secret.push_back(static_cast<uint8_t>(std::stoi(secretHex.substr(i, 2), nullptr, 16)));
+  ctx.secret.resize(secretHex.size() / 2);
+  if (!fromHex(secretHex, ctx.secret.data(), ctx.secret.size()))
+    RAILCC_THROW(kInternal, "the group secret in the store is not hex: '", secretHex, "'");
   for (const PeerInfo& p : peers_) ctx.peers.push_back({p.rank, p.hostId, p.hostname, p.pid, p.pidNs, "", 1});
   ctx.localRanks = localRanks_;
   ctx.rail = place.rail;

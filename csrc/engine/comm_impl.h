@@ -29,6 +29,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/strings.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "engine/algorithms/choose.h"
@@ -58,14 +59,6 @@ inline bool pollFor(int64_t us, F&& ready) {
     sched_yield();
   }
   return true;
-}
-
-inline std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::string cur;
-  std::istringstream is(s);
-  while (std::getline(is, cur, sep)) out.push_back(cur);
-  return out;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/strings.h"
 
 namespace railcc::transport::socket {
 namespace {
@@ -116,13 +117,8 @@ std::vector<uint8_t> randomBytes(size_t n) {
 }
 
 std::string randomHex(size_t n) {
-  static const char* hex = "0123456789abcdef";
-  std::string s;
-  for (uint8_t v : randomBytes(n)) {
-    s += hex[v >> 4];
-    s += hex[v & 15];
-  }
-  return s;
+  std::vector<uint8_t> b = randomBytes(n);
+  return toHex(b.data(), b.size());
 }
 
 }  // namespace railcc::transport::socket

@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/strings.h"
 #include "transport/net.h"
 #include "transport/socket/rendezvous.h"
 #include "transport/socket/socket_transport.h"
@@ -32,14 +33,6 @@ sockaddr_in parseAddr(const std::string& s) {
   return a;
 }
 
-std::vector<std::string> splitList(const std::string& s, char sep = ',') {
-  std::vector<std::string> out;
-  std::string cur;
-  std::istringstream is(s);
-  while (std::getline(is, cur, sep)) out.push_back(cur);
-  return out;
-}
-
 // A published endpoint: "-" (nobody dials this rank), "ip:port,ip:port" (one listener per
 // interface), or with rails "ip:port@0,ip:port@1;rail=1" (each listener's rail, and the rank's).
 struct Blob {
@@ -54,11 +47,11 @@ struct Blob {
 
 Blob parseBlob(const std::string& s) {
   Blob b;
-  auto parts = splitList(s, ';');
+  auto parts = split(s, ';');
   for (size_t i = 1; i < parts.size(); ++i)
     if (parts[i].rfind("rail=", 0) == 0) b.rail = std::atoi(parts[i].c_str() + 5);
   if (parts.empty() || parts[0] == "-") return b;
-  for (const std::string& a : splitList(parts[0])) {
+  for (const std::string& a : split(parts[0], ',')) {
     auto at = a.find('@');
     b.addrs.push_back({a.substr(0, at), at == std::string::npos ? -1 : std::atoi(a.c_str() + at + 1)});
   }

@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
 #include <mutex>
 #include <set>
@@ -18,42 +17,11 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/strings.h"
 #include "transport/verbs/verbs_transport.h"
 
 namespace railcc::transport::verbs {
 namespace {
-
-std::string hex(const uint8_t* p, size_t n) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (size_t i = 0; i < n; ++i) {
-    s += d[p[i] >> 4];
-    s += d[p[i] & 15];
-  }
-  return s;
-}
-
-bool unhex(const std::string& s, uint8_t* out, size_t n) {
-  if (s.size() != 2 * n) return false;
-  for (size_t i = 0; i < n; ++i) {
-    unsigned v = 0;
-    if (sscanf(s.c_str() + 2 * i, "%2x", &v) != 1) return false;
-    out[i] = static_cast<uint8_t>(v);
-  }
-  return true;
-}
-
-std::vector<std::string> fields(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (true) {
-    size_t e = s.find(sep, pos);
-    out.push_back(s.substr(pos, e == std::string::npos ? std::string::npos : e - pos));
-    if (e == std::string::npos) break;
-    pos = e + 1;
-  }
-  return out;
-}
 
 using Key = std::tuple<int, int, int>;  // peer, lane, channel
 
@@ -65,16 +33,16 @@ struct Blob {
 };
 
 bool parseBlob(const std::string& s, Blob* b) {
-  auto parts = fields(s, ';');
+  auto parts = split(s, ';');
   if (parts.empty() || parts[0] != "verbs1") return false;
   try {
     for (size_t i = 1; i < parts.size(); ++i) {
-      auto f = fields(parts[i], ',');
+      auto f = split(parts[i], ',');
       if (f[0] == "d" && f.size() == 6) {
         QpInfo d;
         d.dev = f[1];
         d.lid = static_cast<uint16_t>(std::stoul(f[2]));
-        if (!unhex(f[3], d.gid, 16)) return false;
+        if (!fromHex(f[3], d.gid, 16)) return false;
         d.mtu = std::stoi(f[4]);
         d.roce = f[5] == "1";
         b->devs.push_back(d);
@@ -84,7 +52,7 @@ bool parseBlob(const std::string& s, Blob* b) {
         QpInfo q = b->devs[dev];
         q.qpn = static_cast<uint32_t>(std::stoul(f[5]));
         q.psn = static_cast<uint32_t>(std::stoul(f[6]));
-        q.ringAddr = std::stoull(f[7], nullptr, 16);
+        q.ringAddr = std::stoull(f[7]);
         q.rkey = static_cast<uint32_t>(std::stoul(f[8]));
         q.ringBytes = std::stoull(f[9]);
         b->conns[{std::stoi(f[1]), std::stoi(f[2]), std::stoi(f[3])}] = q;
@@ -140,7 +108,7 @@ class VerbsSetup : public Setup {
     std::string s = "verbs1";
     for (auto& d : devs_)
       s += ";d," + d->name() + ":" + std::to_string(d->port()) + "," + std::to_string(d->lid()) + "," +
-           hex(d->gid().raw, 16) + "," + std::to_string(d->mtu()) + "," + (d->roce() ? "1" : "0");
+           toHex(d->gid().raw, 16) + "," + std::to_string(d->mtu()) + "," + (d->roce() ? "1" : "0");
     for (const PeerRecord& p : ctx_.peers) {
       if (p.rank == ctx_.rank ||
           std::find(ctx_.localRanks.begin(), ctx_.localRanks.end(), p.rank) != ctx_.localRanks.end())
@@ -150,10 +118,8 @@ class VerbsSetup : public Setup {
           size_t dev = static_cast<size_t>(ch) % devs_.size();
           auto c = std::make_unique<VerbsConnection>(devs_[dev], ring_, ctx_.config, peerName(p));
           QpInfo q = c->local();
-          char addr[32];
-          snprintf(addr, sizeof(addr), "%llx", static_cast<unsigned long long>(q.ringAddr));
           s += ";c," + std::to_string(p.rank) + "," + std::to_string(lane) + "," + std::to_string(ch) + "," +
-               std::to_string(dev) + "," + std::to_string(q.qpn) + "," + std::to_string(q.psn) + "," + addr + "," +
+               std::to_string(dev) + "," + std::to_string(q.qpn) + "," + std::to_string(q.psn) + "," + std::to_string(q.ringAddr) + "," +
                std::to_string(q.rkey) + "," + std::to_string(q.ringBytes);
           conns_[{p.rank, lane, ch}] = std::move(c);
         }
@@ -180,16 +146,18 @@ class VerbsSetup : public Setup {
   bool progress(std::chrono::steady_clock::time_point, std::chrono::milliseconds) override {
     for (const Key& k : want_) {
       auto [peer, lane, ch] = k;
+      auto missing = [&, peer = peer, lane = lane, ch = ch] {
+        Error e(ErrorCode::kInvalidUsage, "verbs set-up: rank " + std::to_string(peer) + " published no queue pair for lane " +
+                                              std::to_string(lane) + " channel " + std::to_string(ch) + " towards rank " +
+                                              std::to_string(ctx_.rank));
+        e.ranks = {peer};
+        return e;
+      };
       auto bit = blobs_.find(peer);
       auto cit = conns_.find(k);
-      Error missing(ErrorCode::kInvalidUsage, "verbs set-up: rank " + std::to_string(peer) +
-                                                  " published no queue pair for lane " + std::to_string(lane) +
-                                                  " channel " + std::to_string(ch) + " towards rank " +
-                                                  std::to_string(ctx_.rank));
-      missing.ranks = {peer};
-      if (bit == blobs_.end() || cit == conns_.end()) throw missing;
+      if (bit == blobs_.end() || cit == conns_.end()) throw missing();
       auto rit = bit->second.conns.find({ctx_.rank, lane, ch});
-      if (rit == bit->second.conns.end()) throw missing;
+      if (rit == bit->second.conns.end()) throw missing();
       try {
         cit->second->connectTo(rit->second);
       } catch (Error& e) {

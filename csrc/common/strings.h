@@ -1,0 +1,49 @@
+#pragma once
+// Small string helpers every layer uses: splitting the text records that travel through the
+// store, and hex for the binary fields inside them.
+
+#include <cstddef>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace railcc {
+
+/// The fields of `s` between `sep`s ("a;b" -> {"a", "b"}; a trailing separator adds nothing).
+inline std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream is(s);
+  while (std::getline(is, cur, sep)) out.push_back(cur);
+  return out;
+}
+
+/// Lower-case hex of n bytes.
+inline std::string toHex(const uint8_t* p, size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  s.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    s += digits[p[i] >> 4];
+    s += digits[p[i] & 15];
+  }
+  return s;
+}
+
+/// The bytes of a hex string; false (and `out` unspecified) when it is not 2 * `out.size()`
+/// hex digits.
+inline bool fromHex(const std::string& s, uint8_t* out, size_t n) {
+  auto val = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+  };
+  if (s.size() != 2 * n) return false;
+  for (size_t i = 0; i < n; ++i) {
+    int hi = val(s[2 * i]), lo = val(s[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out[i] = static_cast<uint8_t>(hi << 4 | lo);
+  }
+  return true;
+}
+
+}  // namespace railcc
