@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -131,23 +132,22 @@ def _run(spec_path, out_path):
                 every = comm.gather((starts, ends), root=0)
                 if rank == 0:
                     per = timing.iteration_times([s for s, _ in every], [e for _, e in every], realign)
-                    times[f"{coll}|{nbytes}|{int(inplace)}"] = sorted(per)[len(per) // 2] if len(per) % 2 else \
-                        (sorted(per)[len(per) // 2 - 1] + sorted(per)[len(per) // 2]) / 2
+                    times[f"{coll}|{nbytes}|{int(inplace)}"] = statistics.median(per)
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump({"times": times, "version": MPI.Get_library_version().strip().splitlines()[0]}, f)
 
 
 def _runner(comm, MPI, coll, op, root, rank, n, src, res, ip, inplace):
+    # all_reduce, broadcast and reduce: src, res and ip all hold `count` elements
     if coll == "all_reduce":
-        return (lambda: comm.Allreduce(MPI.IN_PLACE, ip[:res.size], op=op)) if inplace else \
-            (lambda: comm.Allreduce(src, res, op=op))
+        return (lambda: comm.Allreduce(MPI.IN_PLACE, ip, op=op)) if inplace else (lambda: comm.Allreduce(src, res, op=op))
     if coll == "broadcast":  # in place only, in MPI as in torch
-        buf = ip[:res.size] if inplace else res
+        buf = ip if inplace else res
         return lambda: comm.Bcast(buf, root=root)
     if coll == "reduce":
         if inplace:
-            return lambda: comm.Reduce(MPI.IN_PLACE if rank == root else ip[:res.size], ip[:res.size], op=op, root=root)
+            return lambda: comm.Reduce(MPI.IN_PLACE if rank == root else ip, ip, op=op, root=root)
         return lambda: comm.Reduce(src, res, op=op, root=root)
     if coll == "all_gather":
         return (lambda: comm.Allgather(MPI.IN_PLACE, ip)) if inplace else (lambda: comm.Allgather(src, res))

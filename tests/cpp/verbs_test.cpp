@@ -109,10 +109,10 @@ TEST(VerbsRules, GpuDirectDecisionFollowsPathLevelAndCapabilities) {
 
 // --- With a device (the Soft-RoCE VM) ---------------------------------------------------------
 
-std::vector<std::shared_ptr<Device>> devicesOrSkip(const Config& cfg) {
+// The ports this process may use (none outside the VM: the tests below then skip).
+std::vector<std::shared_ptr<Device>> devices(const Config& cfg) {
   std::string why;
-  auto devs = openDevices(cfg, &why);
-  return devs;
+  return openDevices(cfg, &why);
 }
 
 #define SKIP_WITHOUT_RDMA(devs) \
@@ -120,7 +120,7 @@ std::vector<std::shared_ptr<Device>> devicesOrSkip(const Config& cfg) {
 
 TEST(VerbsLoopback, WritesWithImmediateWrapTheRingBothWays) {
   Config cfg = Config::defaults();
-  auto devs = devicesOrSkip(cfg);
+  auto devs = devices(cfg);
   SKIP_WITHOUT_RDMA(devs);
   const size_t ring = 64 << 10;
   // Both ends on one device: rxe reaches its own address, not a second device's (no route).
@@ -150,7 +150,7 @@ TEST(VerbsLoopback, AGonePeerFailsTheConnectionNamingRetryExceeded) {
   Config cfg = Config::defaults();
   cfg.ibTimeout = 8;  // ~1 ms a try
   cfg.ibRetryCnt = 1;
-  auto devs = devicesOrSkip(cfg);
+  auto devs = devices(cfg);
   SKIP_WITHOUT_RDMA(devs);
   VerbsConnection a(devs[0], 64 << 10, cfg, "rank 1 (host b)");
   {
@@ -190,7 +190,7 @@ void runOverVerbs(int n, int qps, const std::function<void(Communicator&)>& body
 class Verbs : public testing::TestWithParam<std::pair<int, int>> {};
 
 TEST_P(Verbs, EveryCollectiveIsBitExact) {
-  auto devs = devicesOrSkip(Config::defaults());
+  auto devs = devices(Config::defaults());
   SKIP_WITHOUT_RDMA(devs);
   auto [n, qps] = GetParam();
   size_t channels = devs.size() * static_cast<size_t>(qps);
@@ -208,7 +208,7 @@ INSTANTIATE_TEST_SUITE_P(RanksAndQps, Verbs, testing::Values(std::make_pair(2, 1
 
 TEST(VerbsInit, AGidIndexThePortLacksIsAClearInitError) {
   Config probe = Config::defaults();
-  auto devs = devicesOrSkip(probe);
+  auto devs = devices(probe);
   SKIP_WITHOUT_RDMA(devs);
   if (!devs[0]->roce()) GTEST_SKIP() << "an InfiniBand port: GID indices are a RoCE matter";
   devs.clear();
@@ -231,7 +231,7 @@ TEST(VerbsLoopback, APortGoingDownIsALinkErrorNamingTheNicWithinTwoSeconds) {
   const char* vm = getenv("RAILCC_VM_TEST");
   if (vm == nullptr || std::string(vm) != "1") GTEST_SKIP() << "takes a link down: runs only in the Soft-RoCE VM";
   Config cfg = Config::defaults();
-  auto devs = devicesOrSkip(cfg);
+  auto devs = devices(cfg);
   SKIP_WITHOUT_RDMA(devs);
   std::shared_ptr<Device> dev;
   for (auto& d : devs)

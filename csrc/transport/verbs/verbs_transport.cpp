@@ -264,24 +264,29 @@ void VerbsConnection::handle(const ibv_wc& wc) {
 void VerbsConnection::progressCq() {
   if (!error_.empty()) fail(error_);
   if (peerFailed_) fail("the peer reported a failure of its own and stopped");
-  if (armed_) {
-    ibv_cq* cq = nullptr;
-    void* ctx = nullptr;
-    while (ibv_->getCqEvent(channel_, &cq, &ctx) == 0) {
-      ++unacked_;
-      armed_ = false;
-    }
-    if (unacked_ >= 64) {
-      ibv_->ackCqEvents(cq_, unacked_);
-      unacked_ = 0;
-    }
-  }
   ibv_wc wcs[32];
   while (true) {
     int n = ibv_poll_cq(cq_, 32, wcs);
     if (n < 0) fail("polling the completion queue failed");
     for (int i = 0; i < n; ++i) handle(wcs[i]);
-    if (n > 0) continue;
+    if (n > 0) {
+      eventDue_ = eventDue_ || armed_;  // armed, a new completion raises an event
+      continue;
+    }
+    // Only an event raised since arming needs reading (it leaves the fd readable until then),
+    // so a busy stream and an idle wait cost no read() here.
+    if (armed_ && eventDue_) {
+      ibv_cq* cq = nullptr;
+      void* ctx = nullptr;
+      while (ibv_->getCqEvent(channel_, &cq, &ctx) == 0) {
+        ++unacked_;
+        armed_ = eventDue_ = false;
+      }
+      if (unacked_ >= 64) {
+        ibv_->ackCqEvents(cq_, unacked_);
+        unacked_ = 0;
+      }
+    }
     if (armed_) break;
     // Arm, then look once more: a completion between the last poll and the arming raises no event.
     if (ibv_req_notify_cq(cq_, 0) != 0) fail("arming the completion queue failed");

@@ -96,6 +96,7 @@ class VerbsConnection : public Connection {
   uint64_t polledMsgs_ = 0, creditedMsgs_ = 0;
   unsigned unacked_ = 0;  // completion events to acknowledge before the CQ goes
   bool armed_ = false;
+  bool eventDue_ = false;  // a completion arrived while armed: an event waits on the channel
   bool peerFailed_ = false;
   bool probing_ = false;
   std::chrono::steady_clock::time_point lastProbe_{};
