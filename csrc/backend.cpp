@@ -200,12 +200,33 @@ class WorkRailcc : public c10d::Work {
         comm_(comm),
         dev_(std::move(dev)),
         after_(std::move(after)),
-        sync_(engine::CallerWaits::active()),
-        // A future on CUDA tensors carries its device, so then() callbacks and DDP comm hooks
-        // wait for the group's stream instead of racing it.
-        future_(c10::make_intrusive<c10::ivalue::Future>(
-            c10::ListType::create(c10::TensorType::get()),
-            dev_ ? std::vector<c10::Device>{dev_->device} : std::vector<c10::Device>{})) {}
+        sync_(engine::CallerWaits::active()) {
+    // On CPU tensors the future is made when somebody asks for it (most synchronous calls
+    // never do); on CUDA tensors it is made now and completed from the engine's side.
+    if (dev_) future_ = newFuture();
+    // A synchronous call on CPU tensors: its caller holds them until wait() returns, so the
+    // work only needs to find them again for result(). A strong reference dropped here,
+    // without the GIL, would take the GIL to release the tensor's Python object: one more
+    // GIL round trip per call for nothing.
+    if (sync_ && !dev_) {
+      for (auto& t : outputs_) weakOutputs_.emplace_back(t.getIntrusivePtr());
+      outputs_.clear();
+      keep_.clear();
+      weak_ = true;
+    }
+  }
+
+  ~WorkRailcc() override {
+    // Only weak references to the caller's tensors: an op that nobody waited for must not
+    // write into them after they are gone (torch always waits for a synchronous call).
+    if (weak_ && !done_.load()) {
+      try {
+        for (auto& r : reqs_)
+          if (!r->completed()) comm_->wait(r, Millis(-1));
+      } catch (const std::exception&) {
+      }
+    }
+  }
 
   // Called once all requests exist; hooks completion of the last one to the future.
   void arm() {
@@ -242,7 +263,7 @@ class WorkRailcc : public c10d::Work {
       if (r->sourceRank() >= 0) return r->sourceRank();
     return -1;
   }
-  std::vector<at::Tensor> result() override { return outputs_; }
+  std::vector<at::Tensor> result() override { return outputs(); }
   // The caller's current stream waits for the op; the CPU does not.
   void synchronize() override {
     if (dev_ && done_.load() && !error_) {
@@ -277,8 +298,13 @@ class WorkRailcc : public c10d::Work {
     }
     while (!done_.load()) std::this_thread::yield();  // the completion callback is finishing
     // As with gloo, a waited work's future is complete too (it may be completing on the
-    // group's callback threads).
-    future_->wait();
+    // group's callback threads). One not made yet is made complete when asked for.
+    c10::intrusive_ptr<c10::ivalue::Future> fut;
+    {
+      std::lock_guard<std::mutex> g(futMu_);
+      fut = future_;
+    }
+    if (fut) fut->wait();
     if (error_) std::rethrow_exception(error_);
     synchronize();
     return true;
@@ -286,7 +312,16 @@ class WorkRailcc : public c10d::Work {
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     if (sync_ && !done_.load()) comm_->poke();
-    return future_;
+    c10::intrusive_ptr<c10::ivalue::Future> fut;
+    {
+      std::lock_guard<std::mutex> g(futMu_);
+      if (future_) return future_;
+      future_ = newFuture();
+      if (!finished_) return future_;
+      fut = future_;
+    }
+    completeFuture(fut, outputs(), error_);  // the op ended before anybody asked
+    return fut;
   }
 
  private:
@@ -321,28 +356,43 @@ class WorkRailcc : public c10d::Work {
     }
   }
 
+  // A future on CUDA tensors carries its device, so then() callbacks and DDP comm hooks
+  // wait for the group's stream instead of racing it.
+  c10::intrusive_ptr<c10::ivalue::Future> newFuture() const {
+    return c10::make_intrusive<c10::ivalue::Future>(
+        c10::ListType::ofTensors(), dev_ ? std::vector<c10::Device>{dev_->device} : std::vector<c10::Device>{});
+  }
+
+  static void completeFuture(const c10::intrusive_ptr<c10::ivalue::Future>& fut, const std::vector<at::Tensor>& outputs,
+                             std::exception_ptr err) {
+    if (err) {
+      fut->setError(err);
+      return;
+    }
+    // markCompleted records the future's events and checks the tensors' devices; should it
+    // throw, the future still ends (with that error), or its waiters would hang.
+    try {
+      fut->markCompleted(c10::IValue(outputs));
+    } catch (const std::exception&) {
+      if (!fut->completed()) fut->setError(std::current_exception());
+    }
+  }
+
   void finish(std::exception_ptr err) {
     error_ = err;
     keep_.clear();
     after_ = nullptr;
     done_.store(true);
+    c10::intrusive_ptr<c10::ivalue::Future> fut;
+    {
+      std::lock_guard<std::mutex> g(futMu_);
+      finished_ = true;
+      fut = future_;
+    }
+    if (!fut) return;  // getFuture() will make it complete
     // Completing the future runs the user's then() callbacks and comm hooks, which may wait on
     // other ops of this group (PowerSGD does): never on the engine's progress thread.
-    auto fut = future_;
-    auto outputs = outputs_;
-    auto complete = [fut, outputs, err] {
-      if (err) {
-        fut->setError(err);
-        return;
-      }
-      // markCompleted records the future's events and checks the tensors' devices; should it
-      // throw, the future still ends (with that error), or its waiters would hang.
-      try {
-        fut->markCompleted(c10::IValue(outputs));
-      } catch (const std::exception&) {
-        if (!fut->completed()) fut->setError(std::current_exception());
-      }
-    };
+    auto complete = [fut, outputs = outputs(), err] { completeFuture(fut, outputs, err); };
     if (reqs_.empty()) complete();
     else reqs_.front()->runUserCode(std::move(complete));
   }
@@ -352,11 +402,25 @@ class WorkRailcc : public c10d::Work {
   std::vector<RequestPtr> reqs_;
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_;
+  // With weak_ (a synchronous CPU call), the outputs as weak references instead.
+  bool weak_ = false;
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> weakOutputs_;
+  std::vector<at::Tensor> outputs() const {
+    if (!weak_) return outputs_;
+    std::vector<at::Tensor> out;
+    for (auto& w : weakOutputs_) {
+      auto p = w.lock();
+      if (p) out.emplace_back(std::move(p));
+    }
+    return out;
+  }
   engine::Communicator* comm_;
   DeviceCallPtr dev_;
   std::function<void()> after_;  // on CUDA tensors: what runs on the group's stream once the engine is done
   const bool sync_;  // queued under CallerWaits: nothing woke the progress thread for it
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::mutex futMu_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;  // made on demand for CPU tensors (getFuture)
+  bool finished_ = false;                            // under futMu_: finish() has run
   std::atomic<int> remaining_{0};
   std::atomic<bool> done_{false};
   std::exception_ptr error_;
