@@ -54,6 +54,13 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   }
   hostname_ = peers_[static_cast<size_t>(rank_)].hostname;
   streamMin_ = std::max<size_t>(transport::lastLevelCacheBytes() / localRanks_.size(), size_t(1) << 20);
+  {
+    // Spinning in place only pays where no rank of this host waits for our core.
+    cpu_set_t cpus;
+    int ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    constexpr int64_t kBusyUs = 10;
+    busyUs_ = static_cast<int>(localRanks_.size()) <= ncpu ? std::min<int64_t>(kBusyUs, opts_.config.spinUs) : 0;
+  }
   place_.size = size_;
   place_.localRanks = static_cast<int>(localRanks_.size());
   place_.rings = ringsCover();

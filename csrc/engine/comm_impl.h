@@ -46,19 +46,38 @@ using Clock = std::chrono::steady_clock;
 using transport::Connection;
 
 // Polls `ready` for up to `us` microseconds before a waiter goes to sleep; true once it holds.
-// Between polls it yields instead of spinning in place: that hands the core to any other
-// runnable thread at once (the peer rank, or our own progress thread when ranks share cores),
-// while a waiter that owns its core keeps it awake and reacts within a microsecond, where
-// sleeping would cost a wake-up of tens of microseconds (far more in a VM, whose idle
+// For the first `busyUs` of them it spins in place (a CPU pause between polls): a peer a few
+// hundred nanoseconds away is seen at once, where a yield is a system call that costs about as
+// much as the whole exchange of a small message. Only a rank that has a core to itself may do
+// that (see CommImpl::busyUs_). After that, between polls it yields: that hands the core to any
+// other runnable thread at once (the peer rank, or our own progress thread when ranks share
+// cores), while a waiter that owns its core keeps it awake and reacts within a microsecond,
+// where sleeping would cost a wake-up of tens of microseconds (far more in a VM, whose idle
 // virtual CPUs halt).
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
 template <typename F>
-inline bool pollFor(int64_t us, F&& ready) {
-  auto until = Clock::now() + std::chrono::microseconds(us);
-  while (!ready()) {
-    if (Clock::now() >= until) return false;
-    sched_yield();
+inline bool pollFor(int64_t us, F&& ready, int64_t busyUs = 0) {
+  if (ready()) return true;
+  auto start = Clock::now();
+  auto until = start + std::chrono::microseconds(us);
+  auto busyUntil = start + std::chrono::microseconds(std::min(busyUs, us));
+  while (true) {
+    auto now = Clock::now();
+    if (now >= until) return false;
+    if (now < busyUntil) {
+      for (int i = 0; i < 8; ++i) cpuRelax();
+    } else {
+      sched_yield();
+    }
+    if (ready()) return true;
   }
-  return true;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -303,9 +322,18 @@ class CommImpl {
   };
   void runDevice(const Placement& where, DataType dt, const DevicePlan& plan);
   // An op's body: its host algorithm on host buffers; on device buffers runDevice() on the
-  // plan, which is built only for device ops.
-  void setBody(Op& o, const Placement& where, DataType dt, std::function<void()> host,
-               const std::function<DevicePlan()>& plan);
+  // plan, which is built only for device ops (a template, so that a host op builds no
+  // std::function around the plan's maker).
+  template <typename MakePlan>
+  void setBody(Op& o, const Placement& where, DataType dt, std::function<void()> host, MakePlan&& plan) {
+    o.device = where.onDevice();
+    if (!o.device) {
+      o.body = std::move(host);
+      return;
+    }
+    setDeviceBody(o, where, dt, plan());
+  }
+  void setDeviceBody(Op& o, const Placement& where, DataType dt, DevicePlan plan);
   void deviceWait(const cuda::DeviceApi& api, void* ev, int device, const char* what);
   void releaseDevice();
 
@@ -399,6 +427,9 @@ class CommImpl {
   // Receives of at least this many bytes from shared memory write around the cache: the
   // local ranks' results together no longer fit in the last-level cache.
   size_t streamMin_ = ~size_t(0);
+  // How long a wait on a peer spins in place before it yields (pollFor): a few microseconds
+  // when this host has a CPU for each of its ranks, none when they share cores.
+  int64_t busyUs_ = 0;
   std::vector<bool> shmPeer_;  // peers reached through shared memory
   Transfer recvReduce(int peer, void* p, size_t count, DataType dt, ReduceOp op, double scale) {
     Transfer t = recvFrom(peer, p, count * dtypeSize(dt));
@@ -484,6 +515,10 @@ class CommImpl {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Op>> queue_;
+  std::deque<std::unique_ptr<Op>> drained_;  // drainQueue()'s, with the token held
+  std::vector<std::pair<int, int>> completeChans_;  // complete()'s, with the token held
+  std::vector<Transfer> oneshotXs_;                 // oneshotReduce()'s, with the token held
+  std::vector<std::array<uint64_t, 3>> byteRows_;   // complete()'s bytes per peer, for the trace
   std::atomic<size_t> queued_{0};
   std::atomic<bool> sleeping_{false};
   // Wakes a progress thread asleep in poll(). A member that closes itself, so a constructor
@@ -498,7 +533,7 @@ class CommImpl {
     }
   } wakeFd_;
   bool closing_ = false;
-  uint64_t collSeq_ = 0;
+  std::atomic<uint64_t> collSeq_{0};
   // The engine token (under mu_): whoever holds it (the progress thread, or a caller running
   // its own op in wait()) is the only thread touching channels, queues and transports.
   bool busy_ = false;
@@ -512,6 +547,7 @@ class CommImpl {
   mutable std::mutex errMu_;
   std::mutex connMu_;  // guards chans_ against an aborting thread while shutdown frees them
   std::exception_ptr broken_;
+  std::atomic<bool> brokenSet_{false};  // broken_ is set: the hot path checks this, not errMu_
   std::deque<std::unique_ptr<Op>> collQueue_;
   std::vector<std::unique_ptr<Op>> p2pActive_;
   std::vector<std::unique_ptr<Op>> anyPending_;
@@ -543,6 +579,7 @@ class CommImpl {
   std::vector<bool> lagFlagged_;
   std::set<std::pair<int, bool>> linkFlagged_;
   std::string stragglerMsg_;  // pending StragglerError for the next op (RAILCC_STRAGGLER_ACTION=raise)
+  std::atomic<bool> stragglerPending_{false};  // stragglerMsg_ is not empty
   std::vector<int> stragglerRanks_;
   std::string peerProgressJson_ = "{}";  // what describePeerProgress concluded, for the dump
   void watchdogLoop(std::shared_ptr<WatchdogShared> w);
@@ -594,7 +631,8 @@ class CommImpl {
   void connectPeers(Store& store, const std::string& secretHex, Clock::time_point deadline, const GetFrom& getFrom,
                     const RailPlace& place);
   void progressLoop();
-  bool tryAcquire();
+  // Takes the engine token; with `drain`, also moves the queued ops on (drainQueue) under the same lock.
+  bool tryAcquire(bool drain = false);
   void release(bool wakeProgress);
   void failQueued(std::exception_ptr broken);
   std::exception_ptr runCollective(Op& op);
@@ -609,6 +647,7 @@ class CommImpl {
 
  private:
   void drainQueue();
+  void distributeDrained();  // drained_ to collQueue_ and the started p2p ops
   void startP2P(std::unique_ptr<Op> op);
   size_t progressP2P();
   void finishP2P();
@@ -618,10 +657,14 @@ class CommImpl {
   size_t progressSend(Channel& ch, Transfer& t);
   size_t progressRecv(Channel& ch, Transfer& t);
   bool readHeader(Channel& ch, size_t& moved);
-  // Times transfers big enough to say something about the link's throughput.
+  bool recvWhole(Channel& ch, Transfer& t, int lane, int peer, size_t& moved);
+  // Messages up to this size travel as one write of header, payload and padding.
+  static constexpr size_t kInlineBytes = 512;
+  // Times transfers big enough to say something about the link's throughput: below a few
+  // hundred KiB a transfer's time is mostly wake-up latency, not the link.
+  static bool sampled(const Transfer& t) { return t.bytes >= (256u << 10); }
   void sampleLink(const Transfer& t, bool send) {
-    // Below a few hundred KiB a transfer's time is mostly wake-up latency, not the link.
-    if (t.bytes < (256u << 10) || t.began == Clock::time_point{}) return;
+    if (!sampled(t) || t.began == Clock::time_point{}) return;
     tele_->linkSample(t.peer, send, t.bytes,
                       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t.began).count());
   }

@@ -31,10 +31,7 @@ std::string Communicator::dumpTrace(const std::string& reason, const std::string
   return impl_->writeTrace(reason, dir);
 }
 std::string Communicator::stragglerReport() { return impl_->stragglerReport(); }
-uint64_t Communicator::collectiveCount() const {
-  std::lock_guard<std::mutex> g(impl_->mu_);
-  return impl_->collSeq_;
-}
+uint64_t Communicator::collectiveCount() const { return impl_->collSeq_.load(); }
 
 namespace {
 void checkRoot(int root, int size, const char* what) {

@@ -21,10 +21,11 @@ RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
                                   rooted ? op->fp.root : -1, op->fp.count);
   }
   RequestPtr req = op->req;
-  {
+  if (stragglerPending_.load(std::memory_order_acquire)) {
     // A straggler reported by the watchdog fails the next op when RAILCC_STRAGGLER_ACTION=raise.
     // Attached before the op is queued: a small op may be finished before enqueue() returns.
     std::lock_guard<std::mutex> g(wdMu_);
+    stragglerPending_.store(false);
     if (!stragglerMsg_.empty()) {
       Error e(ErrorCode::kStraggler, stragglerMsg_);
       e.ranks = stragglerRanks_;
@@ -40,7 +41,7 @@ RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
   bool wake = !(CallerWaits::active() && !op->device && !op->p2p);
   {
     std::lock_guard<std::mutex> g(mu_);
-    {
+    if (brokenSet_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> ge(errMu_);
       err = broken_;
     }
@@ -76,25 +77,28 @@ std::unique_ptr<Op> CommImpl::collective(OpKind kind, DataType dt, ReduceOp rop,
   op->fp.redop = static_cast<uint8_t>(rop);
   op->fp.root = root;
   op->fp.count = count;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    op->fp.seq = ++collSeq_;
-  }
+  op->fp.seq = collSeq_.fetch_add(1) + 1;
   return op;
 }
 
 void CommImpl::drainQueue() {
   if (queued_.load(std::memory_order_acquire) == 0) return;
-  std::deque<std::unique_ptr<Op>> got;
+  // drained_ is only touched with the token held; swapping keeps both deques' memory, so a
+  // warm queue allocates nothing.
   {
     std::lock_guard<std::mutex> g(mu_);
-    got.swap(queue_);
+    drained_.swap(queue_);
     queued_.store(0);
   }
-  for (auto& op : got) {
+  distributeDrained();
+}
+
+void CommImpl::distributeDrained() {
+  for (auto& op : drained_) {
     if (op->p2p) startP2P(std::move(op));
     else collQueue_.push_back(std::move(op));
   }
+  drained_.clear();
 }
 
 void CommImpl::fail(std::exception_ptr err) {
@@ -102,6 +106,7 @@ void CommImpl::fail(std::exception_ptr err) {
     std::lock_guard<std::mutex> g(errMu_);
     if (broken_) return;
     broken_ = err;
+    brokenSet_.store(true, std::memory_order_release);
   }
   std::string msg, culprits;
   try {
@@ -215,10 +220,16 @@ void CommImpl::peerFailed(int peer, const std::string& detail) {
   throw err;
 }
 
-bool CommImpl::tryAcquire() {
-  std::lock_guard<std::mutex> g(mu_);
-  if (busy_) return false;
-  busy_ = true;
+bool CommImpl::tryAcquire(bool drain) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (busy_) return false;
+    busy_ = true;
+    if (!drain || queue_.empty()) return true;
+    drained_.swap(queue_);  // what drainQueue() does, under the same lock
+    queued_.store(0);
+  }
+  distributeDrained();
   return true;
 }
 
@@ -249,7 +260,7 @@ std::exception_ptr CommImpl::runCollective(Op& op) {
   op.fp.startUs = wallMicros();
   std::fill(arrivals_.begin(), arrivals_.end(), 0);
   waitingOn_.clear();
-  tele_->opStarted(op.traceId, op.fp.seq);
+  tele_->opStarted(op.traceId, op.fp.seq, op.fp.startUs);
   std::exception_ptr err;
   std::string what;
   try {
@@ -274,13 +285,12 @@ std::exception_ptr CommImpl::runCollective(Op& op) {
   // Another group of this rank found a member dead and failed us: that is the cause, not
   // the closed connections it left behind.
   if (err && memberDown_) err = brokenError();
-  tele_->opFinished(op.traceId, op.fp.seq, what, waitingOn_);
+  // One lock for the trace and the arrival lags (stragglers) of a successful op.
+  if (!err && size_ > 1) arrivals_[static_cast<size_t>(rank_)] = op.fp.startUs;
+  tele_->opFinished(op.traceId, op.fp.seq, what, waitingOn_, !err && size_ > 1 ? &arrivals_ : nullptr);
   if (err) {
     fail(err);
     clearChannels();
-  } else if (size_ > 1) {
-    arrivals_[static_cast<size_t>(rank_)] = op.fp.startUs;
-    tele_->arrivals(arrivals_);
   }
   current_ = nullptr;
   return err;
@@ -292,12 +302,13 @@ std::exception_ptr CommImpl::runCollective(Op& op) {
 // requests are finished after the token is released, so that what they run inline (user code
 // included: this is not the progress thread) may queue and wait on new ops.
 void CommImpl::helpRun(const Request* req) {
-  if (!tryAcquire()) return;
+  if (!tryAcquire(true)) return;
   log::setThreadRank(rank_);
+  // Usually just `req`'s op: the first one needs no vector.
+  std::pair<std::unique_ptr<Op>, std::exception_ptr> first;
   std::vector<std::pair<std::unique_ptr<Op>, std::exception_ptr>> ran;
-  drainQueue();
   std::exception_ptr broken;
-  {
+  if (brokenSet_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> g(errMu_);
     broken = broken_;
   }
@@ -307,11 +318,13 @@ void CommImpl::helpRun(const Request* req) {
       collQueue_.pop_front();
       std::exception_ptr err = runCollective(*op);
       bool mine = op->req.get() == req;
-      ran.emplace_back(std::move(op), err);
+      if (!first.first) first = {std::move(op), err};
+      else ran.emplace_back(std::move(op), err);
       if (mine || err) break;
     }
   }
   release(true);
+  if (first.first) first.first->req->finish(first.second);
   for (auto& [op, err] : ran) op->req->finish(err);
 }
 
@@ -442,6 +455,31 @@ void CommImpl::finishP2P() {
   }
 }
 
+// A small message read in one go once all of it is there: header, payload, padding, one
+// consume (one publication back to the sender). False, having read nothing, while it is not.
+bool CommImpl::recvWhole(Channel& ch, Transfer& t, int lane, int peer, size_t& moved) {
+  const size_t pad = pad8(t.bytes) - t.bytes, total = sizeof(WireHeader) + t.bytes + pad;
+  auto [p, avail] = ch.conn->peek();
+  if (avail < total) return false;
+  std::memcpy(&ch.inHdr, p, sizeof(WireHeader));
+  checkHeader(t, ch.inHdr, peer);
+  t.matched = true;
+  if (lane == kCollLane && arrivals_[static_cast<size_t>(peer)] == 0)
+    arrivals_[static_cast<size_t>(peer)] = ch.inHdr.startUs;
+  const char* payload = static_cast<const char*>(p) + sizeof(WireHeader);
+  if (t.kind == Transfer::kRecv) {
+    if (t.bytes) std::memcpy(t.dst, payload, t.bytes);
+  } else if (t.bytes) {
+    reduceInto(t.dst, payload, t.bytes / dtypeSize(t.dtype), t.dtype, t.op, t.scale);
+  }
+  ch.conn->consume(total);
+  t.done = t.bytes;
+  t.padDone = pad;
+  t.finished = true;
+  moved += total;
+  return true;
+}
+
 bool CommImpl::readHeader(Channel& ch, size_t& moved) {
   while (ch.inHdrGot < sizeof(WireHeader)) {
     size_t k = ch.conn->recv(reinterpret_cast<char*>(&ch.inHdr) + ch.inHdrGot, sizeof(WireHeader) - ch.inHdrGot);
@@ -480,6 +518,24 @@ void CommImpl::checkHeader(const Transfer& t, const WireHeader& h, int peer) {
 
 size_t CommImpl::progressSend(Channel& ch, Transfer& t) {
   size_t moved = 0;
+  if (t.hdrDone == 0 && t.bytes <= kInlineBytes && sendLimit(t) == t.bytes) {
+    // Header, payload and padding in one write: the receiver sees the whole message at once
+    // (one publication and one wake-up check instead of three).
+    char frame[sizeof(WireHeader) + kInlineBytes + 8];
+    const size_t pad = pad8(t.bytes) - t.bytes, total = sizeof(WireHeader) + t.bytes + pad;
+    std::memcpy(frame, &t.hdr, sizeof(WireHeader));
+    if (t.bytes) std::memcpy(frame + sizeof(WireHeader), t.src, t.bytes);
+    std::memset(frame + sizeof(WireHeader) + t.bytes, 0, pad);
+    size_t k = ch.conn->send(frame, total);
+    t.hdrDone = std::min(k, sizeof(WireHeader));
+    t.done = std::min(k - t.hdrDone, t.bytes);
+    t.padDone = k - t.hdrDone - t.done;
+    moved = k;
+    if (k == total) {
+      t.finished = true;
+      return moved;
+    }
+  }
   while (t.hdrDone < sizeof(WireHeader)) {
     size_t k = ch.conn->send(reinterpret_cast<const char*>(&t.hdr) + t.hdrDone, sizeof(WireHeader) - t.hdrDone);
     if (k == 0) return moved;
@@ -588,7 +644,7 @@ size_t CommImpl::progressChannelImpl(Channel& ch, int lane, int peer) {
     Transfer& t = *ch.sendq.front();
     bool fresh = t.hdrDone == 0;
     size_t k = progressSend(ch, t);
-    if (fresh && k > 0) t.began = Clock::now();
+    if (fresh && k > 0 && sampled(t)) t.began = Clock::now();
     moved += k;
     if (!t.finished) break;
     sampleLink(t, true);
@@ -596,11 +652,15 @@ size_t CommImpl::progressChannelImpl(Channel& ch, int lane, int peer) {
   }
   while (!ch.recvq.empty()) {
     Transfer& t = *ch.recvq.front();
+    if (!t.matched && ch.inHdrGot == 0 && t.bytes <= kInlineBytes && recvWhole(ch, t, lane, peer, moved)) {
+      ch.recvq.pop_front();
+      continue;
+    }
     if (!t.matched) {
       if (!readHeader(ch, moved)) break;
       checkHeader(t, ch.inHdr, peer);
       t.matched = true;
-      t.began = Clock::now();
+      if (sampled(t)) t.began = Clock::now();
       if (lane == kCollLane && arrivals_[static_cast<size_t>(peer)] == 0)
         arrivals_[static_cast<size_t>(peer)] = ch.inHdr.startUs;
     }
@@ -671,7 +731,8 @@ void CommImpl::refreshSplit(Transfer& t) {
 }
 
 void CommImpl::complete(std::vector<Transfer>& xs) {
-  std::vector<std::pair<int, int>> chans;
+  std::vector<std::pair<int, int>>& chans = completeChans_;  // kept: no allocation per step
+  chans.clear();
   for (auto& t : xs)
     if (std::find(chans.begin(), chans.end(), std::make_pair(kCollLane, t.peer)) == chans.end())
       chans.push_back({kCollLane, t.peer});
@@ -681,9 +742,15 @@ void CommImpl::complete(std::vector<Transfer>& xs) {
     std::vector<Transfer>& xs;
     ~Account() {
       if (!c->current_) return;
+      try {
+        auto& rows = c->byteRows_;
+        rows.clear();
+        for (auto& t : xs) rows.push_back({static_cast<uint64_t>(t.peer), t.kind == Transfer::kSend ? t.done : 0,
+                                           t.kind == Transfer::kSend ? 0 : t.done});
+        c->tele_->opBytes(c->current_->traceId, rows);
+      } catch (const std::bad_alloc&) {  // the trace goes without these bytes
+      }
       for (auto& t : xs) {
-        c->tele_->opBytes(c->current_->traceId, t.peer, t.kind == Transfer::kSend ? t.done : 0,
-                          t.kind == Transfer::kSend ? 0 : t.done);
         if (!t.finished && std::uncaught_exceptions() > 0 &&
             std::find(c->waitingOn_.begin(), c->waitingOn_.end(), t.peer) == c->waitingOn_.end())
           c->waitingOn_.push_back(t.peer);
@@ -751,7 +818,7 @@ void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
       }
     return queued_.load() > 0;
   };
-  if (pollFor(opts_.config.spinUs, anyReady)) return;
+  if (pollFor(opts_.config.spinUs, anyReady, busyUs_)) return;
   std::vector<pollfd> fds;
   bool hasShm = false;
   for (auto& [lane, peer] : waitOn)

@@ -13,14 +13,13 @@ bool CallerWaits::active() { return tCallerWaits; }
 // ---------------------------------------------------------------------------------------
 // Request
 
-bool Request::completed() const {
-  std::lock_guard<std::mutex> g(mu_);
-  return done_;
-}
+// doneFlag_ is set (release) under mu_ after done_ and error_: a reader that sees it (acquire)
+// sees them too, without the lock.
+bool Request::completed() const { return doneFlag_.load(std::memory_order_acquire); }
 
 bool Request::wait(Millis timeout) {
   // Small ops finish within microseconds of being queued: poll briefly before blocking.
-  pollFor(spinUs_, [&] { return doneFlag_.load(std::memory_order_acquire); });
+  if (pollFor(spinUs_, [&] { return doneFlag_.load(std::memory_order_acquire); })) return true;
   std::unique_lock<std::mutex> g(mu_);
   if (timeout.count() < 0) {
     cv_.wait(g, [&] { return done_; });
@@ -30,6 +29,7 @@ bool Request::wait(Millis timeout) {
 }
 
 std::exception_ptr Request::error() const {
+  if (doneFlag_.load(std::memory_order_acquire)) return error_;  // written once, before the flag
   std::lock_guard<std::mutex> g(mu_);
   return error_;
 }

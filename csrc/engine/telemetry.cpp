@@ -93,12 +93,12 @@ uint64_t Telemetry::opQueued(uint64_t seq, const char* op, const char* dtype, co
   return id;
 }
 
-void Telemetry::opStarted(uint64_t id, uint64_t seq) {
+void Telemetry::opStarted(uint64_t id, uint64_t seq, int64_t nowUs) {
   std::lock_guard<std::mutex> g(mu_);
   if (seq > 0) progress_.started = std::max(progress_.started, seq);
   if (OpTrace* t = find(id)) {
     t->state = State::kRunning;
-    t->startUs = wallMicros();
+    t->startUs = nowUs;
   }
 }
 
@@ -111,8 +111,21 @@ void Telemetry::opBytes(uint64_t id, int peer, uint64_t sent, uint64_t recvd) {
   }
 }
 
-void Telemetry::opFinished(uint64_t id, uint64_t seq, const std::string& error, const std::vector<int>& waitingOn) {
+void Telemetry::opBytes(uint64_t id, const std::vector<std::array<uint64_t, 3>>& rows) {
   std::lock_guard<std::mutex> g(mu_);
+  OpTrace* t = find(id);
+  if (!t) return;
+  for (auto& [peer, sent, recvd] : rows) {
+    if (peer >= static_cast<uint64_t>(size_)) continue;
+    t->sent[static_cast<size_t>(peer)] += sent;
+    t->recvd[static_cast<size_t>(peer)] += recvd;
+  }
+}
+
+void Telemetry::opFinished(uint64_t id, uint64_t seq, const std::string& error, const std::vector<int>& waitingOn,
+                           const std::vector<int64_t>* startUs) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (startUs) arrivalsLocked(*startUs);
   if (seq > 0 && error.empty()) progress_.completed = std::max(progress_.completed, seq);
   OpTrace* t = find(id);
   if (!t) return;
@@ -124,11 +137,15 @@ void Telemetry::opFinished(uint64_t id, uint64_t seq, const std::string& error, 
 }
 
 void Telemetry::arrivals(const std::vector<int64_t>& startUs) {
+  std::lock_guard<std::mutex> g(mu_);
+  arrivalsLocked(startUs);
+}
+
+void Telemetry::arrivalsLocked(const std::vector<int64_t>& startUs) {
   int64_t first = 0;
   for (int64_t s : startUs)
     if (s > 0 && (first == 0 || s < first)) first = s;
   if (first == 0) return;
-  std::lock_guard<std::mutex> g(mu_);
   for (size_t r = 0; r < startUs.size() && r < lag_.size(); ++r) {
     if (startUs[r] <= 0) continue;
     auto& w = lag_[r];

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -53,13 +54,19 @@ class Telemetry {
   uint64_t opQueued(uint64_t seq, const char* op, const char* dtype, const char* redop, int root, uint64_t count);
   // `seq` updates the progress counters even when the op's slot was overwritten (more ops in
   // flight than the ring holds).
-  void opStarted(uint64_t id, uint64_t seq);
+  void opStarted(uint64_t id, uint64_t seq, int64_t nowUs = wallMicros());
   void opBytes(uint64_t id, int peer, uint64_t sent, uint64_t recvd);
-  void opFinished(uint64_t id, uint64_t seq, const std::string& error, const std::vector<int>& waitingOn);
+  /// Several peers' bytes under one lock: {peer, sent, received} each.
+  void opBytes(uint64_t id, const std::vector<std::array<uint64_t, 3>>& rows);
+  /// With `startUs` (every rank's start of the op, 0 where unknown), also what arrivals() does,
+  /// under the same lock.
+  void opFinished(uint64_t id, uint64_t seq, const std::string& error, const std::vector<int>& waitingOn,
+                  const std::vector<int64_t>* startUs = nullptr);
 
   /// Start times of one collective: this rank's and what each peer stamped in its messages
   /// (0 where nothing arrived). Updates the lag window of every rank.
   void arrivals(const std::vector<int64_t>& startUs);
+  void arrivalsLocked(const std::vector<int64_t>& startUs);  // with mu_ held
   /// One transfer of `bytes` that kept a link busy for `busyUs`.
   void linkSample(int peer, bool send, uint64_t bytes, int64_t busyUs);
 

@@ -217,6 +217,7 @@ void CommImpl::checkStragglers() {
   if (raise && !news.empty()) {
     stragglerMsg_.clear();
     for (auto& m : news) stragglerMsg_ += (stragglerMsg_.empty() ? "" : "\n") + m;
+    stragglerPending_.store(true);
     stragglerRanks_ = newRanks;
   }
 }

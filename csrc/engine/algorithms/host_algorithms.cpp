@@ -14,7 +14,8 @@ void CommImpl::oneshotReduce(const std::function<const char*(int)>& blockOf, cha
   if (scratch_.size() < stride * static_cast<size_t>(n)) scratch_.resize(stride * static_cast<size_t>(n));
   char* sc = scratch_.data();
   auto slot = [&](int p) { return sc + stride * static_cast<size_t>(p); };
-  std::vector<Transfer> xs;
+  std::vector<Transfer>& xs = oneshotXs_;  // kept between calls: no allocation per op
+  xs.clear();
   xs.reserve(2 * static_cast<size_t>(n));
   for (int p = 0; p < n; ++p)
     if (p != r) {

@@ -82,14 +82,8 @@ CommImpl::DeviceOp CommImpl::beginDevice(const Placement& where) {
   return {d, stream, where.queued && where.stream != nullptr};
 }
 
-void CommImpl::setBody(Op& o, const Placement& where, DataType dt, std::function<void()> host,
-                       const std::function<DevicePlan()>& plan) {
-  o.device = where.onDevice();
-  if (!o.device) {
-    o.body = std::move(host);
-    return;
-  }
-  o.body = [this, where, dt, p = plan()] { runDevice(where, dt, p); };
+void CommImpl::setDeviceBody(Op& o, const Placement& where, DataType dt, DevicePlan plan) {
+  o.body = [this, where, dt, p = std::move(plan)] { runDevice(where, dt, p); };
 }
 
 void CommImpl::runDevice(const Placement& where, DataType dt, const DevicePlan& plan) {
