@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Markdown tables for docs/benchmarks.md from one railcc-bench JSON report.
+
+    python3 scripts/bench_tables.py docs/bench/same-host-2.json
+
+Per collective, one table of times in microseconds (the median of the slowest rank): railcc,
+each other backend of the run (gloo, openmpi, fake: c10d's dispatch floor), then
+  railcc/MPI    railcc's time over Open MPI's (<= 1: railcc at least as fast);
+  over floor    railcc's time minus the floor's (what railcc adds to c10d's own dispatch),
+                up to 64 KiB;
+  gloo/railcc   gloo's time over railcc's (how many times faster railcc is);
+  bound         busbw over the single-core memcpy rate of --bound, for railcc and Open MPI.
+Out-of-place first, in-place after the slash where the collective has both.
+"""
+
+import json
+import sys
+
+SMALL = 64 << 10
+
+
+def fmt_time(t):
+    if t is None:
+        return "-"
+    return f"{t:.0f}" if t >= 100 else f"{t:.1f}"
+
+
+def fmt_size(n):
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div} {unit}"
+    return f"{n} B"
+
+
+def pair(a, b, f):
+    """'a / b' for out-of-place and in-place; one value where there is no in-place figure."""
+    if b is None:
+        return f(a)
+    return f"{f(a)} / {f(b)}"
+
+
+def ratio(a, b):
+    return a / b if a is not None and b not in (None, 0) else None
+
+
+def fmt_ratio(x):
+    return "-" if x is None else f"{x:.2f}"
+
+
+def tables(report):
+    results = report["results"]
+    bound = report.get("bound") or {}
+    rate = bound.get("memcpy_gbps")
+    backends = []
+    for r in results:
+        if r["backend"] not in backends:
+            backends.append(r["backend"])
+    others = [b for b in backends if b != "railcc"]
+    ops = []
+    for r in results:
+        if r["op"] not in ops:
+            ops.append(r["op"])
+    by = {(r["backend"], r["op"], r["size"], r["inplace"]): r for r in results}
+
+    def t(b, op, size, inplace):
+        r = by.get((b, op, size, inplace))
+        return r["time_us"] if r else None
+
+    def bw(b, op, size, inplace):
+        r = by.get((b, op, size, inplace))
+        return r["busbw"] if r else None
+
+    out = []
+    for op in ops:
+        sizes = sorted({r["size"] for r in results if r["op"] == op})
+        has_inplace = any(r["inplace"] for r in results if r["op"] == op)
+        cols = ["size", "railcc"] + others
+        if "openmpi" in others:
+            cols.append("railcc/MPI")
+        if "fake" in others:
+            cols.append("over floor")
+        if "gloo" in others:
+            cols.append("gloo/railcc")
+        if rate:
+            cols += ["bound railcc"] + (["bound MPI"] if "openmpi" in others else [])
+        out.append(f"**{op}** (us{', out-of-place / in-place' if has_inplace else ''})")
+        out.append("")
+        out.append("| " + " | ".join(cols) + " |")
+        out.append("|" + "---:|" * len(cols))
+        for s in sizes:
+            ip = [False, True] if has_inplace else [False]
+
+            def cell(f):
+                vals = [f(x) for x in ip]
+                return vals[0], (vals[1] if has_inplace else None)
+
+            row = [fmt_size(s)]
+            for b in ["railcc"] + others:
+                a, c = cell(lambda x: t(b, op, s, x))
+                row.append(pair(a, c, fmt_time))
+            if "openmpi" in others:
+                a, c = cell(lambda x: ratio(t("railcc", op, s, x), t("openmpi", op, s, x)))
+                row.append(pair(a, c, fmt_ratio))
+            if "fake" in others:
+                def over(x):  # small messages only: above that the floor is noise beside the copy
+                    r, f = t("railcc", op, s, x), t("fake", op, s, x)
+                    return None if r is None or f is None or s > SMALL else r - f
+                a, c = cell(over)
+                row.append(pair(a, c, lambda v: "-" if v is None else f"{v:+.1f}"))
+            if "gloo" in others:
+                a, c = cell(lambda x: ratio(t("gloo", op, s, x), t("railcc", op, s, x)))
+                row.append(pair(a, c, fmt_ratio))
+            if rate:
+                for b in ["railcc"] + (["openmpi"] if "openmpi" in others else []):
+                    a, c = cell(lambda x: ratio(bw(b, op, s, x), rate))
+                    row.append(pair(a, c, fmt_ratio))
+            out.append("| " + " | ".join(row) + " |")
+        out.append("")
+    if rate:
+        out.append(f"Bound: single-core memcpy (torch copy_) of {fmt_size(bound.get('bytes', 0))}, "
+                   f"best of 5: **{rate:.2f} GB/s**.")
+    for nr in report.get("not_run", []):
+        out.append(f"Not run: {nr.get('backend')} {nr.get('op', '')}: {nr.get('reason', '')}")
+    return "\n".join(out)
+
+
+def main(argv):
+    if len(argv) != 2:
+        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        return 2
+    with open(argv[1]) as f:
+        print(tables(json.load(f)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
