@@ -517,6 +517,7 @@ class CommImpl {
   std::deque<std::unique_ptr<Op>> queue_;
   std::deque<std::unique_ptr<Op>> drained_;  // drainQueue()'s, with the token held
   std::vector<std::pair<int, int>> completeChans_;  // complete()'s, with the token held
+  std::vector<std::pair<int, int>> completeWaitOn_;
   std::vector<Transfer> oneshotXs_;                 // oneshotReduce()'s, with the token held
   std::vector<std::array<uint64_t, 3>> byteRows_;   // complete()'s bytes per peer, for the trace
   std::atomic<size_t> queued_{0};

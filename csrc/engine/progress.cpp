@@ -773,7 +773,8 @@ void CommImpl::complete(std::vector<Transfer>& xs) {
     }
     if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
     if (memberDown_) std::rethrow_exception(brokenError());
-    std::vector<std::pair<int, int>> on;
+    std::vector<std::pair<int, int>>& on = completeWaitOn_;  // kept: no allocation per wait
+    on.clear();
     for (auto& t : xs)
       if (!t.finished) on.push_back({kCollLane, t.peer});
     idle(on, current_->timeout, opKindName(current_->kind));
