@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates the figures of docs/benchmarks.md: railcc and gloo side by side in each run.
+# Regenerates the figures of docs/benchmarks.md: railcc beside its anchors (gloo, Open MPI, c10d's
+# dispatch floor, the memcpy bound) in each run.
 # Needs the install of scripts/install.sh; the cross-host runs need root (network namespaces).
 # Run it on an otherwise idle machine: the numbers are only as quiet as the host.
 #
@@ -9,13 +10,20 @@ cd "$(dirname "$0")/.."
 out=${1:-docs/bench}
 mkdir -p "$out"
 B="railcc-bench --backend railcc,gloo"
-SAME="-o all_reduce,all_gather,reduce_scatter,broadcast -b 1M -e 256M -f 4 -n 10 -w 2"
+# One host: railcc beside gloo, Open MPI (mpi4py under mpirun, shared memory) and c10d's own
+# dispatch (torch's fake process group), every collective, 16 B .. 256 MiB.
+REFS="--backend railcc,gloo,openmpi,fake"
+SAME="-o all_reduce,all_gather,reduce_scatter,broadcast,reduce,alltoall -b 16 -e 256M -f 16 -n 10 -w 2"
 
 for n in 2 4; do
-  echo "== same host, $n ranks: sizes 1 MiB .. 256 MiB"
-  $B --nprocs $n $SAME --bound --json "$out/same-host-$n.json" --plot "$out/same-host-$n.png" | tee "$out/same-host-$n.txt"
-  echo "== same host, $n ranks: 8-byte all_reduce latency"
-  $B --nprocs $n -o all_reduce -b 8 -e 8 -n 2000 -w 200 | tee "$out/latency-$n.txt"
+  echo "== same host, $n ranks: sizes 16 B .. 256 MiB"
+  railcc-bench $REFS --nprocs $n $SAME --bound --json "$out/same-host-$n.json" --plot "$out/same-host-$n.png" \
+    | tee "$out/same-host-$n.txt"
+  python3 scripts/bench_tables.py "$out/same-host-$n.json" > "$out/same-host-$n.md"
+  echo "== same host, $n ranks: 8-byte all_reduce and broadcast latency"
+  railcc-bench $REFS --nprocs $n -o all_reduce,broadcast -b 8 -e 8 -n 2000 -w 200 --json "$out/latency-$n.json" \
+    | tee "$out/latency-$n.txt"
+  python3 scripts/bench_tables.py "$out/latency-$n.json" > "$out/latency-$n.md"
   echo "== same host, $n ranks: allreduce_coalesced of 256 tensors of 4 KiB"
   $B --nprocs $n -o allreduce_coalesced --ntensors 256 -b 4K -e 4K -n 50 -w 5 | tee "$out/coalesced-$n.txt"
 done
