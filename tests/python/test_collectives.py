@@ -266,6 +266,69 @@ def rk_broadcast(rank, n):
     return bad
 
 
+def rk_inline_boundary(rank, n):
+    # Messages up to 512 bytes travel as one write of header, payload and padding; just above,
+    # header and payload go separately. Sizes on both sides of that line, odd byte counts
+    # included, for the collectives whose messages are that size.
+    bad = []
+    for dt, count in ((torch.int8, 505), (torch.int8, 511), (torch.int8, 512), (torch.int8, 513),
+                      (torch.float32, 127), (torch.float32, 128), (torch.float32, 129), (torch.float64, 65)):
+        t = make_input(rank, dt, count)
+        dist.all_reduce(t)
+        exp = reduce_ref([make_input(r, dt, count) for r in range(n)], "SUM", n)
+        if not close(t, exp):
+            bad.append(f"all_reduce {dt} count={count}: first bad indices {_first_bad(t, exp)}")
+        root = n - 1
+        t = make_input(rank, dt, count)
+        dist.broadcast(t, src=root)
+        if not torch.equal(t, make_input(root, dt, count)):
+            bad.append(f"broadcast {dt} count={count}")
+        t = make_input(rank, dt, count)
+        dist.reduce(t, dst=root)
+        if rank == root and not close(t, exp):
+            bad.append(f"reduce {dt} count={count}")
+        out = torch.empty(count * n, dtype=dt)
+        dist.all_gather_into_tensor(out, make_input(rank, dt, count))
+        if not torch.equal(out, torch.cat([make_input(r, dt, count) for r in range(n)])):
+            bad.append(f"all_gather {dt} count={count}")
+        mine = torch.empty(count, dtype=dt)
+        dist.reduce_scatter_tensor(mine, make_input(rank, dt, count * n))
+        want = reduce_ref([make_input(r, dt, count * n) for r in range(n)], "SUM", n)[rank * count:(rank + 1) * count]
+        if not close(mine, want):
+            bad.append(f"reduce_scatter {dt} count={count}")
+        got = torch.empty(count * n, dtype=dt)
+        dist.all_to_all_single(got, make_input(rank, dt, count * n, salt=rank))
+        want = torch.cat([make_input(r, dt, count * n, salt=r)[rank * count:(rank + 1) * count] for r in range(n)])
+        if not torch.equal(got, want):
+            bad.append(f"all_to_all {dt} count={count}")
+    return bad
+
+
+def rk_sync_work(rank, n):
+    # A synchronous call (asyncOp=False, as dist.all_reduce makes it) keeps only weak
+    # references to its tensors and makes its future when asked: both must still answer.
+    bad = []
+    pg = dist.distributed_c10d._get_default_group()
+    t = make_input(rank, torch.float32, 13)
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    w = pg.allreduce([t], opts)
+    w.wait()
+    exp = reduce_ref([make_input(r, torch.float32, 13) for r in range(n)], "SUM", n)
+    if not close(t, exp):
+        bad.append(f"sync all_reduce: {t.tolist()} != {exp.tolist()}")
+    res = w.result()
+    if len(res) != 1 or res[0].data_ptr() != t.data_ptr():
+        bad.append(f"sync work result() is not the call's tensor: {res}")
+    fut = w.get_future()
+    val = fut.wait()
+    if not fut.done() or len(val) != 1 or not torch.equal(val[0], t):
+        bad.append(f"sync work future: done={fut.done()} value={val}")
+    if fut is not None and w.get_future() is not None and not w.get_future().done():
+        bad.append("a second get_future() is not done")
+    return bad
+
+
 def rk_gather_scatter(rank, n):
     bad = []
     for dt in (torch.float32, torch.int8, torch.bool, torch.bfloat16):
@@ -501,7 +564,8 @@ def check(pool, fn, timeout=120):
 @pytest.mark.parametrize(
     "fn",
     [rk_allreduce, rk_reduce, rk_reduce_scatter, rk_allgather, rk_broadcast, rk_gather_scatter, rk_alltoall,
-     rk_p2p, rk_barrier_and_zero, rk_coalesced, rk_async_futures, rk_subgroups, rk_seqnum],
+     rk_p2p, rk_barrier_and_zero, rk_coalesced, rk_async_futures, rk_subgroups, rk_seqnum, rk_inline_boundary,
+     rk_sync_work],
     ids=lambda f: f.__name__[3:],
 )
 def test_collective(pools, n, transport, fn):
