@@ -427,6 +427,18 @@ class CommImpl {
   // Receives of at least this many bytes from shared memory write around the cache: the
   // local ranks' results together no longer fit in the last-level cache.
   size_t streamMin_ = ~size_t(0);
+  // An op that writes `total` bytes on this rank in pieces (all-gather, all-to-all): the same
+  // holds for the whole of it, so its pieces of at least kStreamPiece also write around the
+  // cache once `total` reaches streamMin_ (several pieces together fill the cache just as one
+  // large one does).
+  static constexpr size_t kStreamPiece = 1u << 20;
+  bool streamPiece(size_t total, size_t piece) const {
+    return piece >= streamMin_ || (total >= streamMin_ && piece >= kStreamPiece);
+  }
+  void streamPieces(std::vector<Transfer>& xs, size_t total) {
+    for (Transfer& t : xs)
+      if (t.kind == Transfer::kRecv && shmPeer_[static_cast<size_t>(t.peer)]) t.bypassCache = streamPiece(total, t.bytes);
+  }
   // How long a wait on a peer spins in place before it yields (pollFor): a few microseconds
   // when this host has a CPU for each of its ranks, none when they share cores.
   int64_t busyUs_ = 0;

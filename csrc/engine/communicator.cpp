@@ -167,6 +167,7 @@ RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, st
       xs.push_back(c->sendTo(to, in, bytes));
       xs.push_back(c->recvFrom(from, outs[static_cast<size_t>(from)], bytes));
     }
+    c->streamPieces(xs, bytes * static_cast<size_t>(n));
     c->exchange(xs);
   };
   std::vector<char*> o8;
@@ -256,6 +257,9 @@ RequestPtr Communicator::alltoall(std::vector<const void*> ins, std::vector<size
       xs.push_back(c->sendTo(static_cast<int>(to), ins[to], inCounts[to] * es));
       xs.push_back(c->recvFrom(static_cast<int>(from), outs[from], outCounts[from] * es));
     }
+    size_t total = 0;
+    for (size_t k : outCounts) total += k * es;
+    c->streamPieces(xs, total);
     c->exchange(xs);
   };
   std::vector<char*> i8, o8;

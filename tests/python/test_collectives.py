@@ -266,6 +266,20 @@ def rk_broadcast(rank, n):
     return bad
 
 
+def rk_alltoall_large(rank, n):
+    # Blocks of 8 MiB and an odd count: together they outgrow the cache share, so the
+    # receives from shared memory write around the cache (streaming stores) in pieces.
+    bad = []
+    count = 2_100_001
+    inp = make_ragged(rank, torch.float32, count * n, salt=rank)
+    out = torch.empty(count * n, dtype=torch.float32)
+    dist.all_to_all_single(out, inp)
+    want = torch.cat([make_ragged(r, torch.float32, count * n, salt=r)[rank * count:(rank + 1) * count] for r in range(n)])
+    if not torch.equal(out, want):
+        bad.append(f"large all_to_all: first bad indices {_first_bad(out, want)}")
+    return bad
+
+
 def rk_inline_boundary(rank, n):
     # Messages up to 512 bytes travel as one write of header, payload and padding; just above,
     # header and payload go separately. Sizes on both sides of that line, odd byte counts
@@ -587,6 +601,12 @@ def test_reductions_through_small_rings(pools, n):
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_allgather_larger_than_fifo(pools, n, transport):
     check(pool_for(pools, n, transport), rk_allgather_large, timeout=180)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_alltoall_larger_than_cache_share(pools, n, transport):
+    check(pool_for(pools, n, transport), rk_alltoall_large, timeout=180)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

@@ -378,6 +378,8 @@ void CommImpl::runAllgatherRing(const char* mine, const std::vector<size_t>& siz
   transport::shm::BcastRing& own = rs.own;
   const int myIdx = rs.myIdx;
   const size_t myBytes = sizes[static_cast<size_t>(me)];
+  size_t total = 0;
+  for (size_t s : sizes) total += s;
   size_t wrote = 0;
   std::vector<size_t> got(static_cast<size_t>(n), 0);
   got[static_cast<size_t>(me)] = myBytes;
@@ -401,7 +403,7 @@ void CommImpl::runAllgatherRing(const char* mine, const std::vector<size_t>& siz
       auto [src, avail] = ring.peek(myIdx);
       size_t k = std::min(avail, want);
       if (k == 0) continue;
-      if (sizes[static_cast<size_t>(p)] >= streamMin_)
+      if (streamPiece(total, sizes[static_cast<size_t>(p)]))
         transport::streamCopy(outs[static_cast<size_t>(p)] + got[static_cast<size_t>(p)], src, k);
       else
         std::memcpy(outs[static_cast<size_t>(p)] + got[static_cast<size_t>(p)], src, k);
