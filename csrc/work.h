@@ -45,18 +45,17 @@ class WorkRailcc : public c10d::Work {
     // work only needs to find them again for result(). A strong reference dropped here,
     // without the GIL, would take the GIL to release the tensor's Python object: one more
     // GIL round trip per call for nothing.
-    if (sync_ && !dev_) {
+    if (weak()) {
       for (auto& t : outputs_) weakOutputs_.emplace_back(t.getIntrusivePtr());
       outputs_.clear();
       keep_.clear();
-      weak_ = true;
     }
   }
 
   ~WorkRailcc() override {
     // Only weak references to the caller's tensors: an op that nobody waited for must not
     // write into them after they are gone (torch always waits for a synchronous call).
-    if (weak_ && !done_.load()) {
+    if (weak() && !done_.load()) {
       try {
         for (auto& r : reqs_)
           if (!r->completed()) comm_->wait(r, Millis(-1));
@@ -239,11 +238,11 @@ class WorkRailcc : public c10d::Work {
   std::vector<RequestPtr> reqs_;
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_;
-  // With weak_ (a synchronous CPU call), the outputs as weak references instead.
-  bool weak_ = false;
+  // A synchronous CPU call keeps its outputs as weak references instead (see the constructor).
+  bool weak() const { return sync_ && !dev_; }
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> weakOutputs_;
   std::vector<at::Tensor> outputs() const {
-    if (!weak_) return outputs_;
+    if (!weak()) return outputs_;
     std::vector<at::Tensor> out;
     for (auto& w : weakOutputs_) {
       auto p = w.lock();

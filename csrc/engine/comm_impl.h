@@ -660,6 +660,7 @@ class CommImpl {
 
  private:
   void drainQueue();
+  void takeQueued();         // queue_ to drained_, with mu_ held
   void distributeDrained();  // drained_ to collQueue_ and the started p2p ops
   void startP2P(std::unique_ptr<Op> op);
   size_t progressP2P();
@@ -671,6 +672,7 @@ class CommImpl {
   size_t progressRecv(Channel& ch, Transfer& t);
   bool readHeader(Channel& ch, size_t& moved);
   bool recvWhole(Channel& ch, Transfer& t, int lane, int peer, size_t& moved);
+  void acceptHeader(Channel& ch, Transfer& t, int lane, int peer);
   // Messages up to this size travel as one write of header, payload and padding.
   static constexpr size_t kInlineBytes = 512;
   // Times transfers big enough to say something about the link's throughput: below a few

@@ -87,10 +87,14 @@ void CommImpl::drainQueue() {
   // warm queue allocates nothing.
   {
     std::lock_guard<std::mutex> g(mu_);
-    drained_.swap(queue_);
-    queued_.store(0);
+    takeQueued();
   }
   distributeDrained();
+}
+
+void CommImpl::takeQueued() {
+  drained_.swap(queue_);
+  queued_.store(0);
 }
 
 void CommImpl::distributeDrained() {
@@ -226,8 +230,7 @@ bool CommImpl::tryAcquire(bool drain) {
     if (busy_) return false;
     busy_ = true;
     if (!drain || queue_.empty()) return true;
-    drained_.swap(queue_);  // what drainQueue() does, under the same lock
-    queued_.store(0);
+    takeQueued();
   }
   distributeDrained();
   return true;
@@ -462,10 +465,7 @@ bool CommImpl::recvWhole(Channel& ch, Transfer& t, int lane, int peer, size_t& m
   auto [p, avail] = ch.conn->peek();
   if (avail < total) return false;
   std::memcpy(&ch.inHdr, p, sizeof(WireHeader));
-  checkHeader(t, ch.inHdr, peer);
-  t.matched = true;
-  if (lane == kCollLane && arrivals_[static_cast<size_t>(peer)] == 0)
-    arrivals_[static_cast<size_t>(peer)] = ch.inHdr.startUs;
+  acceptHeader(ch, t, lane, peer);
   const char* payload = static_cast<const char*>(p) + sizeof(WireHeader);
   if (t.kind == Transfer::kRecv) {
     if (t.bytes) std::memcpy(t.dst, payload, t.bytes);
@@ -478,6 +478,15 @@ bool CommImpl::recvWhole(Channel& ch, Transfer& t, int lane, int peer, size_t& m
   t.finished = true;
   moved += total;
   return true;
+}
+
+// The peer's header (in ch.inHdr) for receive `t`: checked against our own call, and its start
+// time noted for the arrival lags.
+void CommImpl::acceptHeader(Channel& ch, Transfer& t, int lane, int peer) {
+  checkHeader(t, ch.inHdr, peer);
+  t.matched = true;
+  if (lane == kCollLane && arrivals_[static_cast<size_t>(peer)] == 0)
+    arrivals_[static_cast<size_t>(peer)] = ch.inHdr.startUs;
 }
 
 bool CommImpl::readHeader(Channel& ch, size_t& moved) {
@@ -658,11 +667,8 @@ size_t CommImpl::progressChannelImpl(Channel& ch, int lane, int peer) {
     }
     if (!t.matched) {
       if (!readHeader(ch, moved)) break;
-      checkHeader(t, ch.inHdr, peer);
-      t.matched = true;
+      acceptHeader(ch, t, lane, peer);
       if (sampled(t)) t.began = Clock::now();
-      if (lane == kCollLane && arrivals_[static_cast<size_t>(peer)] == 0)
-        arrivals_[static_cast<size_t>(peer)] = ch.inHdr.startUs;
     }
     moved += progressRecv(ch, t);
     if (!t.finished) break;

@@ -136,11 +136,6 @@ void Telemetry::opFinished(uint64_t id, uint64_t seq, const std::string& error, 
   t->waitingOn = waitingOn;
 }
 
-void Telemetry::arrivals(const std::vector<int64_t>& startUs) {
-  std::lock_guard<std::mutex> g(mu_);
-  arrivalsLocked(startUs);
-}
-
 void Telemetry::arrivalsLocked(const std::vector<int64_t>& startUs) {
   int64_t first = 0;
   for (int64_t s : startUs)

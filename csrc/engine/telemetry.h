@@ -58,15 +58,11 @@ class Telemetry {
   void opBytes(uint64_t id, int peer, uint64_t sent, uint64_t recvd);
   /// Several peers' bytes under one lock: {peer, sent, received} each.
   void opBytes(uint64_t id, const std::vector<std::array<uint64_t, 3>>& rows);
-  /// With `startUs` (every rank's start of the op, 0 where unknown), also what arrivals() does,
-  /// under the same lock.
+  /// With `startUs`, the start times of the op: this rank's and what each peer stamped in its
+  /// messages (0 where nothing arrived); they update the lag window of every rank, under the
+  /// same lock as the trace.
   void opFinished(uint64_t id, uint64_t seq, const std::string& error, const std::vector<int>& waitingOn,
                   const std::vector<int64_t>* startUs = nullptr);
-
-  /// Start times of one collective: this rank's and what each peer stamped in its messages
-  /// (0 where nothing arrived). Updates the lag window of every rank.
-  void arrivals(const std::vector<int64_t>& startUs);
-  void arrivalsLocked(const std::vector<int64_t>& startUs);  // with mu_ held
   /// One transfer of `bytes` that kept a link busy for `busyUs`.
   void linkSample(int peer, bool send, uint64_t bytes, int64_t busyUs);
 
@@ -89,6 +85,7 @@ class Telemetry {
   std::string lagsJson() const;
 
  private:
+  void arrivalsLocked(const std::vector<int64_t>& startUs);  // with mu_ held
   OpTrace* find(uint64_t id);  // under mu_; null once overwritten
 
   int rank_, size_;
