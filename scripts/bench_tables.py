@@ -16,6 +16,8 @@ Out-of-place first, in-place after the slash where the collective has both.
 import json
 import sys
 
+from railcc.bench_report import ratio
+
 SMALL = 64 << 10
 
 
@@ -37,10 +39,6 @@ def pair(a, b, f):
     if b is None:
         return f(a)
     return f"{f(a)} / {f(b)}"
-
-
-def ratio(a, b):
-    return a / b if a is not None and b not in (None, 0) else None
 
 
 def fmt_ratio(x):

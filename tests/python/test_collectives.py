@@ -338,7 +338,7 @@ def rk_sync_work(rank, n):
     val = fut.wait()
     if not fut.done() or len(val) != 1 or not torch.equal(val[0], t):
         bad.append(f"sync work future: done={fut.done()} value={val}")
-    if fut is not None and w.get_future() is not None and not w.get_future().done():
+    if not w.get_future().done():
         bad.append("a second get_future() is not done")
     return bad
 
