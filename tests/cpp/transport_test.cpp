@@ -22,8 +22,8 @@ using namespace railcc::transport;
 
 TEST(Shm, FifoWrapsAndPreservesOrder) {
   // Two domains in one process stand for two ranks.
-  shm::Domain a(2, 4096);
-  shm::Domain b(2, 4096);
+  shm::Domain a(2, 4096, 4096);
+  shm::Domain b(2, 4096, 4096);
   a.attach(1, b.segmentName());
   b.attach(0, a.segmentName());
   a.unlinkOwn();
@@ -38,6 +38,23 @@ TEST(Shm, FifoWrapsAndPreservesOrder) {
     got += ba->recv(dst.data() + got, dst.size() - got);
   }
   EXPECT_EQ(0, std::memcmp(src.data(), dst.data(), src.size()));
+}
+
+TEST(Shm, PeersWithOtherSizesAreRefusedByName) {
+  // Each side lays a segment out from its own sizes: a peer with other sizes would have the
+  // two read and write different bytes, so attach() refuses it, naming the variables.
+  shm::Domain a(2, 4096, 8192);
+  shm::Domain fifo(2, 8192, 8192), ring(2, 4096, 4096), slots(4, 4096, 8192), same(2, 4096, 8192);
+  for (shm::Domain* d : {&fifo, &ring, &slots}) {
+    try {
+      d->attach(0, a.segmentName());
+      FAIL() << "attach accepted a segment of other sizes";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidUsage);
+      EXPECT_NE(std::string(e.what()).find("RAILCC_SHM_FIFO_BYTES"), std::string::npos) << e.what();
+    }
+  }
+  same.attach(0, a.segmentName());
 }
 
 TEST(StreamCopy, EveryAlignmentAndTailMatchesMemcpy) {
@@ -71,7 +88,7 @@ TEST(Shm, StaleSegmentsOfDeadProcessesAreRemoved) {
   pid_t child = fork();
   if (child == 0) {
     // Create a segment and die without unlinking it, as a killed job would.
-    auto* d = new shm::Domain(1, 4096);
+    auto* d = new shm::Domain(1, 4096, 4096);
     std::string n = d->segmentName();
     (void)!write(pipefd[1], n.c_str(), n.size() + 1);
     _exit(0);
@@ -95,7 +112,7 @@ TEST(Shm, LiveSegmentsAreNeverTakenForStaleAndOwnersAreSeenAlive) {
   ASSERT_EQ(pipe(toChild), 0);
   pid_t child = fork();
   if (child == 0) {
-    shm::Domain d(1, 4096);
+    shm::Domain d(1, 4096, 4096);
     std::string n = d.segmentName();
     (void)!write(toParent[1], n.c_str(), n.size() + 1);
     char c;

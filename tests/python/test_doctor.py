@@ -181,3 +181,32 @@ def test_all_ranks_under_torchrun_names_what_differs_between_hosts(tmp_path):
     assert host_of == {"(absent)": h.names[0], "8388608": h.names[1]}, text  # hosts named by their hostname
     assert "rank 1 on " + h.names[1] in text
     assert codes == [1, 1], (codes, text[-3000:])  # a difference fails the job, on every node
+
+
+def rk_mapped_segments(rank, n):
+    # Sizes of the railcc segments this rank maps (its own and its peers'; names already unlinked).
+    sizes = []
+    for line in open("/proc/self/maps"):
+        if "/railcc-" in line:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            sizes.append(hi - lo)
+    return sizes
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_shm_need_matches_the_segments_a_real_group_maps(n):
+    # What the shm check counts per rank is what the transport really maps, with the FIFOs
+    # sized by railcc for n local ranks on this machine's cache.
+    import harness
+    from railcc.doctor.checks import shm_bytes_per_rank, shm_fifo_bytes
+    from railcc.doctor.system import System
+
+    buff = 4 << 20
+    want = shm_bytes_per_rank(n, buff, shm_fifo_bytes(n, buff, 0, System().last_level_cache()))
+    pool = harness.RankPool(n)
+    try:
+        got = pool.run(rk_mapped_segments, timeout=60)
+    finally:
+        pool.kill()
+    for sizes in got:
+        assert sorted(set(sizes)) == [want] and len(sizes) == n, (sizes, want)

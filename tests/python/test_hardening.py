@@ -506,6 +506,29 @@ def test_size_parameter_out_of_range_fails_init_on_every_rank(value, needle):
     assert msg.count("RAILCC_BUFFSIZE") >= 2 and needle in msg, msg[-3000:]
 
 
+def test_shm_fifo_sizes_that_differ_on_a_host_fail_init_by_name(tmp_path):
+    # Each rank lays its shared memory out from its own settings; ranks of one host that disagree
+    # would read and write different bytes. Both find out at set-up and say which variables.
+    store = str(tmp_path / "store")
+    procs = [_spawn(r, 2, store, {"RAILCC_SHM_FIFO_BYTES": str(4096 << r), "RAILCC_INIT_TIMEOUT": "20"})
+             for r in range(2)]
+    try:
+        results = [_result(p, 60)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for r in results:
+        assert not r["ok"], r
+        assert "RAILCC_SHM_FIFO_BYTES" in r["error"] and "4096" in r["error"] and "8192" in r["error"], r
+
+
+def test_shm_fifo_bytes_below_a_page_fails_init_on_every_rank():
+    with pytest.raises(harness.TaskError) as info:
+        harness.RankPool(2, env={"RAILCC_SHM_FIFO_BYTES": "100"}, init_timeout=60)
+    msg = str(info.value)
+    assert msg.count("RAILCC_SHM_FIFO_BYTES=100: must be 0 (sized by railcc) or at least 4096") >= 2, msg[-3000:]
+
+
 def test_every_numeric_parameter_has_a_range():
     import railcc
 

@@ -215,23 +215,23 @@ void Segment::unlink() {
 namespace {
 // Layout: segment header | nslots x (FIFO header, FIFO data) | broadcast ring header (tail,
 // then one cache line per consumer) | broadcast ring data.
-size_t fifosEnd(int nslots, size_t slotBytes) {
+size_t fifosEnd(int nslots, size_t fifoBytes) {
   return alignUp(sizeof(SegmentHeader), 4096) +
-         static_cast<size_t>(nslots) * (alignUp(sizeof(RingHeader), 4096) + alignUp(slotBytes, 4096));
+         static_cast<size_t>(nslots) * (alignUp(sizeof(RingHeader), 4096) + alignUp(fifoBytes, 4096));
 }
 size_t bcastHeaderBytes(int nslots) { return alignUp(64 * (1 + static_cast<size_t>(nslots)), 4096); }
 }  // namespace
 
-size_t Domain::segmentBytes(int nslots, size_t slotBytes) {
-  return fifosEnd(nslots, slotBytes) + bcastHeaderBytes(nslots) + alignUp(slotBytes, 4096);
+size_t Domain::segmentBytes(int nslots, size_t fifoBytes, size_t ringBytes) {
+  return fifosEnd(nslots, fifoBytes) + bcastHeaderBytes(nslots) + alignUp(ringBytes, 4096);
 }
 
 BcastRing Domain::bcastRing(int index) {
   Segment* seg = index < 0 ? own_.get() : peers_.at(static_cast<size_t>(index)).get();
   RAILCC_CHECK_ARG(seg != nullptr, "shm peer ", index, " not attached");
-  char* base = seg->data() + fifosEnd(nslots_, slotBytes_);
+  char* base = seg->data() + fifosEnd(nslots_, fifoBytes_);
   return BcastRing(reinterpret_cast<SegmentHeader*>(seg->data()), reinterpret_cast<std::atomic<uint64_t>*>(base),
-                   base + 64, base + bcastHeaderBytes(nslots_), slotBytes_);
+                   base + 64, base + bcastHeaderBytes(nslots_), ringBytes_);
 }
 
 SegmentHeader* Domain::headerOf(int index) {
@@ -326,18 +326,20 @@ std::string randomToken() {
 }
 }  // namespace
 
-Domain::Domain(int nslots, size_t slotBytes) : nslots_(nslots), slotBytes_(slotBytes) {
+Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes)
+    : nslots_(nslots), fifoBytes_(fifoBytes), ringBytes_(ringBytes) {
   cleanStale();
   // The pid is for people reading /dev/shm; nothing decides by it.
   std::string name = "/railcc-" + std::to_string(getuid()) + "-" + std::to_string(getpid()) + "-" + randomToken();
-  own_ = std::make_unique<Segment>(name, segmentBytes(nslots, slotBytes));
+  own_ = std::make_unique<Segment>(name, segmentBytes(nslots, fifoBytes, ringBytes));
   auto* h = header();
   h->bell.store(0);
   h->sleeping.store(0);
   h->failed.store(0);
   h->pid = getpid();
   h->nslots = static_cast<uint32_t>(nslots);
-  h->slotBytes = slotBytes;
+  h->fifoBytes = fifoBytes;
+  h->ringBytes = ringBytes;
   h->magic = kMagic;
   peers_.resize(static_cast<size_t>(nslots));
 }
@@ -347,8 +349,17 @@ Domain::~Domain() = default;
 void Domain::attach(int localIndex, const std::string& name) {
   auto seg = std::make_unique<Segment>(name);
   auto* h = reinterpret_cast<SegmentHeader*>(seg->data());
-  if (seg->size() < segmentBytes(nslots_, slotBytes_) || h->magic != kMagic)
-    RAILCC_THROW(kSystem, "shared memory segment ", name, " is not a railcc segment of the expected size");
+  if (seg->size() < sizeof(SegmentHeader) || h->magic != kMagic)
+    RAILCC_THROW(kSystem, "shared memory segment ", name, " is not a railcc segment");
+  // Each side lays the segment out from its own settings: sizes that differ would have the
+  // two read and write different bytes.
+  if (h->nslots != static_cast<uint32_t>(nslots_) || h->fifoBytes != fifoBytes_ || h->ringBytes != ringBytes_)
+    RAILCC_THROW(kInvalidUsage, "same-host rank with pid ", h->pid, " set up shared memory with ", h->nslots, " FIFOs of ",
+                 h->fifoBytes, " bytes and a broadcast ring of ", h->ringBytes, " bytes, this process with ", nslots_,
+                 " of ", fifoBytes_, " and ", ringBytes_,
+                 ": RAILCC_BUFFSIZE and RAILCC_SHM_FIFO_BYTES must be equal on every rank of a host");
+  if (seg->size() < segmentBytes(nslots_, fifoBytes_, ringBytes_))
+    RAILCC_THROW(kSystem, "shared memory segment ", name, " is smaller than its header says");
   peers_.at(static_cast<size_t>(localIndex)) = std::move(seg);
 }
 
@@ -357,13 +368,13 @@ std::unique_ptr<Connection> Domain::connect(int myIndex, int peerIndex, int lane
   RAILCC_CHECK_ARG(peer != nullptr, "shm peer ", peerIndex, " not attached");
   size_t hdr = alignUp(sizeof(SegmentHeader), 4096);
   size_t ringHdr = alignUp(sizeof(RingHeader), 4096);
-  size_t slot = ringHdr + alignUp(slotBytes_, 4096);
+  size_t slot = ringHdr + alignUp(fifoBytes_, 4096);
   auto at = [&](Segment* s, int idx) { return s->data() + hdr + static_cast<size_t>(idx) * slot; };
   char* out = at(peer, myIndex * nlanes + lane);
   char* in = at(own_.get(), peerIndex * nlanes + lane);
   auto conn = std::make_unique<ShmConnection>(
       reinterpret_cast<RingHeader*>(out), out + ringHdr, reinterpret_cast<SegmentHeader*>(peer->data()),
-      reinterpret_cast<RingHeader*>(in), in + ringHdr, slotBytes_, peer);
+      reinterpret_cast<RingHeader*>(in), in + ringHdr, fifoBytes_, peer);
   conn->samePidNamespace_ = samePidNamespace;
   return conn;
 }

@@ -23,7 +23,8 @@ struct alignas(64) SegmentHeader {
   std::atomic<uint32_t> failed;  // set when this process's communicator has failed
   int32_t pid;
   uint32_t nslots;
-  uint64_t slotBytes;
+  uint64_t fifoBytes;  // of each incoming FIFO
+  uint64_t ringBytes;  // of the broadcast ring
   uint64_t magic;
 };
 
@@ -114,9 +115,10 @@ class Segment {
 /// incoming FIFO per same-host rank) and the mapped segments of its same-host peers.
 class Domain {
  public:
-  /// `nslots` incoming FIFOs of `slotBytes` each, in a segment with a random name
-  /// (/railcc-<uid>-<pid>-<random>). Stale segments of this user are removed first.
-  Domain(int nslots, size_t slotBytes);
+  /// `nslots` incoming FIFOs of `fifoBytes` each and a broadcast ring of `ringBytes`, in a
+  /// segment with a random name (/railcc-<uid>-<pid>-<random>). Stale segments of this user
+  /// are removed first. Every rank of the host must use the same sizes (attach() checks).
+  Domain(int nslots, size_t fifoBytes, size_t ringBytes);
   ~Domain();
 
   const std::string& segmentName() const { return own_->name(); }
@@ -154,14 +156,15 @@ class Domain {
 
   static void ring(SegmentHeader* h);
   static void futexWait(std::atomic<uint32_t>* addr, uint32_t expected, long timeoutUs);
-  static size_t segmentBytes(int nslots, size_t slotBytes);
+  static size_t segmentBytes(int nslots, size_t fifoBytes, size_t ringBytes);
 
   /// Removes this user's /dev/shm/railcc-* segments that no live process holds (see Segment).
   static int cleanStale();
 
  private:
   int nslots_;
-  size_t slotBytes_;
+  size_t fifoBytes_;
+  size_t ringBytes_;
   std::unique_ptr<Segment> own_;
   std::vector<std::unique_ptr<Segment>> peers_;
 };
