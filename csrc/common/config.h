@@ -42,8 +42,9 @@ namespace railcc {
   X(oneshotBytes, int64_t, "RAILCC_ONESHOT_BYTES", "", "65536", "0..67108864",                              \
     "All-reduce and reduce-scatter of at most this many bytes per block run in one step: "     \
     "every rank sends to every peer and reduces in rank order. A CUDA IPC all-reduce of at "  \
-    "most this many bytes has every rank reduce every peer's buffer. Must be equal on all "   \
-    "ranks.")                                                                                 \
+    "most this many bytes has every rank reduce every peer's buffer. Where a host has more "  \
+    "ranks than CPUs and the shm rings can run it, the rule stops at 16384 (RAILCC_ALGO="      \
+    "oneshot keeps this value). Must be equal on all ranks.")                                 \
   X(algo, std::string, "RAILCC_ALGO", "NCCL_ALGO", "", "",                                         \
     "Algorithms to prefer, comma separated: oneshot, rings, hier, pairwise, chain, direct "   \
     "(NCCL's ring = pairwise,chain; tree/collnet/nvls are skipped). Per op, the first listed " \

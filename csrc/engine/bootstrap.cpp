@@ -29,6 +29,47 @@ std::string pidNamespace() {
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "unknown";
 }
 
+// The CPUs this process may run on, as hex digits (CPU 0 in the lowest bit of the last
+// digit), for peers to learn how many cores a host's ranks share.
+std::string affinityHex() {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) != 0) return "0";
+  int top = 0;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &cpus)) top = c;
+  std::string hex;
+  for (int base = top / 4 * 4; base >= 0; base -= 4) {
+    int d = 0;
+    for (int b = 0; b < 4; ++b)
+      if (CPU_ISSET(base + b, &cpus)) d |= 1 << b;
+    hex += "0123456789abcdef"[d];
+  }
+  return hex;
+}
+
+// Whether some host has more of `peers` than CPUs in the union of their affinities (`cpus`,
+// affinityHex() per rank). Every rank computes it from the same records: the same answer.
+bool someHostSharesCores(const std::vector<PeerInfo>& peers, const std::vector<std::string>& cpus) {
+  std::map<std::string, std::pair<int, std::vector<bool>>> hosts;  // ranks, CPUs any may use
+  for (size_t r = 0; r < peers.size(); ++r) {
+    auto& [ranks, mask] = hosts[peers[r].hostId];
+    ++ranks;
+    const std::string& h = cpus[r];
+    if (mask.size() < 4 * h.size()) mask.resize(4 * h.size(), false);
+    for (size_t i = 0; i < h.size(); ++i) {
+      char ch = h[h.size() - 1 - i];
+      int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : 0;
+      for (int b = 0; b < 4; ++b)
+        if (d & (1 << b)) mask[4 * i + static_cast<size_t>(b)] = true;
+    }
+  }
+  for (auto& [id, host] : hosts) {
+    int ncpu = static_cast<int>(std::count(host.second.begin(), host.second.end(), true));
+    if (host.first > std::max(ncpu, 1)) return true;
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -346,12 +387,14 @@ void CommImpl::bootstrap(Store& store) {
   char hn[256] = {0};
   gethostname(hn, sizeof(hn) - 1);
   const std::string pidNs = pidNamespace();
-  const std::string me = hostId + "|" + hn + "|" + std::to_string(getpid()) + "|" + pidNs;
+  const std::string me = hostId + "|" + hn + "|" + std::to_string(getpid()) + "|" + pidNs + "|" + affinityHex();
   store.set("peer/" + std::to_string(rank_), me);
+  std::vector<std::string> cpus(static_cast<size_t>(size_));
   for (int r = 0; r < size_; ++r) {
     std::string v = r == rank_ ? me : getFrom("peer/" + std::to_string(r), r, "host identity");
     auto f = split(v, '|');
-    RAILCC_CHECK_EQ(f.size(), size_t(4));
+    RAILCC_CHECK_EQ(f.size(), size_t(5));
+    cpus[static_cast<size_t>(r)] = f[4];
     PeerInfo& p = peers_[static_cast<size_t>(r)];
     p.rank = r;
     p.hostId = f[0];
@@ -360,6 +403,7 @@ void CommImpl::bootstrap(Store& store) {
     p.pidNs = f[3];
     p.addr = "-";  // the inter-host endpoint, set in connectPeers
   }
+  place_.sharedCores = someHostSharesCores(peers_, cpus);
   for (int r = 0; r < size_; ++r)
     if (peers_[static_cast<size_t>(r)].hostId == hostId && !cfg.shmDisable) localRanks_.push_back(r);
   if (localRanks_.empty()) localRanks_.push_back(rank_);

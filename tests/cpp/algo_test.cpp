@@ -45,6 +45,32 @@ TEST(AlgoRule, SizeAndPlacementDecide) {
   EXPECT_NE(rule.find("GPU buffers: staged"), std::string::npos) << rule;
 }
 
+TEST(AlgoRule, RanksSharingCoresReduceThroughTheRingsFrom16KiB) {
+  AlgoPlace p = oneHost(4);
+  p.sharedCores = true;
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 16384, p, {}, nullptr), Algo::kOneShot);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 16385, p, {}, nullptr), Algo::kRings);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 65536, p, {}, nullptr), Algo::kRings);
+  // Broadcast and all-gather copy no more in one step: unchanged.
+  EXPECT_EQ(chooseAlgo(AlgoOp::kBroadcast, 65536, p, {}, nullptr), Algo::kChain);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, 65536, p, {}, nullptr), Algo::kDirect);
+  // A smaller RAILCC_ONESHOT_BYTES still rules; RAILCC_ALGO=oneshot keeps it up to that value.
+  p.oneshotBytes = 4096;
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 8192, p, {}, nullptr), Algo::kRings);
+  p.oneshotBytes = 65536;
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 65536, p, parseAlgos("oneshot", nullptr), nullptr), Algo::kOneShot);
+  // Without rings (two ranks, or rings too small for slices) the one-shot limit is as set.
+  AlgoPlace two = oneHost(2);
+  two.sharedCores = true;
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 65536, two, {}, nullptr), Algo::kOneShot);
+  p.ringSlices = false;
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 65536, p, {}, nullptr), Algo::kOneShot);
+  p.ringSlices = true;
+  std::string rule = describeRule(p, {});
+  EXPECT_NE(rule.find("sharing cores"), std::string::npos) << rule;
+  EXPECT_NE(rule.find("from 16385 B rings"), std::string::npos) << rule;
+}
+
 TEST(AlgoRule, GpuBuffersGoThroughCudaIpcOnlyWhereEveryRankMappedItsPeers) {
   AlgoPlace p = oneHost(4);
   const char* why = "";

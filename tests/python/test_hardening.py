@@ -522,6 +522,29 @@ def test_shm_fifo_sizes_that_differ_on_a_host_fail_init_by_name(tmp_path):
         assert "RAILCC_SHM_FIFO_BYTES" in r["error"] and "4096" in r["error"] and "8192" in r["error"], r
 
 
+@pytest.mark.parametrize("cpus,shared", [(["0", "0"], True), (["0", "1"], False)], ids=["one-cpu", "a-cpu-each"])
+def test_ranks_agree_whether_they_share_cores_from_their_affinities(tmp_path, cpus, shared):
+    # Each rank publishes the CPUs it may run on; every rank derives from all of them whether a
+    # host has more ranks than CPUs (the algorithm rule depends on it, so all must agree).
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+    store = str(tmp_path / "store")
+    env = {"RAILCC_DEBUG": "INFO", "RAILCC_DEBUG_SUBSYS": "COLL"}
+    procs = []
+    for r in range(2):
+        e = dict(os.environ, **env)
+        procs.append(subprocess.Popen(["taskset", "-c", cpus[r], sys.executable, WORKER, str(r), "2", store], env=e,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        results = [_result(p, 60) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(res["ok"] for res, _ in results), results
+    rule = [ln for ln in results[0][1].splitlines() if "algorithms:" in ln]
+    assert rule and ("sharing cores" in rule[0]) == shared, results[0][1][-2000:]
+
+
 def test_shm_fifo_bytes_below_a_page_fails_init_on_every_rank():
     with pytest.raises(harness.TaskError) as info:
         harness.RankPool(2, env={"RAILCC_SHM_FIFO_BYTES": "100"}, init_timeout=60)

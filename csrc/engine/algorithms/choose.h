@@ -24,6 +24,12 @@ enum class Algo : uint8_t {
 
 const char* algoName(Algo a);
 
+/// Where ranks share cores and the broadcast rings cover the group, the rule takes the one-shot
+/// reduction only up to this many bytes (or RAILCC_ONESHOT_BYTES if smaller): each rank of it
+/// copies its whole buffer n-1 times where the rings copy about twice, and from 32 KiB on a
+/// 4-rank all-reduce on 2 cores was about twice as fast through the rings.
+constexpr int64_t kSharedCoresOneshotBytes = 16384;
+
 enum class AlgoOp : uint8_t { kAllreduce, kReduceScatter, kBroadcast, kAllgather };
 
 struct AlgoPlace {
@@ -33,6 +39,10 @@ struct AlgoPlace {
   bool ringSlices = false;   // and are large enough for the reducing ring algorithms
   bool hostsEven = false;    // two or more hosts with the same number (two or more) of ranks
   int64_t oneshotBytes = 0;  // RAILCC_ONESHOT_BYTES
+  // Some host has more ranks of the group than CPUs they may run on (from every rank's CPU
+  // affinity, which all ranks exchange at set-up). There every byte a rank copies is taken
+  // from a core another rank waits for, so the total copied decides, not the steps.
+  bool sharedCores = false;
   bool cudaIpc = false;      // RAILCC_CUDA_IPC on, two or more ranks, every one on this host
 };
 
