@@ -15,15 +15,21 @@ B="railcc-bench --backend railcc,gloo"
 REFS="--backend railcc,gloo,openmpi,fake"
 SAME="-o all_reduce,all_gather,reduce_scatter,broadcast,reduce,alltoall -b 16 -e 256M -f 16 -n 10 -w 2"
 
+# RUNS full runs of each (3 by default): the tables take each cell from the run whose railcc time
+# is the median (scripts/bench_tables.py), since one run of a shared VM has outliers of several x.
+RUNS=${RUNS:-3}
 for n in 2 4; do
-  echo "== same host, $n ranks: sizes 16 B .. 256 MiB"
-  railcc-bench $REFS --nprocs $n $SAME --bound --json "$out/same-host-$n.json" --plot "$out/same-host-$n.png" \
-    | tee "$out/same-host-$n.txt"
-  python3 scripts/bench_tables.py "$out/same-host-$n.json" > "$out/same-host-$n.md"
-  echo "== same host, $n ranks: 8-byte all_reduce and broadcast latency"
-  railcc-bench $REFS --nprocs $n -o all_reduce,broadcast -b 8 -e 8 -n 2000 -w 200 --json "$out/latency-$n.json" \
-    | tee "$out/latency-$n.txt"
-  python3 scripts/bench_tables.py "$out/latency-$n.json" > "$out/latency-$n.md"
+  for k in $(seq 1 "$RUNS"); do
+    echo "== same host, $n ranks: sizes 16 B .. 256 MiB (run $k of $RUNS)"
+    plot=(); [ "$k" = 1 ] && plot=(--plot "$out/same-host-$n.png")
+    railcc-bench $REFS --nprocs $n $SAME --bound --json "$out/same-host-$n-$k.json" "${plot[@]}" \
+      | tee "$out/same-host-$n-$k.txt"
+    echo "== same host, $n ranks: 8-byte all_reduce and broadcast latency (run $k of $RUNS)"
+    railcc-bench $REFS --nprocs $n -o all_reduce,broadcast -b 8 -e 8 -n 2000 -w 200 --json "$out/latency-$n-$k.json" \
+      | tee "$out/latency-$n-$k.txt"
+  done
+  python3 scripts/bench_tables.py "$out"/same-host-$n-*.json > "$out/same-host-$n.md"
+  python3 scripts/bench_tables.py "$out"/latency-$n-*.json > "$out/latency-$n.md"
   echo "== same host, $n ranks: allreduce_coalesced of 256 tensors of 4 KiB"
   $B --nprocs $n -o allreduce_coalesced --ntensors 256 -b 4K -e 4K -n 50 -w 5 | tee "$out/coalesced-$n.txt"
 done

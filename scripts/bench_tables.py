@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
-"""Markdown tables for docs/benchmarks.md from one railcc-bench JSON report.
+"""Markdown tables for docs/benchmarks.md from railcc-bench JSON reports of one sweep.
 
-    python3 scripts/bench_tables.py docs/bench/same-host-2.json
+    python3 scripts/bench_tables.py docs/bench/same-host-2.json [more runs of the same sweep ...]
+
+With several runs, each cell (op, size, out-of-place or in-place) is taken whole from the run
+whose railcc time is the median of them (the lower one for an even count), so that every ratio
+in a cell still compares backends of one run; the bound of a cell is that run's.
 
 Per collective, one table of times in microseconds (the median of the slowest rank): railcc,
 each other backend of the run (gloo, openmpi, fake: c10d's dispatch floor), then
@@ -66,7 +70,7 @@ def tables(report):
 
     def bw(b, op, size, inplace):
         r = by.get((b, op, size, inplace))
-        return r["busbw"] if r else None
+        return r["busbw"] / r.get("_rate", rate) * rate if r else None
 
     out = []
     for op in ops:
@@ -115,19 +119,56 @@ def tables(report):
             out.append("| " + " | ".join(row) + " |")
         out.append("")
     if rate:
+        rates = bound.get("runs_gbps") or [rate]
         out.append(f"Bound: single-core memcpy (torch copy_) of {fmt_size(bound.get('bytes', 0))}, "
-                   f"best of 5: **{rate:.2f} GB/s**.")
+                   f"best of 5: **{' / '.join(f'{x:.2f}' for x in rates)} GB/s**"
+                   f"{' (one per run; each cell against its run)' if len(rates) > 1 else ''}.")
+    if report.get("runs", 1) > 1:
+        out.append(f"Each cell: the run (of {report['runs']}) whose railcc time is the median.")
     for nr in report.get("not_run", []):
         out.append(f"Not run: {nr.get('backend')} {nr.get('op', '')}: {nr.get('reason', '')}")
     return "\n".join(out)
 
 
+def median_runs(reports):
+    """One report whose every cell comes whole from the run with the median railcc time."""
+    if len(reports) == 1:
+        return reports[0]
+    keys = []
+    per = []  # per run: cell -> its records, each tagged with that run's memcpy rate
+    for rep in reports:
+        rate = (rep.get("bound") or {}).get("memcpy_gbps")
+        cells = {}
+        for r in rep["results"]:
+            k = (r["op"], r["size"], r["inplace"])
+            if k not in cells and k not in keys:
+                keys.append(k)
+            cells.setdefault(k, []).append(dict(r, _rate=rate) if rate else r)
+        per.append(cells)
+    results = []
+    for k in keys:
+        have = [c for c in per if k in c]
+
+        def railcc_time(cells):
+            mine = [r for r in cells[k] if r["backend"] == "railcc"]
+            return mine[0]["time_us"] if mine else float("inf")
+
+        have.sort(key=railcc_time)
+        results += have[(len(have) - 1) // 2][k]
+    bounds = [rep.get("bound") for rep in reports if rep.get("bound")]
+    bound = dict(bounds[0], runs_gbps=[b["memcpy_gbps"] for b in bounds]) if bounds else None
+    return dict(reports[0], results=results, bound=bound, runs=len(reports), not_run=reports[0].get("not_run", []))
+
+
 def main(argv):
-    if len(argv) != 2:
+    if len(argv) < 2:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
-    with open(argv[1]) as f:
-        print(tables(json.load(f)))
+    reports = []
+    for path in argv[1:]:
+        with open(path) as f:
+            reports.append(json.load(f))
+    print(tables(median_runs(reports)))
     return 0
 
 

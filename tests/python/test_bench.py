@@ -919,3 +919,27 @@ def test_openmpi_without_mpirun_is_said_and_the_rest_runs(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     assert "# openmpi: not run (mpirun not found" in p.stdout, p.stdout
     assert len(table_rows(p.stdout)) == 1, p.stdout  # the gloo row alone
+
+
+def test_bench_tables_takes_each_cell_whole_from_the_median_run():
+    # Three runs of one sweep: each cell comes from the run whose railcc time is the median, so
+    # its ratios still compare one run; the bound of that cell is that run's.
+    path = os.path.join(ROOT, "scripts", "bench_tables.py")
+    spec = importlib.util.spec_from_file_location("bench_tables_under_test", path)
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+
+    def run(railcc_us, mpi_us, rate):
+        res = [{"backend": b, "op": "all_reduce", "size": 1 << 20, "inplace": False, "time_us": t,
+                "busbw": (1 << 20) / t / 1e3} for b, t in (("railcc", railcc_us), ("openmpi", mpi_us))]
+        return {"results": res, "bound": {"memcpy_gbps": rate, "bytes": 1 << 28}}
+
+    merged = tables.median_runs([run(300, 100, 10.0), run(100, 400, 20.0), run(200, 100, 5.0)])
+    cell = {r["backend"]: r for r in merged["results"]}
+    assert cell["railcc"]["time_us"] == 200 and cell["openmpi"]["time_us"] == 100  # one run, whole
+    md = tables.tables(merged)
+    row = [ln for ln in md.splitlines() if ln.startswith("| 1 MiB")][0].split("|")
+    assert row[4].strip() == "2.00"  # railcc/MPI of that run
+    assert row[5].strip() == f"{(1 << 20) / 200 / 1e3 / 5.0:.2f}"  # against that run's bound
+    assert "5.00" in md and "of 3" in md
+    assert tables.median_runs([run(300, 100, 10.0)])["results"][0]["time_us"] == 300
