@@ -20,11 +20,13 @@ namespace railcc {
     "Write the log to this file instead of stderr; %h is replaced by the host, %p by the pid.") \
   X(buffSize, int64_t, "RAILCC_BUFFSIZE", "NCCL_BUFFSIZE", "4194304", "4096..68719476736",                         \
     "Bytes of each rank's shared-memory broadcast ring and, unless RAILCC_SHM_FIFO_BYTES "    \
-    "says otherwise, at most those of each FIFO. Bounds shm memory, reserved at init.")       \
+    "says otherwise, of each FIFO. Bounds shm memory, reserved at init. Must be equal on a "   \
+    "host's ranks.")                                                                          \
   X(shmFifoBytes, int64_t, "RAILCC_SHM_FIFO_BYTES", "", "0", "0..68719476736",                               \
     "Bytes of each shared-memory FIFO (one per same-host peer, lane and direction), at least " \
-    "4096. 0: RAILCC_BUFFSIZE, made smaller as same-host ranks grow so that the host's FIFOs "  \
-    "fit in half the last-level cache (never below 256 KiB). Must be equal on a host's ranks.") \
+    "4096; 0: RAILCC_BUFFSIZE. Smaller FIFOs keep the cache for the data when many ranks "    \
+    "share a host (all-to-all), larger ones let pipelined ops run ahead (reduce, broadcast). " \
+    "Must be equal on a host's ranks.")                                                       \
   X(stagingSize, int64_t, "RAILCC_STAGING_SIZE", "", "1048576", "4096..1073741824",                               \
     "Bytes of the staging buffer a receive-and-reduce from a socket goes through.")           \
   X(cudaStagingBytes, int64_t, "RAILCC_CUDA_STAGING_BYTES", "", "33554432", "8192..68719476736",                  \

@@ -8,7 +8,6 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "transport/copy.h"
 #include "transport/net.h"
 #include "transport/shm/shm_transport.h"
 
@@ -71,20 +70,16 @@ class ShmSetup : public Setup {
     conns_[{peer.rank, lane}] = domain_->connect(localIndex(ctx_.rank), localIndex(peer.rank), lane, ctx_.lanes, samePidNs);
   }
 
-  // RAILCC_SHM_FIFO_BYTES, or by default RAILCC_BUFFSIZE down to what keeps the FIFOs that the
-  // host's collectives write (n x (n-1) for n ranks, on one lane) within half the last-level
-  // cache. Each op's data goes on where the last one stopped, so over a few ops a rank's
-  // writes walk through all of every FIFO: with 4 ranks, 12 FIFOs of 4 MiB are 48 MiB, and
-  // a 32 MiB cache misses on every piece. Never below 256 KiB (one piece, kPiece).
+  // RAILCC_SHM_FIFO_BYTES, or RAILCC_BUFFSIZE. Not made smaller by default: a rank's writes walk
+  // through the whole of every FIFO over a few ops, so 4 ranks' twelve 4 MiB FIFOs (48 MiB)
+  // overflow a 32 MiB cache, and 1 MiB FIFOs sped up a 4-rank all-to-all on 2 cores in two A/B
+  // sets of three (not in a third); but small FIFOs slowed the pipelined ops: 8 ranks on 2 cores,
+  // reduce 1.2-3.5x slower with 256 KiB FIFOs, and 2 ranks with a core each 1.3-4.7x slower with
+  // 256 KiB, up to 1.7x with 1 MiB (docs/benchmarks.md).
   static size_t fifoBytes(const SetupContext& ctx) {
     int64_t set = ctx.config.shmFifoBytes;
-    RAILCC_CHECK_ARG(set == 0 || set >= 4096, "RAILCC_SHM_FIFO_BYTES=", set, ": must be 0 (sized by railcc) or at least 4096");
-    if (set > 0) return static_cast<size_t>(set);
-    size_t buff = static_cast<size_t>(ctx.config.buffSize), n = ctx.localRanks.size();
-    size_t fit = lastLevelCacheBytes() / 2 / std::max<size_t>(n * (n - 1), 1);
-    size_t p = size_t(256) << 10;
-    while (p * 2 <= fit) p *= 2;
-    return std::min(buff, p);
+    RAILCC_CHECK_ARG(set == 0 || set >= 4096, "RAILCC_SHM_FIFO_BYTES=", set, ": must be 0 (RAILCC_BUFFSIZE) or at least 4096");
+    return static_cast<size_t>(set > 0 ? set : ctx.config.buffSize);
   }
 
   SetupContext ctx_;

@@ -393,17 +393,9 @@ def check_network(ctx):
     return out
 
 
-def shm_fifo_bytes(local_ranks, buffsize, fifo_set, llc):
-    """Bytes of each shared-memory FIFO (the rule of the shm transport's set-up):
-    RAILCC_SHM_FIFO_BYTES when set, else RAILCC_BUFFSIZE down to the power of two (at least
-    256 KiB) that keeps n x (n-1) FIFOs within half the last-level cache."""
-    if fifo_set:
-        return fifo_set
-    fit = llc // 2 // max(local_ranks * (local_ranks - 1), 1)
-    p = 256 << 10
-    while p * 2 <= fit:
-        p *= 2
-    return min(buffsize, p)
+def shm_fifo_bytes(buffsize, fifo_set):
+    """Bytes of each shared-memory FIFO: RAILCC_SHM_FIFO_BYTES when set, else RAILCC_BUFFSIZE."""
+    return fifo_set or buffsize
 
 
 def shm_bytes_per_rank(local_ranks, buffsize, fifo, lanes=2):
@@ -423,9 +415,10 @@ def check_shm(ctx):
     ctx.facts["/dev/shm"] = _mib(size) if size >= 0 else "missing"
     buff = int(ctx.param("RAILCC_BUFFSIZE", 4 << 20))
     n = ctx.local_ranks
-    fifo = shm_fifo_bytes(n, buff, int(ctx.param("RAILCC_SHM_FIFO_BYTES", 0)), ctx.sys.last_level_cache())
+    fifo = shm_fifo_bytes(buff, int(ctx.param("RAILCC_SHM_FIFO_BYTES", 0)))
     need = n * shm_bytes_per_rank(n, buff, fifo) if n > 1 else 0
-    shape = f"{n} local ranks ({ctx.local_ranks_from}), FIFOs of {_mib(fifo)}, broadcast rings of RAILCC_BUFFSIZE {_mib(buff)}"
+    shape = (f"{n} local ranks ({ctx.local_ranks_from}) x RAILCC_BUFFSIZE {_mib(buff)}" if fifo == buff else
+             f"{n} local ranks ({ctx.local_ranks_from}), FIFOs of {_mib(fifo)}, broadcast rings of {_mib(buff)}")
     gib = max(1, -(-2 * need // (1 << 30)))
     fix = (f"docker run --shm-size={gib}g; Kubernetes: an emptyDir with medium: Memory on /dev/shm; "
            f"or lower RAILCC_BUFFSIZE or RAILCC_SHM_FIFO_BYTES; on a host: mount -o remount,size={gib}G /dev/shm")

@@ -293,17 +293,6 @@ class System:
                 return None if soft == "unlimited" else _int(soft, -1)
         return -1
 
-    def last_level_cache(self):
-        """Bytes of the largest cache of CPU 0 (what it shares with its neighbours), as the
-        shared-memory transport reads it; 32 MiB when sysfs does not say."""
-        best = 0
-        for i in range(8):
-            v = (self.read(f"/sys/devices/system/cpu/cpu0/cache/index{i}/size", "") or "").strip()
-            m = re.match(r"(\d+)([KMG]?)", v)
-            if m:
-                best = max(best, int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)])
-        return best or 32 << 20
-
     def shm_size(self):
         """Bytes of the tmpfs on /dev/shm: from its size= mount option, else statvfs on a
         real root. -1 when /dev/shm is not mounted."""
