@@ -549,7 +549,7 @@ def test_shm_fifo_bytes_below_a_page_fails_init_on_every_rank():
     with pytest.raises(harness.TaskError) as info:
         harness.RankPool(2, env={"RAILCC_SHM_FIFO_BYTES": "100"}, init_timeout=60)
     msg = str(info.value)
-    assert msg.count("RAILCC_SHM_FIFO_BYTES=100: must be 0 (sized by railcc) or at least 4096") >= 2, msg[-3000:]
+    assert msg.count("RAILCC_SHM_FIFO_BYTES=100: must be 0 (RAILCC_BUFFSIZE) or at least 4096") >= 2, msg[-3000:]
 
 
 def test_every_numeric_parameter_has_a_range():
