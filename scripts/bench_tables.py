@@ -68,9 +68,9 @@ def tables(report):
         r = by.get((b, op, size, inplace))
         return r["time_us"] if r else None
 
-    def bw(b, op, size, inplace):
+    def fraction(b, op, size, inplace):  # busbw over the bound of the cell's own run
         r = by.get((b, op, size, inplace))
-        return r["busbw"] / r.get("_rate", rate) * rate if r else None
+        return ratio(r["busbw"], r.get("_rate", rate)) if r else None
 
     out = []
     for op in ops:
@@ -114,7 +114,7 @@ def tables(report):
                 row.append(pair(a, c, fmt_ratio))
             if rate:
                 for b in ["railcc"] + (["openmpi"] if "openmpi" in others else []):
-                    a, c = cell(lambda x: ratio(bw(b, op, s, x), rate))
+                    a, c = cell(lambda x: fraction(b, op, s, x))
                     row.append(pair(a, c, fmt_ratio))
             out.append("| " + " | ".join(row) + " |")
         out.append("")

@@ -48,9 +48,9 @@ std::string affinityHex() {
   return hex;
 }
 
-// Whether some host has more of `peers` than CPUs in the union of their affinities (`cpus`,
-// affinityHex() per rank). Every rank computes it from the same records: the same answer.
-bool someHostSharesCores(const std::vector<PeerInfo>& peers, const std::vector<std::string>& cpus) {
+// The hosts (by id) whose ranks among `peers` outnumber the CPUs in the union of their
+// affinities (`cpus`, affinityHex() per rank). Every rank computes it from the same records.
+std::set<std::string> hostsSharingCores(const std::vector<PeerInfo>& peers, const std::vector<std::string>& cpus) {
   std::map<std::string, std::pair<int, std::vector<bool>>> hosts;  // ranks, CPUs any may use
   for (size_t r = 0; r < peers.size(); ++r) {
     auto& [ranks, mask] = hosts[peers[r].hostId];
@@ -64,11 +64,11 @@ bool someHostSharesCores(const std::vector<PeerInfo>& peers, const std::vector<s
         if (d & (1 << b)) mask[4 * i + static_cast<size_t>(b)] = true;
     }
   }
-  for (auto& [id, host] : hosts) {
-    int ncpu = static_cast<int>(std::count(host.second.begin(), host.second.end(), true));
-    if (host.first > std::max(ncpu, 1)) return true;
-  }
-  return false;
+  std::set<std::string> out;
+  for (auto& [id, host] : hosts)
+    if (host.first > std::max<int>(static_cast<int>(std::count(host.second.begin(), host.second.end(), true)), 1))
+      out.insert(id);
+  return out;
 }
 
 }  // namespace
@@ -95,13 +95,9 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   }
   hostname_ = peers_[static_cast<size_t>(rank_)].hostname;
   streamMin_ = std::max<size_t>(transport::lastLevelCacheBytes() / localRanks_.size(), size_t(1) << 20);
-  {
-    // Spinning in place only pays where no rank of this host waits for our core.
-    cpu_set_t cpus;
-    int ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-    constexpr int64_t kBusyUs = 10;
-    busyUs_ = static_cast<int>(localRanks_.size()) <= ncpu ? std::min<int64_t>(kBusyUs, opts_.config.spinUs) : 0;
-  }
+  // Spinning in place only pays where no rank of this host waits for our core.
+  constexpr int64_t kBusyUs = 10;
+  busyUs_ = hostSharesCores_ ? 0 : std::min<int64_t>(kBusyUs, opts_.config.spinUs);
   place_.size = size_;
   place_.localRanks = static_cast<int>(localRanks_.size());
   place_.rings = ringsCover();
@@ -403,7 +399,9 @@ void CommImpl::bootstrap(Store& store) {
     p.pidNs = f[3];
     p.addr = "-";  // the inter-host endpoint, set in connectPeers
   }
-  place_.sharedCores = someHostSharesCores(peers_, cpus);
+  const std::set<std::string> sharing = hostsSharingCores(peers_, cpus);
+  place_.sharedCores = !sharing.empty();
+  hostSharesCores_ = sharing.count(hostId) > 0;
   for (int r = 0; r < size_; ++r)
     if (peers_[static_cast<size_t>(r)].hostId == hostId && !cfg.shmDisable) localRanks_.push_back(r);
   if (localRanks_.empty()) localRanks_.push_back(rank_);

@@ -442,6 +442,8 @@ class CommImpl {
   // How long a wait on a peer spins in place before it yields (pollFor): a few microseconds
   // when this host has a CPU for each of its ranks, none when they share cores.
   int64_t busyUs_ = 0;
+  // This host's ranks of the group outnumber the CPUs they may run on (bootstrap).
+  bool hostSharesCores_ = false;
   std::vector<bool> shmPeer_;  // peers reached through shared memory
   Transfer recvReduce(int peer, void* p, size_t count, DataType dt, ReduceOp op, double scale) {
     Transfer t = recvFrom(peer, p, count * dtypeSize(dt));

@@ -197,10 +197,10 @@ def rk_mapped_segments(rank, n):
 def test_shm_need_matches_the_segments_a_real_group_maps(n):
     # What the shm check counts per rank is what the transport really maps.
     import harness
-    from railcc.doctor.checks import shm_bytes_per_rank, shm_fifo_bytes
+    from railcc.doctor.checks import shm_bytes_per_rank
 
     buff = 4 << 20
-    want = shm_bytes_per_rank(n, buff, shm_fifo_bytes(buff, 0))
+    want = shm_bytes_per_rank(n, buff, buff)
     pool = harness.RankPool(n)
     try:
         got = pool.run(rk_mapped_segments, timeout=60)

@@ -88,12 +88,10 @@ Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& p, const std::vector<A
   switch (op) {
     case AlgoOp::kAllreduce:
     case AlgoOp::kReduceScatter:
-      if (fits(Algo::kOneShot, op, bytes, p)) {
-        if (!(p.sharedCores && fits(Algo::kRings, op, bytes, p)))
-          return pick(Algo::kOneShot, "at most RAILCC_ONESHOT_BYTES");
-        if (static_cast<int64_t>(bytes) <= kSharedCoresOneshotBytes)
-          return pick(Algo::kOneShot, "ranks share cores: at most 16384 B");
-      }
+      if (fits(Algo::kOneShot, op, bytes, p) && !(p.sharedCores && fits(Algo::kRings, op, bytes, p)))
+        return pick(Algo::kOneShot, "at most RAILCC_ONESHOT_BYTES");
+      if (fits(Algo::kOneShot, op, bytes, p) && static_cast<int64_t>(bytes) <= kSharedCoresOneshotBytes)
+        return pick(Algo::kOneShot, "ranks share cores: at most 16384 B");
       if (fits(Algo::kRings, op, bytes, p)) return pick(Algo::kRings, "every rank on this host");
       if (fits(Algo::kHier, op, bytes, p)) return pick(Algo::kHier, "hosts with equal rank counts");
       return pick(Algo::kPairwise, "otherwise");
@@ -129,14 +127,11 @@ std::string describeRule(const AlgoPlace& p, const std::vector<Algo>& prefer) {
     os << "; RAILCC_ALGO prefers";
     for (Algo a : prefer) os << " " << algoName(a);
   }
-  // The sizes where the choice can change: zero, the one-shot limit and just above it.
-  std::vector<size_t> edges = {0, static_cast<size_t>(std::max<int64_t>(p.oneshotBytes, 0)),
-                               static_cast<size_t>(std::max<int64_t>(p.oneshotBytes, 0)) + 1};
-  if (p.sharedCores) {
-    edges.insert(edges.begin() + 1, static_cast<size_t>(kSharedCoresOneshotBytes) + 1);
-    edges.insert(edges.begin() + 1, static_cast<size_t>(kSharedCoresOneshotBytes));
-    std::sort(edges.begin(), edges.end());
-  }
+  // The sizes where the choice can change: zero, the one-shot limits and just above them.
+  std::vector<size_t> edges = {0};
+  for (int64_t limit : {p.oneshotBytes, p.sharedCores ? kSharedCoresOneshotBytes : int64_t(-1)})
+    if (limit >= 0) edges.insert(edges.end(), {static_cast<size_t>(limit), static_cast<size_t>(limit) + 1});
+  std::sort(edges.begin(), edges.end());
   for (AlgoOp op : {AlgoOp::kAllreduce, AlgoOp::kReduceScatter, AlgoOp::kBroadcast, AlgoOp::kAllgather}) {
     os << "\n  " << opName(op) << ":";
     Algo last{};

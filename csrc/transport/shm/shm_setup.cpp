@@ -16,15 +16,17 @@ namespace {
 
 class ShmSetup : public Setup {
  public:
-  explicit ShmSetup(const SetupContext& ctx) : ctx_(ctx), fifoBytes_(fifoBytes(ctx)) {
-    domain_ = std::make_shared<Domain>(static_cast<int>(ctx.localRanks.size()) * ctx.lanes, fifoBytes_,
+  explicit ShmSetup(const SetupContext& ctx) : ctx_(ctx) {
+    domain_ = std::make_shared<Domain>(static_cast<int>(ctx.localRanks.size()) * ctx.lanes, fifoBytes(ctx),
                                        static_cast<size_t>(ctx.config.buffSize));
   }
 
   // The segment's name and the sizes it was laid out with, so that a peer with other sizes is
-  // refused by name before anything is mapped.
+  // refused by rank before anything is mapped (every rank sees the mismatch, where a failed
+  // attach would unlink the segment under a peer that has not mapped it yet).
   std::string endpoint() override {
-    return domain_->segmentName() + " " + std::to_string(fifoBytes_) + " " + std::to_string(ctx_.config.buffSize);
+    return domain_->segmentName() + " " + std::to_string(domain_->slots()) + " " + std::to_string(domain_->fifoBytes()) +
+           " " + std::to_string(domain_->ringBytes());
   }
 
   std::string reach(const PeerRecord& peer) override {
@@ -43,7 +45,7 @@ class ShmSetup : public Setup {
   bool finishAfterPeers() const override { return true; }
   void finish() override {
     domain_->unlinkOwn();
-    RAILCC_INFO(SHM, "shared memory: ", ctx_.localRanks.size(), " ranks on this host, FIFO of ", fifoBytes_,
+    RAILCC_INFO(SHM, "shared memory: ", ctx_.localRanks.size(), " ranks on this host, FIFO of ", domain_->fifoBytes(),
                 " bytes per peer, lane and direction, broadcast ring of ", ctx_.config.buffSize, " bytes");
   }
 
@@ -58,12 +60,9 @@ class ShmSetup : public Setup {
     if (attached_.insert(peer.rank).second) {
       std::istringstream is(peer.endpoint);
       std::string name;
-      unsigned long long fifo = 0, ring = 0;
-      is >> name >> fifo >> ring;
-      RAILCC_CHECK_ARG(fifo == fifoBytes_ && ring == static_cast<unsigned long long>(ctx_.config.buffSize), "rank ",
-                       peer.rank, " set up shared memory with FIFOs of ", fifo, " bytes and a broadcast ring of ", ring,
-                       ", rank ", ctx_.rank, " with ", fifoBytes_, " and ", ctx_.config.buffSize,
-                       ": RAILCC_BUFFSIZE and RAILCC_SHM_FIFO_BYTES must be equal on every rank of a host");
+      uint64_t slots = 0, fifo = 0, ring = 0;
+      is >> name >> slots >> fifo >> ring;
+      domain_->checkLayout("rank " + std::to_string(peer.rank), slots, fifo, ring);
       domain_->attach(localIndex(peer.rank), name);
     }
     bool samePidNs = peer.pidNs == ctx_.peers[static_cast<size_t>(ctx_.rank)].pidNs;
@@ -83,7 +82,6 @@ class ShmSetup : public Setup {
   }
 
   SetupContext ctx_;
-  size_t fifoBytes_;
   std::shared_ptr<Domain> domain_;
   std::set<int> attached_;
   std::map<std::pair<int, int>, std::unique_ptr<Connection>> conns_;

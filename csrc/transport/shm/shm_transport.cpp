@@ -351,16 +351,19 @@ void Domain::attach(int localIndex, const std::string& name) {
   auto* h = reinterpret_cast<SegmentHeader*>(seg->data());
   if (seg->size() < sizeof(SegmentHeader) || h->magic != kMagic)
     RAILCC_THROW(kSystem, "shared memory segment ", name, " is not a railcc segment");
-  // Each side lays the segment out from its own settings: sizes that differ would have the
-  // two read and write different bytes.
-  if (h->nslots != static_cast<uint32_t>(nslots_) || h->fifoBytes != fifoBytes_ || h->ringBytes != ringBytes_)
-    RAILCC_THROW(kInvalidUsage, "same-host rank with pid ", h->pid, " set up shared memory with ", h->nslots, " FIFOs of ",
-                 h->fifoBytes, " bytes and a broadcast ring of ", h->ringBytes, " bytes, this process with ", nslots_,
-                 " of ", fifoBytes_, " and ", ringBytes_,
-                 ": RAILCC_BUFFSIZE and RAILCC_SHM_FIFO_BYTES must be equal on every rank of a host");
+  checkLayout("same-host rank with pid " + std::to_string(h->pid), h->nslots, h->fifoBytes, h->ringBytes);
   if (seg->size() < segmentBytes(nslots_, fifoBytes_, ringBytes_))
     RAILCC_THROW(kSystem, "shared memory segment ", name, " is smaller than its header says");
   peers_.at(static_cast<size_t>(localIndex)) = std::move(seg);
+}
+
+void Domain::checkLayout(const std::string& who, uint64_t nslots, uint64_t fifoBytes, uint64_t ringBytes) const {
+  // Each side lays the segment out from its own settings: sizes that differ would have the
+  // two read and write different bytes.
+  if (nslots != static_cast<uint64_t>(nslots_) || fifoBytes != fifoBytes_ || ringBytes != ringBytes_)
+    RAILCC_THROW(kInvalidUsage, who, " set up shared memory with ", nslots, " FIFOs of ", fifoBytes,
+                 " bytes and a broadcast ring of ", ringBytes, ", this process with ", nslots_, " of ", fifoBytes_, " and ",
+                 ringBytes_, ": RAILCC_BUFFSIZE and RAILCC_SHM_FIFO_BYTES must be equal on every rank of a host");
 }
 
 std::unique_ptr<Connection> Domain::connect(int myIndex, int peerIndex, int lane, int nlanes, bool samePidNamespace) {

@@ -122,8 +122,15 @@ class Domain {
   ~Domain();
 
   const std::string& segmentName() const { return own_->name(); }
-  /// Maps a peer's segment (by the name it published). Blocks: no.
+  /// Maps a peer's segment (by the name it published). Blocks: no. Throws kInvalidUsage when
+  /// its header says it was laid out with other sizes (checkLayout).
   void attach(int localIndex, const std::string& name);
+  /// Throws kInvalidUsage, naming `who` and both sets of sizes, unless a peer's segment with
+  /// these sizes is laid out as ours.
+  void checkLayout(const std::string& who, uint64_t nslots, uint64_t fifoBytes, uint64_t ringBytes) const;
+  int slots() const { return nslots_; }
+  size_t fifoBytes() const { return fifoBytes_; }
+  size_t ringBytes() const { return ringBytes_; }
   /// Unlinks our own name once every peer has attached.
   void unlinkOwn() { own_->unlink(); }
 

@@ -393,11 +393,6 @@ def check_network(ctx):
     return out
 
 
-def shm_fifo_bytes(buffsize, fifo_set):
-    """Bytes of each shared-memory FIFO: RAILCC_SHM_FIFO_BYTES when set, else RAILCC_BUFFSIZE."""
-    return fifo_set or buffsize
-
-
 def shm_bytes_per_rank(local_ranks, buffsize, fifo, lanes=2):
     """Bytes of one rank's shared-memory segment (the layout of shm::Domain::segmentBytes):
     a header page, a FIFO (header page + data) per local rank and lane, a broadcast ring."""
@@ -415,7 +410,7 @@ def check_shm(ctx):
     ctx.facts["/dev/shm"] = _mib(size) if size >= 0 else "missing"
     buff = int(ctx.param("RAILCC_BUFFSIZE", 4 << 20))
     n = ctx.local_ranks
-    fifo = shm_fifo_bytes(buff, int(ctx.param("RAILCC_SHM_FIFO_BYTES", 0)))
+    fifo = int(ctx.param("RAILCC_SHM_FIFO_BYTES", 0)) or buff
     need = n * shm_bytes_per_rank(n, buff, fifo) if n > 1 else 0
     shape = (f"{n} local ranks ({ctx.local_ranks_from}) x RAILCC_BUFFSIZE {_mib(buff)}" if fifo == buff else
              f"{n} local ranks ({ctx.local_ranks_from}), FIFOs of {_mib(fifo)}, broadcast rings of {_mib(buff)}")
