@@ -943,3 +943,32 @@ def test_bench_tables_takes_each_cell_whole_from_the_median_run():
     assert row[5].strip() == f"{(1 << 20) / 200 / 1e3 / 5.0:.2f}"  # against that run's bound
     assert "5.00" in md and "of 3" in md
     assert tables.median_runs([run(300, 100, 10.0)])["results"][0]["time_us"] == 300
+
+
+# ------------------------------------------------------------------------------------------------
+# scripts/bench_loop.py: the cost of a steady stream of calls, with each rank's CPU and switches
+
+LOOP = os.path.join(ROOT, "scripts", "bench_loop.py")
+
+
+@needs_railcc
+@pytest.mark.timeout(300)
+def test_bench_loop_prints_a_row_per_backend_with_a_busy_process_beside():
+    backends = ["railcc", "fake"] + (["openmpi"] if _mpi_ready() else [])
+    p = run_bench(["--nprocs", "2", "--backend", ",".join(backends), "-o", "all_reduce", "-s", "64", "-n", "200",
+                   "-w", "10", "--hog", "1"], timeout=240, script=LOOP)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = {ln.split()[0]: ln.split()[1:] for ln in p.stdout.splitlines() if ln.strip() and not ln.startswith("#")}
+    assert list(rows) == backends, p.stdout
+    for name, cols in rows.items():
+        # us/call, user us, sys us, involuntary and voluntary switches per call, the busy process's CPU share
+        assert len(cols) == 6, (name, cols)
+        us, user, sys_, invol, vol, share = map(float, cols)
+        assert us > 0 and user >= 0 and sys_ >= 0 and invol >= 0 and vol >= 0 and 0 < share <= 2.5, (name, cols)
+
+
+@pytest.mark.parametrize("args", [["--nprocs", "0"], ["-s", "-1"], ["--hog", "-2"], ["-o", "gather"],
+                                  ["--backend", "railcc,nccl2"]])
+def test_bench_loop_rejects_bad_arguments(args):
+    p = run_bench(args, timeout=60, script=LOOP)
+    assert p.returncode == 2 and "error:" in p.stderr, p.stdout + p.stderr
