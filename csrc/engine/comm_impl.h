@@ -48,8 +48,9 @@ using transport::Connection;
 // Polls `ready` for up to `us` microseconds before a waiter goes to sleep; true once it holds.
 // For the first `busyUs` of them it spins in place (a CPU pause between polls): a peer a few
 // hundred nanoseconds away is seen at once, where a yield is a system call that costs about as
-// much as the whole exchange of a small message. Only a rank that has a core to itself may do
-// that (see CommImpl::busyUs_). After that, between polls it yields: that hands the core to any
+// much as the whole exchange of a small message, and a yield gives any other busy process on
+// the core a whole time slice. Only a rank that has a core to itself may do that (see
+// CommImpl::busyUs_). After that, between polls it yields: that hands the core to any
 // other runnable thread at once (the peer rank, or our own progress thread when ranks share
 // cores), while a waiter that owns its core keeps it awake and reacts within a microsecond,
 // where sleeping would cost a wake-up of tens of microseconds (far more in a VM, whose idle
@@ -439,8 +440,8 @@ class CommImpl {
     for (Transfer& t : xs)
       if (t.kind == Transfer::kRecv && shmPeer_[static_cast<size_t>(t.peer)]) t.bypassCache = streamPiece(total, t.bytes);
   }
-  // How long a wait on a peer spins in place before it yields (pollFor): a few microseconds
-  // when this host has a CPU for each of its ranks, none when they share cores.
+  // How long a wait on a peer spins in place before it yields (pollFor): all of
+  // RAILCC_SPIN_US when this host has a CPU for each of its ranks, none when they share cores.
   int64_t busyUs_ = 0;
   // This host's ranks of the group outnumber the CPUs they may run on (bootstrap).
   bool hostSharesCores_ = false;
