@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 
+HOG_PIDS = "BENCH_LOOP_HOG_PIDS"  # the busy processes, for the ranks to read their CPU time
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "alltoall", "reduce")
 
 
@@ -28,24 +29,36 @@ def _switches():
     return u.ru_utime, u.ru_stime, u.ru_nvcsw, u.ru_nivcsw
 
 
+def _cpu_ticks(pids):
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def _loop(call, iters, warmup, barrier):
+    hogs = [int(p) for p in os.environ.get(HOG_PIDS, "").split(",") if p]
     for _ in range(warmup):
         call()
     barrier()
-    a = _switches()
+    a, h0 = _switches(), _cpu_ticks(hogs)
     t0 = time.perf_counter()
     for _ in range(iters):
         call()
     t1 = time.perf_counter()
-    b = _switches()
+    b, h1 = _switches(), _cpu_ticks(hogs)
     per = [(y - x) / iters for x, y in zip(a, b)]
     return {"us": (t1 - t0) / iters * 1e6, "user_us": per[0] * 1e6, "sys_us": per[1] * 1e6,
-            "vol": per[2], "invol": per[3]}
+            "vol": per[2], "invol": per[3], "hog": (h1 - h0) / (t1 - t0), "secs": t1 - t0}
 
 
 def _torch_rank(rank, world, backend, op, nbytes, iters, warmup, port, out, pin):
     if pin:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank % len(os.sched_getaffinity(0))]})
+    import warnings
+    warnings.simplefilter("ignore", FutureWarning)  # the *_tensor collectives' deprecation notes
     import torch
     import torch.distributed as dist
     if backend == "railcc":
@@ -136,15 +149,6 @@ def _run_mpi(a):
     return ast.literal_eval(lines[-1])
 
 
-def _cpu_ticks(pids):
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nprocs", type=int, default=2)
@@ -166,21 +170,23 @@ def main():
     if unknown:
         ap.error(f"--backend: unknown {', '.join(unknown)} (choose from railcc, gloo, fake, openmpi)")
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.hog)]
+    os.environ[HOG_PIDS] = ",".join(str(h.pid) for h in hogs)
     try:
         print(f"# {a.op}, {a.size} B per rank, {a.nprocs} ranks on {os.cpu_count()} CPUs, {a.iters} calls"
               + (f", {a.hog} busy process(es) beside" if a.hog else "") + (", ranks bound to CPUs" if a.pin else ""))
         print(f"# {'backend':>8} {'us/call':>9} {'user us':>8} {'sys us':>7} {'invol':>6} {'vol':>6}"
-              "   (us/call: the slowest rank; the rest: per call, mean over ranks)" + ("   hog CPU share" if a.hog else ""))
+              "   (us/call: the slowest rank; the rest: per call, mean over ranks)"
+              + ("   busy processes' CPUs during the loop" if a.hog else ""))
         for backend in a.backend.split(","):
-            t0, h0 = time.monotonic(), _cpu_ticks([h.pid for h in hogs])
             rows = _run_mpi(a) if backend == "openmpi" else _run_torch(backend, a)
-            share = (_cpu_ticks([h.pid for h in hogs]) - h0) / (time.monotonic() - t0) if hogs else None
             if isinstance(rows, str):
                 print(f"  {backend:>8} {rows}")
                 continue
             mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("user_us", "sys_us", "invol", "vol")}
             print(f"  {backend:>8} {max(r['us'] for r in rows):9.1f} {mean['user_us']:8.1f} {mean['sys_us']:7.1f} "
-                  f"{mean['invol']:6.2f} {mean['vol']:6.2f}" + (f"   {share:.2f}" if hogs else ""), flush=True)
+                  f"{mean['invol']:6.2f} {mean['vol']:6.2f}" + (f"   {rows[0]['hog']:.2f}" if hogs else "")
+                  + ("" if rows[0]["secs"] >= 0.5 else f"   (a {rows[0]['secs'] * 1e3:.0f} ms loop: -n more for the"
+                     " scheduler to show)"), flush=True)
     finally:
         for h in hogs:
             h.kill()
