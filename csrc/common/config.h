@@ -150,7 +150,8 @@ namespace railcc {
   X(spinUs, int64_t, "RAILCC_SPIN_US", "", "50", "0..1000000",                                              \
     "Microseconds a waiting thread (the progress thread, or a caller in wait()) polls before "  \
     "it sleeps on a futex, poll() or condition variable. Waiting on a peer, it spins in place "  \
-    "for all of them where the host has a CPU for each of its ranks; otherwise it "            \
+    "for all of them where the host has a CPU for each of its ranks (unless that peer last "   \
+    "waited on the same CPU); otherwise it "                                                    \
     "yields the CPU between polls, so ranks sharing cores still run. 0: sleep at once.")
 
 /// Values of every parameter, read once when a communicator is made. Components receive a

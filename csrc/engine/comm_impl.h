@@ -49,8 +49,8 @@ using transport::Connection;
 // For the first `busyUs` of them it spins in place (a CPU pause between polls): a peer a few
 // hundred nanoseconds away is seen at once, where a yield is a system call that costs about as
 // much as the whole exchange of a small message, and a yield gives any other busy process on
-// the core a whole time slice. Only a rank that has a core to itself may do that (see
-// CommImpl::busyUs_). After that, between polls it yields: that hands the core to any
+// the core a whole time slice. Only a rank that has a core to itself may do that, and only
+// while the peer it waits for is not on the same core (see CommImpl::busyFor). After that, between polls it yields: that hands the core to any
 // other runnable thread at once (the peer rank, or our own progress thread when ranks share
 // cores), while a waiter that owns its core keeps it awake and reacts within a microsecond,
 // where sleeping would cost a wake-up of tens of microseconds (far more in a VM, whose idle
@@ -443,6 +443,9 @@ class CommImpl {
   // How long a wait on a peer spins in place before it yields (pollFor): all of
   // RAILCC_SPIN_US when this host has a CPU for each of its ranks, none when they share cores.
   int64_t busyUs_ = 0;
+  // busyUs_, or 0 where a peer waited on last reported waiting on this thread's CPU: the
+  // scheduler has put both on one CPU, and spinning would only keep that peer from running.
+  int64_t busyFor(const std::vector<std::pair<int, int>>& waitOn);
   // This host's ranks of the group outnumber the CPUs they may run on (bootstrap).
   bool hostSharesCores_ = false;
   std::vector<bool> shmPeer_;  // peers reached through shared memory

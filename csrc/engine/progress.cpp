@@ -787,6 +787,18 @@ void CommImpl::complete(std::vector<Transfer>& xs) {
   }
 }
 
+int64_t CommImpl::busyFor(const std::vector<std::pair<int, int>>& waitOn) {
+  if (busyUs_ == 0 || !shm_) return busyUs_;
+  int cpu = sched_getcpu();
+  if (cpu < 0) return busyUs_;
+  shm_->publishCpu(cpu);
+  for (const auto& [lane, peer] : waitOn)
+    if (shmPeer_[static_cast<size_t>(peer)] &&
+        shm_->headerOf(localIndex(peer))->cpu.load(std::memory_order_relaxed) == cpu)
+      return 0;
+  return busyUs_;
+}
+
 void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeout, const char* what,
                     const std::function<bool()>& alsoReady) {
   if (memberDown_) std::rethrow_exception(brokenError());
@@ -825,7 +837,7 @@ void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
       }
     return queued_.load() > 0;
   };
-  if (pollFor(opts_.config.spinUs, anyReady, busyUs_)) return;
+  if (pollFor(opts_.config.spinUs, anyReady, busyFor(waitOn))) return;
   std::vector<pollfd> fds;
   bool hasShm = false;
   for (auto& [lane, peer] : waitOn)

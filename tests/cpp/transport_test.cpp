@@ -57,6 +57,17 @@ TEST(Shm, PeersWithOtherSizesAreRefusedByName) {
   same.attach(0, a.segmentName());
 }
 
+TEST(Shm, PublishedCpuIsSeenByAttachedPeers) {
+  // A rank about to spin for a peer reads the CPU the peer last waited on from its header.
+  shm::Domain a(2, 4096, 8192), b(2, 4096, 8192);
+  b.attach(0, a.segmentName());
+  EXPECT_EQ(b.headerOf(0)->cpu.load(), -1);  // not known until a wait publishes it
+  a.publishCpu(1);
+  EXPECT_EQ(b.headerOf(0)->cpu.load(), 1);
+  a.publishCpu(0);
+  EXPECT_EQ(b.headerOf(0)->cpu.load(), 0);
+}
+
 TEST(StreamCopy, EveryAlignmentAndTailMatchesMemcpy) {
   std::vector<unsigned char> src(4096 + 64), dst(4096 + 64), want(4096 + 64);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 31 + 7);

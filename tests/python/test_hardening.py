@@ -545,6 +545,31 @@ def test_ranks_agree_whether_they_share_cores_from_their_affinities(tmp_path, cp
     assert rule and ("sharing cores" in rule[0]) == shared, results[0][1][-2000:]
 
 
+def rk_both_on_one_cpu(rank, n):
+    # The group was made with a CPU for each rank, so its waits spin in place; now both calling
+    # threads are put on CPU 0, as a scheduler may do: a wait must see its peer there and give
+    # the CPU up instead of spinning while the peer cannot run. Results are checked throughout.
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {0})
+    try:
+        t = torch.empty(2)
+        for i in range(2000):
+            t.fill_(rank + i)
+            dist.all_reduce(t)
+            assert t.tolist() == [float(sum(r + i for r in range(n)))] * 2, (i, t)
+        big = torch.arange(16385, dtype=torch.float32) * (rank + 1)
+        dist.all_reduce(big)
+        torch.testing.assert_close(big, torch.arange(16385, dtype=torch.float32) * sum(range(1, n + 1)))
+        return True
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+@pytest.mark.timeout(120)
+def test_ranks_moved_onto_one_cpu_after_init_keep_going(pools):
+    assert pools(2).run(rk_both_on_one_cpu, timeout=90) == [True, True]
+
+
 def test_shm_fifo_bytes_below_a_page_fails_init_on_every_rank():
     with pytest.raises(harness.TaskError) as info:
         harness.RankPool(2, env={"RAILCC_SHM_FIFO_BYTES": "100"}, init_timeout=60)

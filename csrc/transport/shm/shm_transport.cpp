@@ -338,6 +338,7 @@ Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes)
   h->failed.store(0);
   h->pid = getpid();
   h->nslots = static_cast<uint32_t>(nslots);
+  h->cpu.store(-1);
   h->fifoBytes = fifoBytes;
   h->ringBytes = ringBytes;
   h->magic = kMagic;

@@ -23,6 +23,9 @@ struct alignas(64) SegmentHeader {
   std::atomic<uint32_t> failed;  // set when this process's communicator has failed
   int32_t pid;
   uint32_t nslots;
+  // The CPU this process last waited on a peer from (-1: not known), so that a peer about to
+  // spin for it can tell whether it would keep it off that CPU (CommImpl::idle).
+  std::atomic<int32_t> cpu;
   uint64_t fifoBytes;  // of each incoming FIFO
   uint64_t ringBytes;  // of the broadcast ring
   uint64_t magic;
@@ -147,6 +150,10 @@ class Domain {
   SegmentHeader* header() const { return reinterpret_cast<SegmentHeader*>(own_->data()); }
   /// Raises this process's failure flag, which peers see in Connection::checkAlive().
   void markFailed() { header()->failed.store(1); }
+  /// Publishes the CPU this process's waiting thread runs on (a store only when it changed).
+  void publishCpu(int cpu) {
+    if (header()->cpu.load(std::memory_order_relaxed) != cpu) header()->cpu.store(cpu, std::memory_order_relaxed);
+  }
   /// Wakes this process's progress thread (e.g. a new op was queued).
   void ringSelf();
   /// Sleeps until a peer rings the doorbell or `timeoutUs` passes. `recheck` runs after the
