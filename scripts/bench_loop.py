@@ -185,7 +185,7 @@ def main():
             mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("user_us", "sys_us", "invol", "vol")}
             print(f"  {backend:>8} {max(r['us'] for r in rows):9.1f} {mean['user_us']:8.1f} {mean['sys_us']:7.1f} "
                   f"{mean['invol']:6.2f} {mean['vol']:6.2f}" + (f"   {rows[0]['hog']:.2f}" if hogs else "")
-                  + ("" if rows[0]["secs"] >= 0.5 else f"   (a {rows[0]['secs'] * 1e3:.0f} ms loop: -n more for the"
+                  + ("" if not hogs or rows[0]["secs"] >= 0.5 else f"   (a {rows[0]['secs'] * 1e3:.0f} ms loop: -n more for the"
                      " scheduler to show)"), flush=True)
     finally:
         for h in hogs:
