@@ -96,9 +96,9 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   hostname_ = peers_[static_cast<size_t>(rank_)].hostname;
   streamMin_ = std::max<size_t>(transport::lastLevelCacheBytes() / localRanks_.size(), size_t(1) << 20);
   // Spinning in place only pays where no rank of this host waits for our core; there it
-  // lasts the whole spin window. A yield would hand the core to any other busy process for a
-  // full time slice (a data loader beside a rank: hundreds of microseconds per call), and
-  // a rank that yields looks light to the scheduler, which then packs two ranks on one CPU.
+  // lasts the whole spin window, since a yield would hand the core to any other busy process
+  // (a data loader beside a rank) for the rest of its time slice. busyFor() still yields where
+  // the scheduler has put the peer on our CPU.
   busyUs_ = hostSharesCores_ ? 0 : opts_.config.spinUs;
   place_.size = size_;
   place_.localRanks = static_cast<int>(localRanks_.size());

@@ -50,11 +50,11 @@ using transport::Connection;
 // hundred nanoseconds away is seen at once, where a yield is a system call that costs about as
 // much as the whole exchange of a small message, and a yield gives any other busy process on
 // the core a whole time slice. Only a rank that has a core to itself may do that, and only
-// while the peer it waits for is not on the same core (see CommImpl::busyFor). After that, between polls it yields: that hands the core to any
-// other runnable thread at once (the peer rank, or our own progress thread when ranks share
-// cores), while a waiter that owns its core keeps it awake and reacts within a microsecond,
-// where sleeping would cost a wake-up of tens of microseconds (far more in a VM, whose idle
-// virtual CPUs halt).
+// while the peer it waits for is not on the same core (see CommImpl::busyFor). After that,
+// between polls it yields: that hands the core to any other runnable thread at once (the peer
+// rank, or our own progress thread when ranks share cores), while a waiter that owns its core
+// keeps it awake and reacts within a microsecond, where sleeping would cost a wake-up of tens
+// of microseconds (far more in a VM, whose idle virtual CPUs halt).
 inline void cpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();

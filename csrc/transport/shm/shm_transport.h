@@ -24,7 +24,7 @@ struct alignas(64) SegmentHeader {
   int32_t pid;
   uint32_t nslots;
   // The CPU this process last waited on a peer from (-1: not known), so that a peer about to
-  // spin for it can tell whether it would keep it off that CPU (CommImpl::idle).
+  // spin for it can tell whether spinning would keep it off that CPU.
   std::atomic<int32_t> cpu;
   uint64_t fifoBytes;  // of each incoming FIFO
   uint64_t ringBytes;  // of the broadcast ring
