@@ -14,11 +14,18 @@ neighbour's job would, and reports the share of a CPU they got during each backe
 """
 
 import argparse
+import importlib.util
 import os
 import resource
 import subprocess
 import sys
 import time
+
+# railcc-bench's Open MPI launcher (by path: it imports neither torch nor the railcc package)
+_spec = importlib.util.spec_from_file_location(
+    "_bench_mpi", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "railcc", "bench_mpi.py"))
+bench_mpi = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_mpi)
 
 HOG_PIDS = "BENCH_LOOP_HOG_PIDS"  # the busy processes, for the ranks to read their CPU time
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "alltoall", "reduce")
@@ -54,9 +61,15 @@ def _loop(call, iters, warmup, barrier):
             "vol": per[2], "invol": per[3], "hog": (h1 - h0) / (t1 - t0), "secs": t1 - t0}
 
 
+def _count(nbytes, world):
+    """Float elements per rank's input: `nbytes` rounded to a whole number per rank, at least one each."""
+    return max(1, nbytes // 4) // world * world or world
+
+
 def _torch_rank(rank, world, backend, op, nbytes, iters, warmup, port, out, pin):
     if pin:
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank % len(os.sched_getaffinity(0))]})
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
     import warnings
     warnings.simplefilter("ignore", FutureWarning)  # the *_tensor collectives' deprecation notes
     import torch
@@ -69,7 +82,7 @@ def _torch_rank(rank, world, backend, op, nbytes, iters, warmup, port, out, pin)
     else:
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
         dist.init_process_group(backend, rank=rank, world_size=world)
-    n = max(1, nbytes // 4) // world * world or world
+    n = _count(nbytes, world)
     t = torch.ones(n)
     big, part, o = torch.empty(n * world), torch.empty(n // world), torch.empty(n)
     call = {"all_reduce": lambda: dist.all_reduce(t), "broadcast": lambda: dist.broadcast(t, 0),
@@ -88,7 +101,7 @@ def _mpi_rank(op, nbytes, iters, warmup):
     import numpy as np
     from mpi4py import MPI
     c = MPI.COMM_WORLD
-    n = max(1, nbytes // 4) // c.size * c.size or c.size
+    n = _count(nbytes, c.size)
     a, b = np.ones(n, np.float32), np.empty(n, np.float32)
     big, part = np.empty(n * c.size, np.float32), np.empty(n // c.size, np.float32)
     call = {"all_reduce": lambda: c.Allreduce(a, b), "broadcast": lambda: c.Bcast(a, 0),
@@ -135,11 +148,14 @@ def _run_torch(backend, a):
 
 
 def _run_mpi(a):
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "core" if a.pin else "none", "--mca", "btl", "self,vader",
-           "-n", str(a.nprocs), sys.executable, os.path.abspath(__file__), "--mpi-rank", "-o", a.op,
-           "-s", str(a.size), "-n", str(a.iters), "-w", str(a.warmup)]
+    why = bench_mpi.missing()
+    if why:
+        return f"not run ({why})"
+    cmd, env = bench_mpi.launch(a.nprocs, [sys.executable, os.path.abspath(__file__), "--mpi-rank", "-o", a.op,
+                                           "-s", str(a.size), "-n", str(a.iters), "-w", str(a.warmup)],
+                                bind="core" if a.pin else "none")
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"not run ({e})"
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("[")]
@@ -183,10 +199,12 @@ def main():
                 print(f"  {backend:>8} {rows}")
                 continue
             mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("user_us", "sys_us", "invol", "vol")}
+            # The busy processes' CPU time is read in clock ticks (10 ms): over a short loop it says nothing.
+            secs = rows[0]["secs"]
+            share = "" if not hogs else f"   {rows[0]['hog']:.2f}" if secs >= 0.5 else \
+                f"   -   (a {secs * 1e3:.0f} ms loop: -n more for the scheduler to show)"
             print(f"  {backend:>8} {max(r['us'] for r in rows):9.1f} {mean['user_us']:8.1f} {mean['sys_us']:7.1f} "
-                  f"{mean['invol']:6.2f} {mean['vol']:6.2f}" + (f"   {rows[0]['hog']:.2f}" if hogs else "")
-                  + ("" if not hogs or rows[0]["secs"] >= 0.5 else f"   (a {rows[0]['secs'] * 1e3:.0f} ms loop: -n more for the"
-                     " scheduler to show)"), flush=True)
+                  f"{mean['invol']:6.2f} {mean['vol']:6.2f}{share}", flush=True)
     finally:
         for h in hogs:
             h.kill()

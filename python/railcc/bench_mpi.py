@@ -32,13 +32,32 @@ def _load(name):
     return mod
 
 
-def why_not(cfg):
-    """Why the Open MPI reference cannot run for `cfg` here, or "" when it can."""
+def missing():
+    """Why no Open MPI reference can run here at all (no mpirun, no mpi4py), or ""."""
     if shutil.which("mpirun") is None:
         return "mpirun not found (apt-get install openmpi-bin libopenmpi-dev; pip install mpi4py)"
     probe = subprocess.run([sys.executable, "-c", "import mpi4py, numpy"], capture_output=True, text=True)
     if probe.returncode != 0:
         return "mpi4py or numpy is not importable (pip install mpi4py numpy)"
+    return ""
+
+
+def launch(nprocs, argv, bind="none"):
+    """The mpirun command line and environment of every Open MPI reference run: shared memory
+    through the vader BTL and the ob1 PML (named, so that a UCX PML is never chosen instead)."""
+    cmd = ["mpirun", "-np", str(nprocs), "--bind-to", bind, "--mca", "btl", "self,vader", "--mca", "pml", "ob1", *argv]
+    env = dict(os.environ)
+    if os.geteuid() == 0:  # containers and CI run as root; Open MPI refuses that by default
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    return cmd, env
+
+
+def why_not(cfg):
+    """Why the Open MPI reference cannot run for `cfg` here, or "" when it can."""
+    why = missing()
+    if why:
+        return why
     if _NUMPY.get(cfg.dtype) is None:
         return f"MPI has no {cfg.dtype} type"
     if _REDOPS.get(cfg.redop) is None:
@@ -61,12 +80,7 @@ def measure(cfg, nprocs, timeout=1800):
         with open(spec_path, "w") as f:
             json.dump({"colls": cfg.colls, "sizes": cfg.sizes, "dtype": cfg.dtype, "redop": cfg.redop,
                        "root": cfg.root, "iters": cfg.iters, "warmup": cfg.warmup}, f)
-        cmd = ["mpirun", "-np", str(nprocs), "--bind-to", "none", "--mca", "btl", "self,vader",
-               "--mca", "pml", "ob1", sys.executable, os.path.abspath(__file__), spec_path, out_path]
-        env = dict(os.environ)
-        if os.geteuid() == 0:  # containers and CI run as root; Open MPI refuses that by default
-            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        cmd, env = launch(nprocs, [sys.executable, os.path.abspath(__file__), spec_path, out_path])
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
