@@ -155,7 +155,7 @@ RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, st
   auto run = [c, dt](const char* in, size_t count, const std::vector<char*>& outs) {
     int n = c->size_, r = c->rank_;
     size_t bytes = count * dtypeSize(dt);
-    if (outs[static_cast<size_t>(r)] != in && bytes) std::memmove(outs[static_cast<size_t>(r)], in, bytes);
+    if (outs[static_cast<size_t>(r)] != in && bytes) transport::moveBytes(outs[static_cast<size_t>(r)], in, bytes);
     if (c->algoFor(AlgoOp::kAllgather, bytes) == Algo::kRings)
       return c->runAllgatherRing(in, std::vector<size_t>(outs.size(), bytes), outs, true);
     // Every peer at once: one synchronization instead of n-1, and nothing is reduced, so the
@@ -205,7 +205,7 @@ RequestPtr Communicator::reduceScatter(std::vector<const void*> ins, void* out, 
     }
     if (algo == Algo::kRings) return c->runReduceScatterRings(ins, out, count, dt, op, scale);
     if (op == ReduceOp::kPremulSum) scaleCopy(out, mine, count, dt, scale);
-    else if (out != mine && bytes) std::memmove(out, mine, bytes);
+    else if (out != mine && bytes) transport::moveBytes(out, mine, bytes);
     for (int s = 1; s < n; ++s) {
       int to = (r + s) % n, from = (r - s + n) % n;
       std::vector<Transfer> xs{c->sendTo(to, ins[static_cast<size_t>(to)], bytes),
@@ -249,7 +249,7 @@ RequestPtr Communicator::alltoall(std::vector<const void*> ins, std::vector<size
     int n = c->size_, r = c->rank_;
     size_t es = dtypeSize(dt);
     size_t me = static_cast<size_t>(r);
-    if (outs[me] != ins[me] && inCounts[me]) std::memmove(outs[me], ins[me], inCounts[me] * es);
+    if (outs[me] != ins[me] && inCounts[me]) transport::moveBytes(outs[me], ins[me], inCounts[me] * es);
     std::vector<Transfer> xs;
     xs.reserve(2 * static_cast<size_t>(n));
     for (int s = 1; s < n; ++s) {
@@ -298,7 +298,7 @@ RequestPtr Communicator::gather(const void* in, size_t count, DataType dt, std::
     if (r != root) {
       xs.push_back(c->sendTo(root, in, bytes));
     } else {
-      if (outs[static_cast<size_t>(r)] != in && bytes) std::memmove(outs[static_cast<size_t>(r)], in, bytes);
+      if (outs[static_cast<size_t>(r)] != in && bytes) transport::moveBytes(outs[static_cast<size_t>(r)], in, bytes);
       xs.reserve(static_cast<size_t>(n));
       for (int p = 0; p < n; ++p)
         if (p != r) xs.push_back(c->recvFrom(p, outs[static_cast<size_t>(p)], bytes));
@@ -337,7 +337,7 @@ RequestPtr Communicator::scatter(std::vector<const void*> ins, void* out, size_t
     if (r != root) {
       xs.push_back(c->recvFrom(root, out, bytes));
     } else {
-      if (ins[static_cast<size_t>(r)] != out && bytes) std::memmove(out, ins[static_cast<size_t>(r)], bytes);
+      if (ins[static_cast<size_t>(r)] != out && bytes) transport::moveBytes(out, ins[static_cast<size_t>(r)], bytes);
       xs.reserve(static_cast<size_t>(n));
       for (int p = 0; p < n; ++p)
         if (p != r) xs.push_back(c->sendTo(p, ins[static_cast<size_t>(p)], bytes));

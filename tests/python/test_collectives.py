@@ -192,6 +192,33 @@ def rk_allgather_large(rank, n):
     return bad
 
 
+def rk_views_at_every_page_offset(rank, n):
+    # A copy's speed (and path: memcpy or railcc's own loop) depends on where its destination
+    # lies past its source modulo a 4 KiB page; views at every 8-byte offset of a page move
+    # each piece through both, against the stream's positions wherever they happen to be.
+    # Random bytes: a piece copied a few bytes off cannot match by a repeating pattern.
+    def data(k, r):
+        return torch.randint(0, 256, (count,), dtype=torch.uint8, generator=torch.Generator().manual_seed(k * 31 + r))
+
+    bad = []
+    count = 20_000
+    base = torch.zeros(count * n + 8192, dtype=torch.uint8)
+    for k in list(range(0, 4096, 8)) + [1, 3, 4093]:
+        want = data(k, k % n)
+        t = base[k:k + count]
+        t.copy_(want if rank == k % n else torch.zeros_like(want))
+        dist.broadcast(t, src=k % n)
+        if not torch.equal(t, want):
+            bad.append(f"broadcast of a view at byte {k}: first bad indices {_first_bad(t, want)}")
+        if k % 64 == 8 or k < 8:
+            out = base[k:k + count * n]
+            dist.all_gather_into_tensor(out, data(k, rank))
+            want_all = torch.cat([data(k, r) for r in range(n)])
+            if not torch.equal(out, want_all):
+                bad.append(f"all_gather into a view at byte {k}: first bad indices {_first_bad(out, want_all)}")
+    return bad
+
+
 def rk_reduce(rank, n):
     bad = []
     for dt in DTYPES:
@@ -590,6 +617,12 @@ def test_collective(pools, n, transport, fn):
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_allreduce_larger_than_fifo(pools, n, transport):
     check(pool_for(pools, n, transport), rk_allreduce_large, timeout=180)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_views_at_every_page_offset(pools, n, transport):
+    check(pool_for(pools, n, transport), rk_views_at_every_page_offset, timeout=180)
 
 
 @pytest.mark.parametrize("n", [3, 4])

@@ -22,10 +22,10 @@ void CommImpl::oneshotReduce(const std::function<const char*(int)>& blockOf, cha
       xs.push_back(sendTo(p, blockOf(p), bytes));
       xs.push_back(recvFrom(p, slot(p), bytes));
     }
-  std::memcpy(slot(r), blockOf(r), bytes);  // `out` may alias our own block
+  transport::copyBytes(slot(r), blockOf(r), bytes);  // `out` may alias our own block
   exchange(xs);
   if (op == ReduceOp::kPremulSum) scaleCopy(out, slot(0), count, dt, scale);
-  else std::memcpy(out, slot(0), bytes);
+  else transport::copyBytes(out, slot(0), bytes);
   for (int p = 1; p < n; ++p) reduceInto(out, slot(p), count, dt, op, scale);
   if (op == ReduceOp::kAvg) divideBy(out, count, dt, n);
 }
@@ -104,14 +104,14 @@ void CommImpl::runAllreduceCoalesced(const std::vector<char*>& bufs, const std::
     if (bucket_.size() < cap) bucket_.resize(cap);
     size_t j = i, used = 0;
     while (j < bufs.size() && used + counts[j] * es <= cap) {
-      if (counts[j]) std::memcpy(bucket_.data() + used, bufs[j], counts[j] * es);
+      if (counts[j]) transport::copyBytes(bucket_.data() + used, bufs[j], counts[j] * es);
       used += counts[j] * es;
       ++j;
     }
     runAllreduce(bucket_.data(), used / es, dt, op, scale);
     used = 0;
     for (size_t k = i; k < j; ++k) {
-      if (counts[k]) std::memcpy(bufs[k], bucket_.data() + used, counts[k] * es);
+      if (counts[k]) transport::copyBytes(bufs[k], bucket_.data() + used, counts[k] * es);
       used += counts[k] * es;
     }
     i = j;
@@ -283,9 +283,9 @@ void CommImpl::runRingsReduce(const RingReduce& job, DataType dt, ReduceOp op, d
     if (!dst || !commit) return dst != nullptr;
     if (isA) {
       for (int q = 0; q < n; ++q)
-        if (q != me) std::memcpy(dst + offsetInA(k, me, q), job.in(k, q), bytes(k, q));
+        if (q != me) transport::copyBytes(dst + offsetInA(k, me, q), job.in(k, q), bytes(k, q));
     } else {
-      std::memcpy(dst, job.out(k, me), len);
+      transport::copyBytes(dst, job.out(k, me), len);
     }
     own.publish(len, rs.wake);
     ++written;
@@ -305,7 +305,7 @@ void CommImpl::runRingsReduce(const RingReduce& job, DataType dt, ReduceOp op, d
       char* out = job.out(k, me);
       const char* mine = job.in(k, me);
       if (op == ReduceOp::kPremulSum) scaleCopy(out, mine, cnt, dt, scale);
-      else if (out != mine) std::memmove(out, mine, cnt * es);
+      else if (out != mine) transport::moveBytes(out, mine, cnt * es);
       for (int p = 0; p < n; ++p) {
         if (p == me) continue;
         auto& from = peerRing[static_cast<size_t>(p)];
@@ -322,7 +322,7 @@ void CommImpl::runRingsReduce(const RingReduce& job, DataType dt, ReduceOp op, d
       if (!src) continue;
       size_t k = read[static_cast<size_t>(p)] / 2, len = bytes(k, p);
       if (bypass) transport::streamCopy(job.out(k, p), src, len);
-      else std::memcpy(job.out(k, p), src, len);
+      else transport::copyBytes(job.out(k, p), src, len);
       peerRing[static_cast<size_t>(p)].release(myIdx, len);
       ++read[static_cast<size_t>(p)];
       moved += len + 1;
@@ -406,7 +406,7 @@ void CommImpl::runAllgatherRing(const char* mine, const std::vector<size_t>& siz
       if (streamPiece(total, sizes[static_cast<size_t>(p)]))
         transport::streamCopy(outs[static_cast<size_t>(p)] + got[static_cast<size_t>(p)], src, k);
       else
-        std::memcpy(outs[static_cast<size_t>(p)] + got[static_cast<size_t>(p)], src, k);
+        transport::copyBytes(outs[static_cast<size_t>(p)] + got[static_cast<size_t>(p)], src, k);
       ring.consume(myIdx, k);
       got[static_cast<size_t>(p)] += k;
       moved += k;

@@ -66,8 +66,8 @@ class ShmConnection : public Connection {
     if (k == 0) return 0;
     size_t off = static_cast<size_t>(tail % cap_);
     size_t first = k < cap_ - off ? k : cap_ - off;
-    std::memcpy(outData_ + off, p, first);
-    if (k > first) std::memcpy(outData_, static_cast<const char*>(p) + first, k - first);
+    copyBytes(outData_ + off, p, first);
+    if (k > first) copyBytes(outData_, static_cast<const char*>(p) + first, k - first);
     out_->tail.store(tail + k, std::memory_order_seq_cst);
     if (peerHdr_->sleeping.load(std::memory_order_seq_cst)) Domain::ring(peerHdr_);
     return k;
@@ -101,7 +101,7 @@ class ShmConnection : public Connection {
       auto [src, avail] = peek();
       size_t k = std::min({avail, n - got, kPiece});
       if (k == 0) break;
-      std::memcpy(static_cast<char*>(p) + got, src, k);
+      copyBytes(static_cast<char*>(p) + got, src, k);
       consume(k);
       got += k;
     }
@@ -249,8 +249,8 @@ size_t BcastRing::write(const void* p, size_t n, const std::vector<int>& consume
   if (k == 0) return 0;
   size_t off = static_cast<size_t>(tail % cap_);
   size_t first = k < cap_ - off ? k : cap_ - off;
-  std::memcpy(data_ + off, p, first);
-  if (k > first) std::memcpy(data_, static_cast<const char*>(p) + first, k - first);
+  copyBytes(data_ + off, p, first);
+  if (k > first) copyBytes(data_, static_cast<const char*>(p) + first, k - first);
   tail_->store(tail + k, std::memory_order_seq_cst);
   for (SegmentHeader* h : wake)
     if (h->sleeping.load(std::memory_order_seq_cst)) Domain::ring(h);

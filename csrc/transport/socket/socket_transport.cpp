@@ -102,7 +102,7 @@ class SocketConnection : public Connection {
     size_t got = 0;
     if (begin_ < end_) {
       got = std::min(n, end_ - begin_);
-      std::memcpy(p, buf_.data() + begin_, got);
+      copyBytes(p, buf_.data() + begin_, got);
       begin_ += got;
       if (got == n) return got;
     }

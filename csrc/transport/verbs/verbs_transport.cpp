@@ -326,7 +326,7 @@ size_t VerbsConnection::send(const void* p, size_t n) {
     if (room == 0) break;
     size_t off = static_cast<size_t>(sent_ % ring_);
     size_t k = std::min({n - total, room, ring_ - off, kMaxChunk});
-    memcpy(mem_ + ring_ + off, src + total, k);
+    copyBytes(mem_ + ring_ + off, src + total, k);
     post(off, k, off, (kData << kKindShift) | static_cast<uint32_t>(k), true, false);
     sent_ += k;
     ++sentMsgs_;
