@@ -10,11 +10,8 @@
 #include <emmintrin.h>
 #endif
 
-#include "transport/transport.h"
 
 namespace railcc::transport {
-
-void Connection::copyOut(void* dst, const void* src, size_t n) { copyBytes(dst, src, n); }
 
 #if defined(__x86_64__)
 namespace {

@@ -16,7 +16,7 @@ void copyAcrossPageAlias(char* dst, const char* src, size_t n);
 /// on ran at 57 in cache and 22-29 from memory (64-256 KiB pieces; 256 KiB is the shared-memory
 /// FIFO's unit); those copies go through a vector loop. Where the offset falls depends on where
 /// a tensor and the FIFO's stream position happen to lie: a 16 MiB broadcast whose every piece
-/// fell there took 5-9 ms against 0.7-0.9.
+/// fell there took 4-9 ms against 0.7-0.9.
 /// Regions must not overlap (moveBytes() for those).
 inline void copyBytes(void* dst, const void* src, size_t n) {
   uintptr_t ahead = (reinterpret_cast<uintptr_t>(dst) - reinterpret_cast<uintptr_t>(src)) & 4095;

@@ -46,7 +46,7 @@ class Connection {
     auto [src, avail] = peek();
     size_t k = avail < n ? avail : n;
     if (k > 0) {
-      copyOut(p, src, k);
+      copyBytes(p, src, k);
       consume(k);
     }
     return k;
@@ -96,9 +96,6 @@ class Connection {
   /// request is forgotten. Requests complete in the order they were started, per direction.
   /// A message larger than its receive's n throws kInvalidUsage. Blocks: no.
   virtual bool test(int id, size_t* bytes);
-
- protected:
-  static void copyOut(void* dst, const void* src, size_t n);
 
  private:
   struct StreamRequest {

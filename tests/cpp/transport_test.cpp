@@ -89,7 +89,6 @@ TEST(StreamCopy, LastLevelCacheSizeIsSane) {
   EXPECT_LE(b, size_t(4) << 30);
 }
 
-
 TEST(CopyBytes, EveryPageOffsetAndTailMatchesMemcpy) {
   // The destination's offset from the source modulo a page picks the path (1-63 bytes ahead:
   // the vector loop), so sweep it across and around that band, with lengths either side of
@@ -125,6 +124,7 @@ TEST(CopyBytes, MoveBytesHandlesOverlapBothWays) {
     ASSERT_EQ(buf, want) << "shift " << shift;
   }
 }
+
 namespace {
 bool shmExists(const std::string& name) { return access(("/dev/shm" + name).c_str(), F_OK) == 0; }
 }  // namespace

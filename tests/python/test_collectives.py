@@ -197,11 +197,12 @@ def rk_views_at_every_page_offset(rank, n):
     # lies past its source modulo a 4 KiB page; views at every 8-byte offset of a page move
     # each piece through both, against the stream's positions wherever they happen to be.
     # Random bytes: a piece copied a few bytes off cannot match by a repeating pattern.
+    count = 20_000
+
     def data(k, r):
         return torch.randint(0, 256, (count,), dtype=torch.uint8, generator=torch.Generator().manual_seed(k * 31 + r))
 
     bad = []
-    count = 20_000
     base = torch.zeros(count * n + 8192, dtype=torch.uint8)
     for k in list(range(0, 4096, 8)) + [1, 3, 4093]:
         want = data(k, k % n)
