@@ -10,7 +10,9 @@ the analysis dict instead. It needs only the standard library, so it runs wherev
     python path/to/railcc/trace.py /shared/traces --json
 
 Exit status: 0 when a verdict was printed (whatever it says); 2 when DIR is missing or holds no readable dump.
-A dump file that is not valid JSON, or not a rank's dump, is skipped with a warning on stderr naming it.
+A file that is not a rank's dump (not a regular file, over 256 MiB, not JSON, or a field of the wrong type or
+out of range, such as a size over 2^20: see trace_load.py) is skipped with a one-line warning on stderr naming it
+and the field at fault; the verdict is made from the others.
 
 How a group is judged (N = its size: `--size`, or else the largest `size` in its dumps):
 
@@ -110,6 +112,17 @@ import re
 import statistics
 import sys
 
+try:
+    from . import trace_load
+except ImportError:  # run as a script or loaded by path (no package): load the module beside this file by path
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "railcc_trace_load", os.path.join(os.path.dirname(os.path.abspath(__file__)), "trace_load.py"))
+    trace_load = importlib.util.module_from_spec(_spec)
+    sys.modules[_spec.name] = trace_load
+    _spec.loader.exec_module(trace_load)
+
 DUMP_GLOB = "railcc-trace-*.json"
 FORMAT_VERSION = 1
 PENDING = ("queued", "running", "failed")
@@ -127,6 +140,8 @@ MAX_LIST_LINES = 4
 MAX_ERROR_LINES = 5
 
 EXIT_OK, EXIT_USAGE = 0, 2
+MAX_GROUP_SIZE = trace_load.MAX_GROUP_SIZE
+MAX_DUMP_BYTES = trace_load.MAX_DUMP_BYTES
 
 
 def _warn(message: str) -> None:
@@ -179,35 +194,21 @@ def _redop(value):
     return value.lower() if isinstance(value, str) else value
 
 
-def _dump_problem(dump) -> str | None:
-    if not isinstance(dump, dict):
-        return "not a JSON object"
-    if _int(dump.get("rank"), -1) < 0:
-        return "no rank"
-    if "size" in dump and _int(dump["size"], 0) < 1:
-        return f"bad size {dump['size']!r}"
-    return None
-
-
 def load_dumps(directory: str) -> list[dict]:
     """The dumps in directory (files matching railcc-trace-*.json), each with its path added as "file".
 
-    Raises FileNotFoundError when directory is not a directory. Files that are not valid JSON or not a rank's
-    dump are skipped with a warning on stderr; a version other than 1 is read as version 1, with a warning.
+    Raises FileNotFoundError when directory is not a directory. A file that is not a rank's dump (not a regular
+    file, too big, not JSON, a field of the wrong type or out of range: see trace_load) is skipped with a warning
+    on stderr naming it and the field at fault; a version other than 1 is read as version 1, with a warning.
     """
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{directory}: not a directory")
     dumps = []
     for path in sorted(glob.glob(os.path.join(glob.escape(directory), DUMP_GLOB))):
         try:
-            with open(path, encoding="utf-8") as f:
-                dump = json.load(f)
-        except (OSError, ValueError) as e:  # ValueError covers JSONDecodeError and UnicodeDecodeError
+            dump = trace_load.read_dump(path)
+        except trace_load.DumpError as e:
             _warn(f"skipping {path}: {e}")
-            continue
-        problem = _dump_problem(dump)
-        if problem:
-            _warn(f"skipping {path}: {problem}")
             continue
         if dump.get("version") != FORMAT_VERSION:
             _warn(f"{path}: format version {dump.get('version')!r}, reading it as version {FORMAT_VERSION}")
@@ -763,7 +764,17 @@ def _analyze_group(name: str, dumps: list[dict], expected_size: int | None) -> d
     grp.apply_evidence(seq, ranks, evidence)
     reported, waited = grp.blame(seq, ranks)
     missing = [r for r in range(grp.size) if r not in grp.dumps]
+    unknown = None  # one entry shared by every missing rank nothing is known about: a group may have 2^20 ranks
     for r in missing:
+        if r not in evidence and r not in reported and r not in waited and r not in grp.hosts:
+            if unknown is None:
+                unknown = {"state": "missing", "detail": "no dump (process died before it could write one, or "
+                                                         "never reached init)", "host": None, "enqueued": None,
+                           "started": None, "completed": None, "waiting_on": [], "stalled_s": None, "error": None,
+                           "cause": "unknown", "basis": None, "seen_by": [], "late_s": None, "reported_by": [],
+                           "waited_by": []}
+            ranks[r] = unknown
+            continue
         info = {"state": "missing", "detail": None, "host": grp.hosts.get(r), "enqueued": None, "started": None,
                 "completed": None, "waiting_on": [], "stalled_s": None, "error": None, "cause": None, "basis": None,
                 "seen_by": [], "late_s": None, "reported_by": reported.get(r, []), "waited_by": waited.get(r, [])}
@@ -892,8 +903,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=None, help="the group size, when no dump can say it")
     try:
         args = parser.parse_args(argv)
-        if args.size is not None and args.size < 1:
-            parser.error(f"--size must be at least 1, not {args.size}")
+        if args.size is not None and not 1 <= args.size <= MAX_GROUP_SIZE:
+            parser.error(f"--size must be from 1 to {MAX_GROUP_SIZE}, not {args.size}")
     except SystemExit as e:  # argparse exits on bad arguments and --help; return its status instead
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
@@ -905,7 +916,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"railcc trace: no readable dump ({DUMP_GLOB}) in {args.dir}", file=sys.stderr)
         return EXIT_USAGE
     result = analyze(dumps, expected_size=args.size)
-    print(json.dumps(result, indent=2) if args.json else format_verdict(result))
+    if args.json:  # streamed: a group of 2^20 ranks makes a JSON text of hundreds of MB
+        json.dump(result, sys.stdout, indent=2)
+        print()
+    else:
+        print(format_verdict(result))
     return EXIT_OK
 
 

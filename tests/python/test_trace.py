@@ -429,3 +429,164 @@ def test_redop_case_is_ignored(tmp_path):
 @pytest.mark.parametrize("ranks,text", [([0, 1, 2, 5, 6], "0-2,5,6"), ([6, 5], "5,6"), ([3], "3"), ([], "")])
 def test_rank_list(ranks, text):
     assert trace._rank_list(ranks) == text
+
+
+# ---------------------------------------------------------------------------------------------- hostile dumps
+# A dump is read from a shared folder that anything may have written into: each malformed one must be refused with
+# one line that names the file and the field at fault, in bounded time and memory, never with a traceback.
+
+LIMIT_AS = 1 << 30  # the CLI runs with this much address space: a dump must not make it allocate without bound
+
+
+def _limit_memory():
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (LIMIT_AS, LIMIT_AS))
+
+
+def run_limited(*args, timeout=20):
+    return subprocess.run([sys.executable, TRACE, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=_limit_memory)
+
+
+def good_dump():
+    """Rank 0 of a 2-rank group, stalled in seq 17 waiting on rank 1: every field the analysis reads is present."""
+    timeout = err("timeout", "allreduce seq 17 made no progress", [1])
+    return dump(0, size=2, **stalled_on([1], "failed", timeout), links=ring_links(0, size=2), arrival=10.0,
+                peer_progress={1: "frozen"})
+
+
+def _set(path, value):
+    """A good dump with the field at path ("ops.17.start_us": key, list index, key) set to value."""
+    d = good_dump()
+    *parents, last = path.split(".")
+    node = d
+    for key in parents:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    node[int(last) if isinstance(node, list) else last] = value
+    return json.dumps(d)
+
+
+HOSTILE_FIELDS = [
+    ("peers", 7, "peers"),
+    ("size", 10 ** 10, "size"),
+    ("rank", 10 ** 10, "rank"),
+    ("rank", True, "rank"),
+    ("dumped_at_us", 10 ** 30, "dumped_at_us"),
+    ("host", {"a": 1}, "host"),
+    ("error.hosts", 5, "error.hosts"),
+    ("error.ranks", "0,1", "error.ranks"),
+    ("progress.enqueued", "17", "progress.enqueued"),
+    ("ops.16.op", ["allreduce"], "ops[16].op"),
+    ("ops.16.start_us", 10 ** 400, "ops[16].start_us"),
+    ("ops.16.waiting_on", "ab", "ops[16].waiting_on"),
+    ("ops.16.bytes_sent", [1], "ops[16].bytes_sent"),
+    ("ops.3", "completed", "ops[3]"),
+    ("links.0.gbps", "fast", "links[0].gbps"),
+    ("arrival", [1], "arrival"),
+    ("peer_progress", {"\u00b2": "frozen"}, "peer_progress"),
+    ("peer_progress", {"1" * 5000: "frozen"}, "peer_progress"),
+]
+
+
+def assert_refused(proc, path, field):
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout == ""
+    lines = [line for line in proc.stderr.splitlines() if str(path) in line]
+    assert any(field in line for line in lines), (field, proc.stderr)
+    assert max(len(line) for line in proc.stderr.splitlines()) < 400, proc.stderr  # one short line each
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path,value,field", HOSTILE_FIELDS, ids=[f"{p}={str(v)[:20]}" for p, v, _ in HOSTILE_FIELDS])
+def test_malformed_field_is_refused_naming_file_and_field(tmp_path, path, value, field):
+    bad = tmp_path / "railcc-trace-0-rank0.json"
+    bad.write_text(_set(path, value))
+    assert_refused(run_limited(tmp_path), bad, field)
+
+
+@pytest.mark.timeout(60)
+def test_the_good_dump_of_the_hostile_tests_is_read(tmp_path):
+    (tmp_path / "railcc-trace-0-rank0.json").write_text(json.dumps(good_dump()))
+    proc = run_limited(tmp_path)
+    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+    assert "rank 1 was frozen" in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_malformed_dump_among_good_ones_is_skipped_and_named(tmp_path):
+    d = write(tmp_path, [dump(r, **stalled_on([3])) for r in range(3)])
+    bad = os.path.join(d, "railcc-trace-0-rank3.json")
+    with open(bad, "w") as f:
+        f.write(json.dumps(dict(dump(3), peers=7)))
+    proc = run_limited(d)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert any(bad in line and "peers" in line for line in proc.stderr.splitlines()), proc.stderr
+    assert "rank 3 left no dump and ranks 0-2 waited on it" in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_deeply_nested_json_is_refused(tmp_path):
+    bad = tmp_path / "railcc-trace-0-rank0.json"
+    bad.write_text('{"version": 1, "rank": 0, "ops": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    assert_refused(run_limited(tmp_path), bad, "nested")
+
+
+@pytest.mark.timeout(60)
+def test_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "railcc-trace-0-rank0.json"
+    os.mkfifo(fifo)
+    assert_refused(run_limited(tmp_path), fifo, "not a regular file")
+
+
+@pytest.mark.timeout(60)
+def test_device_is_refused_without_reading_it(tmp_path):
+    link = tmp_path / "railcc-trace-0-rank0.json"
+    os.symlink("/dev/zero", link)
+    assert_refused(run_limited(tmp_path), link, "not a regular file")
+
+
+@pytest.mark.timeout(60)
+def test_oversized_file_is_refused_without_reading_it(tmp_path):
+    big = tmp_path / "railcc-trace-0-rank0.json"
+    with open(big, "wb") as f:
+        f.truncate(trace.MAX_DUMP_BYTES + 1)  # sparse: no disk used
+    assert_refused(run_limited(tmp_path), big, "MiB")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("size", ["0", "-3", "1e12", str(10 ** 12), "many"])
+def test_bad_size_argument_is_refused(tmp_path, size):
+    write(tmp_path, [dump(0, **stalled_on([1]))])
+    proc = run_limited(tmp_path, "--size", size)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--size" in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.timeout(120)
+def test_largest_group_is_analyzed_in_bounded_memory(tmp_path):
+    # one dump of a group of the largest size accepted: every other rank is missing, and that must stay cheap
+    d = dump(0, size=trace.MAX_GROUP_SIZE, progress=(17, 17, 17), ops=history(17))
+    d["peers"] = d["peers"][:2]
+    write(tmp_path, [d])
+    proc = run_limited(tmp_path, timeout=100)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{trace.MAX_GROUP_SIZE} ranks, 1 dump" in proc.stdout
+    assert len(proc.stdout.splitlines()) <= 40
+
+
+@pytest.mark.timeout(120)
+def test_python_m_railcc_trace_refuses_a_fifo_too(tmp_path):
+    # the installed package reads its dumps through the same loader as the script (trace_load beside trace.py)
+    if importlib.util.find_spec("railcc") is None:
+        pytest.skip("railcc is not installed")
+    fifo = tmp_path / "railcc-trace-0-rank0.json"
+    os.mkfifo(fifo)
+    (tmp_path / "railcc-trace-0-rank1.json").write_text(_set("peers", 7).replace('"rank": 0', '"rank": 1', 1))
+    proc = subprocess.run([sys.executable, "-m", "railcc", "trace", str(tmp_path)], capture_output=True, text=True,
+                          timeout=100, cwd=tmp_path)
+    assert_refused(proc, fifo, "not a regular file")
+    assert any(str(tmp_path / "railcc-trace-0-rank1.json") in line and "peers is 7" in line
+               for line in proc.stderr.splitlines()), proc.stderr
