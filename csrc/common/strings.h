@@ -2,8 +2,10 @@
 // Small string helpers every layer uses: splitting the text records that travel through the
 // store, and hex for the binary fields inside them.
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -17,6 +19,34 @@ inline std::vector<std::string> split(const std::string& s, char sep) {
   std::istringstream is(s);
   while (std::getline(is, cur, sep)) out.push_back(cur);
   return out;
+}
+
+/// `s` as a whole decimal integer in [lo, hi]: false (and `out` untouched) for anything else
+/// (empty, signs or junk around the digits, out of range). For fields of records that other
+/// processes wrote: never throws.
+inline bool parseInt(const std::string& s, long long lo, long long hi, long long& out) {
+  if (s.empty() || s.size() > 20) return false;
+  for (size_t i = 0; i < s.size(); ++i)
+    if (!(s[i] >= '0' && s[i] <= '9') && !(i == 0 && s[i] == '-' && s.size() > 1)) return false;
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || end != s.c_str() + s.size() || v < lo || v > hi) return false;
+  out = v;
+  return true;
+}
+
+/// The same for unsigned 64-bit fields (addresses, sizes).
+inline bool parseUint(const std::string& s, unsigned long long hi, unsigned long long& out) {
+  if (s.empty() || s.size() > 20) return false;
+  for (char c : s)
+    if (c < '0' || c > '9') return false;
+  errno = 0;
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (errno != 0 || end != s.c_str() + s.size() || v > hi) return false;
+  out = v;
+  return true;
 }
 
 /// Lower-case hex of n bytes.

@@ -146,23 +146,33 @@ CommImpl::RailPlace CommImpl::placeRank() {
 }
 
 RailCheck checkRailLines(const std::vector<std::string>& lines) {
+  constexpr int kMaxRails = 256;  // NICs per host, well past any machine's
   struct Host {
     std::string name;
     int rails = 0;
     std::map<int, std::string> ifs;  // rail -> "eth1@10.78.0.0/24" or "-"
   };
   std::vector<Host> hosts;
+  std::vector<std::string> bad;
   std::set<std::string> seen;
   for (const std::string& line : lines) {
     auto f = fields(line);
     if (f["host"].empty() || !seen.insert(f["host"]).second) continue;
     Host h;
     h.name = f["host"];
-    h.rails = std::atoi(f["rails"].c_str());
+    // Another rank's record: a rail count no host can have is said, not allocated for.
+    long long rails = 0;
+    if (!parseInt(f["rails"], 0, kMaxRails, rails)) {
+      bad.push_back("host " + h.name + " published rails=" + f["rails"].substr(0, 24) + " (expected 0 to " +
+                    std::to_string(kMaxRails) + "); its rails are left out of the check");
+      continue;
+    }
+    h.rails = static_cast<int>(rails);
     for (int r = 0; r < h.rails; ++r) h.ifs[r] = f[std::to_string(r)];
     hosts.push_back(h);
   }
   RailCheck out;
+  out.problems = bad;
   out.hosts = static_cast<int>(hosts.size());
   for (const Host& h : hosts) out.rails = std::max(out.rails, h.rails);
   if (hosts.size() < 2 || out.rails == 0) return out;
@@ -207,8 +217,8 @@ void CommImpl::checkRails(const std::vector<std::string>& lines) {
     done = true;
   }
   RailCheck c = checkRailLines(lines);
-  if (c.hosts < 2 || c.rails == 0) return;
   for (const std::string& p : c.problems) RAILCC_WARN(INIT, "rail check across ", c.hosts, " hosts: ", p);
+  if (c.hosts < 2 || c.rails == 0) return;
   if (c.problems.empty()) RAILCC_INFO(INIT, "rail check: ", c.hosts, " hosts agree on ", c.rails, " rails (", c.agreed, ")");
 }
 

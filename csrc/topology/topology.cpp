@@ -1,6 +1,8 @@
 #include "topology/topology.h"
 
 #include <hwloc.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -124,16 +126,30 @@ bool isNvidiaGpu(hwloc_obj_t o) {
 
 }  // namespace
 
+void checkTopologyFile(const std::string& path) {
+  // A device or a FIFO would be read until memory runs out, or forever.
+  constexpr off_t kMaxBytes = off_t(64) << 20;  // a 4,096-object machine's XML is a few MiB
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0)
+    RAILCC_THROW(kInvalidUsage, "topology file ", path, " cannot be read: ", std::strerror(errno),
+                 " (RAILCC_TOPO_FILE names an hwloc XML file, as lstopo --of xml writes)");
+  if (!S_ISREG(st.st_mode))
+    RAILCC_THROW(kInvalidUsage, "topology file ", path, " is not a regular file (a device, FIFO or directory); ",
+                 "RAILCC_TOPO_FILE names an hwloc XML file, as lstopo --of xml writes");
+  if (st.st_size > kMaxBytes)
+    RAILCC_THROW(kInvalidUsage, "topology file ", path, " is ", st.st_size >> 20, " MiB, more than any hwloc XML of a ",
+                 "machine (at most ", kMaxBytes >> 20, " MiB read)");
+  if (access(path.c_str(), R_OK) != 0)
+    RAILCC_THROW(kInvalidUsage, "topology file ", path, " cannot be read: ", std::strerror(errno));
+}
+
 Topology discover(const DiscoverOptions& opts) {
   Topology topo;
   Hw hw;
   if (hwloc_topology_init(&hw.t) != 0) RAILCC_THROW(kSystem, "hwloc_topology_init failed: ", std::strerror(errno));
   hwloc_topology_set_io_types_filter(hw.t, HWLOC_TYPE_FILTER_KEEP_ALL);
   if (!opts.xmlFile.empty()) {
-    std::ifstream probe(opts.xmlFile);
-    if (!probe)
-      RAILCC_THROW(kInvalidUsage, "topology file ", opts.xmlFile, " cannot be read: ", std::strerror(errno),
-                   " (RAILCC_TOPO_FILE names an hwloc XML file, as lstopo --of xml writes)");
+    checkTopologyFile(opts.xmlFile);
     if (hwloc_topology_set_xml(hw.t, opts.xmlFile.c_str()) != 0)
       RAILCC_THROW(kInvalidUsage, "topology file ", opts.xmlFile, " is not hwloc XML: ", std::strerror(errno));
     topo.source = "file " + opts.xmlFile;

@@ -62,6 +62,9 @@ struct DiscoverOptions {
 /// Loads the topology. Throws Error(kInvalidUsage) naming the file when an XML cannot be read,
 /// Error(kSystem) when hwloc fails on the machine.
 Topology discover(const DiscoverOptions& opts);
+/// Throws Error(kInvalidUsage) unless `path` is a readable regular file of a sane size for an
+/// hwloc XML file (a device or FIFO named by RAILCC_TOPO_FILE would be read without end).
+void checkTopologyFile(const std::string& path);
 
 /// Path between two PCI devices (the rule behind Topology::path).
 Path pathBetween(const PciDevice& a, const PciDevice& b);

@@ -208,3 +208,16 @@ TEST(RailCheck, HostsThatAgreeAreSaidToAndDisagreementsNameTheHosts) {
   EXPECT_EQ(checkRailLines({line("a", 0, two)}).hosts, 1);  // one host: nothing to compare
   EXPECT_TRUE(checkRailLines({"junk", ""}).problems.empty());
 }
+
+// Rail lines come from other ranks' store records: a count no host can have is reported, not
+// allocated for (rails=2000000000 once cost 20 s of CPU and then std::bad_alloc).
+TEST(RailCheck, AHostileRailCountIsReportedNotAllocated) {
+  using railcc::engine::checkRailLines;
+  std::string two = "host=a;rank=0;nic=mlx5_0;rail=0;rails=2;0=eth0@10.77.0.0/24;1=eth1@10.78.0.0/24";
+  for (const char* bad : {"2000000000", "99999999999999999999999", "-3", "zz", ""}) {
+    auto c = checkRailLines({two, std::string("host=b;rank=1;nic=x;rail=0;rails=") + bad});
+    ASSERT_EQ(c.problems.size(), 1u) << bad;
+    EXPECT_NE(c.problems[0].find("host b published rails="), std::string::npos) << c.problems[0];
+    EXPECT_EQ(c.hosts, 1) << bad;  // b is left out
+  }
+}

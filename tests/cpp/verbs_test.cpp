@@ -83,6 +83,84 @@ TEST(VerbsRules, AForcedGidIndexWinsAndAMissingOneNamesTheRightOne) {
   EXPECT_NE(why.find("ip addr add"), std::string::npos) << why;
 }
 
+// A peer's endpoint blob is read from the store, which any process that reaches it can write:
+// hostile and truncated blobs are refused, never crash the reader.
+TEST(VerbsBlob, AWellFormedBlobParses) {
+  const std::string gid(32, 'a');
+  Blob b;
+  ASSERT_TRUE(parseBlob("verbs1;d,rxe0:1,7," + gid + ",3,1;c,2,1,0,0,17,99,140000000,55,4194304", &b));
+  ASSERT_EQ(b.devs.size(), 1u);
+  EXPECT_EQ(b.devs[0].dev, "rxe0:1");
+  EXPECT_EQ(b.devs[0].lid, 7);
+  EXPECT_EQ(b.devs[0].mtu, 3);
+  EXPECT_TRUE(b.devs[0].roce);
+  ASSERT_EQ(b.conns.size(), 1u);
+  const QpInfo& q = b.conns.at({2, 1, 0});
+  EXPECT_EQ(q.qpn, 17u);
+  EXPECT_EQ(q.psn, 99u);
+  EXPECT_EQ(q.ringAddr, 140000000u);
+  EXPECT_EQ(q.rkey, 55u);
+  EXPECT_EQ(q.ringBytes, 4194304u);
+}
+
+TEST(VerbsBlob, HostileBlobsAreRefused) {
+  const std::string gid(32, 'a'), dev = ";d,rxe0:1,7," + gid + ",3,1";
+  for (const std::string& s : std::vector<std::string>{std::string("verbs1;;c"), std::string("verbs1;c"), std::string("verbs1;d"),
+        std::string(";;;"), std::string("verbs1;,,,"), std::string("verbs1;c,1,2,3,0,1,2,3,4,5"),  // no device
+        "verbs1" + dev + ";c,1,0,0,1,1,2,3,4,5",                       // device 1 of 1
+        "verbs1" + dev + ";c,-1,0,0,0,1,2,3,4,5",                      // a negative rank
+        "verbs1" + dev + ";c,99999999999,0,0,0,1,2,3,4,5",             // a rank past int
+        "verbs1" + dev + ";c,1,0,0,0,1,2,3,99999999999999999999999,5",  // an address past 64 bits
+        "verbs1" + dev + ";c,1,0,0,0,1,2,3,4,0",                       // an empty ring
+        "verbs1" + dev + ";c,1,0,0,0,zz,2,3,4,5", "verbs1" + dev + ";c,1,0,0,0, 1,2,3,4,5",
+        "verbs1;d,rxe0:1,70000," + gid + ",3,1", "verbs1;d,rxe0:1,7,zz,3,1", "verbs1;d,rxe0:1,7," + gid + ",9,1",
+        "verbs1;d,,7," + gid + ",3,1", std::string("verbs1;x,1")}) {
+    Blob b;
+    EXPECT_FALSE(parseBlob(s, &b)) << s;
+  }
+}
+
+TEST(VerbsBlob, TruncatedAndMutatedBlobsNeverCrash) {
+  const std::string gid(32, '0');
+  std::string good = "verbs1;d,rxe0:1,7," + gid + ",3,1;d,rxe1:1,8," + gid + ",5,0";
+  for (int r = 0; r < 4; ++r) good += ";c," + std::to_string(r) + ",1,0,1,17,99,140000000,55,4194304";
+  int accepted = 0;
+  for (size_t n = 0; n <= good.size(); ++n) {
+    Blob b;
+    accepted += parseBlob(good.substr(0, n), &b);
+  }
+  EXPECT_GT(accepted, 0);
+  const std::string alphabet = "verbs1;,cd0123456789-:ax \n";
+  uint64_t x = 88172645463325252ull;  // xorshift: the same inputs on every run
+  auto next = [&] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  for (int i = 0; i < 20000; ++i) {
+    std::string s = good;
+    for (int k = 0, m = 1 + static_cast<int>(next() % 6); k < m; ++k) {
+      size_t at = next() % s.size();
+      switch (next() % 3) {
+        case 0: s[at] = alphabet[next() % alphabet.size()]; break;
+        case 1: s.erase(at, 1 + next() % 8); break;
+        default: s.insert(at, 1, alphabet[next() % alphabet.size()]); break;
+      }
+      if (s.empty()) s = "v";
+    }
+    Blob b;
+    if (parseBlob(s, &b))
+      for (auto& [key, q] : b.conns) EXPECT_GT(q.ringBytes, 0u) << s;
+  }
+  for (int i = 0; i < 5000; ++i) {  // random field lists from scratch
+    std::string s = "verbs1";
+    for (int k = 0, m = static_cast<int>(next() % 40); k < m; ++k) s += alphabet[next() % alphabet.size()];
+    Blob b;
+    parseBlob(s, &b);
+  }
+}
+
 TEST(VerbsRules, GpuDirectDecisionFollowsPathLevelAndCapabilities) {
   GdrFacts f{"GPU 0", "mlx5_0", "PIX", "PXB", true, true};
   EXPECT_EQ(decideGdr(f).mode, GdrMode::kDmabuf);

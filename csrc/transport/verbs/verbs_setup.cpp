@@ -21,50 +21,50 @@
 #include "transport/verbs/verbs_transport.h"
 
 namespace railcc::transport::verbs {
-namespace {
 
-using Key = std::tuple<int, int, int>;  // peer, lane, channel
-
-// A peer's blob: "verbs1;<dev>;<dev>...;c,<to>,<lane>,<ch>,<dev#>,<qpn>,<psn>,<addr>,<rkey>,<ring>;..."
-// with <dev> = "d,<name:port>,<lid>,<gid hex>,<mtu>,<roce>".
-struct Blob {
-  std::vector<QpInfo> devs;
-  std::map<Key, QpInfo> conns;  // keyed by (the rank it is meant for, lane, channel)
-};
-
+// Every field comes from another process's store record: each is checked for its type and
+// range, and a malformed blob is refused whole (never read past a field list, never thrown).
 bool parseBlob(const std::string& s, Blob* b) {
   auto parts = split(s, ';');
   if (parts.empty() || parts[0] != "verbs1") return false;
-  try {
-    for (size_t i = 1; i < parts.size(); ++i) {
-      auto f = split(parts[i], ',');
-      if (f[0] == "d" && f.size() == 6) {
-        QpInfo d;
-        d.dev = f[1];
-        d.lid = static_cast<uint16_t>(std::stoul(f[2]));
-        if (!fromHex(f[3], d.gid, 16)) return false;
-        d.mtu = std::stoi(f[4]);
-        d.roce = f[5] == "1";
-        b->devs.push_back(d);
-      } else if (f[0] == "c" && f.size() == 10) {
-        size_t dev = std::stoul(f[4]);
-        if (dev >= b->devs.size()) return false;
-        QpInfo q = b->devs[dev];
-        q.qpn = static_cast<uint32_t>(std::stoul(f[5]));
-        q.psn = static_cast<uint32_t>(std::stoul(f[6]));
-        q.ringAddr = std::stoull(f[7]);
-        q.rkey = static_cast<uint32_t>(std::stoul(f[8]));
-        q.ringBytes = std::stoull(f[9]);
-        b->conns[{std::stoi(f[1]), std::stoi(f[2]), std::stoi(f[3])}] = q;
-      } else {
+  for (size_t i = 1; i < parts.size(); ++i) {
+    auto f = split(parts[i], ',');
+    if (f.empty()) return false;
+    unsigned long long u[6] = {0};
+    if (f[0] == "d" && f.size() == 6) {
+      QpInfo d;
+      d.dev = f[1];
+      if (d.dev.empty() || !parseUint(f[2], 0xffff, u[0]) || !fromHex(f[3], d.gid, 16) || !parseUint(f[4], 5, u[1]) ||
+          u[1] < 1 || (f[5] != "0" && f[5] != "1"))
         return false;
-      }
+      d.lid = static_cast<uint16_t>(u[0]);
+      d.mtu = static_cast<int>(u[1]);
+      d.roce = f[5] == "1";
+      b->devs.push_back(d);
+    } else if (f[0] == "c" && f.size() == 10) {
+      long long to = 0, lane = 0, ch = 0;
+      if (!parseInt(f[1], 0, (1 << 30), to) || !parseInt(f[2], 0, 255, lane) || !parseInt(f[3], 0, 4095, ch) ||
+          !parseUint(f[4], b->devs.empty() ? 0 : b->devs.size() - 1, u[0]) || b->devs.empty() ||
+          !parseUint(f[5], 0xffffff, u[1]) || !parseUint(f[6], 0xffffff, u[2]) || !parseUint(f[7], ~0ull, u[3]) ||
+          !parseUint(f[8], 0xffffffffull, u[4]) || !parseUint(f[9], 1ull << 40, u[5]) || u[5] == 0)
+        return false;
+      QpInfo q = b->devs[u[0]];
+      q.qpn = static_cast<uint32_t>(u[1]);
+      q.psn = static_cast<uint32_t>(u[2]);
+      q.ringAddr = u[3];
+      q.rkey = static_cast<uint32_t>(u[4]);
+      q.ringBytes = u[5];
+      b->conns[{static_cast<int>(to), static_cast<int>(lane), static_cast<int>(ch)}] = q;
+    } else {
+      return false;
     }
-  } catch (const std::exception&) {
-    return false;
   }
   return true;
 }
+
+namespace {
+
+using Key = std::tuple<int, int, int>;  // peer, lane, channel
 
 std::string peerName(const PeerRecord& p) { return "rank " + std::to_string(p.rank) + " (host " + p.hostname + ")"; }
 

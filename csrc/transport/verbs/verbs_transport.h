@@ -17,8 +17,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "transport/net.h"
 #include "transport/verbs/verbs_devices.h"
@@ -38,6 +41,17 @@ struct QpInfo {
   bool roce = false;
   std::string dev;  // "rxe0:1", for messages
 };
+
+/// A peer's published endpoint: "verbs1;<dev>;<dev>...;c,<to>,<lane>,<ch>,<dev#>,<qpn>,<psn>,<addr>,<rkey>,<ring>;..."
+/// with <dev> = "d,<name:port>,<lid>,<gid hex>,<mtu>,<roce>": its ports, then every queue pair
+/// it made for a rank of another host.
+struct Blob {
+  std::vector<QpInfo> devs;
+  std::map<std::tuple<int, int, int>, QpInfo> conns;  // keyed by (the rank it is meant for, lane, channel)
+};
+/// Parses a blob read from the store; false for anything malformed (a record another process
+/// wrote: never throws, never reads out of bounds).
+bool parseBlob(const std::string& s, Blob* b);
 
 /// One RC queue pair to one peer with its rings. Not thread-safe except markFailed().
 class VerbsConnection : public Connection {
