@@ -123,7 +123,7 @@ class WorkRailcc : public c10d::Work {
       // The engine may still be writing into these buffers: stop it before handing the
       // buffers back, so a caller that frees them after catching this is safe.
       std::ostringstream os;
-      os << name_ << " (seq " << seq_ << ") did not complete within work.wait(timeout=" << timeout.count()
+      os << name_ << " (seq " << seq_ << ") timed out: not complete within work.wait(timeout=" << timeout.count()
          << " ms); the process group has been aborted";
       comm_->abort(os.str());
       for (auto& r : reqs_) r->wait(Millis(-1));

@@ -122,6 +122,10 @@ namespace railcc {
   X(hostId, std::string, "RAILCC_HOST_ID", "", "", "",                                            \
     "Overrides the host identity (boot id + network namespace) that decides which peers "     \
     "share memory.")                                                                          \
+  X(authKeyFile, std::string, "RAILCC_AUTH_KEY_FILE", "", "", "",                                \
+    "A file holding a key that every rank of the job has and the c10d store never sees (a "   \
+    "Kubernetes secret, say): mixed into the TCP handshake, so a process that can read the "    \
+    "store still cannot connect as a rank. Same file content on every rank.")                \
   X(initTimeoutSec, int64_t, "RAILCC_INIT_TIMEOUT", "", "300", "1..604800",                                \
     "Seconds that communicator set-up may take before it fails naming the missing ranks.")    \
   X(traceDir, std::string, "RAILCC_TRACE_DIR", "", "", "",                                        \

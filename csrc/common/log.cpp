@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -116,7 +117,14 @@ void initLocked(State& s) {
         path += *p;
       }
     }
-    if (FILE* f = fopen(path.c_str(), "a")) s.out = f;
+    if (FILE* f = fopen(path.c_str(), "a")) {
+      s.out = f;
+    } else {
+      // Said once, on stderr, where the lines now go: a silent fallback looks like no logging.
+      std::string err = std::strerror(errno);
+      fprintf(stderr, "%s:%d RAILCC WARN RAILCC_DEBUG_FILE=%s: cannot open %s for appending (%s); logging to stderr\n",
+              s.host, getpid(), file, path.c_str(), err.c_str());
+    }
   }
   s.level.store(level);
   s.ready = true;

@@ -7,7 +7,16 @@
 namespace railcc::engine {
 
 std::string hostIdentity(const Config& cfg) {
-  if (!cfg.hostId.empty()) return cfg.hostId;
+  if (!cfg.hostId.empty()) {
+    // It travels inside '|'-separated store records: those characters would split it.
+    for (char c : cfg.hostId)
+      if (c == '|' || c == '\n' || c == '\r' || c == ';' || c == ' ' || static_cast<unsigned char>(c) < 0x20)
+        RAILCC_THROW(kInvalidUsage, "RAILCC_HOST_ID='", cfg.hostId, "' contains '", c == '\n' ? std::string("\\n") : std::string(1, c),
+                     "'; use letters, digits and - _ . : / @ (any string without '|', ';', spaces or control characters)");
+    if (cfg.hostId.size() > 256)
+      RAILCC_THROW(kInvalidUsage, "RAILCC_HOST_ID is ", cfg.hostId.size(), " characters long; at most 256 are accepted");
+    return cfg.hostId;
+  }
   std::string boot;
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::getline(f, boot);
@@ -90,7 +99,8 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   lagFlagged_.assign(static_cast<size_t>(size_), false);
   try {
     bootstrap(store);
-  } catch (const Error&) {
+  } catch (const Error& e) {
+    publishInitFailure(store, e);
     std::rethrow_exception(globalized(std::current_exception()));
   }
   hostname_ = peers_[static_cast<size_t>(rank_)].hostname;
@@ -138,15 +148,55 @@ struct Opened {
   bool done = false;
 };
 
-// A peer's published endpoints: one line per transport, "name channels blob".
-std::map<std::string, std::pair<int, std::string>> parseEndpoints(const std::string& v) {
+// A peer's published endpoints: one line per transport, "name channels blob". The record
+// comes from the store: a malformed one fails init naming the rank, the key and the field.
+std::map<std::string, std::pair<int, std::string>> parseEndpoints(const std::string& v, const std::string& who) {
   std::map<std::string, std::pair<int, std::string>> out;
   for (const std::string& line : split(v, '\n')) {
     auto a = line.find(' '), b = line.find(' ', a + 1);
     if (a == std::string::npos || b == std::string::npos) continue;
-    out[line.substr(0, a)] = {std::stoi(line.substr(a + 1, b - a - 1)), line.substr(b + 1)};
+    long long channels = 0;
+    if (!parseInt(line.substr(a + 1, b - a - 1), 0, 4096, channels))
+      RAILCC_THROW(kInvalidUsage, who, ": its transport endpoint record for ", line.substr(0, a).substr(0, 32),
+                   " has channel count '", line.substr(a + 1, b - a - 1).substr(0, 32),
+                   "', not a number from 0 to 4096 (a store record written by something other than railcc?)");
+    out[line.substr(0, a)] = {static_cast<int>(channels), line.substr(b + 1)};
   }
   return out;
+}
+
+// RAILCC_AUTH_KEY_FILE's content: a regular file of 16 bytes to 64 KiB.
+std::vector<uint8_t> readAuthKey(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0)
+    RAILCC_THROW(kInvalidUsage, "RAILCC_AUTH_KEY_FILE=", path, ": ", detail::errnoString());
+  if (!S_ISREG(st.st_mode)) RAILCC_THROW(kInvalidUsage, "RAILCC_AUTH_KEY_FILE=", path, " is not a regular file");
+  if (st.st_size < 16 || st.st_size > (64 << 10))
+    RAILCC_THROW(kInvalidUsage, "RAILCC_AUTH_KEY_FILE=", path, " holds ", st.st_size,
+                 " bytes; a key needs 16 to 65536 (for example: head -c 32 /dev/urandom > key)");
+  if (st.st_mode & 077) {
+    char mode[8];
+    snprintf(mode, sizeof(mode), "%03o", static_cast<unsigned>(st.st_mode & 0777));
+    RAILCC_WARN(INIT, "RAILCC_AUTH_KEY_FILE=", path, " can be read by other users (mode ", mode, "); chmod 600 it");
+  }
+  std::ifstream f(path, std::ios::binary);
+  std::vector<uint8_t> key(static_cast<size_t>(st.st_size));
+  if (!f.read(reinterpret_cast<char*>(key.data()), static_cast<std::streamsize>(key.size())))
+    RAILCC_THROW(kInvalidUsage, "RAILCC_AUTH_KEY_FILE=", path, ": cannot read it");
+  return key;
+}
+
+// A peer's host record "hostId|hostname|pid|pid namespace|cpu mask".
+std::vector<std::string> parsePeerRecord(const std::string& v, const std::string& who) {
+  auto f = split(v, '|');
+  long long pid = 0;
+  if (f.size() != 5)
+    RAILCC_THROW(kInvalidUsage, who, ": its host record in the store ('", v.substr(0, 200), "') has ", f.size(),
+                 " fields separated by '|', not 5 (a store record written by something other than railcc?)");
+  if (!parseInt(f[2], 0, 1ll << 31, pid))
+    RAILCC_THROW(kInvalidUsage, who, ": its host record in the store has pid '", f[2].substr(0, 32),
+                 "', not a process id (a store record written by something other than railcc?)");
+  return f;
 }
 
 }  // namespace
@@ -162,7 +212,14 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   ctx.config = cfg;
   ctx.secret.resize(secretHex.size() / 2);
   if (!fromHex(secretHex, ctx.secret.data(), ctx.secret.size()))
-    RAILCC_THROW(kInternal, "the group secret in the store is not hex: '", secretHex, "'");
+    RAILCC_THROW(kInvalidUsage, "the group secret in the store is not hex ('", secretHex.substr(0, 80),
+                 "'): a store record written by something other than railcc?");
+  if (!cfg.authKeyFile.empty()) {
+    // The store's secret alone proves only that a process can read the store; the key file's
+    // content, which never enters the store, is what a connecting rank must also hold.
+    transport::socket::Digest d = transport::socket::hmacSha256(readAuthKey(cfg.authKeyFile), ctx.secret);
+    ctx.secret.assign(d.begin(), d.end());
+  }
   for (const PeerInfo& p : peers_) ctx.peers.push_back({p.rank, p.hostId, p.hostname, p.pid, p.pidNs, "", 1});
   ctx.localRanks = localRanks_;
   ctx.rail = place.rail;
@@ -229,7 +286,8 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   } noPump{pump_};
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    auto theirs = parseEndpoints(getFrom("ep/" + std::to_string(r), r, "transport endpoints"));
+    auto theirs = parseEndpoints(getFrom("ep/" + std::to_string(r), r, "transport endpoints"),
+                                 "railcc init of group '" + opts_.name + "': " + rankName(r));
     if (theirs.count("rails")) railLines.push_back(theirs["rails"].second);
     Choice& c = choice[static_cast<size_t>(r)];
     std::string tried;
@@ -325,6 +383,42 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   }
 }
 
+void CommImpl::publishInitFailure(Store& store, const Error& e) {
+  // Only this rank's own failures (bad settings, a system call, a device): a timeout or a
+  // peer's failure names its culprit already, and re-publishing it would blame us.
+  if (initFailSeen_ || size_ < 2 || e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kPeerFailure) return;
+  char hn[256] = {0};
+  gethostname(hn, sizeof(hn) - 1);
+  try {
+    store.set("initfail/why", std::to_string(rank_) + "|" + hn + "|" + std::string(e.what()).substr(0, 4000));
+    store.add("initfail", 1);
+  } catch (const std::exception&) {  // best effort: the store may be what failed
+  }
+}
+
+void CommImpl::checkPeerInitFailure(Store& store) {
+  auto now = Clock::now();
+  if (now - lastInitFailCheck_ < Millis(250)) return;  // one store call per quarter second at most
+  lastInitFailCheck_ = now;
+  if (store.add("initfail", 0) <= 0) return;
+  std::string rec;
+  try {
+    rec = store.get("initfail/why", Millis(2000));
+  } catch (const Error&) {
+    return;
+  }
+  auto a = rec.find('|'), b = rec.find('|', a == std::string::npos ? a : a + 1);
+  long long r = -1;
+  if (a == std::string::npos || b == std::string::npos || !parseInt(rec.substr(0, a), 0, size_ - 1, r)) return;
+  Error err(ErrorCode::kPeerFailure, "railcc init of group '" + opts_.name + "': " + rankName(static_cast<int>(r)) +
+                                         " (host " + rec.substr(a + 1, b - a - 1) + ") failed its own init: " +
+                                         rec.substr(b + 1));
+  err.ranks = {static_cast<int>(r)};
+  err.hosts = {rec.substr(a + 1, b - a - 1)};
+  initFailSeen_ = true;
+  throw err;
+}
+
 void CommImpl::bootstrap(Store& store) {
   const Config& cfg = opts_.config;
   auto t0 = Clock::now();
@@ -334,7 +428,7 @@ void CommImpl::bootstrap(Store& store) {
   const std::string hostId = hostIdentity(cfg);
   // Waits in slices; between them, a same-host rank whose process has exited fails init at
   // once instead of after RAILCC_INIT_TIMEOUT.
-  auto waitKey = [&](const std::string& key) {
+  auto waitKey = [&](const std::string& key, int from) {
     while (true) {
       try {
         return store.get(key, std::min(left(), Millis(pump_ ? 20 : 1000)));
@@ -342,6 +436,20 @@ void CommImpl::bootstrap(Store& store) {
         if (e.code() != ErrorCode::kTimeout || Clock::now() >= deadline) throw;
       }
       if (pump_) pump_();
+      // A peer that failed its own set-up says why; another group of ours may have seen the
+      // rank we wait for die. Either ends the wait now rather than at RAILCC_INIT_TIMEOUT.
+      checkPeerInitFailure(store);
+      if (from >= 0 && from != rank_) {
+        std::string seen = seenDeadElsewhere(globalRank(from));
+        if (!seen.empty()) {
+          Error err(ErrorCode::kPeerFailure, "railcc init of group '" + opts_.name + "': " + rankName(from) +
+                                                 " is dead, as " + seen);
+          err.ranks = {from};
+          err.ranksDead = true;
+          initFailSeen_ = true;
+          throw err;
+        }
+      }
       for (const PeerInfo& p : peers_) {
         // Only peers we will share memory with, and only in our pid namespace: a pid of another
         // namespace names some other process here, or none.
@@ -359,13 +467,14 @@ void CommImpl::bootstrap(Store& store) {
   };
   GetFrom getFrom = [&](const std::string& key, int r, const char* what) {
     try {
-      return waitKey(key);
+      return waitKey(key, r);
     } catch (const Error& e) {
       if (e.code() == ErrorCode::kPeerFailure) throw;
       Error err(e.code() == ErrorCode::kTimeout ? ErrorCode::kTimeout : e.code(),
                 "railcc init of group '" + opts_.name + "': " + rankName(r) + " did not publish its " +
                     what + " within RAILCC_INIT_TIMEOUT=" + std::to_string(cfg.initTimeoutSec) +
-                    " s; it never reached init_process_group or died during it (" + e.what() + ")");
+                    " s; it never reached init_process_group or died during it (store key '" + key + "' still unset after " +
+                    std::to_string(std::chrono::duration_cast<Millis>(Clock::now() - t0).count() / 1000.0).substr(0, 6) + " s)");
       err.ranks = {r};
       throw err;
     }
@@ -390,14 +499,13 @@ void CommImpl::bootstrap(Store& store) {
   std::vector<std::string> cpus(static_cast<size_t>(size_));
   for (int r = 0; r < size_; ++r) {
     std::string v = r == rank_ ? me : getFrom("peer/" + std::to_string(r), r, "host identity");
-    auto f = split(v, '|');
-    RAILCC_CHECK_EQ(f.size(), size_t(5));
+    auto f = parsePeerRecord(v, "railcc init of group '" + opts_.name + "': " + rankName(r));
     cpus[static_cast<size_t>(r)] = f[4];
     PeerInfo& p = peers_[static_cast<size_t>(r)];
     p.rank = r;
     p.hostId = f[0];
     p.hostname = f[1];
-    p.pid = std::stoi(f[2]);
+    p.pid = std::atoi(f[2].c_str());  // checked by parsePeerRecord
     p.pidNs = f[3];
     p.addr = "-";  // the inter-host endpoint, set in connectPeers
   }

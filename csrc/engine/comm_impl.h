@@ -232,6 +232,10 @@ class CommImpl {
 
  private:
   RequestPtr enqueue(std::unique_ptr<Op> op);
+  /// Throws Error(kInvalidUsage) on a process other than the one that made the group (a child
+  /// forked after init, which would otherwise run the parent's protocol with the parent's peers).
+  void checkOwner() const;
+  const pid_t ownerPid_ = getpid();
   std::unique_ptr<Op> collective(OpKind kind, DataType dt, ReduceOp rop, int root, size_t count, Millis timeout);
 
   // algorithms (progress thread)
@@ -609,6 +613,7 @@ class CommImpl {
   std::string progressRecord() const;
   std::string traceJson(const std::string& reason) const;
   std::string writeTrace(const std::string& reason, const std::string& dir = "") const;
+  bool ownDump(const std::string& path) const;  // absent, or written by this process
   std::string stragglerReport();
   std::string describePeerProgress(uint64_t seq, std::vector<int>& culprits);
   // Links are compared with others of the same transport and direction: a send into a shm
@@ -707,6 +712,15 @@ class CommImpl {
   void enlist();
   void unlist();
   void spreadDeath(const Error& e);
+  /// How another live group of this rank saw global rank `g` die ("" when none did): set-up
+  /// of a new group waiting for that rank fails with it at once.
+  std::string seenDeadElsewhere(int g) const;
+  /// Set-up failures this rank publishes for its peers ("initfail" in the group's store), and
+  /// the check for theirs while waiting; initFailSeen_ marks an error that came from a peer's.
+  void publishInitFailure(Store& store, const Error& e);
+  void checkPeerInitFailure(Store& store);
+  bool initFailSeen_ = false;
+  Clock::time_point lastInitFailCheck_{};
   void memberDied(const std::vector<int>& ranks, const std::string& group, const std::string& why);
   std::exception_ptr brokenError() const;
   std::atomic<bool> memberDown_{false};  // another group of this rank failed us: raise broken_

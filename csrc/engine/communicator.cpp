@@ -7,21 +7,32 @@ namespace railcc::engine {
 // ---------------------------------------------------------------------------------------
 // Communicator: validation on the caller's thread, then the op's body for the progress thread.
 
-Communicator::Communicator(Store& store, CommOptions opts) : impl_(std::make_unique<CommImpl>(store, std::move(opts))) {}
-Communicator::~Communicator() = default;
+Communicator::Communicator(Store& store, CommOptions opts)
+    : impl_(std::make_unique<CommImpl>(store, std::move(opts))), ownerPid_(static_cast<int>(getpid())) {}
+Communicator::~Communicator() {
+  // A forked child has none of the parent's threads (joining them would hang) and must not
+  // close or unlink what the parent still uses: it leaves the copy as it is.
+  if (forked()) (void)impl_.release();
+}
+bool Communicator::forked() const { return static_cast<int>(getpid()) != ownerPid_; }
 int Communicator::rank() const { return impl_->rank_; }
 int Communicator::size() const { return impl_->size_; }
 const std::vector<PeerInfo>& Communicator::peers() const { return impl_->peers_; }
 const Config& Communicator::config() const { return impl_->opts_.config; }
-void Communicator::abort(const std::string& why) { impl_->abort(why); }
+void Communicator::abort(const std::string& why) {
+  if (!forked()) impl_->abort(why);
+}
 void Communicator::poke() { impl_->poke(); }
 bool Communicator::wait(const RequestPtr& req, Millis timeout) {
   if (req->completed()) return true;
+  if (forked()) impl_->checkOwner();  // never run or wake a parent's op in a child
   if (timeout.count() < 0) impl_->helpRun(req.get());
   else impl_->poke();  // it may have been queued under CallerWaits, with nobody woken for it
   return req->wait(timeout);
 }
-void Communicator::shutdown() { impl_->shutdown(); }
+void Communicator::shutdown() {
+  if (!forked()) impl_->shutdown();
+}
 std::exception_ptr Communicator::brokenError() const {
   std::lock_guard<std::mutex> g(impl_->errMu_);
   return impl_->broken_;
@@ -94,15 +105,23 @@ RequestPtr Communicator::broadcast(void* buf, size_t count, DataType dt, int roo
     size_t bytes = count * dtypeSize(dt);
     if (c->algoFor(AlgoOp::kBroadcast, bytes) == Algo::kRings) return c->runBroadcastRing(buf, bytes, root);
     int pos = (r - root + n) % n;
-    // A pipelined chain: each rank forwards bytes as soon as they arrive.
+    // A pipelined chain: each rank forwards bytes as soon as they arrive. Once the tail has
+    // all of them it sends the root an empty message: every header on the way carries the
+    // root, so a root that the others do not agree on fails here, on both sides, instead of
+    // returning as if its data had been taken (and the mismatch surfacing one op later).
     std::vector<Transfer> xs;
-    xs.reserve(2);
+    xs.reserve(3);
     if (pos > 0) xs.push_back(c->recvFrom((r - 1 + n) % n, buf, bytes));
     if (pos < n - 1) {
       xs.push_back(c->sendTo((r + 1) % n, buf, bytes));
       if (pos > 0) xs.back().limit = &xs.front().done;
     }
+    if (pos == 0) xs.push_back(c->recvFrom((root + n - 1) % n, nullptr, 0));
     c->exchange(xs);
+    if (pos == n - 1) {
+      std::vector<Transfer> ack{c->sendTo(root, nullptr, 0)};
+      c->exchange(ack);
+    }
   };
   char* b8 = static_cast<char*>(buf);
   c->setBody(*o, where, dt, [b8, count, run] { run(b8, count); }, [&] {

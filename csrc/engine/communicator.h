@@ -198,7 +198,12 @@ class Communicator {
   std::string stragglerReport();
 
  private:
+  /// True in a child forked after construction: the group belongs to the process that made
+  /// it. Its ops raise there, and abort, shutdown and the destructor leave the parent's
+  /// threads, connections and shared memory alone.
+  bool forked() const;
   std::unique_ptr<CommImpl> impl_;
+  int ownerPid_;
 };
 
 /// "bootid:netns" unless RAILCC_HOST_ID overrides it: equal on ranks that can share memory.

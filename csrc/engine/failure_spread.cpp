@@ -97,6 +97,24 @@ void CommImpl::memberDied(const std::vector<int>& ranks, const std::string& grou
   cv_.notify_all();
 }
 
+std::string CommImpl::seenDeadElsewhere(int g) const {
+  std::lock_guard<std::recursive_mutex> lk(registry().mu);
+  for (CommImpl* other : registry().comms) {
+    if (other == this || other->globalRank(other->rank_) != globalRank(rank_)) continue;
+    std::exception_ptr err = other->brokenError();
+    if (!err) continue;
+    try {
+      std::rethrow_exception(err);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kPeerFailure || !e.ranksDead) continue;
+      for (int r : e.ranks)
+        if ((e.ranksGlobal ? r : other->globalRank(r)) == g) return "group '" + other->opts_.name + "' found: " + e.what();
+    } catch (...) {
+    }
+  }
+  return "";
+}
+
 std::exception_ptr CommImpl::brokenError() const {
   std::lock_guard<std::mutex> g(errMu_);
   return broken_;

@@ -5,7 +5,15 @@ namespace railcc::engine {
 // ---------------------------------------------------------------------------------------
 // Queue and progress thread
 
+void CommImpl::checkOwner() const {
+  if (getpid() == ownerPid_) return;
+  RAILCC_THROW(kInvalidUsage, "process group '", opts_.name, "' was created by process ", ownerPid_, "; this process (",
+               getpid(), ") is a child forked from it and cannot use it: its peers talk to the parent. Create a new ",
+               "process group in the child (or use the group only from the parent)");
+}
+
 RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
+  checkOwner();
   op->req = std::make_shared<Request>(opts_.config.spinUs, userPool_);
   if (op->timeout.count() <= 0) op->timeout = opts_.timeout;
   if (op->p2p) {
@@ -181,8 +189,13 @@ void CommImpl::peerFailed(int peer, const std::string& detail) {
   std::vector<int> rootCause;  // global ranks the peer blamed for its own failure
   if (reason.rfind("ranks=", 0) == 0) {
     size_t nl = reason.find('\n');
-    for (const std::string& r : split(reason.substr(6, nl == std::string::npos ? std::string::npos : nl - 6), ','))
-      if (!r.empty()) rootCause.push_back(std::stoi(r));
+    // The record comes from another process: a field that is not a rank of the job is
+    // passed over (and said), never allowed to end this one.
+    for (const std::string& r : split(reason.substr(6, nl == std::string::npos ? std::string::npos : nl - 6), ',')) {
+      long long g = -1;
+      if (parseInt(r, 0, 1 << 30, g)) rootCause.push_back(static_cast<int>(g));
+      else if (!r.empty()) RAILCC_WARN(WATCHDOG, "failed/", peer, " in the store names '", r, "' as a rank; ignored");
+    }
     reason = nl == std::string::npos ? "" : reason.substr(nl + 1);
   }
   ErrorCode code = ErrorCode::kPeerFailure;
@@ -374,10 +387,13 @@ void CommImpl::progressLoop() {
           Millis to = !p2pActive_.empty() ? p2pActive_.front()->timeout : anyPending_.front()->timeout;
           idle(on, to, "send/recv");
         }
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {
+        // Not only railcc's own errors: anything thrown here would otherwise end the process.
         for (auto& op : p2pActive_) tele_->opFinished(op->traceId, 0, e.what(), {op->xfer.peer});
         for (auto& op : anyPending_) tele_->opFinished(op->traceId, 0, e.what(), {});
-        fail(aborted_ ? abortedError() : globalized(std::current_exception()));
+        std::exception_ptr err = std::current_exception();
+        if (!dynamic_cast<const Error*>(&e)) err = std::make_exception_ptr(Error(ErrorCode::kInternal, e.what()));
+        fail(aborted_ ? abortedError() : globalized(err));
         clearChannels();
       }
       continue;
@@ -869,7 +885,8 @@ void CommImpl::failStalled(const std::vector<Transfer*>& pending, Millis timeout
   std::ostringstream os;
   os << (current_ ? opKindName(current_->kind) : "send/recv");
   if (current_) os << " (seq " << current_->fp.seq << ")";
-  os << " made no progress for " << timeout.count() << " ms; waiting on:";
+  // "timed out" on the first line: scripts and torch's own tests match on it.
+  os << " timed out: no progress for " << timeout.count() << " ms; waiting on:";
   std::vector<int> ranks;
   std::vector<std::string> hosts;
   for (Transfer* t : pending) {

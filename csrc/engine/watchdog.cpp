@@ -405,6 +405,21 @@ std::string CommImpl::traceJson(const std::string& reason) const {
   return os.str();
 }
 
+namespace {
+// Whether the dump at `path` is absent or this process's own (its header names our host and pid).
+bool ownDumpAt(const std::string& path, const std::string& host, int pid) {
+  std::ifstream f(path);
+  if (!f) return true;
+  char head[1024] = {0};
+  f.read(head, sizeof(head) - 1);
+  std::string h(head, static_cast<size_t>(f.gcount()));
+  return h.find("\"pid\": " + std::to_string(pid) + ",") != std::string::npos &&
+         h.find("\"host\": " + jsonString(host) + ",") != std::string::npos;
+}
+}  // namespace
+
+bool CommImpl::ownDump(const std::string& path) const { return ownDumpAt(path, hostname_, getpid()); }
+
 std::string CommImpl::writeTrace(const std::string& reason, const std::string& dirArg) const {
   std::lock_guard<std::mutex> serial(traceMu_);
   std::string dir = dirArg.empty() ? opts_.config.traceDir : dirArg;
@@ -415,6 +430,11 @@ std::string CommImpl::writeTrace(const std::string& reason, const std::string& d
   for (char& c : group)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
   std::string path = dir + "/railcc-trace-" + group + "-rank" + std::to_string(rank_) + ".json";
+  if (!ownDump(path)) {
+    // Another process's dump (a second job sharing the directory): kept, and ours goes beside it.
+    path = dir + "/railcc-trace-" + group + "-rank" + std::to_string(rank_) + "-" + hostname_ + "-" +
+           std::to_string(getpid()) + ".json";
+  }
   std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp);
