@@ -1,5 +1,7 @@
 #include "backend.h"
 
+#include <cstring>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -11,6 +13,7 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <cstring>
 #include <sstream>
 
 #include "common/error.h"
@@ -107,9 +110,33 @@ DataType toDtype(const at::Tensor& t, const char* what) {
     case at::kLong: return DataType::kInt64;
     case at::kBool: return DataType::kBool;
     default:
-      invalid(std::string(what) + ": dtype " + std::string(c10::toString(t.scalar_type())) +
-              " is not supported (supported: float32, float64, float16, bfloat16, int8, uint8, int16, int32, int64, bool)");
+      invalid(std::string(what) + ": railcc cannot reduce dtype " + std::string(c10::toString(t.scalar_type())) +
+              " (reductions run on float32, float64, float16, bfloat16, int8, uint8, int16, int32, int64 and bool; "
+              "ops that only move data, such as all_gather, broadcast and all_to_all, take every dtype)");
   }
+}
+
+bool nativeDtype(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16: case at::kChar: case at::kByte:
+    case at::kShort: case at::kInt: case at::kLong: case at::kBool:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Ops that only move data take every dtype (float8 variants, complex, uint16/32/64, ...): a
+// dtype the engine has no name for travels as its bytes.
+DataType moveDtype(const at::Tensor& t) { return nativeDtype(t) ? toDtype(t, "") : DataType::kUInt8; }
+size_t moveScale(const at::Tensor& t) { return nativeDtype(t) ? 1 : static_cast<size_t>(t.element_size()); }
+size_t moveCount(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * moveScale(t); }
+
+bool reducing(const char* what) {
+  for (const char* r : {"allreduce", "allreduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+                        "reduce_scatter_tensor_coalesced"})
+    if (std::strcmp(what, r) == 0) return true;
+  return false;
 }
 
 void checkTensor(const at::Tensor& t, const char* what) {
@@ -120,7 +147,7 @@ void checkTensor(const at::Tensor& t, const char* what) {
   if (!t.is_contiguous())
     invalid(std::string(what) + ": tensor must be contiguous (got sizes " + c10::str(t.sizes()) + ", strides " +
             c10::str(t.strides()) + "); call .contiguous() first");
-  toDtype(t, what);
+  if (reducing(what)) toDtype(t, what);
 }
 
 const at::Tensor& single(std::vector<at::Tensor>& ts, const char* what) {
@@ -330,7 +357,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::broadcast(std::vector<at::Ten
   checkRank(static_cast<int>(opts.rootRank), getSize(), "broadcast", "root");
   auto dev = deviceCall("broadcast", tensors);
   auto req = guard("broadcast", [&] {
-    return comm_->broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), toDtype(t, "broadcast"),
+    return comm_->broadcast(t.data_ptr(), moveCount(t), moveDtype(t),
                             static_cast<int>(opts.rootRank), opTimeout(opts.timeout), placed(dev));
   });
   return makeWork(OpType::BROADCAST, "broadcast", {req}, tensors, {}, dev);
@@ -338,6 +365,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::broadcast(std::vector<at::Ten
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allreduce(std::vector<at::Tensor>& tensors,
                                                              const c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) return sparseAllreduce(tensors, opts);
   engine::CallerWaits callerWaits(!opts.asyncOp && !coalescing_);
   const at::Tensor& t = single(tensors, "allreduce");
   double scale;
@@ -410,7 +438,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allgather(std::vector<std::ve
   all.push_back(in);
   auto dev = deviceCall("allgather", all);
   auto req = guard("allgather", [&] {
-    return comm_->allgather(in.data_ptr(), static_cast<size_t>(in.numel()), toDtype(in, "allgather"), ptrs,
+    return comm_->allgather(in.data_ptr(), moveCount(in), moveDtype(in), ptrs,
                             opTimeout(opts.timeout), placed(dev));
   });
   return makeWork(OpType::ALLGATHER, "allgather", {req}, outs, inputs, dev);
@@ -436,7 +464,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::_allgather_base(at::Tensor& o
             std::to_string(input.numel()) + ") x world size (" + std::to_string(getSize()) + ")");
   auto dev = deviceCall("all_gather_into_tensor", {output, input});
   auto req = guard("all_gather_into_tensor", [&] {
-    return comm_->allgather(input.data_ptr(), static_cast<size_t>(input.numel()), toDtype(input, "allgather"),
+    return comm_->allgather(input.data_ptr(), moveCount(input), moveDtype(input),
                             slices(output, getSize()), opTimeout(opts.timeout), placed(dev));
   });
   return makeWork(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {req}, {output}, {input}, dev);
@@ -475,8 +503,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allgather_coalesced(std::vect
     std::vector<void*> ptrs;
     for (auto& list : outputs) ptrs.push_back(list[j].data_ptr());
     reqs.push_back(guard(what, [&] {
-      return comm_->allgather(inputs[j].data_ptr(), static_cast<size_t>(inputs[j].numel()),
-                              toDtype(inputs[j], what), ptrs, opTimeout(opts.timeout), placed(dev));
+      return comm_->allgather(inputs[j].data_ptr(), moveCount(inputs[j]), moveDtype(inputs[j]), ptrs, opTimeout(opts.timeout), placed(dev));
     }));
   }
   ++seq_;
@@ -503,8 +530,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::allgather_into_tensor_coalesc
   auto dev = deviceCall("allgather_into_tensor_coalesced", all);
   for (size_t i = 0; i < inputs.size(); ++i)
     reqs.push_back(guard("allgather_into_tensor_coalesced", [&] {
-      return comm_->allgather(inputs[i].data_ptr(), static_cast<size_t>(inputs[i].numel()),
-                              toDtype(inputs[i], "allgather"), slices(outputs[i], getSize()), opTimeout(opts.timeout),
+      return comm_->allgather(inputs[i].data_ptr(), moveCount(inputs[i]), moveDtype(inputs[i]), slices(outputs[i], getSize()), opTimeout(opts.timeout),
                               placed(dev));
     }));
   ++seq_;  // one call of its own, as reduce_scatter_tensor_coalesced
@@ -536,7 +562,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::gather(std::vector<std::vecto
   all.push_back(in);
   auto dev = deviceCall("gather", all);
   auto req = guard("gather", [&] {
-    return comm_->gather(in.data_ptr(), static_cast<size_t>(in.numel()), toDtype(in, "gather"), ptrs, root,
+    return comm_->gather(in.data_ptr(), moveCount(in), moveDtype(in), ptrs, root,
                          opTimeout(opts.timeout), placed(dev));
   });
   return makeWork(OpType::GATHER, "gather", {req}, outs, inputs, dev);
@@ -567,7 +593,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::scatter(std::vector<at::Tenso
   all.push_back(out);
   auto dev = deviceCall("scatter", all);
   auto req = guard("scatter", [&] {
-    return comm_->scatter(ptrs, out.data_ptr(), static_cast<size_t>(out.numel()), toDtype(out, "scatter"), root,
+    return comm_->scatter(ptrs, out.data_ptr(), moveCount(out), moveDtype(out), root,
                           opTimeout(opts.timeout), placed(dev));
   });
   return makeWork(OpType::SCATTER, "scatter", {req}, outputs, keep, dev);
@@ -678,8 +704,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::alltoall_base(at::Tensor& out
       invalid(std::string("all_to_all_single: ") + which + "_split_sizes has " + std::to_string(splits.size()) +
               " entries; it needs one per rank (" + std::to_string(n) + ")");
     int64_t sum = 0;
-    for (int64_t s : splits) {
+    for (size_t i = 0; i < splits.size(); ++i) {
+      int64_t s = splits[i];
       if (s < 0) invalid(std::string("all_to_all_single: negative entry in ") + which + "_split_sizes");
+      // Checked entry by entry, so that no sum can wrap past the tensor's rows.
+      if (s > rows - sum)
+        invalid(std::string("all_to_all_single: ") + which + "_split_sizes[" + std::to_string(i) + "] = " +
+                std::to_string(s) + " runs past the " + which + " tensor's " + std::to_string(rows) + " rows (" +
+                std::to_string(sum) + " taken by the entries before it)");
       sum += s;
       counts.push_back(static_cast<size_t>(s * rowElems));
     }
@@ -690,7 +722,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::alltoall_base(at::Tensor& out
   };
   auto inCounts = splitCounts(input, inputSplits, "input");
   auto outCounts = splitCounts(output, outputSplits, "output");
-  size_t es = static_cast<size_t>(input.element_size());
+  // Counts in the engine's elements: bytes for a dtype it has no name for.
+  const size_t scale = moveScale(input);
+  for (size_t& c : inCounts) c *= scale;
+  for (size_t& c : outCounts) c *= scale;
+  size_t es = static_cast<size_t>(input.element_size()) / scale;
   std::vector<const void*> ins;
   std::vector<void*> outs;
   size_t off = 0;
@@ -705,7 +741,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::alltoall_base(at::Tensor& out
   }
   auto dev = deviceCall("all_to_all_single", {output, input});
   auto req = guard("all_to_all_single", [&] {
-    return comm_->alltoall(ins, inCounts, outs, outCounts, toDtype(input, "alltoall"), opTimeout(opts.timeout),
+    return comm_->alltoall(ins, inCounts, outs, outCounts, moveDtype(input), opTimeout(opts.timeout),
                            placed(dev));
   });
   return makeWork(OpType::ALLTOALL_BASE, "all_to_all_single", {req}, {output}, {input}, dev);
@@ -730,14 +766,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::alltoall(std::vector<at::Tens
       invalid("all_to_all: all tensors must have one dtype");
     ins.push_back(inputs[static_cast<size_t>(i)].data_ptr());
     outs.push_back(outputs[static_cast<size_t>(i)].data_ptr());
-    inCounts.push_back(static_cast<size_t>(inputs[static_cast<size_t>(i)].numel()));
-    outCounts.push_back(static_cast<size_t>(outputs[static_cast<size_t>(i)].numel()));
+    inCounts.push_back(moveCount(inputs[static_cast<size_t>(i)]));
+    outCounts.push_back(moveCount(outputs[static_cast<size_t>(i)]));
   }
   std::vector<at::Tensor> all(outputs);
   all.insert(all.end(), inputs.begin(), inputs.end());
   auto dev = deviceCall("all_to_all", all);
   auto req = guard("all_to_all", [&] {
-    return comm_->alltoall(ins, inCounts, outs, outCounts, toDtype(inputs[0], "alltoall"), opTimeout(opts.timeout),
+    return comm_->alltoall(ins, inCounts, outs, outCounts, moveDtype(inputs[0]), opTimeout(opts.timeout),
                            placed(dev));
   });
   return makeWork(OpType::ALLTOALL, "all_to_all", {req}, outputs, inputs, dev);
@@ -780,6 +816,91 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::recvAnysource(std::vector<at:
   std::function<void()> after;
   if (dev) after = [t, dst]() mutable { t.copy_(dst, /*non_blocking=*/true); };
   return makeWork(OpType::RECVANYSOURCE, "recv", {req}, tensors, {dst}, dev, after);
+}
+
+// A sparse COO all-reduce (SUM), as gloo does it: every rank's indices and values are
+// gathered (padded to the largest count of nonzeros), and each rank sums them locally; the
+// result is coalesced. For embeddings with sparse gradients (nn.Embedding(sparse=True) under
+// DDP). Runs to its end on the calling thread; the returned Work is complete.
+c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::sparseAllreduce(std::vector<at::Tensor>& tensors,
+                                                                   const c10d::AllreduceOptions& opts) {
+  at::Tensor& t = tensors[0];
+  if (t.layout() != at::kSparse)
+    invalid("allreduce: sparse layout " + c10::str(t.layout()) + " is not supported; railcc reduces sparse COO tensors");
+  if (opts.reduceOp != c10d::ReduceOp::SUM)
+    invalid("allreduce of a sparse tensor: only SUM is supported (got " + c10::str(opts.reduceOp.op_) + ")");
+  if (!t.device().is_cpu() && !t.device().is_cuda())
+    invalid("allreduce: tensor is on " + t.device().str() + "; railcc serves CPU and CUDA tensors");
+  const int n = getSize();
+  Millis timeout = opTimeout(opts.timeout);
+  std::vector<RequestPtr> reqs;
+  auto gather = [&](const at::Tensor& in, at::Tensor& out) {  // out: [n, *in.sizes()]
+    auto req = guard("allreduce (sparse)", [&] {
+      return comm_->allgather(in.data_ptr(), moveCount(in), moveDtype(in), slices(out, n), timeout);
+    });
+    comm_->wait(req);
+    if (auto err = req->error()) std::rethrow_exception(toTorchError(err, "railcc allreduce (sparse): "));
+    reqs.push_back(req);
+  };
+  at::Tensor in = t.to(at::kCPU).coalesce();
+  at::Tensor idx = in._indices().contiguous(), vals = in._values().contiguous();
+  const int64_t nnz = in._nnz();
+  at::Tensor mine = at::full({1}, nnz, at::kLong), counts = at::empty({n}, at::kLong);
+  gather(mine, counts);
+  const int64_t most = counts.max().item<int64_t>();
+  std::vector<int64_t> valShape = vals.sizes().vec();
+  valShape[0] = most;
+  at::Tensor pidx = at::zeros({idx.size(0), most}, idx.options()), pvals = at::zeros(valShape, vals.options());
+  pidx.narrow(1, 0, nnz).copy_(idx);
+  pvals.narrow(0, 0, nnz).copy_(vals);
+  std::vector<int64_t> allIdxShape{n, idx.size(0), most}, allValShape{n};
+  allValShape.insert(allValShape.end(), valShape.begin(), valShape.end());
+  at::Tensor allIdx = at::empty(allIdxShape, idx.options()), allVals = at::empty(allValShape, vals.options());
+  gather(pidx, allIdx);
+  gather(pvals, allVals);
+  std::vector<at::Tensor> idxParts, valParts;
+  for (int r = 0; r < n; ++r) {
+    int64_t k = counts[r].item<int64_t>();
+    idxParts.push_back(allIdx[r].narrow(1, 0, k));
+    valParts.push_back(allVals[r].narrow(0, 0, k));
+  }
+  at::Tensor sum = at::sparse_coo_tensor(at::cat(idxParts, 1), at::cat(valParts, 0), in.sizes(), in.options()).coalesce();
+  t.copy_(sum.to(t.device()));
+  return makeWork(OpType::ALLREDUCE, "allreduce", reqs, tensors);
+}
+
+// gloo's monitored barrier, from what railcc already knows: one barrier bounded by the given
+// timeout (the group's when none), whose timeout error names the ranks that never arrived and
+// why (never called, frozen, gone) from the progress records every rank publishes. Every rank
+// learns them, not only rank 0; `waitAllRanks` changes nothing since every missing rank is
+// named either way.
+void ProcessGroupRailcc::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  Millis timeout = opTimeout(opts.timeout);
+  auto req = guard("monitored_barrier", [&] { return comm_->barrier(timeout); });
+  comm_->wait(req);
+  std::exception_ptr err = req->error();
+  if (!err) return;
+  try {
+    std::rethrow_exception(err);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kTimeout) throw RailccError(e, "railcc monitored_barrier: ");
+    std::ostringstream os;
+    os << "monitored_barrier timed out: ";
+    if (e.ranks.empty()) {
+      os << "a rank";
+    } else {
+      os << (e.ranks.size() == 1 ? "rank " : "ranks ");
+      for (size_t i = 0; i < e.ranks.size(); ++i)
+        os << (i ? ", " : "") << e.ranks[i] << (i < e.hosts.size() ? " (host " + e.hosts[i] + ")" : "");
+    }
+    os << " failed to pass monitoredBarrier in " << timeout.count() << " ms\n" << e.what();
+    Error out(ErrorCode::kTimeout, os.str());
+    out.ranks = e.ranks;
+    out.hosts = e.hosts;
+    out.seq = e.seq;
+    out.op = "monitored_barrier";
+    throw RailccError(out, "railcc: ");
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::barrier(const c10d::BarrierOptions& opts) {

@@ -68,7 +68,14 @@ def cuda_info():
 def backend_of(group=None, device="cpu"):
     """The railcc backend object serving `group` (default group if None) on `device`."""
     pg = group if group is not None else _dist.group.WORLD
-    backend = pg._get_backend(_torch.device(device))
+    if pg is None:
+        raise ValueError("railcc: there is no default process group (init_process_group was not called, or the "
+                         "group was destroyed); pass group=")
+    try:
+        backend = pg._get_backend(_torch.device(device))
+    except RuntimeError as e:  # a destroyed group, or one without this device
+        raise ValueError(f"railcc: the group has no backend for {device} ({str(e).splitlines()[0]}); "
+                         "was it destroyed?") from None
     if not isinstance(backend, _C.ProcessGroupRailcc):
         raise TypeError(f"group is served by {type(backend).__name__}, not railcc")
     return backend
