@@ -140,7 +140,7 @@ def test_this_machine_for_real():
 
 
 def test_bad_arguments_are_refused():
-    for args, msg in ((["--root", "/nonexistent-root"], "is not a directory"), (["--local-ranks", "0"], "must be 1"),
+    for args, msg in ((["--root", "/nonexistent-root"], "is not a directory"), (["--local-ranks", "0"], "from 1 to 4096"),
                       (["--all-ranks"], "needs torchrun's")):
         p = subprocess.run([sys.executable, "-m", "railcc", "doctor", *args], env=_clean_env(), capture_output=True,
                            text=True, timeout=60, cwd=HERE)
@@ -208,3 +208,126 @@ def test_shm_need_matches_the_segments_a_real_group_maps(n):
         pool.kill()
     for sizes in got:
         assert sorted(set(sizes)) == [want] and len(sizes) == n, (sizes, want)
+
+
+# ---------------------------------------------------------------------------------------------- careless input
+# A careless argument, torchrun variable or rank report is refused with one line naming it and what was expected:
+# no traceback, no wait for a timeout. The command runs with a cap on its address space, so a value it would
+# allocate for fails fast instead of eating the machine.
+
+AS_LIMIT = 3 << 30
+
+
+def _cap_memory():
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
+
+
+def doctor_capped(*args, **env):
+    e = _clean_env(**env)
+    for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID"):
+        if k not in env:
+            e.pop(k, None)
+    return subprocess.run([sys.executable, "-m", "railcc", "doctor", *args], env=e, capture_output=True, text=True,
+                          timeout=90, cwd=HERE, preexec_fn=_cap_memory)
+
+
+def assert_one_line_error(p, code, *words):
+    assert p.returncode == code, (p.returncode, p.stdout[-2000:], p.stderr)
+    assert "Traceback" not in p.stderr, p.stderr
+    last = (p.stderr.strip().splitlines() or [""])[-1]
+    for w in words:
+        assert w in last, (w, p.stderr)
+
+
+CARELESS = [
+    (["--local-ranks", "1000000000000"], {}, ["--local-ranks", "from 1 to 4096"]),
+    (["--local-ranks", "-1"], {}, ["--local-ranks"]),
+    (["--local-ranks", "eight"], {}, ["--local-ranks"]),
+    (["--world", "0"], {}, ["--world", "from 1 to 1048576"]),
+    (["--world", str(10 ** 30)], {}, ["--world"]),
+    (["--timeout", "nan"], {}, ["--timeout"]),
+    (["--timeout", "-1"], {}, ["--timeout"]),
+    (["--timeout", "inf"], {}, ["--timeout"]),
+    ([], {"LOCAL_RANK": "abc"}, ["LOCAL_RANK", "from 0 to 4095"]),
+    ([], {"LOCAL_RANK": "-1"}, ["LOCAL_RANK"]),
+    ([], {"LOCAL_WORLD_SIZE": "0"}, ["LOCAL_WORLD_SIZE", "from 1 to 4096"]),
+    ([], {"LOCAL_WORLD_SIZE": "\u00b2"}, ["LOCAL_WORLD_SIZE"]),
+    ([], {"WORLD_SIZE": "99999999999999999999"}, ["WORLD_SIZE"]),
+    ([], {"RANK": "x"}, ["RANK"]),
+]
+
+
+@pytest.mark.parametrize("args,env,words", CARELESS,
+                         ids=[" ".join(a) + " ".join(f"{k}={v}" for k, v in e.items()) for a, e, _ in CARELESS])
+def test_careless_arguments_and_variables_are_refused_at_once(args, env, words):
+    assert_one_line_error(doctor_capped(*args, **env), 2, *words)
+
+
+def _agent_store():
+    """A store this test serves, as torchrun's agent does: the command connects to it as a client."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", 0, 2, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
+
+
+def _torchrun_env(port, **extra):
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "true", "TORCHELASTIC_RUN_ID": "careless"}
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize("var,value,words", [
+    ("MASTER_PORT", "abc", ["MASTER_PORT", "from 1 to 65535"]),
+    ("MASTER_PORT", "0", ["MASTER_PORT"]),
+    ("MASTER_PORT", "70000", ["MASTER_PORT"]),
+    ("WORLD_SIZE", "two", ["WORLD_SIZE"]),
+    ("RANK", "2", ["RANK=2", "WORLD_SIZE=2"]),
+    ("LOCAL_RANK", "1", ["LOCAL_RANK=1", "LOCAL_WORLD_SIZE=1"]),
+])
+def test_all_ranks_names_a_careless_torchrun_variable(var, value, words):
+    p = doctor_capped("--all-ranks", "--timeout", "5", **_torchrun_env(1, **{var: value}))
+    assert_one_line_error(p, 2, *words)
+
+
+def _report(**change):
+    r = {"host": "evil", "rank": 1, "checks": [{"check": "gpu", "verdict": "ok", "found": "", "fix": ""}],
+         "facts": {"gpus": "0"}, "failed": 0, "warnings": 0}
+    r.update(change)
+    return json.dumps(r).encode()
+
+
+MALFORMED = [
+    ("not-json", b"not json", ["rank 1's report", "not a doctor report"]),
+    ("nested", b"[" * 100_000 + b"]" * 100_000, ["rank 1's report", "nested too deeply"]),
+    ("not-utf8", b"\xff\xfe", ["rank 1's report", "UTF-8"]),
+    ("too-big", b" " * (2 << 20), ["rank 1's report", "bytes"]),
+    ("list", b"[1, 2]", ["rank 1's report", "JSON object"]),
+    ("facts-7", _report(facts=7), ["rank 1's report", "facts"]),
+    ("fact-list", _report(facts={"gpus": [1]}), ["rank 1's report", "facts[\"gpus\"]"]),
+    ("checks-str", _report(checks="all ok"), ["rank 1's report", "checks"]),
+    ("failed-str", _report(failed="0"), ["rank 1's report", "failed"]),
+    ("other-rank", _report(rank=5), ["rank 1's report", "rank"]),
+]
+
+
+@pytest.mark.parametrize("raw,words", [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED])
+def test_all_ranks_names_a_malformed_report_and_still_gives_a_verdict(raw, words):
+    store = _agent_store()
+    store.set("railcc-doctor/careless/1", raw)
+    p = doctor_capped("--all-ranks", "--timeout", "10", **_torchrun_env(store.port))
+    assert_one_line_error(p, 1, *words)
+    assert store.get("railcc-doctor/careless/verdict") == b"1"  # rank 1 is not left waiting for its timeout
+
+
+def test_all_ranks_accepts_a_well_formed_report():
+    store = _agent_store()
+    store.set("railcc-doctor/careless/1", _report())
+    p = doctor_capped("--all-ranks", "--timeout", "10", **_torchrun_env(store.port))
+    assert "Traceback" not in p.stderr and p.returncode in (0, 1), p.stderr
+    assert "2 ranks on 2 host(s)" in p.stdout, p.stdout
+    assert store.get("railcc-doctor/careless/verdict") == str(p.returncode).encode()

@@ -17,6 +17,7 @@ import sys
 import textwrap
 
 from .checks import FAIL, NA, OK, WARN, Context, run_checks
+from .inputs import MAX_LOCAL_RANKS, MAX_WORLD, UsageError, count, env_count, seconds, torchrun_env
 from .system import System
 
 
@@ -52,7 +53,7 @@ def collect(root=None, env=None, local_ranks=None, world=None, local_rank=None):
     facts.update(versions)
     return {
         "host": socket.gethostname(),
-        "rank": int(env["RANK"]) if env.get("RANK", "").isdigit() else None,
+        "rank": env_count(env, "RANK", 0, MAX_WORLD - 1),
         "root": system.root,
         "checks": [r.__dict__ for r in rows],
         "facts": facts,
@@ -85,28 +86,32 @@ def _parser():
     ap = argparse.ArgumentParser(prog="railcc doctor", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 2)[2])
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
-    ap.add_argument("--local-ranks", type=int, help="ranks per host the job will run (default: LOCAL_WORLD_SIZE, else one per GPU)")
-    ap.add_argument("--world", type=int, help="ranks in the whole job (default: WORLD_SIZE, else one host)")
+    ap.add_argument("--local-ranks", type=count(1, MAX_LOCAL_RANKS),
+                    help=f"ranks per host the job will run, 1 to {MAX_LOCAL_RANKS} (default: LOCAL_WORLD_SIZE, else one "
+                         f"per GPU)")
+    ap.add_argument("--world", type=count(1, MAX_WORLD),
+                    help=f"ranks in the whole job, 1 to {MAX_WORLD} (default: WORLD_SIZE, else one host)")
     ap.add_argument("--root", help="read sysfs/procfs under this directory (default: RAILCC_SYSFS_ROOT, else /)")
     ap.add_argument("--all-ranks", action="store_true",
                     help="under torchrun: every rank checks its host, rank 0 prints what differs between hosts")
-    ap.add_argument("--timeout", type=float, default=120.0, help="seconds --all-ranks waits for the other ranks")
+    ap.add_argument("--timeout", type=seconds, default=120.0, help="seconds --all-ranks waits for the other ranks")
     return ap
 
 
 def main(argv=None):
     args = _parser().parse_args(argv)
-    for n, v in (("--local-ranks", args.local_ranks), ("--world", args.world)):
-        if v is not None and v < 1:
-            print(f"railcc doctor: {n} must be 1 or more, got {v}", file=sys.stderr)
-            return 2
     if args.root and not os.path.isdir(args.root):
         print(f"railcc doctor: --root {args.root!r} is not a directory", file=sys.stderr)
         return 2
-    report = collect(root=args.root, local_ranks=args.local_ranks, world=args.world)
+    try:  # torchrun's variables first: a careless one is said before the checks run, not after
+        job = torchrun_env(os.environ, "railcc doctor --all-ranks") if args.all_ranks else None
+        report = collect(root=args.root, local_ranks=args.local_ranks, world=args.world)
+    except UsageError as e:
+        print(f"railcc doctor{' --all-ranks' if args.all_ranks else ''}: {e}", file=sys.stderr)
+        return 2
     if args.all_ranks:
         from .across import gather_and_compare
 
-        return gather_and_compare(report, args)
+        return gather_and_compare(report, args, job)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 1 if report["failed"] else 0

@@ -8,15 +8,17 @@ import sys
 import time
 from datetime import timedelta
 
-_NEEDED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+from .inputs import BadReport, doctor_report
 
 
-def _store(rank, timeout):
+def _store(job, timeout):
+    """The job's store (job: inputs.torchrun_env's checked variables); rank 0 serves it unless torchrun's agent
+    does."""
     from torch.distributed import TCPStore
 
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
-                    is_master=(rank == 0 and not agent), timeout=timedelta(seconds=timeout), wait_for_workers=False)
+    return TCPStore(job["addr"], job["port"], job["world"], is_master=(job["rank"] == 0 and not agent),
+                    timeout=timedelta(seconds=timeout), wait_for_workers=False)
 
 
 def differences(reports):
@@ -53,15 +55,11 @@ def format_differences(reports, diff):
     return "\n".join(lines)
 
 
-def gather_and_compare(report, args):
-    missing = [v for v in _NEEDED if v not in os.environ]
-    if missing:
-        print(f"railcc doctor --all-ranks needs torchrun's {', '.join(missing)} (run it as "
-              f"`torchrun ... -m railcc doctor --all-ranks`)", file=sys.stderr)
-        return 2
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+def gather_and_compare(report, args, job):
+    """job: the torchrun variables, checked (inputs.torchrun_env)."""
+    rank, world = job["rank"], job["world"]
     prefix = f"railcc-doctor/{os.environ.get('TORCHELASTIC_RUN_ID', 'job')}/"
-    store = _store(rank, args.timeout)
+    store = _store(job, args.timeout)
     store.set(f"{prefix}{rank}", json.dumps(report))
     verdict_key = f"{prefix}verdict"
     if rank != 0:
@@ -69,10 +67,14 @@ def gather_and_compare(report, args):
               f"(rank 0 prints the comparison)")
         # Every rank exits with the job's verdict, so torchrun sees one outcome on every node.
         try:
-            return int(store.get(verdict_key))
+            verdict = store.get(verdict_key)
         except Exception as e:  # noqa: BLE001 - rank 0 gone: say so, fail
             print(f"railcc doctor --all-ranks: no verdict from rank 0: {e}", file=sys.stderr)
             return 1
+        if verdict not in (b"0", b"1"):
+            print(f"railcc doctor --all-ranks: rank 0's verdict is {verdict[:20]!r}, expected 0 or 1", file=sys.stderr)
+            return 1
+        return int(verdict)
     reports, deadline = [report], time.monotonic() + args.timeout
     for r in range(1, world):
         key = f"{prefix}{r}"
@@ -84,7 +86,12 @@ def gather_and_compare(report, args):
                 store.set(verdict_key, "1")
                 return 1
             time.sleep(0.05)
-        reports.append(json.loads(store.get(key)))
+        try:
+            reports.append(doctor_report(store.get(key), r))
+        except BadReport as e:  # another rank's record: said, and the others get a verdict instead of a timeout
+            print(f"railcc doctor --all-ranks: {e}", file=sys.stderr)
+            store.set(verdict_key, "1")
+            return 1
     diff = differences(reports)
     if args.json:
         print(json.dumps({"reports": reports, "differences": diff}, indent=2))

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from . import topology as topo
+from .inputs import MAX_LOCAL_RANKS, MAX_WORLD, env_count
 from .system import ACS_REDIRECT_BITS, ACS_UNREADABLE, format_cpus
 
 OK, WARN, FAIL, NA = "ok", "warn", "fail", "n/a"
@@ -60,11 +61,13 @@ class Context:
         self.ifaces = system.interfaces()
         self.pci = {d.bdf: d for d in system.pci_devices()}
         self.local_ranks, self.local_ranks_from = self._shape(local_ranks, "LOCAL_WORLD_SIZE", "--local-ranks")
-        if world or self.env.get("WORLD_SIZE", "").isdigit():
+        if world or env_count(self.env, "WORLD_SIZE", 1, MAX_WORLD) is not None:
             self.world, self.world_from = self._shape(world, "WORLD_SIZE", "--world")
         else:
             self.world, self.world_from = 2 * self.local_ranks, "assumed 2 hosts; set --world"
-        self.local_rank = local_rank if local_rank is not None else int(env.get("LOCAL_RANK", "0") or 0)
+        if local_rank is None:  # a careless variable raises inputs.UsageError, naming it
+            local_rank = env_count(self.env, "LOCAL_RANK", 0, MAX_LOCAL_RANKS - 1, default=0)
+        self.local_rank = local_rank
         self.params = params if params is not None else []
         self.cuda = cuda
         self.facts = {}
@@ -77,8 +80,9 @@ class Context:
     def _shape(self, given, var, flag):
         if given:
             return int(given), flag
-        if self.env.get(var, "").isdigit():
-            return int(self.env[var]), var
+        value = env_count(self.env, var, 1, MAX_LOCAL_RANKS if var == "LOCAL_WORLD_SIZE" else MAX_WORLD)
+        if value is not None:
+            return value, var
         if self.gpus:
             return len(self.gpus), "one rank per GPU"
         return 2, "default, no GPU (set --local-ranks)"
