@@ -5,8 +5,10 @@ local rank would use (its rail) and the GPUDirect RDMA verdict per GPU-NIC pair.
   torchrun ... -m railcc topo --all-ranks
 
 --topo-file (or RAILCC_TOPO_FILE) reads an hwloc XML file instead of this machine (lstopo
---of xml writes one); --dump (or RAILCC_TOPO_DUMP_FILE) writes the topology in use as hwloc
-XML. --local-ranks sets how many ranks share this host (default: one per GPU, else 1).
+--of xml writes one; a regular file of at most 64 MiB); --dump (or RAILCC_TOPO_DUMP_FILE)
+writes the topology in use as hwloc XML. --local-ranks sets how many ranks share this host,
+1 to 4096 (default: one per GPU, else 1). A careless argument, file or torchrun variable
+exits 2 with one line naming it.
 --all-ranks (under torchrun): every rank publishes its NIC, rail and rail interfaces through
 the job's store; rank 0 prints its host's view, every rank's rail, and the check railcc runs
 at init that all hosts agree on the rails (their number, one subnet per rail). Every rank
@@ -16,6 +18,9 @@ import argparse
 import json
 import os
 import sys
+
+from .doctor.inputs import (MAX_LOCAL_RANKS, BadReport, UsageError, count, rail_fields, seconds, topology_file,
+                            torchrun_env, write_file)
 
 
 def _gpu_bus_ids():
@@ -64,12 +69,17 @@ def _cpulist(text):
 
 
 def report(topo_file="", local_ranks=0, env=None):
-    """The topology as a dict (what --json prints)."""
+    """The topology as a dict (what --json prints). UsageError when the topology file (topo_file, else
+    RAILCC_TOPO_FILE) is not a regular file of a sane size."""
     from . import _C
     from .doctor.topology import gdr_level, within
 
     env = os.environ if env is None else env
-    topo_file = topo_file or env.get("RAILCC_TOPO_FILE", "")
+    if topo_file:
+        topology_file(topo_file, f"--topo-file {topo_file}")
+    elif env.get("RAILCC_TOPO_FILE"):
+        topo_file = env["RAILCC_TOPO_FILE"]
+        topology_file(topo_file, f"RAILCC_TOPO_FILE={topo_file}")
     gpus = [] if topo_file else _gpu_bus_ids()
     first = _C.topology(topo_file, gpus, [])
     n_gpus = len(first["gpus"])
@@ -165,37 +175,49 @@ def rail_line(t, rank, local_rank):
             + "".join(";" + p for p in parts))
 
 
-def _all_ranks(a):
+def _verdict(store, key):
+    """The verdict rank 0 published (0 or 1), for the other ranks' exit status."""
+    try:
+        raw = store.get(key)
+    except Exception as e:  # noqa: BLE001 - rank 0 gone: say so, fail
+        print(f"railcc topo --all-ranks: no verdict from rank 0: {e}", file=sys.stderr)
+        return 1
+    if raw not in (b"0", b"1"):
+        print(f"railcc topo --all-ranks: rank 0's verdict is {raw[:20]!r}, expected 0 or 1", file=sys.stderr)
+        return 1
+    return int(raw)
+
+
+def _all_ranks(a, job):
     from datetime import timedelta
 
     from . import _C
-    from .doctor.across import _NEEDED, _store
+    from .doctor.across import _store
 
-    missing = [v for v in _NEEDED if v not in os.environ]
-    if missing:
-        print(f"railcc topo --all-ranks needs torchrun's {', '.join(missing)} (run it as "
-              f"`torchrun ... -m railcc topo --all-ranks`)", file=sys.stderr)
-        return 2
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    t = report(a.topo_file, a.local_ranks or local_world)
+    rank, world, local_rank = job["rank"], job["world"], job["local_rank"]
+    t = report(a.topo_file, a.local_ranks or job["local_world"])
     # Under torchrun every process of a node has the node's hostname; RAILCC_HOST_ID-style
     # overrides aside, the kernel's name is what the init log uses too.
     t["hostname"] = os.uname().nodename
     line = rail_line(t, rank, local_rank)
     prefix = f"railcc-topo/{os.environ.get('TORCHELASTIC_RUN_ID', 'job')}/"
-    store = _store(rank, a.timeout)
+    store = _store(job, a.timeout)
     store.set(f"{prefix}{rank}", line)
     if rank != 0:
         print(f"rank {rank} on {t['hostname']}: {line} (rank 0 prints the comparison)")
-        try:
-            return int(store.get(f"{prefix}verdict"))
-        except Exception as e:  # noqa: BLE001 - rank 0 gone: say so, fail
-            print(f"railcc topo --all-ranks: no verdict from rank 0: {e}", file=sys.stderr)
-            return 1
+        return _verdict(store, f"{prefix}verdict")
     store.set_timeout(timedelta(seconds=a.timeout))
-    lines = [line] + [store.get(f"{prefix}{r}").decode() for r in range(1, world)]
+    fields = [dict(kv.split("=", 1) for kv in line.split(";") if "=" in kv)]
+    lines = [line]
+    try:
+        for r in range(1, world):
+            ln, f = rail_fields(store.get(f"{prefix}{r}"), r)
+            lines.append(ln)
+            fields.append(f)
+    except BadReport as e:  # another rank's record: said, and the others get a verdict instead of a timeout
+        print(f"railcc topo --all-ranks: {e}", file=sys.stderr)
+        store.set(f"{prefix}verdict", "1")
+        return 1
     check = _C.check_rails(lines)
     if a.json:
         t.pop("xml", None)
@@ -205,8 +227,7 @@ def _all_ranks(a):
         print(format_report(t))
         print()
         print(f"railcc topo --all-ranks: {world} ranks on {check['hosts']} host(s)")
-        for ln in lines:
-            f = dict(kv.split("=", 1) for kv in ln.split(";") if "=" in kv)
+        for f in fields:
             rail = int(f.get("rail", "-1"))
             dev = f.get(str(rail), "-").split("@")[0] if rail >= 0 else "-"
             print(f"  rank {f.get('rank')} on {f.get('host')}: {f.get('nic')} (rail {rail}, interface {dev})")
@@ -222,35 +243,40 @@ def _all_ranks(a):
     return code
 
 
+def _why(e):
+    """An exception's text, or its kind when it has none (MemoryError)."""
+    return str(e) or type(e).__name__
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="railcc topo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--topo-file", default="", help="read this hwloc XML instead of the machine")
-    ap.add_argument("--local-ranks", type=int, default=0, help="ranks on this host (default: one per GPU, else 1)")
+    ap.add_argument("--local-ranks", type=count(1, MAX_LOCAL_RANKS), default=None,
+                    help=f"ranks on this host, 1 to {MAX_LOCAL_RANKS} (default: one per GPU, else 1)")
     ap.add_argument("--dump", default="", help="write the topology in use as hwloc XML to this file")
     ap.add_argument("--all-ranks", action="store_true",
                     help="under torchrun: gather every rank's rail and check that the hosts agree")
-    ap.add_argument("--timeout", type=float, default=120.0, help="--all-ranks: seconds to wait for the ranks")
+    ap.add_argument("--timeout", type=seconds, default=120.0, help="--all-ranks: seconds to wait for the ranks")
     a = ap.parse_args(argv)
-    if a.local_ranks < 0:
-        ap.error("--local-ranks must be 1 or more")
-    if a.topo_file and not os.path.isfile(a.topo_file):
-        ap.error(f"--topo-file {a.topo_file}: no such file")
-    if a.all_ranks:
-        try:
-            return _all_ranks(a)
-        except Exception as e:  # the store, a bad XML file: one line, no traceback
-            print(f"railcc topo --all-ranks: {e}", file=sys.stderr)
-            return 1
     try:
+        if a.all_ranks:
+            job = torchrun_env(os.environ, "railcc topo --all-ranks")
+            return _all_ranks(a, job)
         t = report(a.topo_file, a.local_ranks)
-    except Exception as e:  # a bad XML file, hwloc failing: one line, no traceback
-        print(f"railcc topo: {e}", file=sys.stderr)
+    except UsageError as e:  # a careless argument or variable: named, exit 2
+        print(f"railcc topo{' --all-ranks' if a.all_ranks else ''}: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - the store, a bad XML file, hwloc failing: one line, no traceback
+        print(f"railcc topo{' --all-ranks' if a.all_ranks else ''}: {_why(e)}", file=sys.stderr)
         return 1
     dump = a.dump or os.environ.get("RAILCC_TOPO_DUMP_FILE", "")
     if dump:
-        with open(dump, "w") as f:
-            f.write(t["xml"])
+        try:
+            write_file(dump, t["xml"], f"--dump {dump}" if a.dump else f"RAILCC_TOPO_DUMP_FILE={dump}")
+        except UsageError as e:
+            print(f"railcc topo: {e}", file=sys.stderr)
+            return 1
     t.pop("xml")
     print(json.dumps(t, indent=2) if a.json else format_report(t))
     return 0

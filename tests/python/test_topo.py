@@ -77,3 +77,124 @@ def test_bad_topology_files_are_one_line_errors(tmp_path):
     r = topo("--topo-file", str(junk))
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and str(junk) in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------------------------------------- careless input
+# Every careless argument, variable or file is refused at once with one line naming it and what was expected: no
+# traceback, no wait. The command runs with a cap on its address space, so a value it would allocate for fails
+# fast instead of eating the machine.
+
+AS_LIMIT = 3 << 30
+
+
+def _cap_memory():
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
+
+
+def topo_capped(*args, env=None, timeout=60):
+    e = dict(os.environ)
+    for k in ("RAILCC_TOPO_FILE", "RAILCC_TOPO_DUMP_FILE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+              "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID"):
+        e.pop(k, None)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "railcc", "topo", *args], capture_output=True, text=True, env=e,
+                          timeout=timeout, preexec_fn=_cap_memory)
+
+
+def assert_one_line_error(r, code, *words):
+    assert r.returncode == code, (r.returncode, r.stdout[-2000:], r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    last = (r.stderr.strip().splitlines() or [""])[-1]
+    for w in words:
+        assert w in last, (w, r.stderr)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args,words", [
+    (["--local-ranks", "1000000000000"], ["--local-ranks", "1 to 4096"]),
+    (["--local-ranks", "1e12"], ["--local-ranks", "1 to 4096"]),
+    (["--local-ranks", "4097"], ["--local-ranks", "1 to 4096"]),
+    (["--local-ranks", "-1"], ["--local-ranks", "1 to 4096"]),
+    (["--local-ranks", "many"], ["--local-ranks", "1 to 4096"]),
+    (["--timeout", "nan"], ["--timeout"]),
+    (["--timeout", "-1"], ["--timeout"]),
+    (["--timeout", "inf"], ["--timeout"]),
+    (["--timeout", "1e300"], ["--timeout"]),
+], ids=lambda v: " ".join(v) if isinstance(v, list) and v[0].startswith("-") else None)
+def test_careless_arguments_are_refused_at_once(args, words):
+    assert_one_line_error(topo_capped(*args), 2, *words)
+
+
+@pytest.mark.timeout(180)
+def test_dump_to_a_path_that_cannot_be_written_is_one_line(tmp_path):
+    xml = os.path.join(TOPO, "vm_flat.xml")
+    target = tmp_path / "no-such-dir" / "dump.xml"
+    assert_one_line_error(topo_capped("--topo-file", xml, "--dump", str(target)), 1, "--dump", str(target))
+    r = topo_capped("--topo-file", xml, env={"RAILCC_TOPO_DUMP_FILE": str(target)})
+    assert_one_line_error(r, 1, "RAILCC_TOPO_DUMP_FILE", str(target))
+    fifo = tmp_path / "fifo.xml"
+    os.mkfifo(fifo)  # nobody reads it: writing would wait for ever
+    assert_one_line_error(topo_capped("--topo-file", xml, "--dump", str(fifo)), 1, "--dump", str(fifo))
+
+
+@pytest.mark.timeout(180)
+def test_topology_file_must_be_a_regular_file_of_sane_size(tmp_path):
+    fifo = tmp_path / "fifo.xml"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.xml"
+    with open(big, "wb") as f:
+        f.truncate((64 << 20) + 1)  # sparse
+    for path, why in (("/dev/zero", "not a regular file"), (str(fifo), "not a regular file"), (str(big), "MiB"),
+                      (str(tmp_path), "not a regular file")):
+        r = topo_capped(env={"RAILCC_TOPO_FILE": path})
+        assert_one_line_error(r, 2, f"RAILCC_TOPO_FILE={path}", why)
+        assert_one_line_error(topo_capped("--topo-file", path), 2, f"--topo-file {path}", why)
+
+
+def _agent_store():
+    """A store this test serves, as torchrun's agent does: the command connects to it as a client."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", 0, 2, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
+
+
+def _torchrun_env(port, **extra):
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "true", "TORCHELASTIC_RUN_ID": "careless"}
+    env.update(extra)
+    return env
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("var,value,words", [
+    ("MASTER_PORT", "abc", ["MASTER_PORT", "1 to 65535"]),
+    ("MASTER_PORT", "70000", ["MASTER_PORT", "1 to 65535"]),
+    ("WORLD_SIZE", "two", ["WORLD_SIZE"]),
+    ("WORLD_SIZE", "0", ["WORLD_SIZE"]),
+    ("RANK", "2", ["RANK", "WORLD_SIZE"]),
+    ("LOCAL_RANK", "-1", ["LOCAL_RANK"]),
+    ("LOCAL_WORLD_SIZE", "1000000000000", ["LOCAL_WORLD_SIZE", "1 to 4096"]),
+])
+def test_all_ranks_names_a_careless_torchrun_variable(var, value, words):
+    r = topo_capped("--all-ranks", "--topo-file", os.path.join(TOPO, "vm_flat.xml"), "--timeout", "5",
+                    env=_torchrun_env(1, **{var: value}))
+    assert_one_line_error(r, 2, *words)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("line,words", [
+    (b"host=evil;rank=1;nic=-;rail=abc;rails=1;0=-", ["rank 1", "rail"]),
+    (b"\xff\xfe not text", ["rank 1", "UTF-8"]),
+    (b"host=evil;rank=1;" + b"x" * (1 << 20), ["rank 1", "bytes"]),
+], ids=["rail=abc", "not-utf8", "1MiB"])
+def test_all_ranks_names_a_malformed_rail_line_and_still_gives_a_verdict(line, words):
+    store = _agent_store()
+    store.set("railcc-topo/careless/1", line)
+    r = topo_capped("--all-ranks", "--topo-file", os.path.join(TOPO, "vm_flat.xml"), "--timeout", "10",
+                    env=_torchrun_env(store.port))
+    assert_one_line_error(r, 1, *words)
+    assert store.get("railcc-topo/careless/verdict") == b"1"  # rank 1 is not left waiting for its timeout
