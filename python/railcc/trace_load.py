@@ -6,7 +6,9 @@ what was expected, anything the analysis could trip on:
 
 * a path that is not a regular file (a FIFO would block the read until a writer came, /dev/zero never ends), and a
   file over MAX_DUMP_BYTES (at most that much is read, whatever the size stat reports);
-* bytes that are not UTF-8 JSON, or JSON nested deeper than the parser's recursion limit;
+* bytes that are not JSON, or JSON nested deeper than the parser's recursion limit (bytes that are not UTF-8 are
+  read as U+FFFD: the engine copies into error messages bytes that other processes sent, and such a message must
+  not cost the dump);
 * any field the analysis reads with the wrong type (a bool is not an integer) or out of range: a rank or group
   size beyond MAX_GROUP_SIZE (the analysis lists every rank of the group), a time in microseconds that is negative
   or past the year 9999 (it is printed as a date), an integer beyond int64 (the engine's counters are int64).
@@ -191,9 +193,7 @@ def read_dump(path: str) -> dict:
     if len(data) > MAX_DUMP_BYTES:  # it grew after the stat
         raise DumpError(too_big)
     try:
-        dump = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise DumpError(f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+        dump = json.loads(data.decode("utf-8", errors="replace"))
     except RecursionError:
         raise DumpError("not a dump: its JSON is nested too deeply") from None
     except json.JSONDecodeError as e:

@@ -590,3 +590,14 @@ def test_python_m_railcc_trace_refuses_a_fifo_too(tmp_path):
     assert_refused(proc, fifo, "not a regular file")
     assert any(str(tmp_path / "railcc-trace-0-rank1.json") in line and "peers is 7" in line
                for line in proc.stderr.splitlines()), proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_stray_byte_in_a_message_does_not_lose_the_dump(tmp_path):
+    # the engine copies bytes it did not make (a peer's failure record) into error messages as they are: one that
+    # is not UTF-8 must not cost the dump, which may be the only one that saw the hang
+    raw = _set("error.message", "peer said XSTRAYX and closed").encode().replace(b"XSTRAYX", b"\xff\xfe")
+    (tmp_path / "railcc-trace-0-rank0.json").write_bytes(raw)
+    proc = run_limited(tmp_path)
+    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+    assert "peer said \ufffd\ufffd and closed" in proc.stdout
