@@ -400,11 +400,11 @@ void CommImpl::checkPeerInitFailure(Store& store) {
   auto now = Clock::now();
   if (now - lastInitFailCheck_ < Millis(250)) return;  // one store call per quarter second at most
   lastInitFailCheck_ = now;
-  if (store.add("initfail", 0) <= 0) return;
   std::string rec;
   try {
+    if (store.add("initfail", 0) <= 0) return;
     rec = store.get("initfail/why", Millis(2000));
-  } catch (const Error&) {
+  } catch (const std::exception&) {  // unreadable (or not a counter): the wait goes on as before
     return;
   }
   auto a = rec.find('|'), b = rec.find('|', a == std::string::npos ? a : a + 1);

@@ -12,9 +12,39 @@ int64_t wallMicros() {
       .count();
 }
 
+namespace {
+// Length of the well-formed UTF-8 sequence at s[i] (1-4), or 0 when the bytes there are not one.
+size_t utf8Length(const std::string& s, size_t i) {
+  auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  unsigned char c = b(i);
+  size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((b(i + k) >> 6) != 2) return 0;
+  uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1f : n == 3 ? c & 0x0f : c & 0x07;
+  for (size_t k = 1; k < n; ++k) cp = cp << 6 | (b(i + k) & 0x3f);
+  static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;  // overlong, surrogate
+  return n;
+}
+}  // namespace
+
+// Strict JSON: bytes that are not UTF-8 (an error message quoting what another process sent)
+// become U+FFFD, so no reader refuses the whole dump for one stray byte.
 std::string jsonString(const std::string& s) {
   std::string out = "\"";
-  for (char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    char c = s[i];
+    if (static_cast<unsigned char>(c) >= 0x80) {
+      size_t n = utf8Length(s, i);
+      if (n == 0) {
+        out += "\\ufffd";
+      } else {
+        out.append(s, i, n);
+        i += n - 1;
+      }
+      continue;
+    }
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;

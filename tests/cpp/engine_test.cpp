@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/communicator.h"
+#include "engine/telemetry.h"
 #include "common/error.h"
 #include "ranks.h"
 #include "transport/transport.h"
@@ -236,6 +237,16 @@ TEST(Errors, AbortUnblocksPendingRecv) {
       }
     }
   });
+}
+
+// Flight-recorder strings quote what other processes sent: the JSON must stay valid UTF-8.
+TEST(TraceJson, BytesThatAreNotUtf8BecomeReplacementCharacters) {
+  EXPECT_EQ(jsonString("plain \"q\"\n"), "\"plain \\\"q\\\"\\n\"");
+  EXPECT_EQ(jsonString("h\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), "\"h\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"");
+  EXPECT_EQ(jsonString("a\xff" "b"), "\"a\\ufffdb\"");
+  EXPECT_EQ(jsonString("\xc0\xaf"), "\"\\ufffd\\ufffd\"");      // overlong '/'
+  EXPECT_EQ(jsonString("\xe2\x82"), "\"\\ufffd\\ufffd\"");      // cut short
+  EXPECT_EQ(jsonString("\xed\xa0\x80"), "\"\\ufffd\\ufffd\\ufffd\"");  // a surrogate
 }
 
 }  // namespace

@@ -234,6 +234,15 @@ def test_a_malformed_peer_record_in_the_store_is_a_clear_init_error(tmp_path, re
     assert "stoi" not in out["error"] and "check failed" not in out["error"], out
 
 
+@pytest.mark.timeout(120)
+def test_an_init_timeout_names_the_whole_wait_not_the_last_slice(tmp_path):
+    out, err = _result(_spawn(0, 2, str(tmp_path / "store"), {"RAILCC_INIT_TIMEOUT": "3"}), 90)
+    assert not out["ok"], out
+    msg = out["error"]
+    assert "rank 1 did not publish its host identity within RAILCC_INIT_TIMEOUT=3 s" in msg, msg
+    assert "still unset after 3." in msg and "ms (" not in msg, msg  # it once said "within 8 ms"
+
+
 def rk_new_group_after_a_death(rank, n):
     import railcc
 
