@@ -248,7 +248,10 @@ def main(argv=None):
         print(f"railcc topo: {e}", file=sys.stderr)
         return 1
     dump = a.dump or os.environ.get("RAILCC_TOPO_DUMP_FILE", "")
-    if dump:
+    if dump and not t["xml"]:
+        print(f"railcc topo: --dump {dump} not written: the topology came from {t['source']}, and only hwloc "
+              "writes XML", file=sys.stderr)
+    elif dump:
         with open(dump, "w") as f:
             f.write(t["xml"])
     t.pop("xml")
