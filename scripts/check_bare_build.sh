@@ -2,8 +2,8 @@
 # Builds railcc as the GPU image would: without hwloc's, rdma-core's or GoogleTest's headers,
 # libraries and pkg-config files, and without pkg-config itself. Run as root on a machine that
 # has them all (the CI machine): a private mount namespace (unshare -m) hides them from this
-# build only, so the rest of the machine keeps them. Then the fresh build is imported and
-# `railcc topo` must say the topology came from sysfs.
+# build only, so the rest of the machine keeps them. Then the fresh build is imported,
+# `railcc topo` must say the topology came from sysfs, and a 2-rank all_reduce runs on it.
 #
 #   sudo bash scripts/check_bare_build.sh [BUILD_DIR]     # default /tmp/railcc-bare-build
 #
@@ -44,28 +44,12 @@ if echo '#include <infiniband/verbs.h>' | c++ -x c++ -fsyntax-only - 2>/dev/null
 if echo '#include <gtest/gtest.h>' | c++ -x c++ -fsyntax-only - 2>/dev/null; then echo "gtest still usable" >&2; exit 1; fi
 
 rm -rf "$build"
-defs=$("$PY" - <<'EOF'
-import torch
-out = []
-for attr, macro in (("_PYBIND11_COMPILER_TYPE", "PYBIND11_COMPILER_TYPE"), ("_PYBIND11_STDLIB", "PYBIND11_STDLIB"),
-                    ("_PYBIND11_BUILD_ABI", "PYBIND11_BUILD_ABI")):
-    v = getattr(torch._C, attr, None)
-    if v is not None:
-        out.append(f'{macro}="{v}"')
-print(";".join(out))
-EOF
-)
-cmake -S . -B "$build" -G Ninja -DPython3_EXECUTABLE="$(command -v "$PY")" -DRAILCC_BUILD_PYTHON=ON \
-  -DRAILCC_PYBIND_DEFS="$defs" | grep -E "railcc|verbs.h|hwloc.h|Error" || true
-cmake --build "$build" -j "${RAILCC_BUILD_JOBS:-$(nproc)}"
-
 # The fresh module, imported from a copy of the package next to it.
 pkg="$build/pkg"
 mkdir -p "$pkg"
 cp -r python/railcc "$pkg/"
-rm -f "$pkg"/railcc/*.so
-cp "$build"/_C.*.so "$pkg/railcc/"
-[ -f "$build/librailcc_cuda.so" ] && cp "$build/librailcc_cuda.so" "$pkg/railcc/"
+bash scripts/cmake_build.sh "$build" "$pkg/railcc" | grep -iE "railcc|verbs.h|hwloc.h|error|built" || true
+[ -f "$pkg"/railcc/_C.*.so ] || { echo "no module built" >&2; exit 1; }
 PYTHONPATH="$pkg" "$PY" - <<'EOF'
 import json, subprocess, sys
 import railcc
@@ -75,4 +59,6 @@ print("imported", railcc.__file__, "| topology:", t["source"])
 assert t["method"] == "sysfs", t["source"]
 print("cuda:", railcc.cuda_info())
 EOF
+# And it runs: a 2-rank all_reduce on this build.
+PYTHONPATH="$pkg" "$PY" -m railcc bench --nprocs 2 -o all_reduce -b 8 -e 64K -f 64 -n 2 -w 1 | grep -E "^#.*wrong|^ +[0-9]"
 echo "bare build OK: no hwloc, rdma-core or GoogleTest headers, libraries or pkg-config"
