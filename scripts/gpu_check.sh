@@ -138,9 +138,18 @@ build() {
     echo "no setuptools: building with CMake alone"
     RAILCC_BUILD_JOBS=$jobs bash scripts/cmake_build.sh "$ROOT/build/gpu" -DRAILCC_CUDA_ARCHS="${arch:-90}"
   fi
+  if [ $DRY = 0 ] && [ ! -f python/railcc/librailcc_cuda.so ]; then
+    # Every CUDA test would fail: say where nvcc and the CUDA runtime are, for the next call.
+    echo "the CUDA plugin was not built (CMake's lines above say why); nvcc: $(command -v nvcc)"
+    ls -d "$(dirname "$(dirname "$(command -v nvcc)")")"/lib* /usr/local/cuda*/lib* 2>/dev/null
+    "$PY" -c "import glob, os, torch; print(glob.glob(os.path.join(os.path.dirname(torch.__file__), '..', 'nvidia', '*', 'lib', 'libcudart*')))"
+    return 3
+  fi
   "$PY" -c "import railcc, torch; print('railcc', railcc.__version__, 'from', railcc.__file__, '| torch', torch.__version__); print('cuda_info', railcc.cuda_info())"
 }
-if ! step build 240 "$OUT/build.log" build; then
+step build 240 "$OUT/build.log" build
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 3 ]; then  # 3: the module built, the CUDA plugin did not (the rest still says much)
   echo "| (rest) | NOT RUN | 0 | the build failed: see build.log |" >> "$SUMMARY"
   exit 1
 fi
