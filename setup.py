@@ -7,6 +7,7 @@ compiling against the one installed here.
 """
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -69,6 +70,8 @@ class CMakeBuild(build_ext):
             "-DCMAKE_BUILD_TYPE=" + os.environ.get("RAILCC_BUILD_TYPE", "Release"),
             "-DRAILCC_PYBIND_DEFS=" + ";".join(pybind_defs(torch)),
         ]
+        # More CMake settings, e.g. RAILCC_CMAKE_ARGS="-DRAILCC_CUDA_ARCHS=90" (scripts/gpu_check.sh).
+        cfg += shlex.split(os.environ.get("RAILCC_CMAKE_ARGS", ""))
         subprocess.check_call(cfg)
         jobs = os.environ.get("RAILCC_BUILD_JOBS", str(os.cpu_count() or 2))
         # Everything the build defines: the _C module and, where nvcc was found, the CUDA plugin.

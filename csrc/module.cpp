@@ -174,6 +174,7 @@ PYBIND11_MODULE(_C, m) {
     };
     py::dict d;
     d["source"] = t.source;
+    d["method"] = t.method;
     d["hostname"] = t.hostname;
     d["numa_nodes"] = t.numaNodes;
     py::list gpus, nics, paths, out;

@@ -118,7 +118,10 @@ namespace railcc {
     "whose PCI tree is fake and for tests; also read by `railcc topo`.")                      \
   X(topoDumpFile, std::string, "RAILCC_TOPO_DUMP_FILE", "", "", "",                               \
     "Where the first rank of each host writes the topology it used, as hwloc XML (%h is "     \
-    "replaced by the host name).")                                                            \
+    "replaced by the host name). Not written where hwloc is missing (sysfs has no XML).")     \
+  X(hwlocLib, std::string, "RAILCC_HWLOC_LIB", "", "", "",                                        \
+    "The hwloc 2.x library to load at run time instead of libhwloc.so.15 (a path or a soname). " \
+    "Without one the topology is read from sysfs, and the log and `railcc topo` say so.")     \
   X(hostId, std::string, "RAILCC_HOST_ID", "", "", "",                                            \
     "Overrides the host identity (boot id + network namespace) that decides which peers "     \
     "share memory.")                                                                          \

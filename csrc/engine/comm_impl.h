@@ -339,7 +339,9 @@ class CommImpl {
     setDeviceBody(o, where, dt, plan());
   }
   void setDeviceBody(Op& o, const Placement& where, DataType dt, DevicePlan plan);
-  void deviceWait(const cuda::DeviceApi& api, void* ev, int device, const char* what);
+  // Waits for `ev` without holding a CPU: polls, then naps for a tenth of the time waited so
+  // far (20 us to 1 ms). Throws kTimeout after the op's timeout, naming `what` and `stream`.
+  void deviceWait(const cuda::DeviceApi& api, void* ev, int device, const char* what, void* stream);
   void releaseDevice();
 
   // CUDA IPC (every rank on this host): each rank owns a device pool of two slots, each an
@@ -392,10 +394,34 @@ class CommImpl {
   // only after each peer's stream has passed its reads of it, whatever op comes next), so the
   // host need not wait for it unless the caller has no stream to order on.
   void ipcFinish(const cuda::DeviceApi& api, const DeviceOp& dv, const char* what) {
-    if (dv.queued) return;
+    if (dv.queued) return watchGpu(api, dv, what);
     checkDevice(api.eventRecord(stageEv_[0], dv.stream), "cudaEventRecord", dv.device);
-    deviceWait(api, stageEv_[0], dv.device, what);
+    deviceWait(api, stageEv_[0], dv.device, what, dv.stream);
   }
+  // The GPU work of ops that completed once queued, oldest first, until the GPU has done it
+  // (engine/device/gpu_watch.cpp): the watchdog thread fails the group, naming the op and its
+  // stream, when the oldest is not done within the op's timeout.
+  struct GpuWork {
+    uint64_t seq;
+    OpKind kind;
+    const char* what;  // "the CUDA IPC all-reduce"
+    int device;
+    void* stream;
+    void* event;  // recorded on `stream` after the op's GPU work
+    Clock::time_point queued;
+    Millis timeout;
+  };
+  std::mutex gpuMu_;              // the two below; taken by the engine and the watchdog thread
+  std::deque<GpuWork> gpuWork_;
+  std::vector<void*> gpuEvents_;  // events of finished entries, for reuse (device devOf_)
+  std::atomic<bool> gpuWatched_{false};  // some GPU work was ever watched: the watchdog wakes every second
+  void watchGpu(const cuda::DeviceApi& api, const DeviceOp& dv, const char* what);
+  // Drops the entries the GPU has finished. With `now`: returns the error of the oldest entry
+  // past its timeout (nullptr if none) and sets `next` to when the oldest one runs out.
+  std::exception_ptr retireGpuWork(const cuda::DeviceApi& api, const Clock::time_point* now, Clock::time_point* next);
+  // The watchdog's side: checks the GPU work and fails the group when it is late.
+  void checkGpuWork(Clock::time_point* next);
+  void releaseGpuWork(const cuda::DeviceApi& api);
   void* lastStream_ = nullptr;  // the stream of the last device op: drained before teardown
   // Records `e` on this rank's stream, tells every peer, and orders this rank's stream after
   // every peer's record of `e`.
@@ -590,6 +616,7 @@ class CommImpl {
     std::mutex mu;
     std::condition_variable cv;
     bool stop = false, exited = false, drained = true;
+    bool inComm = false;  // the watchdog uses the communicator outside `mu` (GPU checks): teardown waits
     std::vector<std::pair<std::string, std::string>> publish;  // keys to set now (failure reports)
     std::shared_ptr<Store> keep;  // keeps the store alive for a detached watchdog
     Store* store = nullptr;

@@ -27,7 +27,7 @@ struct Discovered {
   std::string error;
 };
 
-Discovered discoverOnce(const std::string& file) {
+Discovered discoverOnce(const std::string& file, const std::string& hwlocLib) {
   static std::mutex mu;
   static std::map<std::string, Discovered> cache;
   std::lock_guard<std::mutex> g(mu);
@@ -37,6 +37,7 @@ Discovered discoverOnce(const std::string& file) {
   try {
     topology::DiscoverOptions o;
     o.xmlFile = file;
+    o.hwlocLib = hwlocLib;
     d.topo = std::make_shared<const topology::Topology>(topology::discover(o));
   } catch (const std::exception& e) {
     d.error = e.what();
@@ -98,13 +99,15 @@ CommImpl::RailPlace CommImpl::placeRank() {
     first = !logged;
     logged = true;
   }
-  Discovered d = discoverOnce(cfg.topoFile);
+  Discovered d = discoverOnce(cfg.topoFile, cfg.hwlocLib);
   if (!d.topo) {
     if (first) RAILCC_WARN(INIT, "topology unknown (", d.error, "); interfaces are picked without it");
     return place;
   }
   const topology::Topology& t = *d.topo;
-  if (first && !cfg.topoDumpFile.empty() && localIdx == 0) {  // one writer per host; %h names it
+  if (first && !cfg.topoDumpFile.empty() && localIdx == 0 && t.xml.empty()) {
+    RAILCC_WARN(INIT, "RAILCC_TOPO_DUMP_FILE: not written, the topology came from ", t.source, " and only hwloc writes XML");
+  } else if (first && !cfg.topoDumpFile.empty() && localIdx == 0) {  // one writer per host; %h names it
     std::string path = cfg.topoDumpFile;
     for (size_t at; (at = path.find("%h")) != std::string::npos;) path.replace(at, 2, self.hostname);
     std::ofstream f(path);

@@ -950,6 +950,7 @@ void CommImpl::shutdown() {
     std::unique_lock<std::mutex> g(wd_->mu);
     wd_->stop = true;
     wd_->cv.notify_all();
+    wd_->cv.wait(g, [&] { return !wd_->inComm; });  // a GPU check in progress uses this communicator
     // A watchdog blocked in an unreachable store must not hold up destroy_process_group: it
     // never touches the communicator once `stop` is set, so it can be left to finish alone.
     // Without a keep-alive the store is the caller's, and may go right after us: always join.

@@ -114,11 +114,13 @@ void CommImpl::watchdogLoop(std::shared_ptr<WatchdogShared> w) {
   const Millis every(records ? opts_.config.progressIntervalMs : 1000);
   bool storeGone = false;
   auto nextBeat = Clock::now() + every;
+  auto gpuNext = Clock::time_point::max();  // when GPU work is next due (engine/device/gpu_watch.cpp)
   while (true) {
     std::vector<std::pair<std::string, std::string>> todo;
+    bool gpu = false;
     {
       std::unique_lock<std::mutex> g(w->mu);
-      w->cv.wait_until(g, nextBeat, [&] { return w->stop || !w->publish.empty(); });
+      w->cv.wait_until(g, std::min(nextBeat, gpuNext), [&] { return w->stop || !w->publish.empty(); });
       todo.swap(w->publish);
       if (w->stop) {  // from here on the communicator may be gone: only the queued reports go out
         g.unlock();
@@ -136,6 +138,16 @@ void CommImpl::watchdogLoop(std::shared_ptr<WatchdogShared> w) {
         if (stragglers) checkStragglers();
         if (records) todo.push_back({"progress/" + std::to_string(rank), progressRecord()});
       }
+      // GPU work is checked outside `mu` (failing the group takes it); teardown waits for it.
+      gpu = w->inComm = gpuWatched_.load(std::memory_order_relaxed);
+    }
+    if (gpu) {
+      // Sleeps at most a second while GPU work is watched: entries queued meanwhile are due later.
+      gpuNext = Clock::now() + std::chrono::seconds(1);
+      checkGpuWork(&gpuNext);
+      std::lock_guard<std::mutex> g(w->mu);
+      w->inComm = false;
+      w->cv.notify_all();
     }
     if (!storeGone && w->store->lost()) {
       storeGone = true;

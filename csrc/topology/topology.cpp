@@ -1,6 +1,5 @@
 #include "topology/topology.h"
 
-#include <hwloc.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,9 +8,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <fstream>
+#include <functional>
 
 #include "common/error.h"
+#include "topology/hwloc_lib.h"
 
 namespace railcc::topology {
 
@@ -82,46 +84,66 @@ std::vector<size_t> Topology::railNics() const {
 namespace {
 
 struct Hw {
-  hwloc_topology_t t = nullptr;
+  const hw::Lib* lib = nullptr;
+  hw::Topo t = nullptr;
   ~Hw() {
-    if (t) hwloc_topology_destroy(t);
+    if (t) lib->topologyDestroy(t);
   }
 };
 
-std::string busIdOf(const hwloc_obj_attr_u::hwloc_pcidev_attr_s& p) {
+std::string busIdOf(const hw::PciAttr& p) {
   char b[32];
   std::snprintf(b, sizeof(b), "%04x:%02x:%02x.%x", static_cast<unsigned>(p.domain), static_cast<unsigned>(p.bus),
                 static_cast<unsigned>(p.dev), static_cast<unsigned>(p.func));
   return b;
 }
 
-PciDevice describe(hwloc_topology_t t, hwloc_obj_t o) {
+// Every object below `o` (normal, memory, I/O and misc children), depth first, as hwloc
+// numbers them.
+void walk(hw::Obj* o, const std::function<void(hw::Obj*)>& f) {
+  f(o);
+  for (hw::Obj* c = o->firstChild; c; c = c->nextSibling) walk(c, f);
+  for (hw::Obj* c = o->memoryFirstChild; c; c = c->nextSibling) walk(c, f);
+  for (hw::Obj* c = o->ioFirstChild; c; c = c->nextSibling) walk(c, f);
+  for (hw::Obj* c = o->miscFirstChild; c; c = c->nextSibling) walk(c, f);
+}
+
+const char* infoByName(const hw::Obj* o, const char* name) {
+  for (unsigned i = 0; i < o->infosCount; ++i)
+    if (o->infos[i].name && std::strcmp(o->infos[i].name, name) == 0) return o->infos[i].value;
+  return nullptr;
+}
+
+PciDevice describe(const hw::Lib& lib, hw::Obj* o) {
   PciDevice d;
   d.busId = busIdOf(o->attr->pcidev);
-  d.linkGBs = o->attr->pcidev.linkspeed;
+  d.linkGBs = o->attr->pcidev.linkSpeed;
   // Up through the bridges: PCI-to-PCI ones make the chain; the host bridge names the root.
-  for (hwloc_obj_t p = o->parent; p && p->type == HWLOC_OBJ_BRIDGE; p = p->parent) {
-    if (p->attr->bridge.upstream_type == HWLOC_OBJ_BRIDGE_PCI) {
-      d.chain.insert(d.chain.begin(), busIdOf(p->attr->bridge.upstream.pci));
+  for (hw::Obj* p = o->parent; p && p->type == hw::kObjBridge; p = p->parent) {
+    const hw::BridgeAttr& b = p->attr->bridge;
+    if (b.upstreamType == hw::kBridgePci) {
+      d.chain.insert(d.chain.begin(), busIdOf(b.upstream.pci));
       continue;
     }
-    char b[48];
-    std::snprintf(b, sizeof(b), "%04x:[%02x-%02x]", static_cast<unsigned>(p->attr->bridge.downstream.pci.domain),
-                  static_cast<unsigned>(p->attr->bridge.downstream.pci.secondary_bus),
-                  static_cast<unsigned>(p->attr->bridge.downstream.pci.subordinate_bus));
-    d.root = b;
+    char r[48];
+    std::snprintf(r, sizeof(r), "%04x:[%02x-%02x]", static_cast<unsigned>(b.downstream.pci.domain),
+                  static_cast<unsigned>(b.downstream.pci.secondaryBus),
+                  static_cast<unsigned>(b.downstream.pci.subordinateBus));
+    d.root = r;
     break;
   }
-  hwloc_obj_t normal = hwloc_get_non_io_ancestor_obj(t, o);
-  if (normal && normal->nodeset && hwloc_bitmap_weight(normal->nodeset) == 1) {
+  // The first ancestor with a CPU set is the normal object the device hangs from.
+  hw::Obj* normal = o->parent;
+  while (normal && !normal->cpuset) normal = normal->parent;
+  if (normal && normal->nodeset && lib.bitmapWeight(normal->nodeset) == 1) {
     // The node's logical number, not its OS number (they agree on Linux hosts).
-    d.numa = hwloc_bitmap_first(normal->nodeset);
+    d.numa = lib.bitmapFirst(normal->nodeset);
   }
   return d;
 }
 
-bool isNvidiaGpu(hwloc_obj_t o) {
-  return o->attr->pcidev.vendor_id == 0x10de && (o->attr->pcidev.class_id >> 8) == 0x03;
+bool isNvidiaGpu(const hw::Obj* o) {
+  return o->attr->pcidev.vendorId == 0x10de && (o->attr->pcidev.classId >> 8) == 0x03;
 }
 
 }  // namespace
@@ -144,78 +166,108 @@ void checkTopologyFile(const std::string& path) {
 }
 
 Topology discover(const DiscoverOptions& opts) {
-  Topology topo;
-  Hw hw;
-  if (hwloc_topology_init(&hw.t) != 0) RAILCC_THROW(kSystem, "hwloc_topology_init failed: ", std::strerror(errno));
-  hwloc_topology_set_io_types_filter(hw.t, HWLOC_TYPE_FILTER_KEEP_ALL);
+  std::string libName = opts.hwlocLib;
+  if (libName.empty())
+    if (const char* e = std::getenv("RAILCC_HWLOC_LIB")) libName = e;
+  std::string why;
+  const hw::Lib* lib = opts.sysfs ? nullptr : hw::hwlocLib(libName, &why);
   if (!opts.xmlFile.empty()) {
     checkTopologyFile(opts.xmlFile);
-    if (hwloc_topology_set_xml(hw.t, opts.xmlFile.c_str()) != 0)
+    if (!lib) RAILCC_THROW(kInvalidUsage, "topology file ", opts.xmlFile, " needs hwloc to be read: ", why);
+  } else if (!lib) {
+    return discoverSysfs(opts, opts.sysfs ? "asked for" : "hwloc not loaded: " + why);
+  }
+  Topology topo;
+  Hw hw;
+  hw.lib = lib;
+  if (lib->topologyInit(&hw.t) != 0) {
+    hw.t = nullptr;
+    RAILCC_THROW(kSystem, "hwloc_topology_init failed: ", std::strerror(errno));
+  }
+  lib->setIoTypesFilter(hw.t, hw::kTypeFilterKeepAll);
+  if (!opts.xmlFile.empty()) {
+    if (lib->setXml(hw.t, opts.xmlFile.c_str()) != 0)
       RAILCC_THROW(kInvalidUsage, "topology file ", opts.xmlFile, " is not hwloc XML: ", std::strerror(errno));
+    topo.method = "file";
     topo.source = "file " + opts.xmlFile;
   } else {
-    topo.source = std::string("this machine (hwloc ") + HWLOC_VERSION + ")";
+    topo.method = "hwloc";
+    topo.source = "this machine (hwloc " + lib->version() + ", " + lib->path + ")";
   }
-  if (hwloc_topology_load(hw.t) != 0)
+  if (lib->topologyLoad(hw.t) != 0)
     throw Error(opts.xmlFile.empty() ? ErrorCode::kSystem : ErrorCode::kInvalidUsage,
                 "hwloc could not load " + topo.source + ": " + std::strerror(errno));
-  hwloc_obj_t root = hwloc_get_root_obj(hw.t);
-  if (const char* h = hwloc_obj_get_info_by_name(root, "HostName")) topo.hostname = h;
-  topo.numaNodes = std::max(1, hwloc_get_nbobjs_by_type(hw.t, HWLOC_OBJ_NUMANODE));
+  hw::Obj* root = lib->objByDepth(hw.t, 0, 0);
+  if (!root) RAILCC_THROW(kSystem, "hwloc loaded ", topo.source, " without a root object");
+  if (const char* h = infoByName(root, "HostName")) topo.hostname = h;
+  std::vector<hw::Obj*> pcidevs, osdevs;
+  int numa = 0;
+  walk(root, [&](hw::Obj* o) {
+    if (o->type == hw::kObjPciDevice) pcidevs.push_back(o);
+    else if (o->type == hw::kObjOsDevice) osdevs.push_back(o);
+    else if (o->type == hw::kObjNumaNode) ++numa;
+  });
+  topo.numaNodes = std::max(1, numa);
 
   if (!opts.gpuBusIds.empty()) {
     for (const std::string& id : opts.gpuBusIds) {
       Gpu g;
       g.pci.busId = normalizeBusId(id);
-      hwloc_obj_t o = hwloc_get_pcidev_by_busidstring(hw.t, g.pci.busId.c_str());
-      if (o) g.pci = describe(hw.t, o);
+      auto it = std::find_if(pcidevs.begin(), pcidevs.end(),
+                             [&](hw::Obj* o) { return busIdOf(o->attr->pcidev) == g.pci.busId; });
+      if (it != pcidevs.end()) g.pci = describe(*lib, *it);
       else g.found = false;
       topo.gpus.push_back(g);
     }
   } else {
-    for (hwloc_obj_t o = hwloc_get_next_pcidev(hw.t, nullptr); o; o = hwloc_get_next_pcidev(hw.t, o))
-      if (isNvidiaGpu(o)) topo.gpus.push_back({describe(hw.t, o), true});
+    for (hw::Obj* o : pcidevs)
+      if (isNvidiaGpu(o)) topo.gpus.push_back({describe(*lib, o), true});
+    std::sort(topo.gpus.begin(), topo.gpus.end(), [](const Gpu& a, const Gpu& b) { return a.pci.busId < b.pci.busId; });
   }
 
   // RDMA devices with the interfaces of their PCI function; then interfaces on their own.
   std::vector<Nic> rdma, net;
-  for (hwloc_obj_t o = hwloc_get_next_osdev(hw.t, nullptr); o; o = hwloc_get_next_osdev(hw.t, o)) {
-    hwloc_obj_t pci = o->parent;
-    if (!pci || pci->type != HWLOC_OBJ_PCI_DEVICE || !o->name) continue;
-    if (o->attr->osdev.type == HWLOC_OBJ_OSDEV_OPENFABRICS) {
+  for (hw::Obj* o : osdevs) {
+    hw::Obj* pci = o->parent;
+    if (!pci || pci->type != hw::kObjPciDevice || !o->name) continue;
+    if (o->attr->osdev.type == hw::kOsDevOpenFabrics) {
       Nic n;
       n.name = o->name;
       n.rdma = true;
-      n.pci = describe(hw.t, pci);
-      for (hwloc_obj_t s = pci->io_first_child; s; s = s->next_sibling)
-        if (s->type == HWLOC_OBJ_OS_DEVICE && s->attr->osdev.type == HWLOC_OBJ_OSDEV_NETWORK && s->name)
+      n.pci = describe(*lib, pci);
+      for (hw::Obj* s = pci->ioFirstChild; s; s = s->nextSibling)
+        if (s->type == hw::kObjOsDevice && s->attr->osdev.type == hw::kOsDevNetwork && s->name)
           n.netdevs.push_back(s->name);
       rdma.push_back(n);
-    } else if (o->attr->osdev.type == HWLOC_OBJ_OSDEV_NETWORK) {
+    } else if (o->attr->osdev.type == hw::kOsDevNetwork) {
       bool ofed = false;  // an RDMA device's interface is listed with it (Nic::netdevs)
-      for (hwloc_obj_t s = pci->io_first_child; s; s = s->next_sibling)
-        ofed = ofed || (s->type == HWLOC_OBJ_OS_DEVICE && s->attr->osdev.type == HWLOC_OBJ_OSDEV_OPENFABRICS);
+      for (hw::Obj* s = pci->ioFirstChild; s; s = s->nextSibling)
+        ofed = ofed || (s->type == hw::kObjOsDevice && s->attr->osdev.type == hw::kOsDevOpenFabrics);
       if (ofed) continue;
       Nic n;
       n.name = o->name;
       n.netdevs = {o->name};
-      n.pci = describe(hw.t, pci);
+      n.pci = describe(*lib, pci);
       net.push_back(n);
     }
   }
-  auto byBus = [](const Nic& a, const Nic& b) { return a.pci.busId != b.pci.busId ? a.pci.busId < b.pci.busId : a.name < b.name; };
-  std::sort(rdma.begin(), rdma.end(), byBus);
-  std::sort(net.begin(), net.end(), byBus);
-  topo.nics = rdma;
-  topo.nics.insert(topo.nics.end(), net.begin(), net.end());
+  sortNics(rdma, net, topo);
 
   char* buf = nullptr;
   int len = 0;
-  if (hwloc_topology_export_xmlbuffer(hw.t, &buf, &len, 0) == 0 && buf) {
+  if (lib->exportXmlBuffer(hw.t, &buf, &len, 0) == 0 && buf) {
     topo.xml.assign(buf, static_cast<size_t>(std::max(len - 1, 0)));  // len counts the final NUL
-    hwloc_free_xmlbuffer(hw.t, buf);
+    lib->freeXmlBuffer(hw.t, buf);
   }
   return topo;
+}
+
+void sortNics(std::vector<Nic> rdma, std::vector<Nic> net, Topology& topo) {
+  auto byBus = [](const Nic& a, const Nic& b) { return a.pci.busId != b.pci.busId ? a.pci.busId < b.pci.busId : a.name < b.name; };
+  std::sort(rdma.begin(), rdma.end(), byBus);
+  std::sort(net.begin(), net.end(), byBus);
+  topo.nics = std::move(rdma);
+  topo.nics.insert(topo.nics.end(), net.begin(), net.end());
 }
 
 }  // namespace railcc::topology

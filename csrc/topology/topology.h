@@ -1,7 +1,8 @@
 #pragma once
 // The machine as railcc needs to see it: GPUs, NICs (RDMA devices and network interfaces),
-// NUMA nodes and the PCI path between every GPU and every NIC, found with hwloc (or read from
-// an hwloc XML file). Depends on common only; the engine and `railcc topo` build on it.
+// NUMA nodes and the PCI path between every GPU and every NIC, found with hwloc (loaded at run
+// time, see hwloc_lib.h), read from an hwloc XML file, or, where hwloc cannot be loaded, read
+// from sysfs. Depends on common only; the engine and `railcc topo` build on it.
 
 #include <string>
 #include <vector>
@@ -41,12 +42,14 @@ struct Nic {
 };
 
 struct Topology {
-  std::string source;  // "this machine (hwloc 2.9.0)" or "RAILCC_TOPO_FILE=<path>"
+  std::string method;  // where it came from: "hwloc", "sysfs" or "file" (an hwloc XML file)
+  std::string source;  // the same in words: "this machine (hwloc 2.8, libhwloc.so.15)",
+                       // "this machine (sysfs; hwloc not loaded: <why>)" or "file <path>"
   std::string hostname;
   int numaNodes = 1;
   std::vector<Gpu> gpus;  // in the order asked for (CUDA's), else by bus id
   std::vector<Nic> nics;  // RDMA devices (with their interfaces), then other interfaces on PCI, by bus id
-  std::string xml;        // the topology as hwloc XML (what RAILCC_TOPO_DUMP_FILE writes)
+  std::string xml;        // the topology as hwloc XML (what RAILCC_TOPO_DUMP_FILE writes); "" from sysfs
 
   /// Path between GPU g and NIC n.
   Path path(size_t g, size_t n) const;
@@ -57,14 +60,27 @@ struct Topology {
 struct DiscoverOptions {
   std::string xmlFile;                // read this instead of the machine (RAILCC_TOPO_FILE)
   std::vector<std::string> gpuBusIds; // the GPUs, in CUDA's order; empty: every NVIDIA GPU found
+  std::string hwlocLib;               // the hwloc to load; "": RAILCC_HWLOC_LIB, else libhwloc.so.15
+  bool sysfs = false;                 // read sysfs even where hwloc loads (tests compare the two)
+  std::string sysfsRoot;              // with sysfs: a tree in place of / (tests)
 };
 
-/// Loads the topology. Throws Error(kInvalidUsage) naming the file when an XML cannot be read,
+/// Loads the topology: from the XML file when one is named, else from hwloc, else (hwloc
+/// cannot be loaded) from sysfs, the reason named in `source`. Throws Error(kInvalidUsage)
+/// naming the file when an XML cannot be read (or hwloc, which reads it, cannot be loaded),
 /// Error(kSystem) when hwloc fails on the machine.
 Topology discover(const DiscoverOptions& opts);
 /// Throws Error(kInvalidUsage) unless `path` is a readable regular file of a sane size for an
 /// hwloc XML file (a device or FIFO named by RAILCC_TOPO_FILE would be read without end).
 void checkTopologyFile(const std::string& path);
+
+/// The machine from sysfs alone (under `opts.sysfsRoot`): PCI devices, their bridges, NUMA
+/// nodes and link speeds, the same fields hwloc gives, without the XML. `why` says why hwloc
+/// was not used (it goes into `source`).
+Topology discoverSysfs(const DiscoverOptions& opts, const std::string& why);
+
+/// topo.nics: the RDMA devices, then the other interfaces, each by bus id (both readers).
+void sortNics(std::vector<Nic> rdma, std::vector<Nic> net, Topology& topo);
 
 /// Path between two PCI devices (the rule behind Topology::path).
 Path pathBetween(const PciDevice& a, const PciDevice& b);

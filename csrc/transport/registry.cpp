@@ -6,10 +6,24 @@
 #include "transport/net.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/socket/socket_transport.h"
+#ifdef RAILCC_HAVE_VERBS
 #include "transport/verbs/verbs_transport.h"
+#endif
 
 namespace railcc::transport {
 namespace {
+
+#ifndef RAILCC_HAVE_VERBS
+// Built without rdma-core's header: the transport is listed, and says why it never opens.
+struct NoVerbs : Transport {
+  std::string name() const override { return "verbs"; }
+  bool interHost() const override { return true; }
+  std::unique_ptr<Setup> open(const SetupContext&, std::string& whyNot) override {
+    whyNot = "this railcc was built without rdma-core's headers (libibverbs-dev), so it has no verbs transport";
+    return nullptr;
+  }
+};
+#endif
 
 struct Registry {
   std::mutex mu;
@@ -17,7 +31,11 @@ struct Registry {
   Registry() {
     // name, preference (lower first), factory
     add({"shm", 10, shm::makeTransport});
+#ifdef RAILCC_HAVE_VERBS
     add({"verbs", 50, verbs::makeTransport});
+#else
+    add({"verbs", 50, [] { return std::unique_ptr<Transport>(new NoVerbs); }});
+#endif
     add({"socket", 100, socket::makeTransport});
   }
   void add(Registered r) { byName[r.name] = std::move(r); }

@@ -271,7 +271,10 @@ def main(argv=None):
         print(f"railcc topo{' --all-ranks' if a.all_ranks else ''}: {_why(e)}", file=sys.stderr)
         return 1
     dump = a.dump or os.environ.get("RAILCC_TOPO_DUMP_FILE", "")
-    if dump:
+    if dump and not t["xml"]:
+        print(f"railcc topo: --dump {dump} not written: the topology came from {t['source']}, and only hwloc "
+              "writes XML", file=sys.stderr)
+    elif dump:
         try:
             write_file(dump, t["xml"], f"--dump {dump}" if a.dump else f"RAILCC_TOPO_DUMP_FILE={dump}")
         except UsageError as e:

@@ -12,6 +12,9 @@
 // csrc/cuda/plugin.cu.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -38,9 +41,14 @@ constexpr int kNotReady = 600;
 // from inside its own drain, and ranks are threads.
 std::recursive_mutex gFakeMu;
 
+// While set, a stream stops at its "kernel that never finishes" (Fake::hangAsync).
+std::atomic<bool> gHung{false};
+std::atomic<long> gQueries{0};  // eventQuery calls: how often somebody asked the "GPU"
+
 struct FakeStream {
   std::deque<std::function<void()>> q;
   uint64_t queued = 0, done = 0;
+  uint64_t hangAt = ~uint64_t(0);  // position of a kernel that never finishes
 };
 struct FakeEvent {
   FakeEvent* alias = nullptr;  // an event opened from an IPC handle refers to the original
@@ -77,11 +85,18 @@ struct Fake {
   }
   static int eventQuery(void* e) {
     std::lock_guard<std::recursive_mutex> g(gFakeMu);
+    gQueries.fetch_add(1);
     auto* ev = static_cast<FakeEvent*>(e)->self();
     if (!ev->s) return 0;
     if (++ev->polls % 2 == 1) return kNotReady;
     drain(ev->s, ev->at);
-    return 0;
+    return ev->s->done >= ev->at ? 0 : kNotReady;
+  }
+  // A kernel that runs until gHung is cleared (a test's stand-in for torch.cuda._sleep).
+  static void hangAsync(void* s) {
+    std::lock_guard<std::recursive_mutex> g(gFakeMu);
+    static_cast<FakeStream*>(s)->hangAt = static_cast<FakeStream*>(s)->queued;
+    enqueue(s, [] {});
   }
   // The wait binds to the event's latest record at the time of the call, as in CUDA.
   static int streamWaitEvent(void* s, void* e) {
@@ -128,6 +143,7 @@ struct Fake {
   static void drain(FakeStream* s, uint64_t upTo) {
     std::lock_guard<std::recursive_mutex> g(gFakeMu);
     while (s->done < upTo && !s->q.empty()) {
+      if (s->done == s->hangAt && gHung) return;
       auto f = std::move(s->q.front());
       s->q.pop_front();
       ++s->done;
@@ -534,6 +550,67 @@ TEST(StagedErrors, MissingPluginIsAClearDeviceError) {
   // test is the first to load it.
   if (!deviceApiAvailable(&why)) EXPECT_NE(why.find("CUDA plugin"), std::string::npos) << why;
   unsetenv("RAILCC_CUDA_PLUGIN");
+}
+
+// A kernel that never finishes on the caller's stream, before an op that completes once its
+// GPU work is queued (CUDA IPC on the caller's stream): the call returns, and after the op's
+// timeout the watchdog thread, which sleeps between checks instead of polling the GPU, fails
+// the group naming the op and the stream; the next call on the group raises that error.
+TEST(StagedErrors, GpuWorkThatNeverFinishesIsTimedOutByTheWatchdog) {
+  setDeviceApiForTesting(&kFake);
+  gHung = true;
+  std::vector<std::unique_ptr<FakeStream>> streams;
+  std::vector<std::unique_ptr<FakeEvent>> ready;
+  for (int r = 0; r < 2; ++r) {
+    streams.push_back(std::make_unique<FakeStream>());  // the caller's
+    streams.push_back(std::make_unique<FakeStream>());  // the group's
+    ready.push_back(std::make_unique<FakeEvent>());
+  }
+  std::atomic<int> checked{0};
+  runRanks({2, true, 4096, true}, [&](Communicator& c) {
+    const size_t me = static_cast<size_t>(c.rank());
+    void* caller = streams[2 * me].get();
+    void* s = streams[2 * me + 1].get();
+    Fake::hangAsync(caller);
+    Fake::eventRecord(ready[me].get(), caller);
+    const Placement on{0, s, ready[me].get(), /*queued=*/true};
+    std::vector<float> v(1000, 1.0f);
+    waitOk(c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(300), on));
+    const long before = gQueries.load();
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!c.brokenError() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30))
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const long polls = gQueries.load() - before;
+    ASSERT_TRUE(c.brokenError()) << "rank " << me << ": the group did not fail";
+    // Waiting costs a query per watchdog wake-up (about one a second), not a spinning core.
+    EXPECT_LT(polls, 50) << "the GPU was polled " << polls << " times while the op hung";
+    char stream[32];
+    std::snprintf(stream, sizeof(stream), "%p", s);
+    try {
+      std::rethrow_exception(c.brokenError());
+    } catch (const Error& e) {
+      std::string what = e.what();
+      if (e.code() == ErrorCode::kPeerFailure) {  // the peer's watchdog was first, and told us
+        EXPECT_NE(what.find("did not finish on the GPU"), std::string::npos) << what;
+      } else {
+        EXPECT_EQ(e.code(), ErrorCode::kTimeout) << what;
+        EXPECT_NE(what.find("allreduce (seq "), std::string::npos) << what;
+        EXPECT_NE(what.find("did not finish on the GPU within 300 ms"), std::string::npos) << what;
+        EXPECT_NE(what.find(std::string("stream ") + stream), std::string::npos) << what;
+        EXPECT_EQ(e.op, "allreduce");
+      }
+    }
+    // The next call raises at once, on host buffers too.
+    std::vector<float> h(10, 1.0f);
+    auto next = c.allreduce(h.data(), h.size(), DataType::kFloat32, ReduceOp::kSum);
+    ASSERT_TRUE(next->wait(Millis(60000)));
+    EXPECT_TRUE(next->error());
+    // The "kernel" ends once both ranks have looked, so teardown does not wait for it.
+    checked.fetch_add(1);
+    while (checked.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    gHung = false;
+  });
+  setDeviceApiForTesting(nullptr);
 }
 
 }  // namespace

@@ -2,7 +2,11 @@
 // (see make_topologies.py there) and against this machine.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <set>
 
@@ -221,3 +225,143 @@ TEST(RailCheck, AHostileRailCountIsReportedNotAllocated) {
     EXPECT_EQ(c.hosts, 1) << bad;  // b is left out
   }
 }
+
+namespace {
+
+// Without hwloc (the GPU images may lack it) the topology comes from sysfs, and says so.
+TEST(Topology, SysfsGivesThisMachineAsHwlocDoes) {
+  Topology viaHwloc = discover({});
+  DiscoverOptions o;
+  o.sysfs = true;
+  Topology viaSysfs = discover(o);
+  EXPECT_EQ(viaHwloc.method, "hwloc");
+  EXPECT_EQ(viaSysfs.method, "sysfs");
+  EXPECT_NE(viaSysfs.source.find("this machine (sysfs"), std::string::npos) << viaSysfs.source;
+  EXPECT_TRUE(viaSysfs.xml.empty());
+  EXPECT_EQ(viaSysfs.numaNodes, viaHwloc.numaNodes);
+  EXPECT_EQ(viaSysfs.gpus.size(), viaHwloc.gpus.size());
+  ASSERT_EQ(viaSysfs.nics.size(), viaHwloc.nics.size());
+  for (size_t i = 0; i < viaHwloc.nics.size(); ++i) {
+    const Nic &a = viaHwloc.nics[i], &b = viaSysfs.nics[i];
+    EXPECT_EQ(b.name, a.name);
+    EXPECT_EQ(b.rdma, a.rdma);
+    EXPECT_EQ(b.netdevs, a.netdevs);
+    EXPECT_EQ(b.pci.busId, a.pci.busId);
+    EXPECT_EQ(b.pci.chain, a.pci.chain);
+    EXPECT_EQ(b.pci.numa, a.pci.numa);
+  }
+}
+
+TEST(Topology, HwlocThatCannotBeLoadedFallsBackToSysfsAndSaysWhy) {
+  DiscoverOptions o;
+  o.hwlocLib = "/nonexistent/libhwloc.so.15";
+  Topology t = discover(o);
+  EXPECT_EQ(t.method, "sysfs");
+  EXPECT_NE(t.source.find("hwloc not loaded: cannot load /nonexistent/libhwloc.so.15"), std::string::npos) << t.source;
+  // An XML file needs hwloc: a clear error rather than an empty machine.
+  o.xmlFile = topoFile("dgx_h100.xml");
+  try {
+    discover(o);
+    FAIL() << "an XML file was read without hwloc";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidUsage);
+    EXPECT_NE(std::string(e.what()).find("needs hwloc"), std::string::npos) << e.what();
+  }
+}
+
+// A fake sysfs: one GPU and a ConnectX behind one PCIe switch on socket 0, a second GPU on
+// socket 1, and a virtio interface on the root bus.
+class FakeSysfs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/railcc-sysfs-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    root = tmpl;
+  }
+  void TearDown() override { EXPECT_EQ(std::system(("rm -rf " + root).c_str()), 0); }
+  void mkdirs(const std::string& rel) {
+    for (size_t j = rel.find('/');; j = rel.find('/', j + 1)) {
+      mkdir((root + "/" + rel.substr(0, j)).c_str(), 0755);
+      if (j == std::string::npos) break;
+    }
+  }
+  void file(const std::string& rel, const std::string& text) { std::ofstream(root + "/" + rel) << text << "\n"; }
+  void link(const std::string& rel, const std::string& target) {
+    ASSERT_EQ(symlink((root + "/" + target).c_str(), (root + "/" + rel).c_str()), 0) << rel;
+  }
+  // A PCI function at `path` below sys/devices, listed in sys/bus/pci/devices.
+  void pci(const std::string& path, const char* vendor, const char* cls, int numa, const char* speed = nullptr) {
+    std::string dir = "sys/devices/" + path;
+    mkdirs(dir);
+    file(dir + "/vendor", vendor);
+    file(dir + "/class", cls);
+    file(dir + "/numa_node", std::to_string(numa));
+    if (speed) file(dir + "/current_link_speed", speed), file(dir + "/current_link_width", "16");
+    link("sys/bus/pci/devices/" + path.substr(path.rfind('/') + 1), dir);
+  }
+  std::string root;
+};
+
+TEST_F(FakeSysfs, GpusNicsAndPathsComeFromTheDeviceTree) {
+  mkdirs("sys/bus/pci/devices");
+  mkdirs("sys/class/net");
+  mkdirs("sys/class/infiniband");
+  mkdirs("sys/devices/system/node/node0");
+  mkdirs("sys/devices/system/node/node1");
+  const std::string sw = "pci0000:00/0000:00:01.0/0000:01:00.0";
+  pci("pci0000:00/0000:00:01.0", "0x8086", "0x060400", 0);
+  pci(sw, "0x10b5", "0x060400", 0);
+  pci(sw + "/0000:02:00.0", "0x10b5", "0x060400", 0);
+  pci(sw + "/0000:02:01.0", "0x10b5", "0x060400", 0);
+  pci(sw + "/0000:02:00.0/0000:03:00.0", "0x10de", "0x030200", 0, "32.0 GT/s PCIe");
+  pci(sw + "/0000:02:01.0/0000:04:00.0", "0x15b3", "0x020700", 0, "16.0 GT/s PCIe");
+  pci("pci0000:80/0000:80:01.0/0000:81:00.0", "0x10de", "0x030200", 1);
+  pci("pci0000:00/0000:00:03.0", "0x1af4", "0x020000", -1);
+  mkdirs("sys/devices/pci0000:00/0000:00:03.0/virtio2/net/eth0");
+  link("sys/class/net/eth0", "sys/devices/pci0000:00/0000:00:03.0/virtio2/net/eth0");
+  link("sys/devices/pci0000:00/0000:00:03.0/virtio2/net/eth0/device", "sys/devices/pci0000:00/0000:00:03.0/virtio2");
+  const std::string nic = "sys/devices/" + sw + "/0000:02:01.0/0000:04:00.0";
+  mkdirs(nic + "/net/ib0");
+  mkdirs(nic + "/infiniband/mlx5_0");
+  link("sys/class/net/ib0", nic + "/net/ib0");
+  link(nic + "/net/ib0/device", nic);
+  link("sys/class/infiniband/mlx5_0", nic + "/infiniband/mlx5_0");
+  link(nic + "/infiniband/mlx5_0/device", nic);
+  mkdirs("sys/devices/virtual/net/lo");
+  link("sys/class/net/lo", "sys/devices/virtual/net/lo");
+
+  DiscoverOptions o;
+  o.sysfs = true;
+  o.sysfsRoot = root;
+  Topology t = discover(o);
+  EXPECT_EQ(t.method, "sysfs");
+  EXPECT_NE(t.source.find(root), std::string::npos) << t.source;
+  EXPECT_EQ(t.numaNodes, 2);
+  ASSERT_EQ(t.gpus.size(), 2u);
+  EXPECT_EQ(t.gpus[0].pci.busId, "0000:03:00.0");
+  EXPECT_EQ(t.gpus[0].pci.chain, (std::vector<std::string>{"0000:00:01.0", "0000:01:00.0", "0000:02:00.0"}));
+  EXPECT_EQ(t.gpus[0].pci.root, "pci0000:00");
+  EXPECT_NEAR(t.gpus[0].pci.linkGBs, 63.0, 0.1);
+  EXPECT_EQ(t.gpus[1].pci.numa, 1);
+  ASSERT_EQ(t.nics.size(), 2u);
+  EXPECT_EQ(t.nics[0].name, "mlx5_0");
+  EXPECT_TRUE(t.nics[0].rdma);
+  EXPECT_EQ(t.nics[0].netdevs, std::vector<std::string>{"ib0"});
+  EXPECT_EQ(t.nics[1].name, "eth0");
+  EXPECT_EQ(t.nics[1].pci.busId, "0000:00:03.0");
+  EXPECT_EQ(t.nics[1].pci.numa, -1);  // two nodes and no numa_node: unknown, as hwloc says
+  EXPECT_EQ(t.path(0, 0), Path::kPIX);
+  EXPECT_EQ(t.path(1, 0), Path::kSYS);
+  EXPECT_EQ(t.path(0, 1), Path::kPHB);
+  // The runtime's bus ids, in its order; one the tree lacks is said to be missing.
+  o.gpuBusIds = {"00000000:81:00.0", "0000:03:00.0", "0000:99:00.0"};
+  t = discover(o);
+  ASSERT_EQ(t.gpus.size(), 3u);
+  EXPECT_EQ(t.gpus[0].pci.numa, 1);
+  EXPECT_TRUE(t.gpus[1].found);
+  EXPECT_FALSE(t.gpus[2].found);
+  auto a = assignRails(t, gpuRanks(2));
+  EXPECT_EQ(a[1].nic, 0);
+}
+
+}  // namespace

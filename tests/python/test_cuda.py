@@ -200,6 +200,49 @@ def rk_cuda_errors(rank, n):
     return bad
 
 
+def rk_cuda_gpu_hang(rank, n):
+    """A kernel that sleeps past the op's timeout on the caller's stream, then an all_reduce:
+    the call returns (through CUDA IPC it completes once its GPU work is queued), the watchdog
+    fails the group after the timeout naming the op and the stream, with no core busy while it
+    waits, and the next call raises CollectiveTimeoutError."""
+    import resource
+    import time
+    from datetime import timedelta
+
+    dev = _dev(rank)
+    bad = []
+    g = dist.new_group(list(range(n)), timeout=timedelta(seconds=3))
+    t = torch.ones(1024, device=dev)
+    dist.all_reduce(t, group=g)  # maps the peers' pools
+    torch.cuda.synchronize()
+    start = time.monotonic()
+    torch.cuda._sleep(50_000_000)
+    torch.cuda.synchronize()
+    cycles_per_s = 50_000_000 / (time.monotonic() - start)
+    torch.cuda._sleep(int(cycles_per_s * 9))  # past the 3 s timeout and the wait below
+    dist.all_reduce(t, group=g)  # returns: nothing waits for the GPU
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu0, wall0 = usage.ru_utime + usage.ru_stime, time.monotonic()
+    time.sleep(5.5)  # the timeout, and the watchdog's check at most a second after it
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = usage.ru_utime + usage.ru_stime - cpu0
+    if cpu > 0.5 * (time.monotonic() - wall0):
+        bad.append(f"{cpu:.2f} s of CPU over {time.monotonic() - wall0:.1f} s while the GPU op hung: a core spins")
+    try:
+        dist.all_reduce(t, group=g)
+        bad.append("the call after a GPU op that never finished did not raise")
+    except railcc.CollectiveTimeoutError as e:
+        for want in ("allreduce (seq", "did not finish on the GPU within 3000 ms", "stream 0x"):
+            if want not in str(e):
+                bad.append(f"timeout message lacks {want!r}: {e}")
+    except railcc.PeerFailureError as e:  # the peer's watchdog was first and told this rank
+        if "did not finish on the GPU" not in str(e):
+            bad.append(f"peer failure without the GPU timeout: {e}")
+    torch.cuda.synchronize()  # the sleeping kernel ends
+    dist.destroy_process_group(g)
+    return bad
+
+
 # ------------------------------------------------------------------------- tests
 
 # Small buffers, so that ops cross many chunks; "ipc" is the default path for ranks of one host,
@@ -241,6 +284,12 @@ def test_cuda_semantics(pools, n, fn, path):
 @pytest.mark.parametrize("n", [2, 3])
 def test_cuda_over_tcp(pools, n):
     run_all(pools(n, RAILCC_SHM_DISABLE="1", **SMALL_STAGING), rk_cuda_movement, [13, 20011], timeout=600)
+
+
+@needs_gpu
+@pytest.mark.parametrize("n", [2])
+def test_cuda_watchdog_times_out_a_gpu_op_that_never_finishes(pools, n):
+    run_all(pools(n), rk_cuda_gpu_hang, timeout=120)
 
 
 def train_on_cuda(script, world_size, extra, tmp_path, monkeypatch):

@@ -139,6 +139,20 @@ def test_this_machine_for_real():
     assert p.stdout.rstrip().splitlines()[-1].startswith("0 failed")
 
 
+def test_topology_row_names_where_the_engine_reads_the_machine(tmp_path):
+    """hwloc here; with hwloc not loadable (as on GPU images without it) sysfs, and why."""
+    r = doctor()
+    assert r["by"]["topology"]["verdict"] == "ok", r["by"]["topology"]
+    assert "this machine (hwloc 2." in r["by"]["topology"]["found"]
+    r = doctor(RAILCC_HWLOC_LIB="/nonexistent/libhwloc.so.15")
+    row = r["by"]["topology"]
+    assert row["verdict"] == "ok", row
+    assert "this machine (sysfs; hwloc not loaded: cannot load /nonexistent/libhwloc.so.15" in row["found"]
+    assert "libhwloc15" in row["fix"]
+    # A fake host's tree is the doctor's alone: the engine's topology is not asked for.
+    assert doctor(root=fake_hosts.dgx(tmp_path))["by"]["topology"]["verdict"] == "n/a"
+
+
 def test_bad_arguments_are_refused():
     for args, msg in ((["--root", "/nonexistent-root"], "is not a directory"), (["--local-ranks", "0"], "from 1 to 4096"),
                       (["--all-ranks"], "needs torchrun's")):

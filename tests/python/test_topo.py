@@ -37,6 +37,23 @@ def test_this_machine_says_it_has_no_gpu_and_still_shows_numa_and_interfaces():
 
 
 @pytest.mark.timeout(180)
+def test_without_hwloc_the_machine_comes_from_sysfs_and_says_why():
+    """The GPU images may lack hwloc: the same machine, read from sysfs, named as such."""
+    with_hwloc = topo("--json")
+    r = topo("--json", env={"RAILCC_HWLOC_LIB": "/nonexistent/libhwloc.so.15"})
+    assert with_hwloc.returncode == 0 and r.returncode == 0, with_hwloc.stderr + r.stderr
+    a, b = json.loads(with_hwloc.stdout), json.loads(r.stdout)
+    assert a["method"] == "hwloc" and b["method"] == "sysfs"
+    assert b["source"].startswith("this machine (sysfs; hwloc not loaded: cannot load /nonexistent/libhwloc.so.15")
+    assert b["numa_nodes"] == a["numa_nodes"]
+    assert [(n["name"], n["bus_id"], n["numa"]) for n in b["nics"]] == [(n["name"], n["bus_id"], n["numa"]) for n in a["nics"]]
+    assert b["rails"] == a["rails"]
+    # An XML file cannot be read without hwloc: one line saying so, exit 1.
+    r = topo("--topo-file", os.path.join(TOPO, "dgx_h100.xml"), env={"RAILCC_HWLOC_LIB": "/nonexistent/x.so"})
+    assert r.returncode != 0 and "needs hwloc to be read" in r.stderr, r.stderr
+
+
+@pytest.mark.timeout(180)
 def test_dgx_like_file_gives_each_gpu_the_nic_on_its_switch(tmp_path):
     dump = tmp_path / "dump.xml"
     r = topo("--topo-file", os.path.join(TOPO, "dgx_h100.xml"), "--json", "--dump", str(dump))

@@ -5,7 +5,7 @@ namespace railcc::engine {
 // ---------------------------------------------------------------------------------------
 // Device buffers: pinned staging
 
-void CommImpl::deviceWait(const cuda::DeviceApi& api, void* ev, int device, const char* what) {
+void CommImpl::deviceWait(const cuda::DeviceApi& api, void* ev, int device, const char* what, void* stream) {
   auto t0 = Clock::now();
   Millis limit = current_ ? current_->timeout : opts_.timeout;
   for (int spins = 0;; ++spins) {
@@ -13,12 +13,27 @@ void CommImpl::deviceWait(const cuda::DeviceApi& api, void* ev, int device, cons
     if (e == 0) return;
     if (e != api.notReady) checkDevice(e, "cudaEventQuery", device);
     if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
-    if (Clock::now() - t0 > limit)
-      RAILCC_THROW(kTimeout, what, " on cuda:", device, " did not finish within ", limit.count(),
-                   " ms: the GPU is hung, or busy with work queued before this op on the caller's stream");
-    // The copies take tens of microseconds to milliseconds: poll briefly, then nap.
-    if (spins < 64) __builtin_ia32_pause();
-    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+    auto waited = Clock::now() - t0;
+    if (waited > limit) {
+      char s[32];
+      std::snprintf(s, sizeof(s), "%p", stream);
+      Error err(ErrorCode::kTimeout, std::string(what) + " on cuda:" + std::to_string(device) + " (stream " + s +
+                                         ") did not finish within " + std::to_string(limit.count()) +
+                                         " ms: the GPU is hung, or busy with work queued before this op on the caller's stream");
+      if (current_) {
+        err.seq = static_cast<long long>(current_->fp.seq);
+        err.op = opKindName(current_->kind);
+      }
+      throw err;
+    }
+    // The copies take tens of microseconds to milliseconds: poll briefly, then nap for a tenth
+    // of the time waited so far, so a GPU that takes long (or never finishes) costs no CPU.
+    if (spins < 64) {
+      __builtin_ia32_pause();
+      continue;
+    }
+    auto nap = std::chrono::duration_cast<std::chrono::microseconds>(waited / 10);
+    std::this_thread::sleep_for(std::clamp(nap, std::chrono::microseconds(20), std::chrono::microseconds(1000)));
   }
 }
 
@@ -43,6 +58,7 @@ void CommImpl::releaseDevice() {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   lastStream_ = nullptr;
+  releaseGpuWork(*api);
   releaseIpc(*api, false);
   for (auto& ev : stageEv_)
     if (ev) api->eventDestroy(ev), ev = nullptr;
@@ -165,7 +181,7 @@ void CommImpl::runStaged(const DeviceOp& dv, DataType dt, size_t slots, std::vec
     size_t set = k & 1;
     // Stream order keeps the copy back of chunk k-1 (same set) ahead of this copy out.
     if (k + 1 < chunks) toHost(k + 1, set ^ 1);
-    deviceWait(api, stageEv_[set], d, "the copy of a chunk to pinned host memory");
+    deviceWait(api, stageEv_[set], d, "the copy of a chunk to pinned host memory", stream);
     for (size_t i = 0; i < regions.size(); ++i) {
       host[i] = hostOf(set, slot[i]);
       counts[i] = piece(regions[i].count, k);
@@ -177,7 +193,7 @@ void CommImpl::runStaged(const DeviceOp& dv, DataType dt, size_t slots, std::vec
   // The op completes once its results are on the device: the staging is then free for the
   // next op, and the caller's buffers are no longer touched.
   checkDevice(api.eventRecord(stageEv_[0], stream), "cudaEventRecord", d);
-  deviceWait(api, stageEv_[0], d, "the copy of the result back to the device");
+  deviceWait(api, stageEv_[0], d, "the copy of the result back to the device", stream);
 }
 
 }  // namespace railcc::engine

@@ -201,6 +201,26 @@ def check_peermem(ctx):
                    "modprobe nvidia_peermem; to keep it: echo nvidia_peermem > /etc/modules-load.d/nvidia-peermem.conf")]
 
 
+def check_topology(ctx):
+    """Where railcc's engine gets the machine's topology (rails, GPU-NIC paths): hwloc when it
+    loads, else sysfs. The doctor's own PCI checks always read sysfs (under its root)."""
+    if ctx.sys.fake:
+        return [Result("topology", NA, f"the doctor reads the PCI tree of {ctx.sys.root}; railcc's engine reads this "
+                                        "process's machine")]
+    try:
+        from .. import _C
+
+        t = _C.topology(ctx.env.get("RAILCC_TOPO_FILE", ""), [], [])
+    except Exception as e:  # noqa: BLE001 - the engine would go without a topology too
+        return [Result("topology", WARN, f"unknown ({e}): railcc picks interfaces and rails without it",
+                       "install hwloc 2.x (libhwloc15) or make /sys readable")]
+    found = f"from {t['source']}: {len(t['gpus'])} GPU(s), {len(t['nics'])} NIC(s), {t['numa_nodes']} NUMA node(s)"
+    if t.get("method") == "sysfs":
+        return [Result("topology", OK, found + "; the same facts hwloc gives, without XML dumps (RAILCC_TOPO_DUMP_FILE)",
+                       "optional: install hwloc 2.x (libhwloc15) or set RAILCC_HWLOC_LIB, for hwloc's view and dumps")]
+    return [Result("topology", OK, found)]
+
+
 def check_gdr(ctx):
     if not ctx.gpus or not ctx.nics():
         return [Result("gdr path", NA, "needs a GPU and an RDMA NIC on the PCI bus")]
@@ -489,7 +509,7 @@ def check_env(ctx):
     return out or [Result("env", OK, "no RAILCC_* or NCCL_* variable set: defaults everywhere")]
 
 
-CHECKS = [check_gpus, check_cuda_plugin, check_dmabuf, check_peermem, check_gdr, check_iommu, check_acs,
+CHECKS = [check_gpus, check_cuda_plugin, check_topology, check_dmabuf, check_peermem, check_gdr, check_iommu, check_acs,
           check_rdma, check_memlock, check_network, check_shm, check_numa, check_env]
 
 

@@ -1,0 +1,55 @@
+"""scripts/gpu_check.sh, the first-GPU run, without a GPU: the scripts parse, and the bench
+verdicts it writes (scripts/gpu_check_targets.py) read the reports as railcc-bench writes them.
+The whole dry run (bash scripts/gpu_check.sh --dry-run) rebuilds the extension, so it is left
+to the command line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SCRIPTS = os.path.join(ROOT, "scripts")
+
+
+@pytest.mark.parametrize("script", ["gpu_check.sh", "cmake_build.sh", "check_bare_build.sh"])
+def test_scripts_parse(script):
+    r = subprocess.run(["bash", "-n", os.path.join(SCRIPTS, script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_help_and_bad_arguments():
+    r = subprocess.run(["bash", os.path.join(SCRIPTS, "gpu_check.sh"), "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "--dry-run" in r.stdout and "summary.md" in r.stdout
+    r = subprocess.run(["bash", os.path.join(SCRIPTS, "gpu_check.sh"), "--bogus"], capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown argument" in r.stderr
+
+
+def _report(ranks, time_us, fraction, ratio):
+    size = 256 << 20
+    rows = [{"backend": b, "op": "all_reduce", "size": s, "count": s // 4, "type": "float", "redop": "sum",
+             "root": -1, "inplace": False, "time_us": t, "algbw": s / t / 1e3, "busbw": s / t / 1e3, "wrong": 0}
+            for b, t in (("railcc", time_us), ("gloo", time_us * ratio)) for s in (1024, size)]
+    return {"meta": {"world_size": ranks}, "results": rows, "ratios": [
+        {"op": "all_reduce", "size": size, "backend": "railcc", "vs": "gloo", "ratio": ratio}],
+        "bound": {"fractions": [{"backend": "railcc", "op": "all_reduce", "size": size, "fraction": fraction},
+                                {"backend": "gloo", "op": "all_reduce", "size": size, "fraction": fraction / ratio}]},
+        "not_run": []}
+
+
+def test_targets_read_the_largest_all_reduce(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_report(2, 5000.0, 0.55, 12.0)))
+    b.write_text(json.dumps(_report(4, 9000.0, 0.31, 7.5)))
+    merged = tmp_path / "merged.json"
+    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "gpu_check_targets.py"), str(merged), str(a), str(b),
+                        str(tmp_path / "missing.json")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("- 2 ranks, all_reduce 268435456 B: 5000 us")
+    assert "55% (meets 40%)" in lines[0] and "12.0x (meets 10x)" in lines[0]
+    assert "31% (below 40%)" in lines[1] and "7.5x (below 10x)" in lines[1]
+    assert "missing.json: no report" in lines[2]
+    assert [x["meta"]["world_size"] for x in json.loads(merged.read_text())] == [2, 4]
