@@ -2,9 +2,10 @@
 
 #include <dlfcn.h>
 
-#include <map>
 #include <memory>
-#include <mutex>
+#include <string>
+
+#include "common/load_once.h"
 
 namespace railcc::topology::hw {
 namespace {
@@ -60,19 +61,7 @@ std::string Lib::version() const {
 }
 
 const Lib* hwlocLib(const std::string& override, std::string* whyNot) {
-  static std::mutex mu;
-  static std::map<std::string, std::unique_ptr<Lib>> loaded;
-  std::string name = override.empty() ? "libhwloc.so.15" : override;
-  std::lock_guard<std::mutex> g(mu);
-  auto it = loaded.find(name);
-  if (it != loaded.end()) return it->second.get();
-  std::string why;
-  auto lib = load(name, &why);
-  if (!lib) {
-    if (whyNot) *whyNot = why;
-    return nullptr;
-  }
-  return (loaded[name] = std::move(lib)).get();
+  return loadOnce<Lib>(override.empty() ? "libhwloc.so.15" : override, &load, whyNot);
 }
 
 }  // namespace railcc::topology::hw

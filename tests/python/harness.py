@@ -8,12 +8,17 @@ timeout kills the pool, so a hang fails one test instead of hanging CI.
 """
 
 import importlib
+import json
 import multiprocessing as mp
 import os
 import queue
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
+
+INIT_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "init_worker.py")
 
 
 def _worker(rank, world_size, backend, store_path, tasks, results, env):
@@ -134,3 +139,19 @@ class RankPool:
                 p.kill()
         for p in self._procs:
             p.join(5)
+
+
+def spawn_worker(rank, world, store, env=None, args=()):
+    """One rank of a job as its own process (init_worker.py over the FileStore `store`), for
+    tests that drive set-up from outside the ranks."""
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.Popen([sys.executable, INIT_WORKER, str(rank), str(world), store, *args], env=e,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def worker_result(p, timeout):
+    """(the JSON line init_worker.py printed, its stderr)."""
+    out, err = p.communicate(timeout=timeout)
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    return (json.loads(lines[-1]) if lines else {"ok": False, "error": "no result"}), err

@@ -141,17 +141,8 @@ def _listening_ports(pid):
     return ports
 
 
-def _spawn(rank, world, store, env=None, args=()):
-    e = dict(os.environ)
-    e.update(env or {})
-    return subprocess.Popen([sys.executable, WORKER, str(rank), str(world), store, *args], env=e,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _result(p, timeout):
-    out, err = p.communicate(timeout=timeout)
-    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-    return (json.loads(lines[-1]) if lines else {"ok": False, "error": "no result"}), err
+_spawn = harness.spawn_worker
+_result = harness.worker_result
 
 
 def _idle_strangers_round(tmp_path, attempt):

@@ -18,23 +18,12 @@ import torch.distributed as dist
 
 import harness
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "init_worker.py")
 # The default group's keys, as torch prefixes them in the store it hands the backend.
 PG_PREFIX = "0//cpu//"
 
 
-def _spawn(rank, world, store, env=None, args=()):
-    e = dict(os.environ)
-    e.update(env or {})
-    return subprocess.Popen([sys.executable, WORKER, str(rank), str(world), store, *args], env=e,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _result(p, timeout):
-    out, err = p.communicate(timeout=timeout)
-    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-    return (json.loads(lines[-1]) if lines else {"ok": False, "error": "no result"}), err
+_spawn = harness.spawn_worker
+_result = harness.worker_result
 
 
 # ------------------------------------------------- a malformed failure record (item 1)

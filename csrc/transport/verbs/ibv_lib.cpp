@@ -2,9 +2,10 @@
 
 #include <dlfcn.h>
 
-#include <map>
 #include <memory>
-#include <mutex>
+#include <string>
+
+#include "common/load_once.h"
 
 namespace railcc::transport::verbs {
 namespace {
@@ -63,19 +64,7 @@ std::unique_ptr<IbvLib> load(const std::string& name, std::string* whyNot) {
 }  // namespace
 
 const IbvLib* ibvLib(const std::string& override, std::string* whyNot) {
-  static std::mutex mu;
-  static std::map<std::string, std::unique_ptr<IbvLib>> loaded;
-  std::string name = override.empty() ? "libibverbs.so.1" : override;
-  std::lock_guard<std::mutex> g(mu);
-  auto it = loaded.find(name);
-  if (it != loaded.end()) return it->second.get();
-  std::string why;
-  auto lib = load(name, &why);
-  if (!lib) {
-    if (whyNot) *whyNot = why;
-    return nullptr;
-  }
-  return (loaded[name] = std::move(lib)).get();
+  return loadOnce<IbvLib>(override.empty() ? "libibverbs.so.1" : override, &load, whyNot);
 }
 
 }  // namespace railcc::transport::verbs
