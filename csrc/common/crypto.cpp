@@ -1,4 +1,4 @@
-#include "transport/socket/auth.h"
+#include "common/crypto.h"
 
 #include <sys/random.h>
 
@@ -8,7 +8,7 @@
 #include "common/error.h"
 #include "common/strings.h"
 
-namespace railcc::transport::socket {
+namespace railcc {
 namespace {
 
 constexpr uint32_t kRound[64] = {
@@ -121,4 +121,4 @@ std::string randomHex(size_t n) {
   return toHex(b.data(), b.size());
 }
 
-}  // namespace railcc::transport::socket
+}  // namespace railcc

@@ -6,7 +6,10 @@
 #include <string>
 #include <vector>
 
-namespace railcc::transport::socket {
+// Hashes and randomness every layer may need: SHA-256, HMAC-SHA256 (the TCP handshake, the
+// auth key), and unguessable names and secrets from the kernel.
+
+namespace railcc {
 
 using Digest = std::array<uint8_t, 32>;
 
@@ -25,4 +28,4 @@ std::vector<uint8_t> randomBytes(size_t n);
 /// Lower-case hex of `n` random bytes: names and tokens that must not be guessable.
 std::string randomHex(size_t n);
 
-}  // namespace railcc::transport::socket
+}  // namespace railcc

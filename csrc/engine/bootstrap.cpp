@@ -1,8 +1,6 @@
 #include "engine/comm_impl.h"
 
-#include "transport/socket/auth.h"
-#include "transport/socket/rendezvous.h"
-#include "transport/socket/socket_transport.h"
+#include "common/crypto.h"
 
 namespace railcc::engine {
 
@@ -217,7 +215,7 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   if (!cfg.authKeyFile.empty()) {
     // The store's secret alone proves only that a process can read the store; the key file's
     // content, which never enters the store, is what a connecting rank must also hold.
-    transport::socket::Digest d = transport::socket::hmacSha256(readAuthKey(cfg.authKeyFile), ctx.secret);
+    Digest d = hmacSha256(readAuthKey(cfg.authKeyFile), ctx.secret);
     ctx.secret.assign(d.begin(), d.end());
   }
   for (const PeerInfo& p : peers_) ctx.peers.push_back({p.rank, p.hostId, p.hostname, p.pid, p.pidNs, "", 1});
@@ -379,7 +377,7 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   }
   for (auto& o : open) {
     o.setup->finish();
-    if (auto d = transport::shm::domainOf(o.setup.get())) shm_ = d;
+    if (auto d = o.setup->localDomain()) local_ = d;
   }
 }
 
@@ -454,7 +452,7 @@ void CommImpl::bootstrap(Store& store) {
         // Only peers we will share memory with, and only in our pid namespace: a pid of another
         // namespace names some other process here, or none.
         if (cfg.shmDisable || p.pid <= 0 || p.rank == rank_ || p.hostId != hostId || p.pidNs != pidNamespace() ||
-            !transport::shm::processGone(p.pid))
+            !transport::processGone(p.pid))
           continue;
         Error err(ErrorCode::kPeerFailure, "railcc init of group '" + opts_.name + "': " + rankName(p.rank) +
                                                " (host " + p.hostname + ", pid " + std::to_string(p.pid) +
@@ -484,7 +482,7 @@ void CommImpl::bootstrap(Store& store) {
   // TCP connection proves it holds it by challenge-response before we read into a buffer.
   std::string secret;
   if (rank_ == 0) {
-    secret = transport::socket::randomHex(32);
+    secret = randomHex(32);
     store.set("secret", secret);
   } else {
     secret = getFrom("secret", 0, "group secret");

@@ -37,7 +37,8 @@
 #include "engine/device.h"
 #include "engine/rail_check.h"
 #include "engine/telemetry.h"
-#include "transport/shm/shm_transport.h"
+#include "transport/local.h"
+#include "transport/net.h"
 #include "transport/transport.h"
 
 namespace railcc::engine {
@@ -254,23 +255,34 @@ class CommImpl {
                              double scale);
   void pairwiseAllgather(const std::vector<int>& g, char* buf, size_t count, size_t es);
   void runBroadcastRing(char* buf, size_t bytes, int root);
+  // algorithms/direct.cpp: the other ops' host algorithms (the rule where there is a choice)
+  void runBroadcast(char* buf, size_t bytes, int root);
+  void runBroadcastChain(char* buf, size_t bytes, int root);
+  void runReduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale, int root);
+  void runAllgather(const char* in, size_t bytes, const std::vector<char*>& outs);
+  void runReduceScatter(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op, double scale);
+  void runAlltoall(const std::vector<char*>& ins, const std::vector<size_t>& inCounts, const std::vector<char*>& outs,
+                   const std::vector<size_t>& outCounts, DataType dt);
+  void runGather(const char* in, size_t bytes, const std::vector<char*>& outs, int root);
+  void runScatter(const std::vector<char*>& ins, char* out, size_t bytes, int root);
+  void runBarrier();
   void runAllgatherRing(const char* mine, const std::vector<size_t>& sizes, const std::vector<char*>& outs,
                         bool headers);
   // Every same-host rank's broadcast ring, as an op that moves data through them sees them.
   struct Rings {
-    transport::shm::BcastRing own;
-    std::vector<transport::shm::BcastRing> of;  // by rank; ours is empty
+    transport::BroadcastRing own;
+    std::vector<transport::BroadcastRing> of;  // by rank; ours is empty
     std::vector<int> consumers;                 // local indices of the peers reading ours
-    std::vector<transport::shm::SegmentHeader*> wake;
+    std::vector<transport::Doorbell*> wake;
     std::vector<std::pair<int, int>> on;  // the collective lane of every peer
     int myIdx = 0;
   };
   Rings rings();
   // Bytes of one rank's slice per chunk of the two-shot all-reduce: a multiple of 64, so that
-  // a chunk's n-1 slices (block A) stay within BcastRing::blockMax(); 0 where rings are too
+  // a chunk's n-1 slices (block A) stay within BroadcastRing::blockMax(); 0 where rings are too
   // small for it.
   size_t ringSlice() const {
-    const transport::shm::BcastRing own = shm_->bcastRing(-1);
+    const transport::BroadcastRing own = local_->broadcastRing(-1);
     size_t cap = own.capacity(), slice = cap / 2 / static_cast<size_t>(size_) / 64 * 64;
     return cap % 64 == 0 && slice >= 64 && (static_cast<size_t>(size_) - 1) * slice <= own.blockMax() ? slice : 0;
   }
@@ -306,6 +318,9 @@ class CommImpl {
     char* dev;
     size_t count;  // elements
     bool in, out;  // copied to host before / back to the device after
+    static Region input(char* p, size_t n) { return {p, n, true, false}; }
+    static Region output(char* p, size_t n) { return {p, n, false, true}; }
+    static Region inOut(char* p, size_t n) { return {p, n, true, true}; }
   };
   using StagedBody = std::function<void(const std::vector<char*>& host, const std::vector<size_t>& counts)>;
   // `slots` is the most regions any rank of the group passes for this op, so every rank cuts
@@ -324,6 +339,15 @@ class CommImpl {
     bool agree = false;  // agree on the largest region first (alltoall: splits differ per rank)
     StagedBody host;
     std::function<void(const DeviceOp&)> ipc;
+    /// The plan of an op on one buffer.
+    static DevicePlan of(Region r, StagedBody host, std::function<void(const DeviceOp&)> ipc) {
+      DevicePlan p;
+      p.regions = {r};
+      p.slots = 1;
+      p.host = std::move(host);
+      p.ipc = std::move(ipc);
+      return p;
+    }
   };
   void runDevice(const Placement& where, DataType dt, const DevicePlan& plan);
   // An op's body: its host algorithm on host buffers; on device buffers runDevice() on the
@@ -527,7 +551,7 @@ class CommImpl {
   // Wakes our progress thread wherever it sleeps; safe against a concurrent shutdown().
   void ringSelf() {
     std::lock_guard<std::mutex> g(connMu_);
-    if (shm_) shm_->ringSelf();
+    if (local_) local_->ringSelf();
   }
 
   CommOptions opts_;
@@ -539,7 +563,7 @@ class CommImpl {
   // host's lowest rank; set only when there are two hosts or more and each has the same
   // number of ranks (two or more) sharing memory, else empty.
   std::vector<int> rail_;
-  std::shared_ptr<transport::shm::Domain> shm_;  // same-host rings and doorbell, when shm serves
+  std::shared_ptr<transport::LocalDomain> local_;  // same-host rings and doorbells, when a transport shares memory
   std::vector<std::vector<std::vector<Channel>>> chans_;  // [lane][peer][channel]
   Channel& chan(int lane, int peer, int c = 0) { return chans_[lane][static_cast<size_t>(peer)][static_cast<size_t>(c)]; }
   std::vector<char> bucket_;

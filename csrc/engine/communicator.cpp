@@ -58,11 +58,11 @@ RequestPtr Communicator::allreduce(void* buf, size_t count, DataType dt, ReduceO
   auto run = [c, dt, op, scale](char* b, size_t n) { c->runAllreduce(b, n, dt, op, scale); };
   char* b8 = static_cast<char*>(buf);
   c->setBody(*o, where, dt, [b8, count, run] { run(b8, count); }, [&] {
-    return CommImpl::DevicePlan{{{b8, count, true, true}}, 1, false,
+    return CommImpl::DevicePlan::of(CommImpl::Region::inOut(b8, count),
                 [run](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); },
                 [c, b8, count, dt, op, scale](const CommImpl::DeviceOp& dv) {
                   c->runIpcAllreduce(dv, {{b8, count}}, dt, op, scale);
-                }};
+                });
   });
   return c->enqueue(std::move(o));
 }
@@ -82,7 +82,7 @@ RequestPtr Communicator::allreduceCoalesced(std::vector<void*> bufs, std::vector
     CommImpl::DevicePlan p;
     std::vector<std::pair<char*, size_t>> segs;
     for (size_t i = 0; i < ptrs.size(); ++i) {
-      p.regions.push_back({ptrs[i], counts[i], true, true});
+      p.regions.push_back(CommImpl::Region::inOut(ptrs[i], counts[i]));
       segs.push_back({ptrs[i], counts[i]});
     }
     p.slots = p.regions.size();
@@ -99,36 +99,13 @@ RequestPtr Communicator::broadcast(void* buf, size_t count, DataType dt, int roo
   CommImpl* c = impl_.get();
   checkRoot(root, c->size_, "broadcast");
   auto o = c->collective(OpKind::kBroadcast, dt, ReduceOp::kSum, root, count, timeout);
-  auto run = [c, dt, root](char* buf, size_t count) {
-    int n = c->size_, r = c->rank_;
-    if (n == 1) return;
-    size_t bytes = count * dtypeSize(dt);
-    if (c->algoFor(AlgoOp::kBroadcast, bytes) == Algo::kRings) return c->runBroadcastRing(buf, bytes, root);
-    int pos = (r - root + n) % n;
-    // A pipelined chain: each rank forwards bytes as soon as they arrive. Once the tail has
-    // all of them it sends the root an empty message: every header on the way carries the
-    // root, so a root that the others do not agree on fails here, on both sides, instead of
-    // returning as if its data had been taken (and the mismatch surfacing one op later).
-    std::vector<Transfer> xs;
-    xs.reserve(3);
-    if (pos > 0) xs.push_back(c->recvFrom((r - 1 + n) % n, buf, bytes));
-    if (pos < n - 1) {
-      xs.push_back(c->sendTo((r + 1) % n, buf, bytes));
-      if (pos > 0) xs.back().limit = &xs.front().done;
-    }
-    if (pos == 0) xs.push_back(c->recvFrom((root + n - 1) % n, nullptr, 0));
-    c->exchange(xs);
-    if (pos == n - 1) {
-      std::vector<Transfer> ack{c->sendTo(root, nullptr, 0)};
-      c->exchange(ack);
-    }
-  };
+  auto run = [c, dt, root](char* buf, size_t count) { c->runBroadcast(buf, count * dtypeSize(dt), root); };
   char* b8 = static_cast<char*>(buf);
   c->setBody(*o, where, dt, [b8, count, run] { run(b8, count); }, [&] {
     bool isRoot = c->rank_ == root;
-    return CommImpl::DevicePlan{{{b8, count, isRoot, !isRoot}}, 1, false,
+    return CommImpl::DevicePlan::of(isRoot ? CommImpl::Region::input(b8, count) : CommImpl::Region::output(b8, count),
                 [run](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); },
-                [c, b8, count, dt, root](const CommImpl::DeviceOp& dv) { c->runIpcBroadcast(dv, b8, count, dt, root); }};
+                [c, b8, count, dt, root](const CommImpl::DeviceOp& dv) { c->runIpcBroadcast(dv, b8, count, dt, root); });
   });
   return c->enqueue(std::move(o));
 }
@@ -139,28 +116,14 @@ RequestPtr Communicator::reduce(void* buf, size_t count, DataType dt, ReduceOp o
   CommImpl* c = impl_.get();
   checkRoot(root, c->size_, "reduce");
   auto o = c->collective(OpKind::kReduce, dt, op, root, count, timeout);
-  auto run = [c, dt, op, root, scale](char* buf, size_t count) {
-    int n = c->size_, r = c->rank_;
-    size_t bytes = count * dtypeSize(dt);
-    if (r != root) {
-      std::vector<Transfer> xs{c->sendTo(root, buf, bytes)};
-      c->exchange(xs);
-      return;
-    }
-    if (op == ReduceOp::kPremulSum) scaleCopy(buf, buf, count, dt, scale);
-    for (int s = 1; s < n; ++s) {
-      std::vector<Transfer> xs{c->recvReduce((root + s) % n, buf, count, dt, op, scale)};
-      c->exchange(xs);
-    }
-    if (op == ReduceOp::kAvg) divideBy(buf, count, dt, n);
-  };
+  auto run = [c, dt, op, root, scale](char* buf, size_t count) { c->runReduce(buf, count, dt, op, scale, root); };
   char* b8 = static_cast<char*>(buf);
   c->setBody(*o, where, dt, [b8, count, run] { run(b8, count); }, [&] {
-    return CommImpl::DevicePlan{{{b8, count, true, c->rank_ == root}}, 1, false,
+    return CommImpl::DevicePlan::of(c->rank_ == root ? CommImpl::Region::inOut(b8, count) : CommImpl::Region::input(b8, count),
                 [run](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); },
                 [c, b8, count, dt, op, scale, root](const CommImpl::DeviceOp& dv) {
                   c->runIpcReduce(dv, b8, count, dt, op, scale, root);
-                }};
+                });
   });
   return c->enqueue(std::move(o));
 }
@@ -172,30 +135,15 @@ RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, st
                    " output buffers for a group of size ", c->size_);
   auto o = c->collective(OpKind::kAllgather, dt, ReduceOp::kSum, 0, count, timeout);
   auto run = [c, dt](const char* in, size_t count, const std::vector<char*>& outs) {
-    int n = c->size_, r = c->rank_;
-    size_t bytes = count * dtypeSize(dt);
-    if (outs[static_cast<size_t>(r)] != in && bytes) transport::moveBytes(outs[static_cast<size_t>(r)], in, bytes);
-    if (c->algoFor(AlgoOp::kAllgather, bytes) == Algo::kRings)
-      return c->runAllgatherRing(in, std::vector<size_t>(outs.size(), bytes), outs, true);
-    // Every peer at once: one synchronization instead of n-1, and nothing is reduced, so the
-    // order in which the pieces land does not matter.
-    std::vector<Transfer> xs;
-    xs.reserve(2 * static_cast<size_t>(n));
-    for (int s = 1; s < n; ++s) {
-      int to = (r + s) % n, from = (r - s + n) % n;
-      xs.push_back(c->sendTo(to, in, bytes));
-      xs.push_back(c->recvFrom(from, outs[static_cast<size_t>(from)], bytes));
-    }
-    c->streamPieces(xs, bytes * static_cast<size_t>(n));
-    c->exchange(xs);
+    c->runAllgather(in, count * dtypeSize(dt), outs);
   };
   std::vector<char*> o8;
   for (void* p : outs) o8.push_back(static_cast<char*>(p));
   char* in8 = const_cast<char*>(static_cast<const char*>(in));
   c->setBody(*o, where, dt, [in8, count, o8, run] { run(in8, count, o8); }, [&] {
     CommImpl::DevicePlan p;
-    p.regions.push_back({in8, count, true, false});
-    for (char* q : o8) p.regions.push_back({q, count, false, true});
+    p.regions.push_back(CommImpl::Region::input(in8, count));
+    for (char* q : o8) p.regions.push_back(CommImpl::Region::output(q, count));
     p.slots = o8.size() + 1;
     p.host = [run](const std::vector<char*>& h, const std::vector<size_t>& n) {
       run(h[0], n[0], std::vector<char*>(h.begin() + 1, h.end()));
@@ -214,32 +162,15 @@ RequestPtr Communicator::reduceScatter(std::vector<const void*> ins, void* out, 
                    " input buffers for a group of size ", c->size_);
   auto o = c->collective(OpKind::kReduceScatter, dt, op, 0, count, timeout);
   auto run = [c, dt, op, scale](const std::vector<char*>& ins, char* out, size_t count) {
-    int n = c->size_, r = c->rank_;
-    size_t bytes = count * dtypeSize(dt);
-    const char* mine = ins[static_cast<size_t>(r)];
-    Algo algo = c->algoFor(AlgoOp::kReduceScatter, bytes);
-    if (algo == Algo::kOneShot) {
-      auto blockOf = [&ins](int p) { return static_cast<const char*>(ins[static_cast<size_t>(p)]); };
-      return c->oneshotReduce(blockOf, out, count, dt, op, scale);
-    }
-    if (algo == Algo::kRings) return c->runReduceScatterRings(ins, out, count, dt, op, scale);
-    if (op == ReduceOp::kPremulSum) scaleCopy(out, mine, count, dt, scale);
-    else if (out != mine && bytes) transport::moveBytes(out, mine, bytes);
-    for (int s = 1; s < n; ++s) {
-      int to = (r + s) % n, from = (r - s + n) % n;
-      std::vector<Transfer> xs{c->sendTo(to, ins[static_cast<size_t>(to)], bytes),
-                               c->recvReduce(from, out, count, dt, op, scale)};
-      c->exchange(xs);
-    }
-    if (op == ReduceOp::kAvg) divideBy(out, count, dt, n);
+    c->runReduceScatter(ins, out, count, dt, op, scale);
   };
   std::vector<char*> i8;
   for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
   char* out8 = static_cast<char*>(out);
   c->setBody(*o, where, dt, [i8, out8, count, run] { run(i8, out8, count); }, [&] {
     CommImpl::DevicePlan p;
-    for (char* q : i8) p.regions.push_back({q, count, true, false});
-    p.regions.push_back({out8, count, false, true});
+    for (char* q : i8) p.regions.push_back(CommImpl::Region::input(q, count));
+    p.regions.push_back(CommImpl::Region::output(out8, count));
     p.slots = i8.size() + 1;
     p.host = [run](const std::vector<char*>& h, const std::vector<size_t>& n) {
       run(std::vector<char*>(h.begin(), h.end() - 1), h.back(), n.back());
@@ -264,30 +195,14 @@ RequestPtr Communicator::alltoall(std::vector<const void*> ins, std::vector<size
   // Splits may differ per rank, so the fingerprint leaves count out; sizes are checked per message.
   auto o = c->collective(OpKind::kAlltoall, dt, ReduceOp::kSum, 0, 0, timeout);
   auto run = [c, dt](const std::vector<char*>& ins, const std::vector<size_t>& inCounts, const std::vector<char*>& outs,
-                     const std::vector<size_t>& outCounts) {
-    int n = c->size_, r = c->rank_;
-    size_t es = dtypeSize(dt);
-    size_t me = static_cast<size_t>(r);
-    if (outs[me] != ins[me] && inCounts[me]) transport::moveBytes(outs[me], ins[me], inCounts[me] * es);
-    std::vector<Transfer> xs;
-    xs.reserve(2 * static_cast<size_t>(n));
-    for (int s = 1; s < n; ++s) {
-      size_t to = static_cast<size_t>((r + s) % n), from = static_cast<size_t>((r - s + n) % n);
-      xs.push_back(c->sendTo(static_cast<int>(to), ins[to], inCounts[to] * es));
-      xs.push_back(c->recvFrom(static_cast<int>(from), outs[from], outCounts[from] * es));
-    }
-    size_t total = 0;
-    for (size_t k : outCounts) total += k * es;
-    c->streamPieces(xs, total);
-    c->exchange(xs);
-  };
+                     const std::vector<size_t>& outCounts) { c->runAlltoall(ins, inCounts, outs, outCounts, dt); };
   std::vector<char*> i8, o8;
   for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
   for (void* p : outs) o8.push_back(static_cast<char*>(p));
   c->setBody(*o, where, dt, [i8, o8, inCounts, outCounts, run] { run(i8, inCounts, o8, outCounts); }, [&] {
     CommImpl::DevicePlan p;
-    for (size_t i = 0; i < n; ++i) p.regions.push_back({i8[i], inCounts[i], true, false});
-    for (size_t i = 0; i < n; ++i) p.regions.push_back({o8[i], outCounts[i], false, true});
+    for (size_t i = 0; i < n; ++i) p.regions.push_back(CommImpl::Region::input(i8[i], inCounts[i]));
+    for (size_t i = 0; i < n; ++i) p.regions.push_back(CommImpl::Region::output(o8[i], outCounts[i]));
     p.slots = 2 * n;
     p.agree = true;
     p.host = [run, n](const std::vector<char*>& h, const std::vector<size_t>& k) {
@@ -311,18 +226,7 @@ RequestPtr Communicator::gather(const void* in, size_t count, DataType dt, std::
     RAILCC_CHECK_ARG(static_cast<int>(outs.size()) == c->size_, "gather: root needs ", c->size_, " output buffers, got ", outs.size());
   auto o = c->collective(OpKind::kGather, dt, ReduceOp::kSum, root, count, timeout);
   auto run = [c, dt, root](const char* in, size_t count, const std::vector<char*>& outs) {
-    int n = c->size_, r = c->rank_;
-    size_t bytes = count * dtypeSize(dt);
-    std::vector<Transfer> xs;
-    if (r != root) {
-      xs.push_back(c->sendTo(root, in, bytes));
-    } else {
-      if (outs[static_cast<size_t>(r)] != in && bytes) transport::moveBytes(outs[static_cast<size_t>(r)], in, bytes);
-      xs.reserve(static_cast<size_t>(n));
-      for (int p = 0; p < n; ++p)
-        if (p != r) xs.push_back(c->recvFrom(p, outs[static_cast<size_t>(p)], bytes));
-    }
-    c->exchange(xs);
+    c->runGather(in, count * dtypeSize(dt), outs, root);
   };
   std::vector<char*> o8;
   if (c->rank_ == root)
@@ -330,8 +234,8 @@ RequestPtr Communicator::gather(const void* in, size_t count, DataType dt, std::
   char* in8 = const_cast<char*>(static_cast<const char*>(in));
   c->setBody(*o, where, dt, [in8, count, o8, run] { run(in8, count, o8); }, [&] {
     CommImpl::DevicePlan p;
-    p.regions.push_back({in8, count, true, false});
-    for (char* q : o8) p.regions.push_back({q, count, false, true});
+    p.regions.push_back(CommImpl::Region::input(in8, count));
+    for (char* q : o8) p.regions.push_back(CommImpl::Region::output(q, count));
     p.slots = static_cast<size_t>(c->size_) + 1;
     p.host = [run](const std::vector<char*>& h, const std::vector<size_t>& n) {
       run(h[0], n[0], std::vector<char*>(h.begin() + 1, h.end()));
@@ -350,18 +254,7 @@ RequestPtr Communicator::scatter(std::vector<const void*> ins, void* out, size_t
     RAILCC_CHECK_ARG(static_cast<int>(ins.size()) == c->size_, "scatter: root needs ", c->size_, " input buffers, got ", ins.size());
   auto o = c->collective(OpKind::kScatter, dt, ReduceOp::kSum, root, count, timeout);
   auto run = [c, dt, root](const std::vector<char*>& ins, char* out, size_t count) {
-    int n = c->size_, r = c->rank_;
-    size_t bytes = count * dtypeSize(dt);
-    std::vector<Transfer> xs;
-    if (r != root) {
-      xs.push_back(c->recvFrom(root, out, bytes));
-    } else {
-      if (ins[static_cast<size_t>(r)] != out && bytes) transport::moveBytes(out, ins[static_cast<size_t>(r)], bytes);
-      xs.reserve(static_cast<size_t>(n));
-      for (int p = 0; p < n; ++p)
-        if (p != r) xs.push_back(c->sendTo(p, ins[static_cast<size_t>(p)], bytes));
-    }
-    c->exchange(xs);
+    c->runScatter(ins, out, count * dtypeSize(dt), root);
   };
   std::vector<char*> i8;
   if (c->rank_ == root)
@@ -369,8 +262,8 @@ RequestPtr Communicator::scatter(std::vector<const void*> ins, void* out, size_t
   char* out8 = static_cast<char*>(out);
   c->setBody(*o, where, dt, [i8, out8, count, run] { run(i8, out8, count); }, [&] {
     CommImpl::DevicePlan p;
-    for (char* q : i8) p.regions.push_back({q, count, true, false});
-    p.regions.push_back({out8, count, false, true});
+    for (char* q : i8) p.regions.push_back(CommImpl::Region::input(q, count));
+    p.regions.push_back(CommImpl::Region::output(out8, count));
     p.slots = static_cast<size_t>(c->size_) + 1;
     p.host = [run](const std::vector<char*>& h, const std::vector<size_t>& n) {
       run(std::vector<char*>(h.begin(), h.end() - 1), h.back(), n.back());
@@ -384,14 +277,7 @@ RequestPtr Communicator::scatter(std::vector<const void*> ins, void* out, size_t
 RequestPtr Communicator::barrier(Millis timeout) {
   CommImpl* c = impl_.get();
   auto o = c->collective(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, 0, timeout);
-  o->body = [c] {
-    int n = c->size_, r = c->rank_;
-    // Dissemination: after round k every rank has heard, transitively, from 2^(k+1) ranks.
-    for (int k = 1; k < n; k *= 2) {
-      std::vector<Transfer> xs{c->sendTo((r + k) % n, nullptr, 0), c->recvFrom((r - k + n) % n, nullptr, 0)};
-      c->exchange(xs);
-    }
-  };
+  o->body = [c] { c->runBarrier(); };
   return c->enqueue(std::move(o));
 }
 

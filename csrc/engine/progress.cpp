@@ -146,7 +146,7 @@ void CommImpl::fail(std::exception_ptr err) {
   }
   {
     std::lock_guard<std::mutex> g(connMu_);
-    if (shm_) shm_->markFailed();
+    if (local_) local_->markFailed();
     for (auto& lane : chans_)
       for (auto& peer : lane)
         for (auto& ch : peer)
@@ -804,13 +804,13 @@ void CommImpl::complete(std::vector<Transfer>& xs) {
 }
 
 int64_t CommImpl::busyFor(const std::vector<std::pair<int, int>>& waitOn) {
-  if (busyUs_ == 0 || !shm_) return busyUs_;
+  if (busyUs_ == 0 || !local_) return busyUs_;
   int cpu = sched_getcpu();
   if (cpu < 0) return busyUs_;
-  shm_->publishCpu(cpu);
+  local_->publishCpu(cpu);
   for (const auto& [lane, peer] : waitOn)
     if (shmPeer_[static_cast<size_t>(peer)] &&
-        shm_->headerOf(localIndex(peer))->cpu.load(std::memory_order_relaxed) == cpu)
+        local_->lastCpu(localIndex(peer)) == cpu)
       return 0;
   return busyUs_;
 }
@@ -855,12 +855,12 @@ void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
   };
   if (pollFor(opts_.config.spinUs, anyReady, busyFor(waitOn))) return;
   std::vector<pollfd> fds;
-  bool hasShm = false;
+  bool hasDoorbell = false;
   for (auto& [lane, peer] : waitOn)
     for (Channel& ch : chans_[lane][static_cast<size_t>(peer)]) {
       int fd = ch.conn->pollFd();
       if (fd < 0) {
-        hasShm = true;
+        hasDoorbell = true;
         continue;
       }
       short ev = 0;
@@ -871,12 +871,12 @@ void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
   sleeping_.store(true);
   if (!fds.empty()) {
     fds.push_back({wakeFd_.fd, POLLIN, 0});
-    if (queued_.load() == 0) poll(fds.data(), fds.size(), hasShm ? 1 : 100);
+    if (queued_.load() == 0) poll(fds.data(), fds.size(), hasDoorbell ? 1 : 100);
     uint64_t v;
     if (read(wakeFd_.fd, &v, sizeof(v)) < 0) { /* nothing pending */ }
-  } else if (shm_) {
+  } else if (local_) {
     // The timeout only bounds how late abort, liveness and timeout checks can run.
-    shm_->sleep(100000, [&] { return anyReady(); });
+    local_->sleep(100000, [&] { return anyReady(); });
   }
   sleeping_.store(false);
 }
@@ -969,7 +969,7 @@ void CommImpl::shutdown() {
     // channels and the shared memory only under connMu_.
     std::lock_guard<std::mutex> g(connMu_);
     chans_.clear();
-    shm_.reset();
+    local_.reset();
   }
   releaseDevice();
 }

@@ -25,6 +25,8 @@
 
 namespace railcc::transport {
 
+class LocalDomain;
+
 /// What a transport may know of a peer at set-up.
 struct PeerRecord {
   int rank = -1;
@@ -91,6 +93,9 @@ class Setup {
   /// True when finish() must wait until every peer served by this transport has taken its
   /// connections (shared memory: a name may go only once every peer has mapped it).
   virtual bool finishAfterPeers() const { return false; }
+  /// What this rank shares with the peers of its host (doorbells, broadcast rings), for a
+  /// transport that maps their memory; null for any other.
+  virtual std::shared_ptr<LocalDomain> localDomain() { return nullptr; }
 };
 
 class Transport {

@@ -58,7 +58,8 @@ class Connection {
   virtual bool canSend() { return false; }
 
   /// A file descriptor to poll() for readiness, or -1 for memory-based transports, which
-  /// wake the peer through a doorbell instead.
+  /// wake the peer through its doorbell instead (the LocalDomain's, transport/local.h): the
+  /// engine then sleeps on its own doorbell, not in poll().
   virtual int pollFd() const { return -1; }
 
   /// Transport name and peer address, for logs and error messages ("shm", "socket 1.2.3.4:5").

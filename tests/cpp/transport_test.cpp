@@ -13,7 +13,7 @@
 #include "common/error.h"
 #include "common/types.h"
 #include "transport/shm/shm_transport.h"
-#include "transport/socket/auth.h"
+#include "common/crypto.h"
 #include "transport/socket/rendezvous.h"
 #include "transport/socket/socket_transport.h"
 
@@ -184,7 +184,7 @@ TEST(Shm, LiveSegmentsAreNeverTakenForStaleAndOwnersAreSeenAlive) {
 }
 
 namespace {
-std::string hex(const socket::Digest& d) {
+std::string hex(const railcc::Digest& d) {
   static const char* x = "0123456789abcdef";
   std::string s;
   for (uint8_t b : d) {
@@ -197,24 +197,24 @@ std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s
 }  // namespace
 
 TEST(Auth, Sha256AndHmacMatchPublishedVectors) {
-  EXPECT_EQ(hex(socket::sha256("abc", 3)), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  EXPECT_EQ(hex(socket::sha256("", 0)), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(hex(railcc::sha256("abc", 3)), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(hex(railcc::sha256("", 0)), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   std::string two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";  // 56 bytes: two blocks
-  EXPECT_EQ(hex(socket::sha256(two.data(), two.size())),
+  EXPECT_EQ(hex(railcc::sha256(two.data(), two.size())),
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
   // RFC 4231, test cases 1, 2 and 6 (a key longer than the block).
-  EXPECT_EQ(hex(socket::hmacSha256(std::vector<uint8_t>(20, 0x0b), bytes("Hi There"))),
+  EXPECT_EQ(hex(railcc::hmacSha256(std::vector<uint8_t>(20, 0x0b), bytes("Hi There"))),
             "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
-  EXPECT_EQ(hex(socket::hmacSha256(bytes("Jefe"), bytes("what do ya want for nothing?"))),
+  EXPECT_EQ(hex(railcc::hmacSha256(bytes("Jefe"), bytes("what do ya want for nothing?"))),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
-  EXPECT_EQ(hex(socket::hmacSha256(std::vector<uint8_t>(131, 0xaa),
+  EXPECT_EQ(hex(railcc::hmacSha256(std::vector<uint8_t>(131, 0xaa),
                                    bytes("Test Using Larger Than Block-Size Key - Hash Key First"))),
             "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
-  socket::Digest a{}, b{};
-  EXPECT_TRUE(socket::equalConstantTime(a, b));
+  railcc::Digest a{}, b{};
+  EXPECT_TRUE(railcc::equalConstantTime(a, b));
   b[31] = 1;
-  EXPECT_FALSE(socket::equalConstantTime(a, b));
-  EXPECT_NE(socket::randomHex(16), socket::randomHex(16));
+  EXPECT_FALSE(railcc::equalConstantTime(a, b));
+  EXPECT_NE(railcc::randomHex(16), railcc::randomHex(16));
 }
 
 namespace {

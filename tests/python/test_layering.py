@@ -49,6 +49,41 @@ def test_every_include_points_down():
     assert not bad, "upward or foreign includes:\n" + "\n".join(bad)
 
 
+# The engine knows transports only through the contract: the headers directly in transport/
+# (transport.h, net.h, local.h, ...), never a named transport's folder or namespace.
+NAMED_TRANSPORT = re.compile(r"#\s*include\s*\"transport/[^/\"]+/|\btransport::(shm|socket|verbs)::")
+# The c10d glue reaches the engine through its public headers only (docs/architecture.md).
+ENGINE_PUBLIC = {"engine/communicator.h", "engine/rail_check.h", "engine/store_watch.h"}
+
+
+def test_the_engine_names_no_transport():
+    bad = []
+    for rel, path in _sources():
+        if not rel.startswith("engine" + os.sep):
+            continue
+        with open(path) as f:
+            for n, line in enumerate(f, 1):
+                if NAMED_TRANSPORT.search(line.split("//")[0]):
+                    bad.append(f"{rel}:{n}: {line.strip()}")
+    assert not bad, "the engine reaches past the transport contract:\n" + "\n".join(bad)
+
+
+def test_the_glue_includes_only_the_engines_public_headers():
+    bad = []
+    for rel, path in _sources():
+        if os.sep in rel:
+            continue  # the glue is csrc/*.cpp and csrc/*.h
+        with open(path) as f:
+            for n, line in enumerate(f, 1):
+                m = PROJECT.search(line)
+                if m and m.group(1).startswith("engine/") and m.group(1) not in ENGINE_PUBLIC:
+                    bad.append(f"{rel}:{n}: {line.strip()}")
+    assert not bad, f"glue includes engine internals (public: {sorted(ENGINE_PUBLIC)}):\n" + "\n".join(bad)
+    doc = open(os.path.join(ROOT, "docs", "architecture.md")).read()
+    for h in ENGINE_PUBLIC:
+        assert h in doc, f"docs/architecture.md does not name the public header {h}"
+
+
 def test_source_files_stay_small():
     big = []
     for rel, path in _sources():

@@ -94,7 +94,11 @@ Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& p, const std::vector<A
         return pick(Algo::kOneShot, "ranks share cores: at most 16384 B");
       if (fits(Algo::kRings, op, bytes, p)) return pick(Algo::kRings, "every rank on this host");
       if (fits(Algo::kHier, op, bytes, p)) return pick(Algo::kHier, "hosts with equal rank counts");
-      return pick(Algo::kPairwise, "otherwise");
+      // The pairwise all-reduce's all-gather half goes through the broadcast rings wherever
+      // they cover the group (the reduce-scatter half already checked every fingerprint).
+      return pick(Algo::kPairwise, op == AlgoOp::kAllreduce && p.rings
+                                       ? "otherwise; its all-gather half through the broadcast rings"
+                                       : "otherwise");
     case AlgoOp::kBroadcast:
     case AlgoOp::kAllgather:
       if (fits(Algo::kRings, op, bytes, p) && static_cast<int64_t>(bytes) > p.oneshotBytes)

@@ -49,7 +49,7 @@ void CommImpl::runBroadcastRing(char* buf, size_t bytes, int root) {
   std::vector<char*> outs(static_cast<size_t>(size_), nullptr);
   sizes[static_cast<size_t>(root)] = bytes;
   outs[static_cast<size_t>(root)] = buf;
-  if (rank_ == root && bytes > shm_->bcastRing(-1).capacity()) {
+  if (rank_ == root && bytes > local_->broadcastRing(-1).capacity()) {
     syncRound();
     return runAllgatherRing(buf, sizes, outs, false);
   }
@@ -133,8 +133,7 @@ void CommImpl::runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, d
   Blocks b(count, n, es);
   char* mine = buf + b.offset(r);
   if (op == ReduceOp::kAvg) divideBy(mine, b.count(r), dt, n);
-  if (ringsCover()) {
-    // The reduce-scatter above already checked every peer's fingerprint.
+  if (place_.rings) {  // as the rule says (chooseAlgo): the all-gather half through the rings
     std::vector<size_t> sizes(static_cast<size_t>(n));
     std::vector<char*> outs(static_cast<size_t>(n));
     for (int p = 0; p < n; ++p) {
@@ -175,14 +174,14 @@ void CommImpl::runAllreduceHosts(char* buf, size_t count, DataType dt, ReduceOp 
 
 CommImpl::Rings CommImpl::rings() {
   Rings r;
-  r.own = shm_->bcastRing(-1);
+  r.own = local_->broadcastRing(-1);
   r.of.resize(static_cast<size_t>(size_));
   r.myIdx = localIndex(rank_);
   for (int p = 0; p < size_; ++p)
     if (p != rank_) {
-      r.of[static_cast<size_t>(p)] = shm_->bcastRing(localIndex(p));
+      r.of[static_cast<size_t>(p)] = local_->broadcastRing(localIndex(p));
       r.consumers.push_back(localIndex(p));
-      r.wake.push_back(shm_->headerOf(localIndex(p)));
+      r.wake.push_back(local_->doorbell(localIndex(p)));
       r.on.push_back({kCollLane, p});
     }
   return r;
@@ -222,9 +221,9 @@ void CommImpl::runRingsReduce(const RingReduce& job, DataType dt, ReduceOp op, d
   const int n = size_, me = rank_;
   const size_t es = dtypeSize(dt), nchunks = job.nchunks, blocks = job.gather ? 2 : 1;
   Rings rs = rings();
-  transport::shm::BcastRing& own = rs.own;
+  transport::BroadcastRing& own = rs.own;
   const int myIdx = rs.myIdx;
-  std::vector<transport::shm::BcastRing>& peerRing = rs.of;
+  std::vector<transport::BroadcastRing>& peerRing = rs.of;
   std::vector<Transfer> sends, recvs;
   headerRound(sends, recvs);
   exchange(sends);
@@ -375,7 +374,7 @@ void CommImpl::runAllgatherRing(const char* mine, const std::vector<size_t>& siz
   if (headers) syncRound();
   const size_t chunk = 256u << 10;
   Rings rs = rings();
-  transport::shm::BcastRing& own = rs.own;
+  transport::BroadcastRing& own = rs.own;
   const int myIdx = rs.myIdx;
   const size_t myBytes = sizes[static_cast<size_t>(me)];
   size_t total = 0;

@@ -49,7 +49,7 @@ class ShmSetup : public Setup {
                 " bytes per peer, lane and direction, broadcast ring of ", ctx_.config.buffSize, " bytes");
   }
 
-  std::shared_ptr<Domain> domain() const { return domain_; }
+  std::shared_ptr<LocalDomain> localDomain() override { return domain_; }
 
  private:
   int localIndex(int r) const {
@@ -107,10 +107,5 @@ class ShmTransport : public railcc::transport::Transport {
 }  // namespace
 
 std::unique_ptr<railcc::transport::Transport> makeTransport() { return std::make_unique<ShmTransport>(); }
-
-std::shared_ptr<Domain> domainOf(Setup* setup) {
-  auto* s = dynamic_cast<ShmSetup*>(setup);
-  return s ? s->domain() : nullptr;
-}
 
 }  // namespace railcc::transport::shm

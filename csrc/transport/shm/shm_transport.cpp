@@ -35,20 +35,6 @@ size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace
 
-bool processGone(pid_t pid) {
-  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
-  // A killed child that its parent has not reaped yet is a zombie: gone for our purposes.
-  char path[64];
-  snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
-  FILE* f = fopen(path, "r");
-  if (f == nullptr) return errno == ENOENT;
-  char buf[256];
-  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  const char* rp = strrchr(buf, ')');
-  return rp != nullptr && (rp[2] == 'Z' || rp[2] == 'X');
-}
 
 namespace {
 
@@ -69,7 +55,7 @@ class ShmConnection : public Connection {
     copyBytes(outData_ + off, p, first);
     if (k > first) copyBytes(outData_, static_cast<const char*>(p) + first, k - first);
     out_->tail.store(tail + k, std::memory_order_seq_cst);
-    if (peerHdr_->sleeping.load(std::memory_order_seq_cst)) Domain::ring(peerHdr_);
+    wake(&peerHdr_->door);
     return k;
   }
 
@@ -92,7 +78,7 @@ class ShmConnection : public Connection {
     uint64_t head = in_->head.load(std::memory_order_relaxed);
     in_->head.store(head + n, std::memory_order_seq_cst);
     // The producer may be asleep waiting for space.
-    if (peerHdr_->sleeping.load(std::memory_order_seq_cst)) Domain::ring(peerHdr_);
+    wake(&peerHdr_->door);
   }
 
   size_t recv(void* p, size_t n) override {
@@ -226,11 +212,11 @@ size_t Domain::segmentBytes(int nslots, size_t fifoBytes, size_t ringBytes) {
   return fifosEnd(nslots, fifoBytes) + bcastHeaderBytes(nslots) + alignUp(ringBytes, 4096);
 }
 
-BcastRing Domain::bcastRing(int index) {
+BroadcastRing Domain::broadcastRing(int index) {
   Segment* seg = index < 0 ? own_.get() : peers_.at(static_cast<size_t>(index)).get();
   RAILCC_CHECK_ARG(seg != nullptr, "shm peer ", index, " not attached");
   char* base = seg->data() + fifosEnd(nslots_, fifoBytes_);
-  return BcastRing(reinterpret_cast<SegmentHeader*>(seg->data()), reinterpret_cast<std::atomic<uint64_t>*>(base),
+  return BroadcastRing(&reinterpret_cast<SegmentHeader*>(seg->data())->door, reinterpret_cast<std::atomic<uint64_t>*>(base),
                    base + 64, base + bcastHeaderBytes(nslots_), ringBytes_);
 }
 
@@ -239,77 +225,6 @@ SegmentHeader* Domain::headerOf(int index) {
   return reinterpret_cast<SegmentHeader*>(seg->data());
 }
 
-size_t BcastRing::write(const void* p, size_t n, const std::vector<int>& consumers,
-                        const std::vector<SegmentHeader*>& wake) {
-  uint64_t tail = tail_->load(std::memory_order_relaxed);
-  uint64_t low = tail;
-  for (int c : consumers) low = std::min<uint64_t>(low, head(c).load(std::memory_order_acquire));
-  size_t space = cap_ - static_cast<size_t>(tail - low);
-  size_t k = n < space ? n : space;
-  if (k == 0) return 0;
-  size_t off = static_cast<size_t>(tail % cap_);
-  size_t first = k < cap_ - off ? k : cap_ - off;
-  copyBytes(data_ + off, p, first);
-  if (k > first) copyBytes(data_, static_cast<const char*>(p) + first, k - first);
-  tail_->store(tail + k, std::memory_order_seq_cst);
-  for (SegmentHeader* h : wake)
-    if (h->sleeping.load(std::memory_order_seq_cst)) Domain::ring(h);
-  return k;
-}
-
-bool BcastRing::canWrite(const std::vector<int>& consumers) const {
-  uint64_t tail = tail_->load(std::memory_order_relaxed);
-  for (int c : consumers)
-    if (tail - head(c).load(std::memory_order_seq_cst) >= cap_) return false;
-  return true;
-}
-
-std::pair<const void*, size_t> BcastRing::peek(int c) const {
-  uint64_t h = head(c).load(std::memory_order_relaxed);
-  uint64_t tail = tail_->load(std::memory_order_acquire);
-  size_t avail = static_cast<size_t>(tail - h);
-  size_t off = static_cast<size_t>(h % cap_);
-  return {data_ + off, avail < cap_ - off ? avail : cap_ - off};
-}
-
-void BcastRing::consume(int c, size_t n) {
-  head(c).store(head(c).load(std::memory_order_relaxed) + n, std::memory_order_seq_cst);
-  if (owner_->sleeping.load(std::memory_order_seq_cst)) Domain::ring(owner_);  // the producer may wait for space
-}
-
-namespace {
-// Start of an n-byte block written at stream position pos of a ring of cap bytes.
-uint64_t blockStart(uint64_t pos, size_t n, size_t cap) {
-  uint64_t s = (pos + 63) & ~uint64_t(63);
-  if (s % cap + n > cap) s += cap - s % cap;
-  return s;
-}
-}  // namespace
-
-char* BcastRing::reserve(size_t n, const std::vector<int>& consumers) const {
-  uint64_t tail = tail_->load(std::memory_order_relaxed);
-  uint64_t low = tail;
-  // seq_cst, as in canWrite(): this also runs as the recheck after raising the sleeping flag.
-  for (int c : consumers) low = std::min<uint64_t>(low, head(c).load(std::memory_order_seq_cst));
-  uint64_t s = blockStart(tail, n, cap_);
-  return s + n - low <= cap_ ? data_ + s % cap_ : nullptr;
-}
-
-void BcastRing::publish(size_t n, const std::vector<SegmentHeader*>& wake) {
-  tail_->store(blockStart(tail_->load(std::memory_order_relaxed), n, cap_) + n, std::memory_order_seq_cst);
-  for (SegmentHeader* h : wake)
-    if (h->sleeping.load(std::memory_order_seq_cst)) Domain::ring(h);
-}
-
-const char* BcastRing::block(int c, size_t n) const {
-  uint64_t s = blockStart(head(c).load(std::memory_order_relaxed), n, cap_);
-  return tail_->load(std::memory_order_seq_cst) >= s + n ? data_ + s % cap_ : nullptr;
-}
-
-void BcastRing::release(int c, size_t n) {
-  head(c).store(blockStart(head(c).load(std::memory_order_relaxed), n, cap_) + n, std::memory_order_seq_cst);
-  if (owner_->sleeping.load(std::memory_order_seq_cst)) Domain::ring(owner_);
-}
 
 namespace {
 std::string randomToken() {
@@ -333,8 +248,8 @@ Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes)
   std::string name = "/railcc-" + std::to_string(getuid()) + "-" + std::to_string(getpid()) + "-" + randomToken();
   own_ = std::make_unique<Segment>(name, segmentBytes(nslots, fifoBytes, ringBytes));
   auto* h = header();
-  h->bell.store(0);
-  h->sleeping.store(0);
+  h->door.bell.store(0);
+  h->door.sleeping.store(0);
   h->failed.store(0);
   h->pid = getpid();
   h->nslots = static_cast<uint32_t>(nslots);
@@ -383,19 +298,6 @@ std::unique_ptr<Connection> Domain::connect(int myIndex, int peerIndex, int lane
   return conn;
 }
 
-void Domain::ringSelf() { ring(header()); }
-
-void Domain::ring(SegmentHeader* h) {
-  h->bell.fetch_add(1, std::memory_order_seq_cst);
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&h->bell), FUTEX_WAKE, 1, nullptr, nullptr, 0);
-}
-
-void Domain::futexWait(std::atomic<uint32_t>* addr, uint32_t expected, long timeoutUs) {
-  struct timespec ts;
-  ts.tv_sec = timeoutUs / 1000000;
-  ts.tv_nsec = (timeoutUs % 1000000) * 1000;
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
 
 int Domain::cleanStale() {
   std::string prefix = "railcc-" + std::to_string(getuid()) + "-";

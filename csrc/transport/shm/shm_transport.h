@@ -8,18 +8,15 @@
 #include <string>
 #include <vector>
 
+#include "transport/local.h"
 #include "transport/net.h"
 
 namespace railcc::transport::shm {
 
-/// True when process `pid` of this host has exited (including a zombie nobody reaped yet).
-bool processGone(pid_t pid);
-
 /// Header of one process's segment: its doorbell, which peers ring after they produced
 /// data for it or freed space it was waiting for.
 struct alignas(64) SegmentHeader {
-  std::atomic<uint32_t> bell;
-  std::atomic<uint32_t> sleeping;
+  Doorbell door;
   std::atomic<uint32_t> failed;  // set when this process's communicator has failed
   int32_t pid;
   uint32_t nslots;
@@ -36,48 +33,6 @@ struct alignas(64) SegmentHeader {
 struct alignas(64) RingHeader {
   alignas(64) std::atomic<uint64_t> head;  // consumer position
   alignas(64) std::atomic<uint64_t> tail;  // producer position
-};
-
-/// One producer, many consumers: a process's broadcast ring, which every same-host peer
-/// reads. The producer writes each byte once however many peers read it (a broadcast through
-/// per-peer FIFOs would copy it once per peer). Positions only grow; consumer c's position
-/// lives at heads[c] in the producer's segment, each on its own cache line.
-class BcastRing {
- public:
-  BcastRing() = default;
-  BcastRing(SegmentHeader* owner, std::atomic<uint64_t>* tail, char* heads, char* data, size_t cap)
-      : owner_(owner), tail_(tail), heads_(heads), data_(data), cap_(cap) {}
-
-  // Producer side. `consumers` are the local indices that read this ring.
-  size_t write(const void* p, size_t n, const std::vector<int>& consumers, const std::vector<SegmentHeader*>& wake);
-  bool canWrite(const std::vector<int>& consumers) const;
-  // Consumer side, as local index c.
-  std::pair<const void*, size_t> peek(int c) const;
-  void consume(int c, size_t n);
-  bool readable(int c) const { return tail_->load(std::memory_order_acquire) > head(c).load(std::memory_order_relaxed); }
-  size_t capacity() const { return cap_; }
-
-  // Whole blocks, for ops that read parts of a peer's data where it lies. A block starts on a
-  // 64-byte boundary and never wraps around the ring's end; the bytes skipped to get there
-  // count as part of it. Producer and consumers work out the same skip from their positions,
-  // which agree as long as every block is written and consumed by these calls with the same
-  // sizes. A block of at most blockMax() bytes always fits once the consumers have caught up
-  // (with the alignment and the skip, it takes less than 2 x blockMax() + 64 bytes).
-  size_t blockMax() const { return cap_ % 64 == 0 && cap_ >= 256 ? cap_ / 2 - 64 : 0; }
-  // Producer: where the next n-byte block goes, or nullptr while a consumer is too far behind.
-  char* reserve(size_t n, const std::vector<int>& consumers) const;
-  void publish(size_t n, const std::vector<SegmentHeader*>& wake);
-  // Consumer c: the next n-byte block once all of it is there, else nullptr.
-  const char* block(int c, size_t n) const;
-  void release(int c, size_t n);
-
- private:
-  std::atomic<uint64_t>& head(int c) const { return *reinterpret_cast<std::atomic<uint64_t>*>(heads_ + 64 * c); }
-  SegmentHeader* owner_ = nullptr;
-  std::atomic<uint64_t>* tail_ = nullptr;
-  char* heads_ = nullptr;
-  char* data_ = nullptr;
-  size_t cap_ = 0;
 };
 
 /// A mapped POSIX shared-memory segment. The creator unlinks the name as soon as every
@@ -115,14 +70,15 @@ class Segment {
 };
 
 /// The shared memory of one communicator on one process: its own segment (doorbell plus one
-/// incoming FIFO per same-host rank) and the mapped segments of its same-host peers.
-class Domain {
+/// incoming FIFO per same-host rank) and the mapped segments of its same-host peers. It is
+/// the LocalDomain the engine sees.
+class Domain : public LocalDomain {
  public:
   /// `nslots` incoming FIFOs of `fifoBytes` each and a broadcast ring of `ringBytes`, in a
   /// segment with a random name (/railcc-<uid>-<pid>-<random>). Stale segments of this user
   /// are removed first. Every rank of the host must use the same sizes (attach() checks).
   Domain(int nslots, size_t fifoBytes, size_t ringBytes);
-  ~Domain();
+  ~Domain() override;
 
   const std::string& segmentName() const { return own_->name(); }
   /// Maps a peer's segment (by the name it published). Blocks: no. Throws kInvalidUsage when
@@ -142,34 +98,18 @@ class Domain {
   /// segment header is one this process can look up.
   std::unique_ptr<Connection> connect(int myIndex, int peerIndex, int lane, int nlanes, bool samePidNamespace);
 
-  /// The broadcast ring of local rank `index` (ours or an attached peer's).
-  BcastRing bcastRing(int index);
-  /// Segment header of local rank `index`, for doorbells.
-  SegmentHeader* headerOf(int index);
-
-  SegmentHeader* header() const { return reinterpret_cast<SegmentHeader*>(own_->data()); }
-  /// Raises this process's failure flag, which peers see in Connection::checkAlive().
-  void markFailed() { header()->failed.store(1); }
-  /// Publishes the CPU this process's waiting thread runs on (a store only when it changed).
-  void publishCpu(int cpu) {
+  BroadcastRing broadcastRing(int index) override;
+  Doorbell* doorbell(int index) override { return &headerOf(index)->door; }
+  int lastCpu(int index) override { return headerOf(index)->cpu.load(std::memory_order_relaxed); }
+  void publishCpu(int cpu) override {
     if (header()->cpu.load(std::memory_order_relaxed) != cpu) header()->cpu.store(cpu, std::memory_order_relaxed);
   }
-  /// Wakes this process's progress thread (e.g. a new op was queued).
-  void ringSelf();
-  /// Sleeps until a peer rings the doorbell or `timeoutUs` passes. `recheck` runs after the
-  /// sleeping flag is raised, so a ring that races with going to sleep is never lost: when
-  /// it returns true (work is there) the call returns at once.
-  template <typename F>
-  void sleep(long timeoutUs, F&& recheck) {
-    SegmentHeader* h = header();
-    h->sleeping.store(1, std::memory_order_seq_cst);
-    uint32_t v = h->bell.load(std::memory_order_seq_cst);
-    if (!recheck()) futexWait(&h->bell, v, timeoutUs);
-    h->sleeping.store(0, std::memory_order_relaxed);
-  }
+  void markFailed() override { header()->failed.store(1); }
 
-  static void ring(SegmentHeader* h);
-  static void futexWait(std::atomic<uint32_t>* addr, uint32_t expected, long timeoutUs);
+  /// Segment header of local rank `index` (-1: ours).
+  SegmentHeader* headerOf(int index);
+  SegmentHeader* header() const { return reinterpret_cast<SegmentHeader*>(own_->data()); }
+
   static size_t segmentBytes(int nslots, size_t fifoBytes, size_t ringBytes);
 
   /// Removes this user's /dev/shm/railcc-* segments that no live process holds (see Segment).
@@ -183,11 +123,7 @@ class Domain {
   std::vector<std::unique_ptr<Segment>> peers_;
 };
 
-
 /// The shared-memory transport for the registry (shm_setup.cpp).
 std::unique_ptr<railcc::transport::Transport> makeTransport();
-/// The domain behind a shared-memory Setup (its broadcast rings and doorbell serve the
-/// same-host algorithms and the progress thread's sleep), or null for another transport's.
-std::shared_ptr<Domain> domainOf(Setup* setup);
 
 }  // namespace railcc::transport::shm

@@ -11,7 +11,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "transport/socket/auth.h"
+#include "common/crypto.h"
 #include "transport/socket/socket_transport.h"
 
 namespace railcc::transport::socket {

@@ -1,0 +1,151 @@
+#include "engine/comm_impl.h"
+
+namespace railcc::engine {
+
+// ---------------------------------------------------------------------------------------
+// Algorithms without a reduction order to keep or with one root: the chain broadcast, the
+// rooted reduce, gather and scatter, the direct all-gather and all-to-all (every peer at
+// once), the pairwise reduce-scatter of separate input buffers, and the barrier. Each op's
+// entry here asks the rule (chooseAlgo, through algoFor) where there is a choice.
+
+void CommImpl::runBroadcast(char* buf, size_t bytes, int root) {
+  if (size_ == 1) return;
+  if (algoFor(AlgoOp::kBroadcast, bytes) == Algo::kRings) return runBroadcastRing(buf, bytes, root);
+  runBroadcastChain(buf, bytes, root);
+}
+
+void CommImpl::runBroadcastChain(char* buf, size_t bytes, int root) {
+  int n = size_, r = rank_;
+  int pos = (r - root + n) % n;
+  // A pipelined chain: each rank forwards bytes as soon as they arrive. Once the tail has
+  // all of them it sends the root an empty message: every header on the way carries the
+  // root, so a root that the others do not agree on fails here, on both sides, instead of
+  // returning as if its data had been taken (and the mismatch surfacing one op later).
+  std::vector<Transfer> xs;
+  xs.reserve(3);
+  if (pos > 0) xs.push_back(recvFrom((r - 1 + n) % n, buf, bytes));
+  if (pos < n - 1) {
+    xs.push_back(sendTo((r + 1) % n, buf, bytes));
+    if (pos > 0) xs.back().limit = &xs.front().done;
+  }
+  if (pos == 0) xs.push_back(recvFrom((root + n - 1) % n, nullptr, 0));
+  exchange(xs);
+  if (pos == n - 1) {
+    std::vector<Transfer> ack{sendTo(root, nullptr, 0)};
+    exchange(ack);
+  }
+}
+
+void CommImpl::runReduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale, int root) {
+  int n = size_, r = rank_;
+  size_t bytes = count * dtypeSize(dt);
+  if (r != root) {
+    std::vector<Transfer> xs{sendTo(root, buf, bytes)};
+    exchange(xs);
+    return;
+  }
+  if (op == ReduceOp::kPremulSum) scaleCopy(buf, buf, count, dt, scale);
+  for (int s = 1; s < n; ++s) {  // in rank order from the root, so every run reduces alike
+    std::vector<Transfer> xs{recvReduce((root + s) % n, buf, count, dt, op, scale)};
+    exchange(xs);
+  }
+  if (op == ReduceOp::kAvg) divideBy(buf, count, dt, n);
+}
+
+void CommImpl::runAllgather(const char* in, size_t bytes, const std::vector<char*>& outs) {
+  int n = size_, r = rank_;
+  if (outs[static_cast<size_t>(r)] != in && bytes) transport::moveBytes(outs[static_cast<size_t>(r)], in, bytes);
+  if (algoFor(AlgoOp::kAllgather, bytes) == Algo::kRings)
+    return runAllgatherRing(in, std::vector<size_t>(outs.size(), bytes), outs, true);
+  // Every peer at once: one synchronization instead of n-1, and nothing is reduced, so the
+  // order in which the pieces land does not matter.
+  std::vector<Transfer> xs;
+  xs.reserve(2 * static_cast<size_t>(n));
+  for (int s = 1; s < n; ++s) {
+    int to = (r + s) % n, from = (r - s + n) % n;
+    xs.push_back(sendTo(to, in, bytes));
+    xs.push_back(recvFrom(from, outs[static_cast<size_t>(from)], bytes));
+  }
+  streamPieces(xs, bytes * static_cast<size_t>(n));
+  exchange(xs);
+}
+
+void CommImpl::runReduceScatter(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
+                                double scale) {
+  int n = size_, r = rank_;
+  size_t bytes = count * dtypeSize(dt);
+  const char* mine = ins[static_cast<size_t>(r)];
+  Algo algo = algoFor(AlgoOp::kReduceScatter, bytes);
+  if (algo == Algo::kOneShot) {
+    auto blockOf = [&ins](int p) { return static_cast<const char*>(ins[static_cast<size_t>(p)]); };
+    return oneshotReduce(blockOf, out, count, dt, op, scale);
+  }
+  if (algo == Algo::kRings) return runReduceScatterRings(ins, out, count, dt, op, scale);
+  // Pairwise over separate input buffers (pairwiseReduceScatter works on one buffer in blocks).
+  if (op == ReduceOp::kPremulSum) scaleCopy(out, mine, count, dt, scale);
+  else if (out != mine && bytes) transport::moveBytes(out, mine, bytes);
+  for (int s = 1; s < n; ++s) {
+    int to = (r + s) % n, from = (r - s + n) % n;
+    std::vector<Transfer> xs{sendTo(to, ins[static_cast<size_t>(to)], bytes), recvReduce(from, out, count, dt, op, scale)};
+    exchange(xs);
+  }
+  if (op == ReduceOp::kAvg) divideBy(out, count, dt, n);
+}
+
+void CommImpl::runAlltoall(const std::vector<char*>& ins, const std::vector<size_t>& inCounts,
+                           const std::vector<char*>& outs, const std::vector<size_t>& outCounts, DataType dt) {
+  int n = size_, r = rank_;
+  size_t es = dtypeSize(dt);
+  size_t me = static_cast<size_t>(r);
+  if (outs[me] != ins[me] && inCounts[me]) transport::moveBytes(outs[me], ins[me], inCounts[me] * es);
+  std::vector<Transfer> xs;
+  xs.reserve(2 * static_cast<size_t>(n));
+  for (int s = 1; s < n; ++s) {
+    size_t to = static_cast<size_t>((r + s) % n), from = static_cast<size_t>((r - s + n) % n);
+    xs.push_back(sendTo(static_cast<int>(to), ins[to], inCounts[to] * es));
+    xs.push_back(recvFrom(static_cast<int>(from), outs[from], outCounts[from] * es));
+  }
+  size_t total = 0;
+  for (size_t k : outCounts) total += k * es;
+  streamPieces(xs, total);
+  exchange(xs);
+}
+
+void CommImpl::runGather(const char* in, size_t bytes, const std::vector<char*>& outs, int root) {
+  int n = size_, r = rank_;
+  std::vector<Transfer> xs;
+  if (r != root) {
+    xs.push_back(sendTo(root, in, bytes));
+  } else {
+    if (outs[static_cast<size_t>(r)] != in && bytes) transport::moveBytes(outs[static_cast<size_t>(r)], in, bytes);
+    xs.reserve(static_cast<size_t>(n));
+    for (int p = 0; p < n; ++p)
+      if (p != r) xs.push_back(recvFrom(p, outs[static_cast<size_t>(p)], bytes));
+  }
+  exchange(xs);
+}
+
+void CommImpl::runScatter(const std::vector<char*>& ins, char* out, size_t bytes, int root) {
+  int n = size_, r = rank_;
+  std::vector<Transfer> xs;
+  if (r != root) {
+    xs.push_back(recvFrom(root, out, bytes));
+  } else {
+    if (ins[static_cast<size_t>(r)] != out && bytes) transport::moveBytes(out, ins[static_cast<size_t>(r)], bytes);
+    xs.reserve(static_cast<size_t>(n));
+    for (int p = 0; p < n; ++p)
+      if (p != r) xs.push_back(sendTo(p, ins[static_cast<size_t>(p)], bytes));
+  }
+  exchange(xs);
+}
+
+void CommImpl::runBarrier() {
+  int n = size_, r = rank_;
+  // Dissemination: after round k every rank has heard, transitively, from 2^(k+1) ranks.
+  for (int k = 1; k < n; k *= 2) {
+    std::vector<Transfer> xs{sendTo((r + k) % n, nullptr, 0), recvFrom((r - k + n) % n, nullptr, 0)};
+    exchange(xs);
+  }
+}
+
+}  // namespace railcc::engine
