@@ -183,6 +183,19 @@ TEST(VerbsRules, GpuDirectDecisionFollowsPathLevelAndCapabilities) {
   EXPECT_EQ(decideGdr(far).mode, GdrMode::kStaged);
   GdrFacts unknown{"GPU 0", "mlx5_0", "", "PXB", true, true};
   EXPECT_NE(decideGdr(unknown).line.find("unknown"), std::string::npos);
+  EXPECT_FALSE(decideGdr(unknown).withinLevel);
+  far.level = "SYS";
+  f.peermem = f.dmabuf = false;
+  EXPECT_TRUE(decideGdr(far).withinLevel);
+  EXPECT_TRUE(decideGdr(f).withinLevel);  // in reach, staged for want of peermem and dma-buf
+}
+
+TEST(VerbsRules, RingAndPinnedBytesFollowBuffsizeUpTo512MiB) {
+  EXPECT_EQ(ringBytes(4 << 20), size_t(4) << 20);
+  EXPECT_EQ(ringBytes(int64_t(1) << 29), size_t(1) << 29);
+  EXPECT_EQ(ringBytes(int64_t(64) << 30), size_t(1) << 29);
+  EXPECT_EQ(connectionPinnedBytes(4 << 20), size_t(8) << 20);
+  EXPECT_EQ(connectionPinnedBytes(int64_t(1) << 30), size_t(1) << 30);
 }
 
 // --- With a device (the Soft-RoCE VM) ---------------------------------------------------------
