@@ -9,6 +9,7 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "engine/rail_check.h"
+#include "rules_module.h"
 #include "topology/rails.h"
 #include "topology/topology.h"
 
@@ -214,6 +215,8 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.def("peer_transports", [](const c10::intrusive_ptr<c10d::Backend>& b) { return asRailcc(b).peerTransports(); });
+
+  registerRules(m);  // railcc._C.rules: the host rules railcc doctor asks
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {

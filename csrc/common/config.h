@@ -20,8 +20,9 @@ namespace railcc {
     "Write the log to this file instead of stderr; %h is replaced by the host, %p by the pid.") \
   X(buffSize, int64_t, "RAILCC_BUFFSIZE", "NCCL_BUFFSIZE", "4194304", "4096..68719476736",                         \
     "Bytes of each rank's shared-memory broadcast ring and, unless RAILCC_SHM_FIFO_BYTES "    \
-    "says otherwise, of each FIFO. Bounds shm memory, reserved at init. Must be equal on a "   \
-    "host's ranks.")                                                                          \
+    "says otherwise, of each FIFO (shm memory, reserved at init); and of the verbs "           \
+    "transport's receive ring and send staging area, each capped at 512 MiB and pinned, per "  \
+    "connection (peer on another host, lane and channel). Must be equal on a host's ranks.")  \
   X(shmFifoBytes, int64_t, "RAILCC_SHM_FIFO_BYTES", "", "0", "0..68719476736",                               \
     "Bytes of each shared-memory FIFO (one per same-host peer, lane and direction), at least " \
     "4096; 0: RAILCC_BUFFSIZE. Smaller FIFOs keep the cache for the data when many ranks "    \

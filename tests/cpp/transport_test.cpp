@@ -1,6 +1,7 @@
 // Transport tests: the shared-memory FIFO and the socket stream, driven directly.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -350,6 +351,37 @@ TEST(Socket, InterfaceSpecSyntax) {
   EXPECT_EQ(socket::pickInterface("=lo", a), "lo");
   EXPECT_EQ(socket::pickInterface("l", a), "lo");
   EXPECT_THROW(socket::pickInterface("=nosuchif0", a), Error);
+}
+
+// The rule behind pickInterfaces on a given list: what `railcc doctor` asks through railcc._C.
+TEST(Socket, InterfaceChoiceFromAList) {
+  auto at = [](const char* name, bool up, bool lo, const char* ip) {
+    socket::InterfaceAddr a;
+    a.name = name;
+    a.up = up;
+    a.loopback = lo;
+    a.addr.sin_family = AF_INET;
+    inet_pton(AF_INET, ip, &a.addr.sin_addr);
+    a.addr.sin_port = htons(99);
+    return a;
+  };
+  std::vector<socket::InterfaceAddr> host = {at("lo", true, true, "127.0.0.1"), at("eth0", false, false, "10.0.0.1"),
+                                             at("docker0", true, false, "172.17.0.1"), at("eth1", true, false, "10.1.0.1"),
+                                             at("eth1", true, false, "10.1.0.2"), at("eth2", true, false, "10.2.0.1")};
+  auto names = [](const std::vector<socket::Interface>& v) {
+    std::string s;
+    for (auto& i : v) s += (s.empty() ? "" : ",") + i.name + "=" + socket::formatAddr(i.addr);
+    return s;
+  };
+  EXPECT_EQ(names(socket::chooseInterfaces(host, "")), "eth1=10.1.0.1:0");  // first up, not lo or docker
+  EXPECT_EQ(names(socket::chooseInterfaces(host, "eth")), "eth1=10.1.0.1:0,eth2=10.2.0.1:0");  // one address per name
+  EXPECT_EQ(names(socket::chooseInterfaces(host, "^eth1")), "lo=127.0.0.1:0,docker0=172.17.0.1:0,eth2=10.2.0.1:0");
+  EXPECT_EQ(names(socket::chooseInterfaces(host, "=eth")), "");
+  EXPECT_EQ(names(socket::chooseInterfaces(host, "eth0")), "");  // down
+  EXPECT_EQ(names(socket::chooseInterfaces({host[0], host[2]}, "")), "lo=127.0.0.1:0");  // only loopback otherwise
+  EXPECT_EQ(names(socket::chooseInterfaces({host[0]}, "eth")), "");
+  EXPECT_TRUE(socket::matchSpec("eth0", "^=eth"));
+  EXPECT_FALSE(socket::matchSpec("eth0", "^eth"));
 }
 
 TEST(Reduce, HalfTypesAndBool) {

@@ -1,6 +1,6 @@
-// The verbs transport. The rules (RAILCC_IB_HCA, GID choice, GPUDirect decision) run
-// everywhere on faked inputs; everything else needs an RDMA device and skips without one:
-// in CI it runs inside the Soft-RoCE VM (tests/vm/test_vm_verbs.py), over real rxe devices.
+// The verbs transport with rdma-core's header: the endpoint blob, and what needs an RDMA
+// device, which skips without one: in CI it runs inside the Soft-RoCE VM
+// (tests/vm/test_vm_verbs.py), over real rxe devices. The pure rules: verbs_rules_test.cpp.
 #include <arpa/inet.h>
 #include <unistd.h>
 
@@ -18,70 +18,6 @@ using namespace railcc::engine;
 using namespace railcc::transport::verbs;
 
 namespace {
-
-// --- Rules, no device ----------------------------------------------------------------------
-
-TEST(VerbsRules, HcaSpecsFollowNcclSyntax) {
-  auto f = parseHcaSpec("mlx5_0:1,mlx5_1");
-  EXPECT_TRUE(hcaMatches(f, "mlx5_0", 1));
-  EXPECT_FALSE(hcaMatches(f, "mlx5_0", 2));
-  EXPECT_TRUE(hcaMatches(f, "mlx5_1", 2));
-  EXPECT_TRUE(hcaMatches(f, "mlx5_10", 1));  // a prefix
-  EXPECT_FALSE(hcaMatches(f, "mlx5_2", 1));
-  auto ex = parseHcaSpec("^mlx5_2");
-  EXPECT_TRUE(hcaMatches(ex, "mlx5_0", 1));
-  EXPECT_FALSE(hcaMatches(ex, "mlx5_2", 1));
-  auto exact = parseHcaSpec("=mlx5_1");
-  EXPECT_TRUE(hcaMatches(exact, "mlx5_1", 1));
-  EXPECT_FALSE(hcaMatches(exact, "mlx5_10", 1));
-  EXPECT_TRUE(hcaMatches(parseHcaSpec(""), "rxe0", 1));
-}
-
-GidEntry gid(int index, const char* text, int version, const char* netdev = "eth0") {
-  GidEntry e;
-  e.index = index;
-  inet_pton(AF_INET6, text, e.raw);
-  e.roceVersion = version;
-  e.netdev = netdev;
-  return e;
-}
-
-// A RoCE port as rxe and mlx5 show it: link-local v1/v2 first, then the IPv4-mapped ones.
-std::vector<GidEntry> roceTable() {
-  return {gid(0, "fe80::1", 1), gid(1, "fe80::1", 2), gid(2, "::ffff:10.1.0.5", 1), gid(3, "::ffff:10.1.0.5", 2),
-          gid(4, "::ffff:192.168.7.5", 2, "eth1"), gid(5, "2001:db8::5", 2)};
-}
-
-TEST(VerbsRules, GidPickIsRoceV2Ipv4NotLinkLocal) {
-  Config cfg = Config::defaults();
-  std::string why;
-  EXPECT_EQ(pickGid(roceTable(), cfg, "dev:1", &why), 3) << why;
-  cfg.ibAddrRange = "192.168.0.0/16";
-  EXPECT_EQ(pickGid(roceTable(), cfg, "dev:1", &why), 4) << why;
-  cfg.ibAddrRange = "";
-  cfg.ibRoceVersion = 1;
-  EXPECT_EQ(pickGid(roceTable(), cfg, "dev:1", &why), 2) << why;
-  cfg.ibRoceVersion = 2;
-  cfg.ibAddrFamily = "AF_INET6";
-  EXPECT_EQ(pickGid(roceTable(), cfg, "dev:1", &why), 5) << why;
-}
-
-TEST(VerbsRules, AForcedGidIndexWinsAndAMissingOneNamesTheRightOne) {
-  Config cfg = Config::defaults();
-  std::string why;
-  cfg.ibGidIndex = 1;
-  EXPECT_EQ(pickGid(roceTable(), cfg, "dev:1", &why), 1);
-  EXPECT_NE(why.find("link-local"), std::string::npos) << why;
-  EXPECT_NE(why.find("index 3 would"), std::string::npos) << why;
-  cfg.ibGidIndex = 9;
-  EXPECT_EQ(pickGid(roceTable(), cfg, "rxe0 port 1", &why), -1);
-  EXPECT_NE(why.find("rxe0 port 1 has no GID at index 9"), std::string::npos) << why;
-  EXPECT_NE(why.find("set it to 3"), std::string::npos) << why;
-  cfg.ibGidIndex = -1;
-  std::vector<GidEntry> onlyLinkLocal = {gid(0, "fe80::1", 2)};
-  EXPECT_EQ(pickGid(onlyLinkLocal, cfg, "rxe0 port 1", &why), -1);
-  EXPECT_NE(why.find("ip addr add"), std::string::npos) << why;
-}
 
 // A peer's endpoint blob is read from the store, which any process that reaches it can write:
 // hostile and truncated blobs are refused, never crash the reader.
@@ -159,30 +95,6 @@ TEST(VerbsBlob, TruncatedAndMutatedBlobsNeverCrash) {
     Blob b;
     parseBlob(s, &b);
   }
-}
-
-TEST(VerbsRules, GpuDirectDecisionFollowsPathLevelAndCapabilities) {
-  GdrFacts f{"GPU 0", "mlx5_0", "PIX", "PXB", true, true};
-  EXPECT_EQ(decideGdr(f).mode, GdrMode::kDmabuf);
-  EXPECT_EQ(decideGdr(f).line, "GPUDirect RDMA enabled for GPU 0 <-> mlx5_0 (dma-buf, path PIX)");
-  f.dmabuf = false;
-  EXPECT_EQ(decideGdr(f).mode, GdrMode::kPeermem);
-  f.peermem = false;
-  EXPECT_EQ(decideGdr(f).mode, GdrMode::kStaged);
-  EXPECT_EQ(decideGdr(f).line,
-            "GPUDirect RDMA disabled for GPU 0 <-> mlx5_0: nvidia_peermem not loaded and dma-buf unsupported: staging "
-            "through host memory");
-  GdrFacts far{"GPU 3", "mlx5_1", "SYS", "PXB", true, true};
-  EXPECT_EQ(decideGdr(far).mode, GdrMode::kStaged);
-  EXPECT_NE(decideGdr(far).line.find("path is SYS, beyond"), std::string::npos);
-  far.level = "SYS";
-  EXPECT_EQ(decideGdr(far).mode, GdrMode::kDmabuf);
-  far.level = "5";  // NCCL's old numbers
-  EXPECT_EQ(decideGdr(far).mode, GdrMode::kDmabuf);
-  far.level = "1";
-  EXPECT_EQ(decideGdr(far).mode, GdrMode::kStaged);
-  GdrFacts unknown{"GPU 0", "mlx5_0", "", "PXB", true, true};
-  EXPECT_NE(decideGdr(unknown).line.find("unknown"), std::string::npos);
 }
 
 // --- With a device (the Soft-RoCE VM) ---------------------------------------------------------

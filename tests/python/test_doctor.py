@@ -100,7 +100,7 @@ def test_roce_gid_table_with_link_local_index_0(tmp_path):
     root = fake_hosts.dgx(tmp_path, roce=True)
     port = doctor(root=root)["by"]["rdma mlx5_0/1"]
     assert port["verdict"] == "ok"
-    assert "GID index 3 (RoCE v2" in port["found"] and "RoCE v2 over IPv4 10.20.0.5" in port["found"]
+    assert "GID index 3 (RoCE v2" in port["found"] and "= 10.20.0.5): picked: RoCE v2, IPv4" in port["found"]
     assert "link-local index 0,1 skipped" in port["found"]
     assert "MTU 4096 (from ens0's 4200)" in port["found"]
     forced = doctor(root=root, NCCL_IB_GID_INDEX="0")["by"]["rdma mlx5_0/1"]

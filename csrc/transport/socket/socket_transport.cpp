@@ -45,8 +45,6 @@ void tuneSocket(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
 }
 
-namespace {
-
 bool matchSpec(const std::string& name, const std::string& spec) {
   std::string s = spec;
   bool exclude = false, exact = false;
@@ -71,6 +69,8 @@ bool matchSpec(const std::string& name, const std::string& spec) {
   }
   return exclude ? !hit : hit;
 }
+
+namespace {
 
 class SocketConnection : public Connection {
  public:
@@ -138,34 +138,46 @@ std::string formatAddr(const sockaddr_in& a) {
   return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
 }
 
+std::vector<Interface> chooseInterfaces(const std::vector<InterfaceAddr>& addrs, const std::string& spec) {
+  std::vector<Interface> chosen;
+  Interface loopback;
+  for (const InterfaceAddr& i : addrs) {
+    if (!i.up) continue;
+    bool ok = spec.empty() ? matchSpec(i.name, "^docker,lo") : matchSpec(i.name, spec);
+    // Without a spec, the first match only; with one, every match (one address per name).
+    bool dup = std::any_of(chosen.begin(), chosen.end(), [&](const Interface& c) { return c.name == i.name; });
+    if (ok && !dup && (chosen.empty() || !spec.empty())) chosen.push_back({i.name, i.addr});
+    if (i.loopback && loopback.name.empty()) loopback = {i.name, i.addr};
+  }
+  // A machine with no network at all: every peer is local, loopback is right.
+  if (chosen.empty() && spec.empty() && !loopback.name.empty()) chosen.push_back(loopback);
+  for (auto& c : chosen) c.addr.sin_port = 0;
+  return chosen;
+}
+
 std::vector<Interface> pickInterfaces(const std::string& spec) {
   ifaddrs* list = nullptr;
   RAILCC_SYSCHECK(getifaddrs(&list), "getifaddrs");
-  std::vector<Interface> chosen;
-  Interface loopback;
+  std::vector<InterfaceAddr> addrs;
   std::vector<std::string> seen;
   for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
     if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    if (!(i->ifa_flags & IFF_UP)) continue;
-    std::string name = i->ifa_name;
-    seen.push_back(name);
-    auto* a = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
-    bool ok = spec.empty() ? matchSpec(name, "^docker,lo") : matchSpec(name, spec);
-    // Without a spec, the first match only; with one, every match (one address per name).
-    bool dup = std::any_of(chosen.begin(), chosen.end(), [&](const Interface& c) { return c.name == name; });
-    if (ok && !dup && (chosen.empty() || !spec.empty())) chosen.push_back({name, *a});
-    if ((i->ifa_flags & IFF_LOOPBACK) && loopback.name.empty()) loopback = {name, *a};
+    InterfaceAddr a;
+    a.name = i->ifa_name;
+    a.up = (i->ifa_flags & IFF_UP) != 0;
+    a.loopback = (i->ifa_flags & IFF_LOOPBACK) != 0;
+    a.addr = *reinterpret_cast<sockaddr_in*>(i->ifa_addr);
+    if (a.up) seen.push_back(a.name);
+    addrs.push_back(a);
   }
   freeifaddrs(list);
-  // A machine with no network at all: every peer is local, loopback is right.
-  if (chosen.empty() && spec.empty() && !loopback.name.empty()) chosen.push_back(loopback);
+  std::vector<Interface> chosen = chooseInterfaces(addrs, spec);
   if (chosen.empty()) {
     std::string all;
     for (auto& s : seen) all += (all.empty() ? "" : ", ") + s;
     RAILCC_THROW(kInvalidUsage, "RAILCC_SOCKET_IFNAME/NCCL_SOCKET_IFNAME='", spec,
                  "' matches no up IPv4 interface; interfaces here: ", all);
   }
-  for (auto& c : chosen) c.addr.sin_port = 0;
   return chosen;
 }
 

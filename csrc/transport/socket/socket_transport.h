@@ -20,6 +20,22 @@ struct Interface {
   sockaddr_in addr{};  // port 0
 };
 
+/// RAILCC_SOCKET_IFNAME / NCCL_SOCKET_IFNAME matching of one interface name: comma-separated
+/// prefixes; a leading ^ excludes them, a leading = (after any ^) matches names exactly.
+bool matchSpec(const std::string& name, const std::string& spec);
+
+/// One IPv4 address of an interface, as getifaddrs lists them.
+struct InterfaceAddr {
+  std::string name;
+  bool up = false;
+  bool loopback = false;
+  sockaddr_in addr{};
+};
+
+/// The rule behind pickInterfaces, on a given list (getifaddrs' order): empty when nothing
+/// matches. Pure, so `railcc doctor` asks it about a host's interfaces.
+std::vector<Interface> chooseInterfaces(const std::vector<InterfaceAddr>& addrs, const std::string& spec);
+
 /// Every up IPv4 interface an NCCL-style spec names ("eth,ib" prefixes, "^docker,lo"
 /// excludes, "=eth0" exact), in the system's order; with an empty spec, only the first up,
 /// non-loopback, non-docker one (else loopback). Throws kInvalidUsage naming the spec if

@@ -1,7 +1,8 @@
 #pragma once
-// RDMA devices for the verbs transport: which devices and ports to use (NCCL_IB_HCA syntax),
-// the GID of a RoCE port (NCCL's rule), the GPUDirect RDMA decision, and the opened device
-// (context, protection domain, async-event thread) that connections share.
+// RDMA devices for the verbs transport: the opened device (context, protection domain,
+// async-event thread) that connections share, and which devices and ports to open. The rules
+// they follow (NCCL_IB_HCA syntax, the RoCE GID, the GPUDirect RDMA decision) are in
+// verbs_rules.h, which builds without rdma-core.
 
 #include <atomic>
 #include <cstdint>
@@ -13,54 +14,9 @@
 
 #include "common/config.h"
 #include "transport/verbs/ibv_lib.h"
+#include "transport/verbs/verbs_rules.h"
 
 namespace railcc::transport::verbs {
-
-// --- Pure rules (unit-tested without a device) -----------------------------------------
-
-/// An NCCL_IB_HCA spec: "mlx5_0:1,mlx5_1" (prefixes, optional port), "^mlx5_2" excludes,
-/// "=mlx5_0" matches names exactly. Empty: everything.
-struct HcaFilter {
-  bool exclude = false;
-  bool exact = false;
-  std::vector<std::pair<std::string, int>> items;  // name, port (-1: any)
-};
-HcaFilter parseHcaSpec(const std::string& spec);
-bool hcaMatches(const HcaFilter& f, const std::string& dev, int port);
-
-/// One entry of a port's GID table.
-struct GidEntry {
-  int index = 0;
-  uint8_t raw[16] = {0};
-  int roceVersion = 0;  // 1, 2, or 0 when the kernel does not say
-  std::string netdev;   // the interface the GID belongs to ("" when unknown)
-};
-std::string formatGid(const uint8_t raw[16]);
-bool gidIsZero(const uint8_t raw[16]);
-bool gidIsLinkLocal(const uint8_t raw[16]);
-bool gidIsIpv4Mapped(const uint8_t raw[16]);
-
-/// NCCL's RoCE rule: a forced index (RAILCC_IB_GID_INDEX / NCCL_IB_GID_INDEX) wins when it
-/// names a non-zero entry; otherwise the first entry of the wanted RoCE version and family,
-/// not link-local, inside RAILCC_IB_ADDR_RANGE; else the first usable one. Returns the index
-/// and says why in `why`; -1 with `why` saying what is wrong (the fix included).
-int pickGid(const std::vector<GidEntry>& table, const Config& cfg, const std::string& where, std::string* why);
-
-/// What the GPUDirect RDMA decision for one GPU and NIC rests on.
-struct GdrFacts {
-  std::string gpu;       // "GPU 0"
-  std::string nic;       // "mlx5_0"
-  std::string path;      // PCI path type between them: LOC, PIX, PXB, PHB, SYS ("" unknown)
-  std::string level;     // RAILCC_NET_GDR_LEVEL / NCCL_NET_GDR_LEVEL
-  bool dmabuf = false;   // the NIC takes dma-buf registrations (probed) and the kernel has it
-  bool peermem = false;  // nvidia_peermem (or the legacy nv_mem) is loaded
-};
-enum class GdrMode { kDmabuf, kPeermem, kStaged };
-struct GdrDecision {
-  GdrMode mode = GdrMode::kStaged;
-  std::string line;  // "GPUDirect RDMA enabled for GPU 0 <-> mlx5_0 (dma-buf)" or why not
-};
-GdrDecision decideGdr(const GdrFacts& f);
 
 // --- Devices -----------------------------------------------------------------------------
 

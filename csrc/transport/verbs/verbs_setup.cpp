@@ -98,7 +98,7 @@ class VerbsSetup : public Setup {
   VerbsSetup(const SetupContext& ctx, std::vector<std::shared_ptr<Device>> devs, std::string railWhy)
       : ctx_(ctx), devs_(std::move(devs)), railWhy_(std::move(railWhy)) {
     channels_ = static_cast<int>(devs_.size() * static_cast<size_t>(ctx_.config.ibQpsPerConn));
-    ring_ = static_cast<size_t>(std::min<int64_t>(ctx_.config.buffSize, int64_t(1) << 29));
+    ring_ = ringBytes(ctx_.config.buffSize);
     for (auto& d : devs_) logGdr(*d, ctx_);
   }
 

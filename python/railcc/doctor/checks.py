@@ -177,6 +177,12 @@ def check_dmabuf(ctx):
     return out or [Result("dma-buf", NA, "no RDMA device")]
 
 
+def _dmabuf_ok(ctx, name):
+    """The NIC takes dma-buf registrations (probed) and the kernel has dma-buf for RDMA."""
+    kern = _kernel_version(ctx)
+    return bool(ctx.verbs.get(name, {}).get("dmabuf")) and not (kern and kern < DMABUF_KERNEL)
+
+
 def _dmabuf_everywhere(ctx):
     vals = [ctx.verbs.get(d.name, {}).get("dmabuf") for d, _ in ctx.nics()]
     return bool(vals) and all(vals)
@@ -203,7 +209,10 @@ def check_peermem(ctx):
 
 def check_topology(ctx):
     """Where railcc's engine gets the machine's topology (rails, GPU-NIC paths): hwloc when it
-    loads, else sysfs. The doctor's own PCI checks always read sysfs (under its root)."""
+    loads, else sysfs. The doctor's own PCI checks always read sysfs (under its root), and ask
+    railcc's rules (railcc._C.rules, else the Python copy) what the engine would decide."""
+    src = topo.rules_source()
+    ctx.facts["host rules"] = "railcc._C" if src == "railcc._C" else "Python copy"
     if ctx.sys.fake:
         return [Result("topology", NA, f"the doctor reads the PCI tree of {ctx.sys.root}; railcc's engine reads this "
                                         "process's machine")]
@@ -228,7 +237,7 @@ def check_gdr(ctx):
         level, src = topo.gdr_level(ctx.env)
     except ValueError as e:
         return [Result("gdr path", FAIL, str(e), "use LOC, PIX, PXB, PHB or SYS")]
-    enabled = _peermem_loaded(ctx) or _dmabuf_everywhere(ctx)
+    peermem = _peermem_loaded(ctx)
     out = []
     for i, g in enumerate(ctx.gpus):
         dev, pci, path = ctx.nearest_nic(g)
@@ -236,15 +245,18 @@ def check_gdr(ctx):
         found = f"GPU {i} ({g.bdf}) -> {dev.name} ({pci.bdf}): {path}; GDR level {level} ({src})"
         if others:
             found += f"; other NICs at {'/'.join(others)}"
-        if not topo.within(path, level):
+        # The verbs transport's own decision (decideGdr), from this host's facts.
+        d = topo.decide_gdr(f"GPU {i}", dev.name, path, level, _dmabuf_ok(ctx, dev.name), peermem)
+        if not d["within_level"]:
             out.append(Result(f"gdr gpu{i}", WARN, found + ": beyond the level, its traffic is staged through host memory",
                               f"put a NIC under the same PCIe switch as GPU {i}, or raise NCCL_NET_GDR_LEVEL to {path} if the "
                               "platform handles P2P through that path well"))
-        elif not enabled:
+        elif d["mode"] == "staged":
             out.append(Result(f"gdr gpu{i}", FAIL, found + ": in reach, but neither nvidia_peermem nor dma-buf is there",
                               "modprobe nvidia_peermem"))
         else:
-            out.append(Result(f"gdr gpu{i}", OK, found + ": GPUDirect RDMA"))
+            how = "dma-buf" if d["mode"] == "dmabuf" else "nvidia_peermem"
+            out.append(Result(f"gdr gpu{i}", OK, found + f": GPUDirect RDMA ({how})"))
     return out
 
 
@@ -334,18 +346,21 @@ def check_rdma(ctx):
 
 def _gid_row(ctx, d, p):
     name = f"gid {d.name}/{p.num}"
-    g, why = topo.pick_gid(p, ctx.env)
+    g, why = topo.pick_gid(p, ctx.env, where=f"{d.name} port {p.num}")
+    why = why.replace("\n  ", "; ").replace("\n", "; ")  # the rule lists the table a line per entry
     skipped = [x.index for x in p.gids if x.link_local and (g is None or x.index < g.index)]
     ctx.facts[f"{name} index"] = str(g.index) if g else "none"
     if g is None:
         return Result(name, FAIL, why, f"give {d.netdevs[0] if d.netdevs else 'the netdev'} an IPv4 address "
                        "(ip addr add ADDR/PREFIX dev NETDEV), or unset NCCL_IB_GID_INDEX")
-    found = f"index {g.index} ({g.kind or 'IB'}, {g.gid}): {why}"
-    if skipped and "forced" not in why:
+    why = why[len(f"GID index {g.index} "):] if why.startswith(f"GID index {g.index} ") else why
+    found = f"index {g.index} ({g.kind or 'IB'}, {g.gid}" + (f" = {g.ipv4}" if g.ipv4 else "") + f"): {why}"
+    forced = "forced" in why
+    if skipped and not forced:
         found += f"; link-local index {','.join(map(str, skipped))} skipped"
-    if "forced" in why and p.link_layer == "Ethernet" and (g.link_local or not g.kind.lower().startswith("roce v2")):
-        best, _ = topo.pick_gid(p, {})
-        what = "link-local (fe80::, not routable between subnets)" if g.link_local else "RoCE v1 (not routable)"
+    if forced and p.link_layer == "Ethernet" and "may not route" in why:
+        best, _ = topo.pick_gid(p, ctx.env, forced=False)
+        what = "link-local (fe80::, not routable between subnets)" if g.link_local else "not the RoCE version railcc wants"
         return Result(name, WARN, found + f"; that entry is {what}",
                       f"unset the variable, or set it to {best.index}" if best else "unset the variable")
     return Result(name, OK, found)
@@ -356,13 +371,16 @@ def check_memlock(ctx):
     ctx.facts["memlock"] = _mib(lim) if lim != -1 else "unknown"
     # What the verbs transport registers (csrc/transport/verbs): per peer on another host, per
     # lane (collectives, send/recv) and per channel (active ports x queue pairs per connection),
-    # a receive ring and a send staging area of RAILCC_BUFFSIZE (at most 512 MiB) each.
-    ring = min(int(ctx.param("RAILCC_BUFFSIZE", 4 << 20)), 512 << 20)
+    # a receive ring and a send staging area of RAILCC_BUFFSIZE (at most 512 MiB) each: the
+    # transport's own figures (verbs::ringBytes, connectionPinnedBytes) through topo.rules().
+    rules = topo.rules()
+    buff = int(ctx.param("RAILCC_BUFFSIZE", 4 << 20))
+    ring = rules.verbs_ring_bytes(buff)
     qps = int(ctx.param("RAILCC_IB_QPS_PER_CONNECTION", 1))
     ports = sum(1 for d in ctx.rdma for p in d.ports if p.state == "ACTIVE") or 1
     staging = int(ctx.param("RAILCC_CUDA_STAGING_BYTES", 32 << 20)) if ctx.gpus else 0
     remote = max(ctx.world - ctx.local_ranks, 0)
-    need = remote * 2 * ports * qps * 2 * ring + staging
+    need = remote * 2 * ports * qps * rules.verbs_connection_bytes(buff) + staging
     how = (f"{_mib(need)} for {remote} remote peer(s) ({ctx.world_from}) x 2 lanes x {ports * qps} channel(s) "
            f"({ports} active port(s) x RAILCC_IB_QPS_PER_CONNECTION {qps}) x 2 rings of RAILCC_BUFFSIZE {_mib(ring)}"
            + (f" + CUDA staging {_mib(staging)}" if staging else ""))
@@ -418,15 +436,10 @@ def check_network(ctx):
 
 
 def shm_bytes_per_rank(local_ranks, buffsize, fifo, lanes=2):
-    """Bytes of one rank's shared-memory segment (the layout of shm::Domain::segmentBytes):
-    a header page, a FIFO (header page + data) per local rank and lane, a broadcast ring."""
-    page = 4096
-
-    def up(n):
-        return (n + page - 1) // page * page
-
-    slots = local_ranks * lanes
-    return page + slots * (page + up(fifo)) + up(64 * (1 + slots)) + up(buffsize)
+    """Bytes of one rank's shared-memory segment: shm::Domain::segmentBytes (through
+    topo.rules()) for a FIFO per local rank and lane (the engine's 2 lanes: collectives and
+    send/recv) and a broadcast ring of RAILCC_BUFFSIZE."""
+    return topo.rules().shm_segment_bytes(local_ranks * lanes, fifo, buffsize)
 
 
 def check_shm(ctx):

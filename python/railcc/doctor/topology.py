@@ -1,10 +1,54 @@
-"""PCI paths between GPUs and NICs, in NCCL's path vocabulary, and which GID a RoCE port
-should use. Pure functions over the facts System reads."""
+"""PCI paths between GPUs and NICs, in NCCL's path vocabulary, the GPUDirect RDMA decision,
+which GID a RoCE port uses and which interfaces the socket transport takes: what railcc
+would decide from the facts System reads.
+
+The rules are railcc's own C++ (railcc._C.rules, the functions the engine and transports
+run); this module asks them. Only when the extension cannot give them (it does not import,
+or predates railcc._C.rules) does it use rules_fallback, a Python copy kept so that the
+doctor still judges a host whose railcc build is broken or stale
+(tests/python/test_doctor_rules.py holds the copy to the C++, answer for answer)."""
+
+from . import rules_fallback
+
+_rules = None  # the module in use, once chosen
+_rules_why = ""
+
+
+def rules():
+    """railcc._C.rules when the extension imports and has them, else rules_fallback (the
+    Python copy)."""
+    global _rules, _rules_why
+    if _rules is None:
+        try:
+            from .. import _C
+
+            _rules, _rules_why = _C.rules, "railcc._C"
+        except Exception as e:  # noqa: BLE001 - no extension, or one without rules: the copy stands in
+            _rules, _rules_why = rules_fallback, f"Python fallback (railcc._C did not load: {type(e).__name__}: {e})"
+    return _rules
+
+
+def rules_source():
+    """Where the rules come from: "railcc._C", or the fallback and why."""
+    rules()
+    return _rules_why
+
 
 # Path types, nearest first, as NCCL names them (NCCL_NET_GDR_LEVEL takes these or 0..5).
 PATHS = ["LOC", "PIX", "PXB", "PHB", "SYS"]
-_LEVEL_NUMBERS = {"0": "LOC", "1": "PIX", "2": "PXB", "3": "PHB", "4": "SYS", "5": "SYS"}
 DEFAULT_GDR_LEVEL = "PXB"
+
+
+def pci_tuple(d):
+    """A System PciDevice as the rules take it: (bus id, NUMA node, bridges, host bridge)."""
+    return (d.bdf, d.numa, list(d.chain), d.root)
+
+
+def path_type(a, b):
+    """How traffic between PCI devices a and b travels: LOC (the same device), PIX (through at
+    most one PCIe switch), PXB (through several switches, not the host bridge), PHB (through
+    the host bridge of one CPU), SYS (across CPU sockets)."""
+    return rules().path_between(pci_tuple(a), pci_tuple(b))
 
 
 def _shared_bridges(a, b):
@@ -20,23 +64,9 @@ def _shared_bridges(a, b):
     return common
 
 
-def path_type(a, b):
-    """How traffic between PCI devices a and b travels: PIX (through at most one PCIe
-    switch), PXB (through several switches, not the host bridge), PHB (through the host
-    bridge of one CPU), SYS (across CPU sockets)."""
-    if a.bdf == b.bdf:
-        return "LOC"
-    common = _shared_bridges(a, b)
-    if common == 0:
-        if a.numa >= 0 and b.numa >= 0 and a.numa != b.numa:
-            return "SYS"
-        return "PHB"
-    below = max(len(a.chain) - common, len(b.chain) - common)
-    return "PIX" if below <= 1 else "PXB"
-
-
 def bridges_between(a, b):
-    """The PCI bridges a transfer between a and b passes (below the host bridge)."""
+    """The PCI bridges a transfer between a and b passes (below the host bridge): the doctor's
+    own question (which bridges' ACS to read), not a rule railcc's engine has."""
     common = _shared_bridges(a, b)
     if common == 0:
         return list(a.chain) + list(b.chain)
@@ -44,25 +74,30 @@ def bridges_between(a, b):
 
 
 def gdr_level(env):
-    """(level, where it came from); raises ValueError on a value NCCL would not take."""
+    """(level, where it came from); raises ValueError on a value railcc would not take."""
     for var in ("RAILCC_NET_GDR_LEVEL", "NCCL_NET_GDR_LEVEL"):
         v = env.get(var)
         if v:
-            v = v.strip().upper()
-            v = _LEVEL_NUMBERS.get(v, v)
-            if v not in PATHS:
-                raise ValueError(f"{var}={env[var]!r}: expected one of {', '.join(PATHS)} or 0..5")
-            return v, var
+            try:
+                return rules().parse_path(v), var
+            except ValueError:
+                raise ValueError(f"{var}={v!r}: expected one of {', '.join(PATHS)} or 0..5") from None
     return DEFAULT_GDR_LEVEL, "default"
 
 
 def within(path, level):
-    return PATHS.index(path) <= PATHS.index(level)
+    """Whether GPUDirect RDMA reaches over `path` at `level` (the verbs transport's decision)."""
+    return rules().decide_gdr("GPU", "NIC", path, level, False, False)["within_level"]
+
+
+def decide_gdr(gpu, nic, path, level, dmabuf, peermem):
+    """The verbs transport's decision for one GPU and NIC: {mode, within_level, line}."""
+    return rules().decide_gdr(gpu, nic, path, level, bool(dmabuf), bool(peermem))
 
 
 def roce_mtu(netdev_mtu):
     """The RoCE MTU a port gets from its netdev MTU (the kernel subtracts the RoCE v2
-    headers, then takes the largest IB MTU that fits)."""
+    headers, then takes the largest IB MTU that fits). The kernel's rule, not railcc's."""
     room = netdev_mtu - (40 + 8 + 12 + 4 + 28 + 4)
     for m in (4096, 2048, 1024, 512, 256):
         if room >= m:
@@ -70,60 +105,80 @@ def roce_mtu(netdev_mtu):
     return 0
 
 
-def pick_gid(port, env):
-    """(Gid or None, why) for one port. RAILCC_IB_GID_INDEX / NCCL_IB_GID_INDEX force an index;
-    otherwise a RoCE v2 GID mapped from an IPv4 address, then any RoCE v2 GID that is not
-    link-local, then RoCE v1. InfiniBand ports use index 0."""
+def _env(env, names, default):
+    for n in names:
+        if env.get(n) not in (None, ""):
+            return env[n]
+    return default
+
+
+def gid_table(port):
+    """A port's GIDs as pickGid takes them: (index, raw bytes, RoCE version, netdev)."""
+    out = []
+    for g in port.gids:
+        kind = g.kind or ""
+        version = 2 if "v2" in kind else 1 if "v1" in kind else 0  # as the verbs transport reads gid_attrs/types
+        out.append((g.index, bytes.fromhex(g.gid.replace(":", "")), version, g.netdev))
+    return out
+
+
+def pick_gid(port, env, where="the port", forced=True):
+    """(Gid or None, why) for one port, as the verbs transport picks it: RAILCC_IB_GID_INDEX /
+    NCCL_IB_GID_INDEX forces an index; otherwise the first RoCE v2 (RAILCC_IB_ROCE_VERSION_NUM)
+    IPv4-mapped (RAILCC_IB_ADDR_FAMILY) GID that is not link-local, inside RAILCC_IB_ADDR_RANGE.
+    InfiniBand ports address by LID; they report index 0 (the port GID) unless one is forced.
+    forced=False: what the rule picks with no index forced."""
+    idx = -1
     for var in ("RAILCC_IB_GID_INDEX", "NCCL_IB_GID_INDEX"):
-        v = env.get(var)
+        v = env.get(var) if forced else None
         if v not in (None, ""):
             try:
                 idx = int(v)
             except ValueError:
                 return None, f"{var}={v!r} is not a number"
-            if idx < 0:
-                break  # NCCL's -1: choose automatically
-            g = next((g for g in port.gids if g.index == idx), None)
-            if g is None:
-                return None, f"{var}={idx} names an empty GID slot"
-            return g, f"forced by {var}"
+            break
+    by_index = {g.index: g for g in port.gids}
     if port.link_layer == "InfiniBand":
-        g = next((g for g in port.gids if g.index == 0), None)
-        return g, "InfiniBand: index 0 (the port GID)"
-    v2 = [g for g in port.gids if g.kind.lower().startswith("roce v2")]
-    for g in v2:
-        if g.ipv4:
-            return g, f"RoCE v2 over IPv4 {g.ipv4}"
-    for g in v2:
-        if not g.link_local:
-            return g, "RoCE v2 over IPv6 (no IPv4-mapped GID)"
-    for g in port.gids:
-        if not g.link_local:
-            return g, "RoCE v1: no RoCE v2 GID; v1 is not routable"
-    return None, "no routable GID: only link-local entries (the netdev has no IP address)"
+        if idx >= 0:
+            g = by_index.get(idx)
+            return (g, "forced by RAILCC_IB_GID_INDEX/NCCL_IB_GID_INDEX") if g else \
+                (None, f"no GID at index {idx} (RAILCC_IB_GID_INDEX/NCCL_IB_GID_INDEX)")
+        return by_index.get(0), "InfiniBand: index 0 (the port GID)"
+    try:
+        version = int(_env(env, ("RAILCC_IB_ROCE_VERSION_NUM", "NCCL_IB_ROCE_VERSION_NUM"), "2"))
+    except ValueError:
+        version = 2
+    family = _env(env, ("RAILCC_IB_ADDR_FAMILY", "NCCL_IB_ADDR_FAMILY"), "AF_INET")
+    rng = _env(env, ("RAILCC_IB_ADDR_RANGE", "NCCL_IB_ADDR_RANGE"), "")
+    i, why = rules().pick_gid(gid_table(port), idx, version, family, rng, where)
+    return (by_index.get(i) if i >= 0 else None), why
 
 
 def match_spec(name, spec):
     """RAILCC_SOCKET_IFNAME / NCCL_SOCKET_IFNAME matching, as the socket transport does it:
     comma-separated prefixes; a leading ^ excludes, = matches names exactly."""
-    exclude = spec.startswith("^")
-    s = spec[1:] if exclude else spec
-    exact = s.startswith("=")
-    s = s[1:] if exact else s
-    hit = any(tok and (name == tok if exact else name.startswith(tok)) for tok in s.split(","))
-    return not hit if exclude else hit
+    return rules().match_spec(name, spec)
+
+
+def interface_addrs(ifaces):
+    """The interfaces' IPv4 addresses as getifaddrs lists them: (name, up, loopback, ipv4)."""
+    return [(i.name, i.up, i.loopback, ip) for i in ifaces for ip in i.ipv4]
 
 
 def resolve_interfaces(ifaces, spec):
     """(chosen, matched, why) as the socket transport picks: the first up interface with an
     IPv4 address that the spec matches (default: not docker*, not lo*), loopback when the
     default finds nothing else. `matched` lists every interface the spec takes."""
-    usable = [i for i in ifaces if i.up and i.ipv4]
-    matched = [i for i in usable if match_spec(i.name, spec if spec else "^docker,lo")]
-    if matched:
-        return matched[0], matched, "first up IPv4 interface " + (f"matching {spec!r}" if spec else "that is not lo or docker")
-    if not spec:
-        lo = next((i for i in usable if i.loopback), None)
-        if lo:
-            return lo, [lo], "no other up IPv4 interface: loopback (single-host only)"
-    return None, [], ""
+    picked = rules().choose_interfaces(interface_addrs(ifaces), spec)
+    if not picked:
+        return None, [], ""
+    by_name = {i.name: i for i in ifaces}
+    chosen = by_name[picked[0][0]]
+    if chosen.loopback and not spec:
+        return chosen, [chosen], "no other up IPv4 interface: loopback (single-host only)"
+    # With a spec the transport takes every match; without one only the first, but the doctor
+    # still lists the others the default would allow (to compare their MTUs).
+    names = [n for n, _ in picked] if spec else \
+        [i.name for i in ifaces if i.up and i.ipv4 and match_spec(i.name, "^docker,lo")]
+    matched = [by_name[n] for n in dict.fromkeys(names)]
+    return chosen, matched, "first up IPv4 interface " + (f"matching {spec!r}" if spec else "that is not lo or docker")

@@ -1,0 +1,143 @@
+// railcc._C.rules: the engine's and the transports' host rules as pure functions, for
+// `railcc doctor` (python/railcc/doctor). The doctor reads a host's facts itself (sysfs,
+// procfs) and asks these functions what railcc would decide from them, so a rule has one
+// source: the C++ the engine runs. Each binding only converts arguments and results.
+#include "rules_module.h"
+
+#include <arpa/inet.h>
+
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/config.h"
+#include "common/error.h"
+#include "topology/topology.h"
+#include "transport/shm/shm_transport.h"
+#include "transport/socket/socket_transport.h"
+#include "transport/verbs/verbs_rules.h"
+
+namespace py = pybind11;
+
+namespace {
+
+namespace topo = railcc::topology;
+namespace verbs = railcc::transport::verbs;
+namespace sock = railcc::transport::socket;
+
+// (bus id, NUMA node, bridges from the root port down, host bridge): what the doctor's
+// System reads for a PCI device, and what topology::PciDevice holds.
+using PciTuple = std::tuple<std::string, int, std::vector<std::string>, std::string>;
+
+topo::PciDevice toPci(const PciTuple& t) {
+  topo::PciDevice d;
+  d.busId = std::get<0>(t);
+  d.numa = std::get<1>(t);
+  d.chain = std::get<2>(t);
+  d.root = std::get<3>(t);
+  return d;
+}
+
+const char* modeName(verbs::GdrMode m) {
+  switch (m) {
+    case verbs::GdrMode::kDmabuf: return "dmabuf";
+    case verbs::GdrMode::kPeermem: return "peermem";
+    case verbs::GdrMode::kStaged: return "staged";
+  }
+  return "?";
+}
+
+}  // namespace
+
+void registerRules(py::module_& parent) {
+  py::module_ m = parent.def_submodule("rules", "railcc's host rules (the C++ the engine runs), for railcc doctor");
+
+  m.def("path_between", [](const PciTuple& a, const PciTuple& b) {
+    return std::string(topo::pathName(topo::pathBetween(toPci(a), toPci(b))));
+  }, py::arg("a"), py::arg("b"),
+        "PCI path type (LOC, PIX, PXB, PHB, SYS) between two devices, each (bus_id, numa, chain, root)");
+
+  m.def("parse_path", [](const std::string& s) {
+    try {
+      return std::string(topo::pathName(topo::parsePath(s)));
+    } catch (const railcc::Error& e) {
+      throw py::value_error(e.what());
+    }
+  }, py::arg("level"), "A path type or NCCL_NET_GDR_LEVEL value (PIX, pxb, 2, ...) as its name; ValueError otherwise");
+
+  m.def("decide_gdr", [](const std::string& gpu, const std::string& nic, const std::string& path,
+                         const std::string& level, bool dmabuf, bool peermem) {
+    verbs::GdrDecision d = verbs::decideGdr(verbs::GdrFacts{gpu, nic, path, level, dmabuf, peermem});
+    py::dict out;
+    out["mode"] = modeName(d.mode);
+    out["within_level"] = d.withinLevel;
+    out["line"] = d.line;
+    return out;
+  }, py::arg("gpu"), py::arg("nic"), py::arg("path"), py::arg("level"), py::arg("dmabuf"), py::arg("peermem"),
+        "The verbs transport's GPUDirect RDMA decision: {mode: dmabuf|peermem|staged, within_level, line}");
+
+  m.def("pick_gid", [](const std::vector<std::tuple<int, py::bytes, int, std::string>>& table, int64_t gidIndex,
+                       int64_t roceVersion, const std::string& addrFamily, const std::string& addrRange,
+                       const std::string& where) {
+    std::vector<verbs::GidEntry> entries;
+    for (const auto& [index, raw, version, netdev] : table) {
+      std::string b = raw;
+      if (b.size() != 16) throw py::value_error("a GID is 16 bytes, got " + std::to_string(b.size()));
+      verbs::GidEntry e;
+      e.index = index;
+      std::memcpy(e.raw, b.data(), 16);
+      e.roceVersion = version;
+      e.netdev = netdev;
+      entries.push_back(e);
+    }
+    railcc::Config cfg = railcc::Config::defaults();
+    cfg.ibGidIndex = gidIndex;
+    cfg.ibRoceVersion = roceVersion;
+    cfg.ibAddrFamily = addrFamily;
+    cfg.ibAddrRange = addrRange;
+    std::string why;
+    int idx = verbs::pickGid(entries, cfg, where, &why);
+    return std::make_pair(idx, why);
+  }, py::arg("table"), py::arg("gid_index") = -1, py::arg("roce_version") = 2, py::arg("addr_family") = "AF_INET",
+        py::arg("addr_range") = "", py::arg("where") = "the port",
+        "The RoCE GID a port uses, from its table [(index, raw 16 bytes, RoCE version 0|1|2, netdev)]: (index or -1, why)");
+
+  m.def("match_spec", &sock::matchSpec, py::arg("name"), py::arg("spec"),
+        "Whether RAILCC_SOCKET_IFNAME / NCCL_SOCKET_IFNAME `spec` takes interface `name`");
+
+  m.def("choose_interfaces", [](const std::vector<std::tuple<std::string, bool, bool, std::string>>& addrs,
+                                const std::string& spec) {
+    std::vector<sock::InterfaceAddr> in;
+    for (const auto& [name, up, loopback, ip] : addrs) {
+      sock::InterfaceAddr a;
+      a.name = name;
+      a.up = up;
+      a.loopback = loopback;
+      a.addr.sin_family = AF_INET;
+      if (inet_pton(AF_INET, ip.c_str(), &a.addr.sin_addr) != 1) throw py::value_error("not an IPv4 address: " + ip);
+      in.push_back(a);
+    }
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const sock::Interface& i : sock::chooseInterfaces(in, spec)) {
+      char ip[INET_ADDRSTRLEN] = {0};
+      inet_ntop(AF_INET, &i.addr.sin_addr, ip, sizeof(ip));
+      out.push_back({i.name, ip});
+    }
+    return out;
+  }, py::arg("addrs"), py::arg("spec"),
+        "The socket transport's interfaces from [(name, up, loopback, ipv4)] in getifaddrs order: [(name, ipv4)]");
+
+  m.def("shm_segment_bytes", [](int nslots, size_t fifoBytes, size_t ringBytes) {
+    return railcc::transport::shm::Domain::segmentBytes(nslots, fifoBytes, ringBytes);
+  }, py::arg("nslots"), py::arg("fifo_bytes"), py::arg("ring_bytes"),
+        "Bytes of one rank's shared-memory segment: nslots FIFOs (local ranks x lanes) and a broadcast ring");
+
+  m.def("verbs_ring_bytes", &verbs::ringBytes, py::arg("buffsize"),
+        "Bytes of a verbs connection's receive ring (and of its send staging area) for RAILCC_BUFFSIZE");
+  m.def("verbs_connection_bytes", &verbs::connectionPinnedBytes, py::arg("buffsize"),
+        "Bytes a verbs connection pins (its ring and its staging area) for RAILCC_BUFFSIZE");
+  m.attr("VERBS_MAX_RING_BYTES") = verbs::kMaxRingBytes;
+}
