@@ -4,7 +4,7 @@
 // csrc/engine: the glue and the transports never include it.
 //
 // Who does what (one file each):
-//   bootstrap.cpp    set-up: peer records, transports per peer, shared memory, TCP rendezvous
+//   bootstrap.cpp    set-up: peer records, transports per peer, their connections
 //   progress.cpp     the op queue, the progress thread, channels, failure and teardown
 //   watchdog.cpp     progress records, hang attribution, stragglers, flight-recorder dumps
 //   algorithms/      host algorithms written against exchange()/post()/complete()
@@ -38,8 +38,8 @@
 #include "engine/rail_check.h"
 #include "engine/telemetry.h"
 #include "transport/local.h"
-#include "transport/net.h"
 #include "transport/transport.h"
+#include "transport/connection.h"
 
 namespace railcc::engine {
 
@@ -549,9 +549,9 @@ class CommImpl {
     return std::make_exception_ptr(Error(ErrorCode::kAborted, abortWhy_));
   }
   // Wakes our progress thread wherever it sleeps; safe against a concurrent shutdown().
-  void ringSelf() {
+  void wakeSelf() {
     std::lock_guard<std::mutex> g(connMu_);
-    if (local_) local_->ringSelf();
+    if (local_) local_->wakeSelf();
   }
 
   CommOptions opts_;

@@ -91,7 +91,7 @@ void CommImpl::memberDied(const std::vector<int>& ranks, const std::string& grou
   memberDown_ = true;
   fail(std::make_exception_ptr(err));
   // Wake our progress thread wherever it waits: the op it runs fails with this error.
-  ringSelf();
+  wakeSelf();
   uint64_t one = 1;
   if (write(wakeFd_.fd, &one, sizeof(one)) < 0) { /* best effort */ }
   cv_.notify_all();

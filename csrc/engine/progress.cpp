@@ -68,7 +68,7 @@ RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
   if (!wake) return req;
   cv_.notify_one();
   if (sleeping_.load()) {
-    ringSelf();
+    wakeSelf();
     uint64_t one = 1;
     if (write(wakeFd_.fd, &one, sizeof(one)) < 0) { /* wake-up is best effort */ }
   }
@@ -924,7 +924,7 @@ void CommImpl::abort(const std::string& why) {
   }
   fail(abortedError());
   cv_.notify_all();
-  ringSelf();
+  wakeSelf();
   uint64_t one = 1;
   if (write(wakeFd_.fd, &one, sizeof(one)) < 0) { /* best effort */ }
 }

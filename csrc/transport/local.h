@@ -15,7 +15,7 @@ namespace railcc::transport {
 bool processGone(pid_t pid);
 
 /// Indices are local ranks (a rank's position among its host's ranks); -1 means this rank.
-/// Not thread-safe except ringSelf(), markFailed() and the doorbells.
+/// Not thread-safe except wakeSelf(), markFailed() and the doorbells.
 class LocalDomain {
  public:
   virtual ~LocalDomain() = default;
@@ -31,7 +31,7 @@ class LocalDomain {
   virtual void markFailed() = 0;
 
   /// Wakes this rank's own sleeping thread (a new op was queued).
-  void ringSelf() { ring(doorbell(-1)); }
+  void wakeSelf() { ring(doorbell(-1)); }
   /// Sleeps on this rank's doorbell (see sleepOn).
   template <typename F>
   void sleep(long timeoutUs, F&& recheck) {

@@ -3,7 +3,7 @@
 #include <map>
 #include <mutex>
 
-#include "transport/net.h"
+#include "transport/transport.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/socket/socket_transport.h"
 #ifdef RAILCC_HAVE_VERBS

@@ -1,117 +1,128 @@
 #pragma once
+// The transport plug-in contract. A transport is a folder under csrc/transport/ and one line
+// in registry.cpp; the engine's bootstrap and algorithms know transports only through this.
+//
+// Modelled on NCCL's net plug-in, for one communicator at a time:
+//   open()      -> a Setup for this communicator, or nullptr with the reason it cannot serve
+//   endpoint()  -> an opaque blob ("listen"); the engine publishes it through the c10d store
+//   reach()     -> whether (and why) this side can reach a peer from that peer's blob
+//   connect() / accept() start one connection each, progress() drives them all without
+//                  blocking (resumable; the engine calls it until it answers true)
+//   take()      -> the finished Connection (connection.h): a byte stream with memory
+//                  registration and request-based sends and receives
+// The lower rank of a pair connects, the higher accepts. A pair holds `channels` connections
+// per lane (the smaller of the two sides' offers), each bound to one local interface or NIC.
 
-#include <cstddef>
+#include <chrono>
 #include <cstdint>
-#include <deque>
+#include <functional>
+#include <memory>
 #include <string>
-#include <utility>
+#include <vector>
 
-#include "transport/copy.h"
+#include "common/config.h"
+#include "transport/connection.h"
 
 namespace railcc::transport {
 
-/// Where a buffer lives. Host memory is all the shm, socket and pipe transports move; CUDA
-/// and DMABUF are for transports that register device memory with a NIC (verbs).
-enum class MemoryKind { kHost, kCuda, kDmabuf };
+class LocalDomain;
 
-/// A registered buffer: what Connection::regMr returns and isend/irecv accept. Register once,
-/// reuse for many requests, deregister when the buffer goes (registration may be expensive).
-struct MemRegion {
-  void* addr = nullptr;
-  size_t bytes = 0;
-  MemoryKind kind = MemoryKind::kHost;
-  uint64_t handle = 0;  // the transport's own (an lkey/rkey pair, a dma-buf MR, ...)
+/// What a transport may know of a peer at set-up.
+struct PeerRecord {
+  int rank = -1;
+  std::string hostId;    // equal on ranks that share memory
+  std::string hostname;
+  int pid = 0;
+  std::string pidNs;     // pid namespace: a pid means something only within one
+  std::string endpoint;  // the blob this transport's Setup published on that rank
+  int channels = 1;      // connections per lane that rank offers
 };
 
-/// A reliable, ordered byte stream to one peer, in both directions. Every call is
-/// non-blocking: it moves what it can and returns. Errors (peer closed, reset, died) throw
-/// railcc::Error with code kPeerFailure. Not thread-safe: one progress thread drives it.
-///
-/// Receiving has two forms: recv() copies out; peek()/consume() expose the bytes in place,
-/// which lets the engine reduce straight out of shared memory or a staging buffer.
-class Connection {
+/// A GPU of this host and an RDMA NIC, with the PCI path between them (PIX, PXB, PHB, SYS),
+/// from the topology: what GPUDirect RDMA decisions rest on.
+struct GpuNicPath {
+  std::string gpu;   // "GPU 0"
+  std::string nic;   // "mlx5_0"
+  std::string path;
+};
+
+/// One communicator's set-up, as every transport sees it.
+struct SetupContext {
+  int rank = 0;
+  int size = 1;
+  int lanes = 1;                  // independent streams per pair (collectives, send/recv)
+  std::string group;              // for logs
+  Config config;
+  std::vector<uint8_t> secret;    // the group secret, for transports that authenticate
+  std::vector<PeerRecord> peers;  // every rank, without endpoints (those come later)
+  std::vector<int> localRanks;    // ranks that share this host's memory, this one included
+  // From the topology, when known (else -1 and empty): this rank's rail, and per rail of this
+  // host the network interface of its NIC ("" where it has none with an IPv4 address).
+  // Transports between hosts keep a rank's traffic on its rail's NIC.
+  int rail = -1;
+  std::vector<std::string> railIfs;
+  std::vector<GpuNicPath> gpuNics;  // every GPU x RDMA NIC pair of this host (topology)
+};
+
+class Setup {
  public:
-  virtual ~Connection() = default;
-
-  /// Copies up to n bytes from p into the stream. Returns the number taken (0 when full).
-  virtual size_t send(const void* p, size_t n) = 0;
-
-  /// Returns a readable, contiguous region (possibly empty) without consuming it.
-  virtual std::pair<const void*, size_t> peek() = 0;
-  /// Consumes n bytes of the region returned by the last peek().
-  virtual void consume(size_t n) = 0;
-
-  /// Copies up to n bytes into p. Returns the number delivered (0 when nothing arrived).
-  virtual size_t recv(void* p, size_t n) {
-    auto [src, avail] = peek();
-    size_t k = avail < n ? avail : n;
-    if (k > 0) {
-      copyBytes(p, src, k);
-      consume(k);
-    }
-    return k;
-  }
-
-  /// True when send() would take at least one byte now. Memory-based transports answer it
-  /// exactly (the engine checks it before sleeping so a freed FIFO is never missed); others
-  /// may answer false and rely on pollFd().
-  virtual bool canSend() { return false; }
-
-  /// A file descriptor to poll() for readiness, or -1 for memory-based transports, which
-  /// wake the peer through its doorbell instead (the LocalDomain's, transport/local.h): the
-  /// engine then sleeps on its own doorbell, not in poll().
-  virtual int pollFd() const { return -1; }
-
-  /// Transport name and peer address, for logs and error messages ("shm", "socket 1.2.3.4:5").
-  virtual std::string describe() const = 0;
-
-  /// Checks that the peer is still alive where the transport cannot see a close (shared
-  /// memory). Throws kPeerFailure. Cheap enough to call a few times a second.
-  virtual void checkAlive() {}
-
-  /// True when the peer has flagged a failure of its own (memory-based transports; a socket
-  /// peer shuts its connections down instead). One atomic load: checked before every op.
-  virtual bool peerReportedFailure() { return false; }
-
-  /// Tells the peer this side has failed and will not continue the stream: sockets are shut
-  /// down so the peer sees a close at once. Thread-safe (may run on an aborting thread).
-  virtual void markFailed() {}
-
-  // --- Memory registration and requests --------------------------------------------------
-  // The engine's collectives drive the stream above: a message is a header the receiver
-  // checks, then a payload it may reduce in place. Transports whose hardware moves whole
-  // registered buffers (RDMA) also offer messages as requests, which is what this part is.
-  // The defaults carry each request as one length-prefixed message on the stream, so every
-  // transport supports them; a connection is used either as a stream or through requests.
-
-  /// Registers [p, p + n) for requests. Host memory needs nothing on a stream transport;
-  /// memory this transport cannot move throws kInvalidUsage naming the transport.
-  virtual MemRegion regMr(void* p, size_t n, MemoryKind kind);
-  virtual void deregMr(MemRegion& mr) { mr = MemRegion{}; }
-  /// Starts sending n bytes of p (inside `mr`, or null for unregistered host memory).
-  /// Returns a request id for test(). Blocks: no.
-  virtual int isend(const void* p, size_t n, const MemRegion* mr);
-  /// Starts receiving one message of at most n bytes into p. Returns a request id. Blocks: no.
-  virtual int irecv(void* p, size_t n, const MemRegion* mr);
-  /// Moves requests on; true once request `id` is done, with its size in `bytes`. A done
-  /// request is forgotten. Requests complete in the order they were started, per direction.
-  /// A message larger than its receive's n throws kInvalidUsage. Blocks: no.
-  virtual bool test(int id, size_t* bytes);
-
- private:
-  struct StreamRequest {
-    int id;
-    bool send;
-    char* p;
-    size_t n;
-    uint64_t len;      // the message's length (a receive learns it from the prefix)
-    size_t lenDone = 0;
-    size_t done = 0;
-    bool finished = false;
-  };
-  void progressRequests();
-  std::deque<StreamRequest> sendReqs_, recvReqs_, doneReqs_;
-  int nextReq_ = 1;
+  virtual ~Setup() = default;
+  /// This rank's endpoint blob ("" when it needs none). Called once, before any connect.
+  virtual std::string endpoint() = 0;
+  /// How many connections per lane this rank offers a peer (interfaces x sockets, NICs x QPs).
+  virtual int channels() const { return 1; }
+  /// Why this side can reach `peer` ("same host", "both have an IPv4 interface"), or "" when
+  /// it cannot. `peer.endpoint` is the blob the peer published.
+  virtual std::string reach(const PeerRecord& peer) = 0;
+  /// Starts the connection (peer, lane, channel) from this side (the lower rank). Blocks: no.
+  virtual void connect(const PeerRecord& peer, int lane, int channel) = 0;
+  /// Expects the peer to connect (peer, lane, channel) to this side. Blocks: no.
+  virtual void accept(const PeerRecord& peer, int lane, int channel) = 0;
+  /// Called, with nothing registered yet or more to come, while bootstrap waits for peers'
+  /// endpoints: serve what already arrives (a listener's strangers) for up to `budget`.
+  virtual void idle(std::chrono::milliseconds budget) {}
+  /// Moves every started connection on; true once all are done. May wait up to `budget` for
+  /// something to happen (a poll), never longer. Throws railcc::Error with the peer in
+  /// `ranks` (kPeerFailure, kTimeout at `deadline`).
+  virtual bool progress(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds budget) = 0;
+  /// The finished connection (once progress() returned true); the caller owns it.
+  virtual std::unique_ptr<Connection> take(int peer, int lane, int channel) = 0;
+  /// Every peer has taken its connections (a store round-trip after progress() ended):
+  /// release set-up resources (listeners, names). Blocks: no.
+  virtual void finish() {}
+  /// True when finish() must wait until every peer served by this transport has taken its
+  /// connections (shared memory: a name may go only once every peer has mapped it).
+  virtual bool finishAfterPeers() const { return false; }
+  /// What this rank shares with the peers of its host (doorbells, broadcast rings), for a
+  /// transport that maps their memory; null for any other.
+  virtual std::shared_ptr<LocalDomain> localDomain() { return nullptr; }
 };
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string name() const = 0;
+  /// False for a transport that only reaches ranks sharing this host's memory.
+  virtual bool interHost() const = 0;
+  /// A Setup for one communicator, or nullptr with `whyNot` set (no device, disabled, ...).
+  virtual std::unique_ptr<Setup> open(const SetupContext& ctx, std::string& whyNot) = 0;
+};
+
+using TransportFactory = std::function<std::unique_ptr<Transport>()>;
+
+/// Registers a transport under `name`. Lower `preference` is tried first for a peer pair;
+/// a name registered twice replaces the first. Thread-safe.
+void registerTransport(const std::string& name, int preference, TransportFactory factory);
+/// Removes a transport registered by name (tests). Thread-safe.
+void unregisterTransport(const std::string& name);
+
+struct Registered {
+  std::string name;
+  int preference;
+  TransportFactory factory;
+};
+/// Every registered transport, most preferred first: the built-ins (registry.cpp) plus any
+/// registered at run time.
+std::vector<Registered> registeredTransports();
 
 }  // namespace railcc::transport

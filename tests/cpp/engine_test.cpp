@@ -12,7 +12,7 @@
 #include "engine/telemetry.h"
 #include "common/error.h"
 #include "ranks.h"
-#include "transport/transport.h"
+#include "transport/connection.h"
 
 using namespace railcc;
 using namespace railcc::engine;

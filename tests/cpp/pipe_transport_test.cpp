@@ -17,7 +17,7 @@
 #include "common/error.h"
 #include "collective_checks.h"
 #include "ranks.h"
-#include "transport/net.h"
+#include "transport/transport.h"
 
 using namespace railcc;
 using namespace railcc::engine;

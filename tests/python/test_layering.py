@@ -50,7 +50,7 @@ def test_every_include_points_down():
 
 
 # The engine knows transports only through the contract: the headers directly in transport/
-# (transport.h, net.h, local.h, ...), never a named transport's folder or namespace.
+# (transport.h, connection.h, local.h, ...), never a named transport's folder or namespace.
 NAMED_TRANSPORT = re.compile(r"#\s*include\s*\"transport/[^/\"]+/|\btransport::(shm|socket|verbs)::")
 # The c10d glue reaches the engine through its public headers only (docs/architecture.md).
 ENGINE_PUBLIC = {"engine/communicator.h", "engine/rail_check.h", "engine/store_watch.h"}

@@ -64,7 +64,7 @@ std::vector<Algo> parseAlgos(const std::string& spec, std::string* ignored);
 /// The algorithm for one op of `bytes` bytes; `why` says which rule (or preference) chose it.
 Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& place, const std::vector<Algo>& prefer, const char** why);
 
-/// The rule as it applies to this group, one line per op: for logs and `railcc algo`.
+/// The rule as it applies to this group, one line per op: logged by rank 0 at INFO (COLL).
 std::string describeRule(const AlgoPlace& place, const std::vector<Algo>& prefer);
 
 }  // namespace railcc::engine

@@ -87,7 +87,7 @@ void CommImpl::checkGpuWork(Clock::time_point* next) {
   if (!err || brokenError()) return;
   fail(err);
   // Wake the progress thread wherever it waits: what is queued fails with this error.
-  ringSelf();
+  wakeSelf();
   uint64_t one = 1;
   if (write(wakeFd_.fd, &one, sizeof(one)) < 0) { /* best effort */ }
   cv_.notify_all();

@@ -8,7 +8,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "transport/net.h"
+#include "transport/transport.h"
 #include "transport/shm/shm_transport.h"
 
 namespace railcc::transport::shm {

@@ -40,7 +40,7 @@ namespace {
 
 class ShmConnection : public Connection {
  public:
-  ShmConnection(RingHeader* out, char* outData, SegmentHeader* peerHdr, RingHeader* in, char* inData, size_t cap,
+  ShmConnection(FifoHeader* out, char* outData, SegmentHeader* peerHdr, FifoHeader* in, char* inData, size_t cap,
                 const Segment* peerSeg)
       : out_(out), outData_(outData), peerHdr_(peerHdr), in_(in), inData_(inData), cap_(cap), peerSeg_(peerSeg) {}
 
@@ -109,10 +109,10 @@ class ShmConnection : public Connection {
   }
 
  private:
-  RingHeader* out_;
+  FifoHeader* out_;
   char* outData_;
   SegmentHeader* peerHdr_;
-  RingHeader* in_;
+  FifoHeader* in_;
   char* inData_;
   size_t cap_;
   const Segment* peerSeg_;
@@ -203,7 +203,7 @@ namespace {
 // then one cache line per consumer) | broadcast ring data.
 size_t fifosEnd(int nslots, size_t fifoBytes) {
   return alignUp(sizeof(SegmentHeader), 4096) +
-         static_cast<size_t>(nslots) * (alignUp(sizeof(RingHeader), 4096) + alignUp(fifoBytes, 4096));
+         static_cast<size_t>(nslots) * (alignUp(sizeof(FifoHeader), 4096) + alignUp(fifoBytes, 4096));
 }
 size_t bcastHeaderBytes(int nslots) { return alignUp(64 * (1 + static_cast<size_t>(nslots)), 4096); }
 }  // namespace
@@ -286,14 +286,14 @@ std::unique_ptr<Connection> Domain::connect(int myIndex, int peerIndex, int lane
   Segment* peer = peers_.at(static_cast<size_t>(peerIndex)).get();
   RAILCC_CHECK_ARG(peer != nullptr, "shm peer ", peerIndex, " not attached");
   size_t hdr = alignUp(sizeof(SegmentHeader), 4096);
-  size_t ringHdr = alignUp(sizeof(RingHeader), 4096);
+  size_t ringHdr = alignUp(sizeof(FifoHeader), 4096);
   size_t slot = ringHdr + alignUp(fifoBytes_, 4096);
   auto at = [&](Segment* s, int idx) { return s->data() + hdr + static_cast<size_t>(idx) * slot; };
   char* out = at(peer, myIndex * nlanes + lane);
   char* in = at(own_.get(), peerIndex * nlanes + lane);
   auto conn = std::make_unique<ShmConnection>(
-      reinterpret_cast<RingHeader*>(out), out + ringHdr, reinterpret_cast<SegmentHeader*>(peer->data()),
-      reinterpret_cast<RingHeader*>(in), in + ringHdr, fifoBytes_, peer);
+      reinterpret_cast<FifoHeader*>(out), out + ringHdr, reinterpret_cast<SegmentHeader*>(peer->data()),
+      reinterpret_cast<FifoHeader*>(in), in + ringHdr, fifoBytes_, peer);
   conn->samePidNamespace_ = samePidNamespace;
   return conn;
 }

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "transport/local.h"
-#include "transport/net.h"
+#include "transport/transport.h"
 
 namespace railcc::transport::shm {
 
@@ -30,7 +30,7 @@ struct alignas(64) SegmentHeader {
 
 /// One single-producer single-consumer byte FIFO. Positions only grow; the byte at
 /// position p lives at data[p % capacity].
-struct alignas(64) RingHeader {
+struct alignas(64) FifoHeader {
   alignas(64) std::atomic<uint64_t> head;  // consumer position
   alignas(64) std::atomic<uint64_t> tail;  // producer position
 };

@@ -14,7 +14,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/strings.h"
-#include "transport/net.h"
+#include "transport/transport.h"
 #include "transport/socket/rendezvous.h"
 #include "transport/socket/socket_transport.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "transport/net.h"
+#include "transport/transport.h"
 
 namespace railcc::transport::socket {
 

@@ -23,7 +23,7 @@
 #include <tuple>
 #include <vector>
 
-#include "transport/net.h"
+#include "transport/transport.h"
 #include "transport/verbs/verbs_devices.h"
 
 namespace railcc::transport::verbs {

@@ -2,7 +2,7 @@
 #include <algorithm>
 
 #include "common/error.h"
-#include "transport/transport.h"
+#include "transport/connection.h"
 
 namespace railcc::transport {
 

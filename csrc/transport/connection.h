@@ -1,0 +1,117 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <utility>
+
+#include "transport/copy.h"
+
+namespace railcc::transport {
+
+/// Where a buffer lives. Host memory is all the shm, socket and pipe transports move; CUDA
+/// and DMABUF are for transports that register device memory with a NIC (verbs).
+enum class MemoryKind { kHost, kCuda, kDmabuf };
+
+/// A registered buffer: what Connection::regMr returns and isend/irecv accept. Register once,
+/// reuse for many requests, deregister when the buffer goes (registration may be expensive).
+struct MemRegion {
+  void* addr = nullptr;
+  size_t bytes = 0;
+  MemoryKind kind = MemoryKind::kHost;
+  uint64_t handle = 0;  // the transport's own (an lkey/rkey pair, a dma-buf MR, ...)
+};
+
+/// A reliable, ordered byte stream to one peer, in both directions. Every call is
+/// non-blocking: it moves what it can and returns. Errors (peer closed, reset, died) throw
+/// railcc::Error with code kPeerFailure. Not thread-safe: one progress thread drives it.
+///
+/// Receiving has two forms: recv() copies out; peek()/consume() expose the bytes in place,
+/// which lets the engine reduce straight out of shared memory or a staging buffer.
+class Connection {
+ public:
+  virtual ~Connection() = default;
+
+  /// Copies up to n bytes from p into the stream. Returns the number taken (0 when full).
+  virtual size_t send(const void* p, size_t n) = 0;
+
+  /// Returns a readable, contiguous region (possibly empty) without consuming it.
+  virtual std::pair<const void*, size_t> peek() = 0;
+  /// Consumes n bytes of the region returned by the last peek().
+  virtual void consume(size_t n) = 0;
+
+  /// Copies up to n bytes into p. Returns the number delivered (0 when nothing arrived).
+  virtual size_t recv(void* p, size_t n) {
+    auto [src, avail] = peek();
+    size_t k = avail < n ? avail : n;
+    if (k > 0) {
+      copyBytes(p, src, k);
+      consume(k);
+    }
+    return k;
+  }
+
+  /// True when send() would take at least one byte now. Memory-based transports answer it
+  /// exactly (the engine checks it before sleeping so a freed FIFO is never missed); others
+  /// may answer false and rely on pollFd().
+  virtual bool canSend() { return false; }
+
+  /// A file descriptor to poll() for readiness, or -1 for memory-based transports, which
+  /// wake the peer through its doorbell instead (the LocalDomain's, transport/local.h): the
+  /// engine then sleeps on its own doorbell, not in poll().
+  virtual int pollFd() const { return -1; }
+
+  /// Transport name and peer address, for logs and error messages ("shm", "socket 1.2.3.4:5").
+  virtual std::string describe() const = 0;
+
+  /// Checks that the peer is still alive where the transport cannot see a close (shared
+  /// memory). Throws kPeerFailure. Cheap enough to call a few times a second.
+  virtual void checkAlive() {}
+
+  /// True when the peer has flagged a failure of its own (memory-based transports; a socket
+  /// peer shuts its connections down instead). One atomic load: checked before every op.
+  virtual bool peerReportedFailure() { return false; }
+
+  /// Tells the peer this side has failed and will not continue the stream: sockets are shut
+  /// down so the peer sees a close at once. Thread-safe (may run on an aborting thread).
+  virtual void markFailed() {}
+
+  // --- Memory registration and requests --------------------------------------------------
+  // The engine's collectives drive the stream above: a message is a header the receiver
+  // checks, then a payload it may reduce in place. Transports whose hardware moves whole
+  // registered buffers (RDMA) also offer messages as requests, which is what this part is.
+  // The defaults carry each request as one length-prefixed message on the stream, so every
+  // transport supports them; a connection is used either as a stream or through requests.
+
+  /// Registers [p, p + n) for requests. Host memory needs nothing on a stream transport;
+  /// memory this transport cannot move throws kInvalidUsage naming the transport.
+  virtual MemRegion regMr(void* p, size_t n, MemoryKind kind);
+  virtual void deregMr(MemRegion& mr) { mr = MemRegion{}; }
+  /// Starts sending n bytes of p (inside `mr`, or null for unregistered host memory).
+  /// Returns a request id for test(). Blocks: no.
+  virtual int isend(const void* p, size_t n, const MemRegion* mr);
+  /// Starts receiving one message of at most n bytes into p. Returns a request id. Blocks: no.
+  virtual int irecv(void* p, size_t n, const MemRegion* mr);
+  /// Moves requests on; true once request `id` is done, with its size in `bytes`. A done
+  /// request is forgotten. Requests complete in the order they were started, per direction.
+  /// A message larger than its receive's n throws kInvalidUsage. Blocks: no.
+  virtual bool test(int id, size_t* bytes);
+
+ private:
+  struct StreamRequest {
+    int id;
+    bool send;
+    char* p;
+    size_t n;
+    uint64_t len;      // the message's length (a receive learns it from the prefix)
+    size_t lenDone = 0;
+    size_t done = 0;
+    bool finished = false;
+  };
+  void progressRequests();
+  std::deque<StreamRequest> sendReqs_, recvReqs_, doneReqs_;
+  int nextReq_ = 1;
+};
+
+}  // namespace railcc::transport
