@@ -118,6 +118,7 @@ def test_rank_that_never_calls_is_named_and_the_trace_says_so(pools, tmp_path, n
         assert g["error"] == "CollectiveTimeoutError", g
         assert g["ranks"] == [late], g
         assert g["seq"] == 4, g
+        assert "timed out" in g["msg"].splitlines()[0], g["msg"]  # what scripts and torch's tests match on
         assert f"rank {late} (host" in g["msg"] and f"never called seq 4" in g["msg"], g["msg"]
         assert "alive and reporting" in g["msg"], g["msg"]
         assert TIMEOUT_S - 0.5 < g["after"] < TIMEOUT_S + 10, g
