@@ -5,7 +5,9 @@
 //
 // Who does what (one file each):
 //   bootstrap.cpp    set-up: peer records, transports per peer, their connections
-//   progress.cpp     the op queue, the progress thread, channels, failure and teardown
+//   progress.cpp     the op queue, the progress thread, the engine token, abort and teardown
+//   channels.cpp     transfers over connections: headers, sends, receives, exchange, waiting
+//   failure.cpp      how a group fails, names the peer at fault, and tells its other groups
 //   watchdog.cpp     progress records, hang attribution, stragglers, flight-recorder dumps
 //   algorithms/      host algorithms written against exchange()/post()/complete()
 //   device/          GPU buffers: pinned staging and CUDA IPC under the host algorithms
@@ -160,6 +162,7 @@ struct Transfer {
   ReduceOp op = ReduceOp::kSum;
   double scale = 1.0;
   const size_t* limit = nullptr;  // forwarding: send no further than another transfer has received
+  const Transfer* after = nullptr;  // send nothing, header included, until this receive has taken its header
   size_t limitBase = 0;           // a share of a split send: where it starts in what `limit` counts
   int channel = 0;                // which of the pair's channels carries it
   std::shared_ptr<std::vector<Transfer>> parts;  // a message split across channels (post())
@@ -180,8 +183,12 @@ inline size_t sendLimit(const Transfer& t) {
   return std::min(t.bytes, got);
 }
 
+// A send waiting for a receive to take its header first (a broadcast tail's acknowledgement).
+inline bool gated(const Transfer& t) { return t.after && !(t.after->matched || t.after->done > 0 || t.after->finished); }
+
 // False when a forwarding send has sent all it may until more arrives.
 inline bool hasBytesToSend(const Transfer& t) {
+  if (gated(t)) return false;
   if (t.hdrDone < sizeof(WireHeader) || t.done >= t.bytes) return true;
   return t.done < sendLimit(t);
 }
@@ -758,7 +765,7 @@ class CommImpl {
   }
   [[noreturn]] void failStalled(const std::vector<Transfer*>& pending, Millis timeout);
   void fail(std::exception_ptr err);
-  // failure_spread.cpp: the communicators of this process, so that a rank found dead in one
+  // failure.cpp: the communicators of this process, so that a rank found dead in one
   // group fails the others that hold it (their peers may never talk to it in the op they wait in).
   void enlist();
   void unlist();

@@ -17,10 +17,12 @@ void CommImpl::runBroadcast(char* buf, size_t bytes, int root) {
 void CommImpl::runBroadcastChain(char* buf, size_t bytes, int root) {
   int n = size_, r = rank_;
   int pos = (r - root + n) % n;
-  // A pipelined chain: each rank forwards bytes as soon as they arrive. Once the tail has
-  // all of them it sends the root an empty message: every header on the way carries the
-  // root, so a root that the others do not agree on fails here, on both sides, instead of
-  // returning as if its data had been taken (and the mismatch surfacing one op later).
+  // A pipelined chain: each rank forwards bytes as soon as they arrive, and takes them only
+  // after checking its predecessor's header, which carries the root. Once the tail has taken
+  // that header (so every rank before it agreed on the root), it sends the root an empty
+  // message: a root that the others do not agree on fails in this call, on both sides,
+  // instead of returning as if its data had been taken (and the mismatch surfacing one op
+  // later). The root waits for the tail's header, not for its whole payload.
   std::vector<Transfer> xs;
   xs.reserve(3);
   if (pos > 0) xs.push_back(recvFrom((r - 1 + n) % n, buf, bytes));
@@ -28,12 +30,13 @@ void CommImpl::runBroadcastChain(char* buf, size_t bytes, int root) {
     xs.push_back(sendTo((r + 1) % n, buf, bytes));
     if (pos > 0) xs.back().limit = &xs.front().done;
   }
-  if (pos == 0) xs.push_back(recvFrom((root + n - 1) % n, nullptr, 0));
-  exchange(xs);
-  if (pos == n - 1) {
-    std::vector<Transfer> ack{sendTo(root, nullptr, 0)};
-    exchange(ack);
+  if (pos == 0) {
+    xs.push_back(recvFrom((root + n - 1) % n, nullptr, 0));
+  } else if (pos == n - 1) {
+    xs.push_back(sendTo(root, nullptr, 0));
+    xs.back().after = &xs.front();
   }
+  exchange(xs);
 }
 
 void CommImpl::runReduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale, int root) {

@@ -1,0 +1,421 @@
+#include "engine/comm_impl.h"
+
+namespace railcc::engine {
+
+// ---------------------------------------------------------------------------------------
+// Channels: moving an op's transfers over its connections. Headers are read and checked
+// against the op's fingerprint, sends and receives (and receive-reduce) advance as far as the
+// connections let them, exchange/post/complete run a step's transfers together, and idle()
+// waits for the peers a step waits on (spin, then poll() or the doorbell), checking liveness
+// and the op's timeout.
+
+// A small message read in one go once all of it is there: header, payload, padding, one
+// consume (one publication back to the sender). False, having read nothing, while it is not.
+bool CommImpl::recvWhole(Channel& ch, Transfer& t, int lane, int peer, size_t& moved) {
+  const size_t pad = pad8(t.bytes) - t.bytes, total = sizeof(WireHeader) + t.bytes + pad;
+  auto [p, avail] = ch.conn->peek();
+  if (avail < total) return false;
+  std::memcpy(&ch.inHdr, p, sizeof(WireHeader));
+  acceptHeader(ch, t, lane, peer);
+  const char* payload = static_cast<const char*>(p) + sizeof(WireHeader);
+  if (t.kind == Transfer::kRecv) {
+    if (t.bytes) std::memcpy(t.dst, payload, t.bytes);
+  } else if (t.bytes) {
+    reduceInto(t.dst, payload, t.bytes / dtypeSize(t.dtype), t.dtype, t.op, t.scale);
+  }
+  ch.conn->consume(total);
+  t.done = t.bytes;
+  t.padDone = pad;
+  t.finished = true;
+  moved += total;
+  return true;
+}
+
+// The peer's header (in ch.inHdr) for receive `t`: checked against our own call, and its start
+// time noted for the arrival lags.
+void CommImpl::acceptHeader(Channel& ch, Transfer& t, int lane, int peer) {
+  checkHeader(t, ch.inHdr, peer);
+  t.matched = true;
+  if (lane == kCollLane && arrivals_[static_cast<size_t>(peer)] == 0)
+    arrivals_[static_cast<size_t>(peer)] = ch.inHdr.startUs;
+}
+
+bool CommImpl::readHeader(Channel& ch, size_t& moved) {
+  while (ch.inHdrGot < sizeof(WireHeader)) {
+    size_t k = ch.conn->recv(reinterpret_cast<char*>(&ch.inHdr) + ch.inHdrGot, sizeof(WireHeader) - ch.inHdrGot);
+    if (k == 0) return false;
+    ch.inHdrGot += k;
+    moved += k;
+  }
+  return true;
+}
+
+void CommImpl::checkHeader(const Transfer& t, const WireHeader& h, int peer) {
+  if (h.magic != kWireMagic)
+    RAILCC_THROW(kInternal, "corrupt message from ", peerName(peer), " (bad magic ", h.magic, ")");
+  const WireHeader& e = t.hdr;
+  bool same = h.kind == e.kind;
+  if (same && e.kind == static_cast<uint8_t>(OpKind::kP2P)) {
+    if (h.tag != e.tag || h.bytes != e.bytes) same = false;
+  } else if (same) {
+    same = h.seq == e.seq && h.dtype == e.dtype && h.redop == e.redop && h.root == e.root && h.count == e.count &&
+           h.bytes == e.bytes;
+  }
+  if (same) return;
+  Error err(ErrorCode::kMismatch,
+            "collective mismatch between " + rankName(rank_) + " and " + peerName(peer) +
+                ":\n  " + rankName(rank_) + " called " + describeCall(e) + (e.kind == h.kind &&
+                e.kind != static_cast<uint8_t>(OpKind::kP2P) && h.seq == e.seq && h.bytes != e.bytes
+                ? " expecting " + std::to_string(e.bytes) + " bytes from it" : "") +
+                "\n  " + rankName(peer) + " called " + describeCall(h) +
+                (h.bytes != e.bytes ? " sending " + std::to_string(h.bytes) + " bytes" : ""));
+  err.ranks = {rank_, peer};
+  err.hosts = {peers_[static_cast<size_t>(rank_)].hostname, peers_[static_cast<size_t>(peer)].hostname};
+  err.seq = static_cast<long long>(e.seq);
+  err.op = opKindName(static_cast<OpKind>(e.kind));
+  throw err;
+}
+
+size_t CommImpl::progressSend(Channel& ch, Transfer& t) {
+  if (gated(t)) return 0;
+  size_t moved = 0;
+  if (t.hdrDone == 0 && t.bytes <= kInlineBytes && sendLimit(t) == t.bytes) {
+    // Header, payload and padding in one write: the receiver sees the whole message at once
+    // (one publication and one wake-up check instead of three).
+    char frame[sizeof(WireHeader) + kInlineBytes + 8];
+    const size_t pad = pad8(t.bytes) - t.bytes, total = sizeof(WireHeader) + t.bytes + pad;
+    std::memcpy(frame, &t.hdr, sizeof(WireHeader));
+    if (t.bytes) std::memcpy(frame + sizeof(WireHeader), t.src, t.bytes);
+    std::memset(frame + sizeof(WireHeader) + t.bytes, 0, pad);
+    size_t k = ch.conn->send(frame, total);
+    t.hdrDone = std::min(k, sizeof(WireHeader));
+    t.done = std::min(k - t.hdrDone, t.bytes);
+    t.padDone = k - t.hdrDone - t.done;
+    moved = k;
+    if (k == total) {
+      t.finished = true;
+      return moved;
+    }
+  }
+  while (t.hdrDone < sizeof(WireHeader)) {
+    size_t k = ch.conn->send(reinterpret_cast<const char*>(&t.hdr) + t.hdrDone, sizeof(WireHeader) - t.hdrDone);
+    if (k == 0) return moved;
+    t.hdrDone += k;
+    moved += k;
+  }
+  while (t.done < t.bytes) {
+    size_t upto = sendLimit(t);
+    if (t.done >= upto) return moved;
+    size_t k = ch.conn->send(t.src + t.done, upto - t.done);
+    if (k == 0) return moved;
+    t.done += k;
+    moved += k;
+  }
+  static const char zeros[8] = {0};
+  size_t pad = pad8(t.bytes) - t.bytes;
+  while (t.padDone < pad) {
+    size_t k = ch.conn->send(zeros, pad - t.padDone);
+    if (k == 0) return moved;
+    t.padDone += k;
+    moved += k;
+  }
+  t.finished = true;
+  return moved;
+}
+
+size_t CommImpl::progressRecv(Channel& ch, Transfer& t) {
+  size_t moved = 0;
+  if (t.kind == Transfer::kRecv) {
+    while (t.done < t.bytes) {
+      size_t k;
+      if (t.bypassCache) {
+        // In pieces, each consumed at once, so the producer refills behind this copy.
+        auto [src, avail] = ch.conn->peek();
+        k = std::min({avail, t.bytes - t.done, size_t(256) << 10});
+        if (k) {
+          transport::streamCopy(t.dst + t.done, src, k);
+          ch.conn->consume(k);
+        }
+      } else {
+        k = ch.conn->recv(t.dst + t.done, t.bytes - t.done);
+      }
+      if (k == 0) return moved;
+      t.done += k;
+      moved += k;
+    }
+  } else {
+    size_t es = dtypeSize(t.dtype);
+    while (t.done < t.bytes) {
+      if (ch.carryGot > 0) {  // finish an element split across socket reads
+        size_t k = ch.conn->recv(ch.carry + ch.carryGot, es - ch.carryGot);
+        if (k == 0) return moved;
+        ch.carryGot += k;
+        moved += k;
+        if (ch.carryGot < es) return moved;
+        reduceInto(t.dst + t.done, ch.carry, 1, t.dtype, t.op, t.scale);
+        t.done += es;
+        ch.carryGot = 0;
+        continue;
+      }
+      auto [p, avail] = ch.conn->peek();
+      // In pieces, so that the sender can refill the FIFO while this reduces.
+      size_t want = std::min({avail, t.bytes - t.done, size_t(256u << 10)});
+      size_t whole = want / es * es;
+      if (whole == 0) {
+        if (want == 0) return moved;
+        std::memcpy(ch.carry, p, want);
+        ch.carryGot = want;
+        ch.conn->consume(want);
+        moved += want;
+        continue;
+      }
+      reduceInto(t.dst + t.done, p, whole / es, t.dtype, t.op, t.scale);
+      ch.conn->consume(whole);
+      t.done += whole;
+      moved += whole;
+    }
+  }
+  size_t pad = pad8(t.bytes) - t.bytes;
+  char sink[8];
+  while (t.padDone < pad) {
+    size_t k = ch.conn->recv(sink, pad - t.padDone);
+    if (k == 0) return moved;
+    t.padDone += k;
+    moved += k;
+  }
+  t.finished = true;
+  return moved;
+}
+
+size_t CommImpl::progressChannel(int lane, int peer) {
+  try {
+    size_t moved = 0;
+    for (Channel& ch : chans_[lane][static_cast<size_t>(peer)])
+      if (!ch.sendq.empty() || !ch.recvq.empty()) moved += progressChannelImpl(ch, lane, peer);
+    return moved;
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kPeerFailure) peerFailed(peer, e.what());
+    throw;
+  }
+}
+
+size_t CommImpl::progressChannelImpl(Channel& ch, int lane, int peer) {
+  size_t moved = 0;
+  while (!ch.sendq.empty()) {
+    Transfer& t = *ch.sendq.front();
+    bool fresh = t.hdrDone == 0;
+    size_t k = progressSend(ch, t);
+    if (fresh && k > 0 && sampled(t)) t.began = Clock::now();
+    moved += k;
+    if (!t.finished) break;
+    sampleLink(t, true);
+    ch.sendq.pop_front();
+  }
+  while (!ch.recvq.empty()) {
+    Transfer& t = *ch.recvq.front();
+    if (!t.matched && ch.inHdrGot == 0 && t.bytes <= kInlineBytes && recvWhole(ch, t, lane, peer, moved)) {
+      ch.recvq.pop_front();
+      continue;
+    }
+    if (!t.matched) {
+      if (!readHeader(ch, moved)) break;
+      acceptHeader(ch, t, lane, peer);
+      if (sampled(t)) t.began = Clock::now();
+    }
+    moved += progressRecv(ch, t);
+    if (!t.finished) break;
+    sampleLink(t, false);
+    ch.recvq.pop_front();
+    ch.inHdrGot = 0;
+  }
+  return moved;
+}
+
+// Runs the transfers of one collective step to completion, keeping the p2p lane moving.
+void CommImpl::exchange(std::vector<Transfer>& xs) {
+  post(xs);
+  complete(xs);
+}
+
+void CommImpl::post(std::vector<Transfer>& xs) {
+  for (auto& t : xs) {
+    t.lane = kCollLane;
+    if (t.peer == rank_) RAILCC_THROW(kInternal, "transfer to self");
+    auto& chs = chans_[kCollLane][static_cast<size_t>(t.peer)];
+    // Large messages are split across the pair's channels, the same way on both sides: the
+    // shares depend only on the size, the pair's channel count and RAILCC_CHANNEL_MIN_BYTES.
+    size_t minShare = static_cast<size_t>(opts_.config.channelMinBytes);
+    size_t k = std::min(chs.size(), t.bytes / std::max<size_t>(minShare, 1));
+    if (k < 2) {
+      (t.kind == Transfer::kSend ? chs[0].sendq : chs[0].recvq).push_back(&t);
+      continue;
+    }
+    size_t share = (t.bytes + k - 1) / k;
+    share = (share + 63) / 64 * 64;  // element-aligned for every dtype
+    t.parts = std::make_shared<std::vector<Transfer>>();
+    t.parts->reserve(k);
+    for (size_t i = 0, off = 0; i < k && off < t.bytes; ++i, off += share) {
+      Transfer p = t;
+      p.parts.reset();
+      p.channel = static_cast<int>(i);
+      p.bytes = std::min(share, t.bytes - off);
+      p.hdr.bytes = p.bytes;
+      if (p.src) p.src += off;
+      if (p.dst) p.dst += off;
+      p.limitBase = t.limitBase + off;
+      t.parts->push_back(p);
+    }
+    for (Transfer& p : *t.parts) {
+      Channel& ch = chs[static_cast<size_t>(p.channel)];
+      (p.kind == Transfer::kSend ? ch.sendq : ch.recvq).push_back(&p);
+    }
+  }
+}
+
+// A split message is done when every share is; its `done` counts the bytes moved without a
+// gap from its start, which is what a forwarding send limited by it may rely on.
+void CommImpl::refreshSplit(Transfer& t) {
+  if (!t.parts) return;
+  size_t prefix = 0;
+  bool all = true, gap = false;
+  for (const Transfer& p : *t.parts) {
+    all = all && p.finished;
+    if (!gap) prefix += p.done;
+    gap = gap || !p.finished;
+    if (t.began == Clock::time_point{} && p.began != Clock::time_point{}) t.began = p.began;
+  }
+  t.done = prefix;
+  t.finished = all;
+}
+
+void CommImpl::complete(std::vector<Transfer>& xs) {
+  std::vector<std::pair<int, int>>& chans = completeChans_;  // kept: no allocation per step
+  chans.clear();
+  for (auto& t : xs)
+    if (std::find(chans.begin(), chans.end(), std::make_pair(kCollLane, t.peer)) == chans.end())
+      chans.push_back({kCollLane, t.peer});
+  // Bytes per peer go to the flight recorder, and on failure the peers still owed bytes.
+  struct Account {
+    CommImpl* c;
+    std::vector<Transfer>& xs;
+    ~Account() {
+      if (!c->current_) return;
+      try {
+        auto& rows = c->byteRows_;
+        rows.clear();
+        for (auto& t : xs) rows.push_back({static_cast<uint64_t>(t.peer), t.kind == Transfer::kSend ? t.done : 0,
+                                           t.kind == Transfer::kSend ? 0 : t.done});
+        c->tele_->opBytes(c->current_->traceId, rows);
+      } catch (const std::bad_alloc&) {  // the trace goes without these bytes
+      }
+      for (auto& t : xs) {
+        if (!t.finished && std::uncaught_exceptions() > 0 &&
+            std::find(c->waitingOn_.begin(), c->waitingOn_.end(), t.peer) == c->waitingOn_.end())
+          c->waitingOn_.push_back(t.peer);
+      }
+    }
+  } account{this, xs};
+  while (true) {
+    size_t moved = 0;
+    bool all = true;
+    for (auto& [lane, peer] : chans) moved += progressChannel(lane, peer);
+    for (auto& t : xs) {
+      refreshSplit(t);
+      all = all && t.finished;
+    }
+    moved += pumpP2P();
+    if (all) return;
+    if (moved) {
+      lastProgress_ = Clock::now();
+      continue;
+    }
+    if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
+    if (memberDown_) std::rethrow_exception(brokenError());
+    std::vector<std::pair<int, int>>& on = completeWaitOn_;  // kept: no allocation per wait
+    on.clear();
+    for (auto& t : xs)
+      if (!t.finished) on.push_back({kCollLane, t.peer});
+    idle(on, current_->timeout, opKindName(current_->kind));
+  }
+}
+
+int64_t CommImpl::busyFor(const std::vector<std::pair<int, int>>& waitOn) {
+  if (busyUs_ == 0 || !local_) return busyUs_;
+  int cpu = sched_getcpu();
+  if (cpu < 0) return busyUs_;
+  local_->publishCpu(cpu);
+  for (const auto& [lane, peer] : waitOn)
+    if (shmPeer_[static_cast<size_t>(peer)] &&
+        local_->lastCpu(localIndex(peer)) == cpu)
+      return 0;
+  return busyUs_;
+}
+
+void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeout, const char* what,
+                    const std::function<bool()>& alsoReady) {
+  if (memberDown_) std::rethrow_exception(brokenError());
+  auto now = Clock::now();
+  if (stop_ && now - lastProgress_ > Millis(1000))
+    RAILCC_THROW(kAborted, what, " was still pending when the process group was shut down");
+  if (now - lastProgress_ > timeout) {
+    std::vector<Transfer*> pending;
+    for (auto& [lane, peer] : waitOn)
+      for (Channel& ch : chans_[lane][static_cast<size_t>(peer)]) {
+        if (!ch.sendq.empty()) pending.push_back(ch.sendq.front());
+        if (!ch.recvq.empty()) pending.push_back(ch.recvq.front());
+      }
+    failStalled(pending, timeout);
+  }
+  // Dead peers on shared memory cannot close anything: look for them a few times a second.
+  if (now - lastAliveCheck_ > Millis(200)) {
+    lastAliveCheck_ = now;
+    for (auto& [lane, peer] : waitOn) {
+      try {
+        for (Channel& ch : chans_[lane][static_cast<size_t>(peer)]) ch.conn->checkAlive();
+      } catch (const Error& e) {
+        peerFailed(peer, e.what());
+      }
+    }
+  }
+  // Spin briefly (a peer is usually microseconds away), then sleep so that ranks sharing a
+  // core do not starve the one that has work.
+  auto anyReady = [&] {
+    if (alsoReady && alsoReady()) return true;
+    for (auto& [lane, peer] : waitOn)
+      for (Channel& ch : chans_[lane][static_cast<size_t>(peer)]) {
+        if (ch.conn->pollFd() >= 0) continue;
+        if (!ch.recvq.empty() && ch.conn->peek().second > 0) return true;
+        if (!ch.sendq.empty() && hasBytesToSend(*ch.sendq.front()) && ch.conn->canSend()) return true;
+      }
+    return queued_.load() > 0;
+  };
+  if (pollFor(opts_.config.spinUs, anyReady, busyFor(waitOn))) return;
+  std::vector<pollfd> fds;
+  bool hasDoorbell = false;
+  for (auto& [lane, peer] : waitOn)
+    for (Channel& ch : chans_[lane][static_cast<size_t>(peer)]) {
+      int fd = ch.conn->pollFd();
+      if (fd < 0) {
+        hasDoorbell = true;
+        continue;
+      }
+      short ev = 0;
+      if (!ch.sendq.empty()) ev |= POLLOUT;
+      if (!ch.recvq.empty() || lane == kP2PLane) ev |= POLLIN;
+      fds.push_back({fd, ev, 0});
+    }
+  sleeping_.store(true);
+  if (!fds.empty()) {
+    fds.push_back({wakeFd_.fd, POLLIN, 0});
+    if (queued_.load() == 0) poll(fds.data(), fds.size(), hasDoorbell ? 1 : 100);
+    uint64_t v;
+    if (read(wakeFd_.fd, &v, sizeof(v)) < 0) { /* nothing pending */ }
+  } else if (local_) {
+    // The timeout only bounds how late abort, liveness and timeout checks can run.
+    local_->sleep(100000, [&] { return anyReady(); });
+  }
+  sleeping_.store(false);
+}
+
+
+}  // namespace railcc::engine

@@ -1,0 +1,290 @@
+#include "engine/comm_impl.h"
+
+namespace railcc::engine {
+
+// ---------------------------------------------------------------------------------------
+// How a group fails: fail() records the error, tells the peers through the store, marks the
+// connections and spreads a death to this rank's other groups; peerFailed() turns a peer's
+// closed connection or exit (and the reason it published) into the error that names it;
+// failStalled() is the timeout's error, naming who never called the op, froze or is stuck.
+
+void CommImpl::fail(std::exception_ptr err) {
+  {
+    std::lock_guard<std::mutex> g(errMu_);
+    if (broken_) return;
+    broken_ = err;
+    brokenSet_.store(true, std::memory_order_release);
+  }
+  std::string msg, culprits;
+  try {
+    std::rethrow_exception(err);
+  } catch (const Error& e) {
+    msg = e.what();
+    // A dead or silent rank is the root cause for every peer this failure reaches through the
+    // report below: they name it, not us, the messenger.
+    if (e.code() == ErrorCode::kPeerFailure || e.code() == ErrorCode::kTimeout)
+      for (int r : e.ranks) culprits += (culprits.empty() ? "" : ",") + std::to_string(e.ranksGlobal ? r : globalRank(r));
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  RAILCC_WARN(WATCHDOG, "group '", opts_.name, "' failed: ", msg);
+  // Tell the peers at once, and why: they would otherwise wait for their timeout. The reason
+  // goes through the store (from the watchdog thread); peers that see the flags below wait
+  // a moment for it.
+  if (wd_ && size_ > 1) {
+    {
+      std::lock_guard<std::mutex> g(wd_->mu);
+      wd_->publish.push_back({"failed/" + std::to_string(rank_), (culprits.empty() ? "" : "ranks=" + culprits + "\n") + msg});
+      wd_->drained = false;
+    }
+    wd_->cv.notify_all();
+  }
+  {
+    std::lock_guard<std::mutex> g(connMu_);
+    if (local_) local_->markFailed();
+    for (auto& lane : chans_)
+      for (auto& peer : lane)
+        for (auto& ch : peer)
+          if (ch.conn) ch.conn->markFailed();
+  }
+  try {
+    std::rethrow_exception(err);
+  } catch (const Error& e) {
+    spreadDeath(e);
+  } catch (...) {
+  }
+  try {
+    std::string path = writeTrace("failure");
+    if (!path.empty()) RAILCC_WARN(WATCHDOG, "flight recorder written to ", path);
+  } catch (const std::exception& e) {
+    RAILCC_WARN(WATCHDOG, "could not write the flight recorder: ", e.what());
+  }
+  bool userEnded = false;  // abort() or shutdown(): asked for, not a failure to tear down for
+  try {
+    std::rethrow_exception(err);
+  } catch (const Error& e) {
+    userEnded = e.code() == ErrorCode::kAborted;
+  } catch (...) {
+  }
+  if (opts_.config.abortOnError && !userEnded) {
+    RAILCC_WARN(WATCHDOG, "RAILCC_ABORT_ON_ERROR=1: tearing the process down");
+    {
+      // Give the watchdog a moment to put the reason in the store for the peers.
+      std::unique_lock<std::mutex> g(wd_->mu);
+      wd_->cv.wait_for(g, Millis(1000), [&] { return wd_->drained; });
+    }
+    std::abort();
+  }
+}
+
+void CommImpl::peerFailed(int peer, const std::string& detail) {
+  const PeerInfo& p = peers_[static_cast<size_t>(peer)];
+  std::string reason;
+  storeTryGet("failed/" + std::to_string(peer), Millis(200), reason);
+  std::vector<int> rootCause;  // global ranks the peer blamed for its own failure
+  if (reason.rfind("ranks=", 0) == 0) {
+    size_t nl = reason.find('\n');
+    // The record comes from another process: a field that is not a rank of the job is
+    // passed over (and said), never allowed to end this one.
+    for (const std::string& r : split(reason.substr(6, nl == std::string::npos ? std::string::npos : nl - 6), ',')) {
+      long long g = -1;
+      if (parseInt(r, 0, 1 << 30, g)) rootCause.push_back(static_cast<int>(g));
+      else if (!r.empty()) RAILCC_WARN(WATCHDOG, "failed/", peer, " in the store names '", r, "' as a rank; ignored");
+    }
+    reason = nl == std::string::npos ? "" : reason.substr(nl + 1);
+  }
+  ErrorCode code = ErrorCode::kPeerFailure;
+  std::string msg;
+  if (reason.rfind("collective mismatch", 0) == 0) {
+    code = ErrorCode::kMismatch;  // the peer saw both calls; repeat them here
+    msg = rankName(peer) + " (host " + p.hostname + ") detected a " + reason;
+  } else if (!reason.empty()) {
+    msg = rankName(peer) + " (host " + p.hostname + ", " + p.transport + ") failed: " + reason;
+  } else if (detail.find("reported a failure") != std::string::npos) {
+    msg = rankName(peer) + " (host " + p.hostname + ", pid " + std::to_string(p.pid) + ", " + p.transport +
+          ") failed earlier; its reason is no longer readable from the store (see that rank's log or trace dump)";
+  } else {
+    msg = rankName(peer) + " (host " + p.hostname + ", pid " + std::to_string(p.pid) + ", " +
+          p.transport + ") is gone: " + detail + "; it left no report, so it most likely died (killed, OOM or crash)";
+  }
+  Error err(code, msg);
+  err.ranks = {globalRank(peer)};
+  err.hosts = {p.hostname};
+  err.ranksGlobal = true;
+  // Gone with no word of its own: every group holding it is doomed (see spreadDeath below).
+  // A peer that reported a failure is alive, or blamed others who may only be slow.
+  err.ranksDead = code == ErrorCode::kPeerFailure && reason.empty() && detail.find("reported a failure") == std::string::npos;
+  bool blamesUs = std::find(rootCause.begin(), rootCause.end(), globalRank(rank_)) != rootCause.end();
+  if (code == ErrorCode::kPeerFailure && !rootCause.empty() && !blamesUs) {
+    err.ranks = rootCause;
+    err.hosts.clear();
+    for (int g : rootCause) {
+      int r = g;
+      for (size_t i = 0; i < opts_.globalRanks.size(); ++i)
+        if (opts_.globalRanks[i] == g) r = static_cast<int>(i);
+      err.hosts.push_back(r >= 0 && r < size_ ? peers_[static_cast<size_t>(r)].hostname : "?");
+    }
+  }
+  if (current_) {
+    err.seq = static_cast<long long>(current_->fp.seq);
+    err.op = opKindName(current_->kind);
+  }
+  throw err;
+}
+
+void CommImpl::failStalled(const std::vector<Transfer*>& pending, Millis timeout) {
+  std::ostringstream os;
+  os << (current_ ? opKindName(current_->kind) : "send/recv");
+  if (current_) os << " (seq " << current_->fp.seq << ")";
+  // "timed out" on the first line: scripts and torch's own tests match on it.
+  os << " timed out: no progress for " << timeout.count() << " ms; waiting on:";
+  std::vector<int> ranks;
+  std::vector<std::string> hosts;
+  for (Transfer* t : pending) {
+    os << "\n  " << (t->kind == Transfer::kSend ? "sending to " : "receiving from ") << peerName(t->peer) << ", "
+       << t->done << " of " << t->bytes << " bytes moved";
+    ranks.push_back(t->peer);
+    hosts.push_back(peers_[static_cast<size_t>(t->peer)].hostname);
+  }
+  if (current_) {
+    // Which ranks never called this op, which froze, which joined and are stuck: from the
+    // progress records every rank publishes.
+    std::vector<int> culprits;
+    os << describePeerProgress(current_->fp.seq, culprits);
+    if (!culprits.empty()) {
+      ranks = culprits;
+      hosts.clear();
+      for (int r : ranks) hosts.push_back(peers_[static_cast<size_t>(r)].hostname);
+    }
+  }
+  Error err(ErrorCode::kTimeout, os.str());
+  err.ranks = ranks;
+  err.hosts = hosts;
+  if (current_) {
+    err.seq = static_cast<long long>(current_->fp.seq);
+    err.op = opKindName(current_->kind);
+  }
+  throw err;
+}
+
+
+
+// ---------------------------------------------------------------------------------------
+// A dead rank dooms every group it belongs to, not only the one that saw it die.
+//
+// Rank 2 finds rank 1 dead in a subgroup and raises there; its world group is idle and
+// healthy, so rank 0, waiting in a world collective for rank 2's part, would wait for its
+// timeout: it never talks to rank 1 in that step and cannot tell it is gone. Here the
+// failing group tells the process's other groups that hold the dead rank; each fails as
+// if it had seen the death itself: it publishes "failed/<rank>" naming the dead rank and
+// shuts its connections, so its own peers raise at once and name the dead rank too.
+//
+// "This process" is decided by the global rank: communicators of one rank share it, and
+// ranks simulated as threads of one test process do not. The dead rank must be the same
+// process in both groups (same host identity and pid).
+
+namespace {
+
+struct Registry {
+  std::recursive_mutex mu;  // a notified group fails and notifies in turn, on this thread
+  std::vector<CommImpl*> comms;
+};
+
+Registry& registry() {
+  static Registry* r = new Registry;  // outlives communicators torn down at exit
+  return *r;
+}
+
+}  // namespace
+
+void CommImpl::enlist() {
+  std::lock_guard<std::recursive_mutex> g(registry().mu);
+  registry().comms.push_back(this);
+}
+
+void CommImpl::unlist() {
+  std::lock_guard<std::recursive_mutex> g(registry().mu);
+  auto& v = registry().comms;
+  v.erase(std::remove(v.begin(), v.end(), this), v.end());
+}
+
+void CommImpl::spreadDeath(const Error& e) {
+  if (e.code() != ErrorCode::kPeerFailure || !e.ranksDead || e.ranks.empty()) return;
+  struct Dead {
+    int global;
+    std::string hostId;
+    int pid;
+  };
+  std::vector<Dead> dead;
+  for (int r : e.ranks) {
+    int g = e.ranksGlobal ? r : globalRank(r);
+    for (int q = 0; q < size_; ++q)
+      if (globalRank(q) == g && q != rank_)
+        dead.push_back({g, peers_[static_cast<size_t>(q)].hostId, peers_[static_cast<size_t>(q)].pid});
+  }
+  if (dead.empty()) return;
+  std::lock_guard<std::recursive_mutex> g(registry().mu);
+  for (CommImpl* other : registry().comms) {
+    if (other == this || other->globalRank(other->rank_) != globalRank(rank_)) continue;
+    std::vector<int> theirs;
+    for (const Dead& d : dead)
+      for (int q = 0; q < other->size_; ++q) {
+        const PeerInfo& p = other->peers_[static_cast<size_t>(q)];
+        if (q != other->rank_ && other->globalRank(q) == d.global && p.hostId == d.hostId && p.pid == d.pid)
+          theirs.push_back(q);
+      }
+    if (!theirs.empty()) other->memberDied(theirs, opts_.name, e.what());
+  }
+}
+
+void CommImpl::memberDied(const std::vector<int>& ranks, const std::string& group, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> g(errMu_);
+    if (broken_) return;
+  }
+  std::ostringstream os;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const PeerInfo& p = peers_[static_cast<size_t>(ranks[i])];
+    os << (i ? ", " : "") << rankName(ranks[i]) << " (host " << p.hostname << ", pid " << p.pid << ", " << p.transport << ")";
+  }
+  os << " failed, as group '" << group << "' on this rank found: " << why;
+  Error err(ErrorCode::kPeerFailure, os.str());
+  for (int r : ranks) {
+    err.ranks.push_back(globalRank(r));
+    err.hosts.push_back(peers_[static_cast<size_t>(r)].hostname);
+  }
+  err.ranksGlobal = true;
+  err.ranksDead = true;
+  memberDown_ = true;
+  fail(std::make_exception_ptr(err));
+  // Wake our progress thread wherever it waits: the op it runs fails with this error.
+  wakeSelf();
+  uint64_t one = 1;
+  if (write(wakeFd_.fd, &one, sizeof(one)) < 0) { /* best effort */ }
+  cv_.notify_all();
+}
+
+std::string CommImpl::seenDeadElsewhere(int g) const {
+  std::lock_guard<std::recursive_mutex> lk(registry().mu);
+  for (CommImpl* other : registry().comms) {
+    if (other == this || other->globalRank(other->rank_) != globalRank(rank_)) continue;
+    std::exception_ptr err = other->brokenError();
+    if (!err) continue;
+    try {
+      std::rethrow_exception(err);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kPeerFailure || !e.ranksDead) continue;
+      for (int r : e.ranks)
+        if ((e.ranksGlobal ? r : other->globalRank(r)) == g) return "group '" + other->opts_.name + "' found: " + e.what();
+    } catch (...) {
+    }
+  }
+  return "";
+}
+
+std::exception_ptr CommImpl::brokenError() const {
+  std::lock_guard<std::mutex> g(errMu_);
+  return broken_;
+}
+
+}  // namespace railcc::engine
