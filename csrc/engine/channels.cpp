@@ -221,6 +221,7 @@ size_t CommImpl::progressChannelImpl(Channel& ch, int lane, int peer) {
       if (!readHeader(ch, moved)) break;
       acceptHeader(ch, t, lane, peer);
       if (sampled(t)) t.began = Clock::now();
+      if (t.gates) break;  // let the send waiting on this header go before the payload is copied
     }
     moved += progressRecv(ch, t);
     if (!t.finished) break;

@@ -163,6 +163,7 @@ struct Transfer {
   double scale = 1.0;
   const size_t* limit = nullptr;  // forwarding: send no further than another transfer has received
   const Transfer* after = nullptr;  // send nothing, header included, until this receive has taken its header
+  bool gates = false;               // a receive some send waits on (`after`): yield once its header is in
   size_t limitBase = 0;           // a share of a split send: where it starts in what `limit` counts
   int channel = 0;                // which of the pair's channels carries it
   std::shared_ptr<std::vector<Transfer>> parts;  // a message split across channels (post())

@@ -33,6 +33,7 @@ void CommImpl::runBroadcastChain(char* buf, size_t bytes, int root) {
   if (pos == 0) {
     xs.push_back(recvFrom((root + n - 1) % n, nullptr, 0));
   } else if (pos == n - 1) {
+    xs.front().gates = true;
     xs.push_back(sendTo(root, nullptr, 0));
     xs.back().after = &xs.front();
   }

@@ -8,7 +8,10 @@ or predates railcc._C.rules) does it use rules_fallback, a Python copy kept so t
 doctor still judges a host whose railcc build is broken or stale
 (tests/python/test_doctor_rules.py holds the copy to the C++, answer for answer)."""
 
-from . import rules_fallback
+try:
+    from . import rules_fallback
+except ImportError:  # loaded as a file of its own, outside the package (tests/vm reads it so, without torch)
+    import rules_fallback
 
 _rules = None  # the module in use, once chosen
 _rules_why = ""
