@@ -316,8 +316,8 @@ def test_two_jobs_sharing_a_trace_dir_keep_each_others_dumps(tmp_path):
 
 # -------------------------------------------------- every dtype moves as bytes (item 13)
 
-MOVE_DTYPES = ["float8_e4m3fn", "float8_e5m2", "complex64", "complex128", "uint16", "uint32", "uint64", "bool",
-               "bfloat16", "int8"]
+# Every kind once (float8, complex, unsigned wider than a byte, bool, a dtype railcc reduces).
+MOVE_DTYPES = ["float8_e4m3fn", "float8_e5m2", "complex128", "uint16", "uint64", "bool", "bfloat16"]
 
 
 def _pattern(dtype, rank, numel):
