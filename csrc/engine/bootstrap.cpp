@@ -29,6 +29,13 @@ std::string hostIdentity(const Config& cfg) {
 
 namespace {
 
+// opts.rank, once the world size and the rank are checked (before any member uses them).
+int checkedRank(const CommOptions& o) {
+  RAILCC_CHECK_ARG(o.size >= 1, "world size must be >= 1, got ", o.size);
+  RAILCC_CHECK_ARG(o.rank >= 0 && o.rank < o.size, "rank ", o.rank, " is out of range for world size ", o.size);
+  return o.rank;
+}
+
 // The pid namespace of this process ("pid:[4026531836]"): pids mean something only within one.
 std::string pidNamespace() {
   char buf[64] = {0};
@@ -81,20 +88,19 @@ std::set<std::string> hostsSharingCores(const std::vector<PeerInfo>& peers, cons
 }  // namespace
 
 CommImpl::CommImpl(Store& store, CommOptions opts)
-    : opts_(std::move(opts)), store_(&store), rank_(opts_.rank), size_(opts_.size) {
-  RAILCC_CHECK_ARG(size_ >= 1, "world size must be >= 1, got ", size_);
-  RAILCC_CHECK_ARG(rank_ >= 0 && rank_ < size_, "rank ", rank_, " is out of range for world size ", size_);
+    : opts_(std::move(opts)),
+      store_(&store),
+      rank_(checkedRank(opts_)),
+      size_(opts_.size),
+      tele_(std::make_unique<Telemetry>(rank_, size_, static_cast<size_t>(std::max<int64_t>(opts_.config.traceSize, 1)),
+                                        static_cast<size_t>(std::max<int64_t>(opts_.config.stragglerWindow, 1)))),
+      ch_(*this, opts_.config, *tele_, rank_, size_) {
   log::setThreadRank(rank_);
-  wakeFd_.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  RAILCC_SYSCHECK(wakeFd_.fd, "eventfd");
   userPool_ = std::make_shared<CallbackPool>(rank_);
   wd_ = std::make_shared<WatchdogShared>();
   wd_->keep = opts_.storeKeepAlive;
   wd_->store = store_;
-  tele_ = std::make_unique<Telemetry>(rank_, size_, static_cast<size_t>(std::max<int64_t>(opts_.config.traceSize, 1)),
-                                      static_cast<size_t>(std::max<int64_t>(opts_.config.stragglerWindow, 1)));
-  arrivals_.assign(static_cast<size_t>(size_), 0);
-  lagFlagged_.assign(static_cast<size_t>(size_), false);
+  strag_.lagFlagged.assign(static_cast<size_t>(size_), false);
   try {
     bootstrap(store);
   } catch (const Error& e) {
@@ -102,12 +108,15 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
     std::rethrow_exception(globalized(std::current_exception()));
   }
   hostname_ = peers_[static_cast<size_t>(rank_)].hostname;
-  streamMin_ = std::max<size_t>(transport::lastLevelCacheBytes() / localRanks_.size(), size_t(1) << 20);
   // Spinning in place only pays where no rank of this host waits for our core; there it
   // lasts the whole spin window, since a yield would hand the core to any other busy process
   // (a data loader beside a rank) for the rest of its time slice. busyFor() still yields where
   // the scheduler has put the peer on our CPU.
-  busyUs_ = hostSharesCores_ ? 0 : opts_.config.spinUs;
+  std::vector<bool> shm;
+  for (const PeerInfo& p : peers_) shm.push_back(p.transport == "shm");
+  ch_.setShmPeers(std::move(shm), localRanks_,
+                  std::max<size_t>(transport::lastLevelCacheBytes() / localRanks_.size(), size_t(1) << 20),
+                  hostSharesCores_ ? 0 : opts_.config.spinUs);
   place_.size = size_;
   place_.localRanks = static_cast<int>(localRanks_.size());
   place_.rings = ringsCover();
@@ -119,12 +128,10 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   prefer_ = parseAlgos(opts_.config.algo, &ignored);
   if (!ignored.empty()) RAILCC_INFO(COLL, "RAILCC_ALGO/NCCL_ALGO: railcc has no ", ignored, " algorithm; the rule decides instead");
   if (rank_ == 0) RAILCC_INFO(COLL, "group '", opts_.name, "' algorithms: ", describeRule(place_, prefer_));
-  for (const PeerInfo& p : peers_) shmPeer_.push_back(p.transport == "shm");
   // A first progress record now, so that a rank frozen before the watchdog's first beat is
   // still told apart from one that never published anything.
   if (size_ > 1 && opts_.config.progressIntervalMs > 0) store.set("progress/" + std::to_string(rank_), progressRecord());
-  lastProgress_ = lastAliveCheck_ = Clock::now();
-  thread_ = std::thread([this] { progressLoop(); });
+  q_.thread = std::thread([this] { progressLoop(); });
   if (size_ > 1) watchdog_ = std::thread([this, w = wd_] { watchdogLoop(w); });
   enlist();
 }
@@ -350,12 +357,12 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     if (!c.via) continue;
     std::string desc;
     for (int lane = 0; lane < kLanes; ++lane) {
-      auto& chs = chans_[lane][static_cast<size_t>(r)];
+      auto& chs = ch_.pair(lane, r);
       chs.resize(static_cast<size_t>(c.channels));
       for (int ch = 0; ch < c.channels; ++ch) chs[static_cast<size_t>(ch)].conn = c.via->setup->take(r, lane, ch);
     }
     for (int ch = 0; ch < c.channels; ++ch) {
-      std::string d = chans_[kCollLane][static_cast<size_t>(r)][static_cast<size_t>(ch)].conn->describe();
+      std::string d = ch_.chan(kCollLane, r, ch).conn->describe();
       desc += ch == 0 ? d : ", " + d.substr(d.find(' ') + 1);
     }
     PeerInfo& p = peers_[static_cast<size_t>(r)];
@@ -377,14 +384,14 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   }
   for (auto& o : open) {
     o.setup->finish();
-    if (auto d = o.setup->localDomain()) local_ = d;
+    if (auto d = o.setup->localDomain()) ch_.setLocal(d);
   }
 }
 
 void CommImpl::publishInitFailure(Store& store, const Error& e) {
   // Only this rank's own failures (bad settings, a system call, a device): a timeout or a
   // peer's failure names its culprit already, and re-publishing it would blame us.
-  if (initFailSeen_ || size_ < 2 || e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kPeerFailure) return;
+  if (health_.initFailSeen || size_ < 2 || e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kPeerFailure) return;
   char hn[256] = {0};
   gethostname(hn, sizeof(hn) - 1);
   try {
@@ -396,8 +403,8 @@ void CommImpl::publishInitFailure(Store& store, const Error& e) {
 
 void CommImpl::checkPeerInitFailure(Store& store) {
   auto now = Clock::now();
-  if (now - lastInitFailCheck_ < Millis(250)) return;  // one store call per quarter second at most
-  lastInitFailCheck_ = now;
+  if (now - health_.lastInitFailCheck < Millis(250)) return;  // one store call per quarter second at most
+  health_.lastInitFailCheck = now;
   std::string rec;
   try {
     if (store.add("initfail", 0) <= 0) return;
@@ -413,7 +420,7 @@ void CommImpl::checkPeerInitFailure(Store& store) {
                                          rec.substr(b + 1));
   err.ranks = {static_cast<int>(r)};
   err.hosts = {rec.substr(a + 1, b - a - 1)};
-  initFailSeen_ = true;
+  health_.initFailSeen = true;
   throw err;
 }
 
@@ -444,7 +451,7 @@ void CommImpl::bootstrap(Store& store) {
                                                  " is dead, as " + seen);
           err.ranks = {from};
           err.ranksDead = true;
-          initFailSeen_ = true;
+          health_.initFailSeen = true;
           throw err;
         }
       }
@@ -528,11 +535,6 @@ void CommImpl::bootstrap(Store& store) {
   }
   if (opts_.config.spinUs < 0) RAILCC_THROW(kInvalidUsage, "RAILCC_SPIN_US must be 0 or more, got ", opts_.config.spinUs);
 
-  chans_.resize(kLanes);
-  for (auto& lane : chans_) {
-    lane.resize(static_cast<size_t>(size_));
-    for (auto& peer : lane) peer.resize(1);  // ourselves included: an idle channel 0
-  }
   RailPlace place = placeRank();
   if (size_ > 1) connectPeers(store, secret, deadline, getFrom, place);
 

@@ -1,4 +1,10 @@
-#include "engine/comm_impl.h"
+#include "engine/channels.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "common/error.h"
+#include "transport/copy.h"
 
 namespace railcc::engine {
 
@@ -11,7 +17,7 @@ namespace railcc::engine {
 
 // A small message read in one go once all of it is there: header, payload, padding, one
 // consume (one publication back to the sender). False, having read nothing, while it is not.
-bool CommImpl::recvWhole(Channel& ch, Transfer& t, int lane, int peer, size_t& moved) {
+bool Channels::recvWhole(Channel& ch, Transfer& t, int lane, int peer, size_t& moved) {
   const size_t pad = pad8(t.bytes) - t.bytes, total = sizeof(WireHeader) + t.bytes + pad;
   auto [p, avail] = ch.conn->peek();
   if (avail < total) return false;
@@ -33,14 +39,14 @@ bool CommImpl::recvWhole(Channel& ch, Transfer& t, int lane, int peer, size_t& m
 
 // The peer's header (in ch.inHdr) for receive `t`: checked against our own call, and its start
 // time noted for the arrival lags.
-void CommImpl::acceptHeader(Channel& ch, Transfer& t, int lane, int peer) {
+void Channels::acceptHeader(Channel& ch, Transfer& t, int lane, int peer) {
   checkHeader(t, ch.inHdr, peer);
   t.matched = true;
   if (lane == kCollLane && arrivals_[static_cast<size_t>(peer)] == 0)
     arrivals_[static_cast<size_t>(peer)] = ch.inHdr.startUs;
 }
 
-bool CommImpl::readHeader(Channel& ch, size_t& moved) {
+bool Channels::readHeader(Channel& ch, size_t& moved) {
   while (ch.inHdrGot < sizeof(WireHeader)) {
     size_t k = ch.conn->recv(reinterpret_cast<char*>(&ch.inHdr) + ch.inHdrGot, sizeof(WireHeader) - ch.inHdrGot);
     if (k == 0) return false;
@@ -50,9 +56,9 @@ bool CommImpl::readHeader(Channel& ch, size_t& moved) {
   return true;
 }
 
-void CommImpl::checkHeader(const Transfer& t, const WireHeader& h, int peer) {
+void Channels::checkHeader(const Transfer& t, const WireHeader& h, int peer) {
   if (h.magic != kWireMagic)
-    RAILCC_THROW(kInternal, "corrupt message from ", peerName(peer), " (bad magic ", h.magic, ")");
+    RAILCC_THROW(kInternal, "corrupt message from ", host_.peerName(peer), " (bad magic ", h.magic, ")");
   const WireHeader& e = t.hdr;
   bool same = h.kind == e.kind;
   if (same && e.kind == static_cast<uint8_t>(OpKind::kP2P)) {
@@ -63,20 +69,20 @@ void CommImpl::checkHeader(const Transfer& t, const WireHeader& h, int peer) {
   }
   if (same) return;
   Error err(ErrorCode::kMismatch,
-            "collective mismatch between " + rankName(rank_) + " and " + peerName(peer) +
-                ":\n  " + rankName(rank_) + " called " + describeCall(e) + (e.kind == h.kind &&
+            "collective mismatch between " + host_.rankName(rank_) + " and " + host_.peerName(peer) +
+                ":\n  " + host_.rankName(rank_) + " called " + describeCall(e) + (e.kind == h.kind &&
                 e.kind != static_cast<uint8_t>(OpKind::kP2P) && h.seq == e.seq && h.bytes != e.bytes
                 ? " expecting " + std::to_string(e.bytes) + " bytes from it" : "") +
-                "\n  " + rankName(peer) + " called " + describeCall(h) +
+                "\n  " + host_.rankName(peer) + " called " + describeCall(h) +
                 (h.bytes != e.bytes ? " sending " + std::to_string(h.bytes) + " bytes" : ""));
   err.ranks = {rank_, peer};
-  err.hosts = {peers_[static_cast<size_t>(rank_)].hostname, peers_[static_cast<size_t>(peer)].hostname};
+  err.hosts = {host_.hostOf(rank_), host_.hostOf(peer)};
   err.seq = static_cast<long long>(e.seq);
   err.op = opKindName(static_cast<OpKind>(e.kind));
   throw err;
 }
 
-size_t CommImpl::progressSend(Channel& ch, Transfer& t) {
+size_t Channels::progressSend(Channel& ch, Transfer& t) {
   if (gated(t)) return 0;
   size_t moved = 0;
   if (t.hdrDone == 0 && t.bytes <= kInlineBytes && sendLimit(t) == t.bytes) {
@@ -123,7 +129,7 @@ size_t CommImpl::progressSend(Channel& ch, Transfer& t) {
   return moved;
 }
 
-size_t CommImpl::progressRecv(Channel& ch, Transfer& t) {
+size_t Channels::progressRecv(Channel& ch, Transfer& t) {
   size_t moved = 0;
   if (t.kind == Transfer::kRecv) {
     while (t.done < t.bytes) {
@@ -187,19 +193,19 @@ size_t CommImpl::progressRecv(Channel& ch, Transfer& t) {
   return moved;
 }
 
-size_t CommImpl::progressChannel(int lane, int peer) {
+size_t Channels::progress(int lane, int peer) {
   try {
     size_t moved = 0;
-    for (Channel& ch : chans_[lane][static_cast<size_t>(peer)])
-      if (!ch.sendq.empty() || !ch.recvq.empty()) moved += progressChannelImpl(ch, lane, peer);
+    for (Channel& ch : pair(lane, peer))
+      if (!ch.sendq.empty() || !ch.recvq.empty()) moved += progressPair(ch, lane, peer);
     return moved;
   } catch (const Error& e) {
-    if (e.code() == ErrorCode::kPeerFailure) peerFailed(peer, e.what());
+    if (e.code() == ErrorCode::kPeerFailure) host_.peerFailed(peer, e.what());
     throw;
   }
 }
 
-size_t CommImpl::progressChannelImpl(Channel& ch, int lane, int peer) {
+size_t Channels::progressPair(Channel& ch, int lane, int peer) {
   size_t moved = 0;
   while (!ch.sendq.empty()) {
     Transfer& t = *ch.sendq.front();
@@ -232,20 +238,14 @@ size_t CommImpl::progressChannelImpl(Channel& ch, int lane, int peer) {
   return moved;
 }
 
-// Runs the transfers of one collective step to completion, keeping the p2p lane moving.
-void CommImpl::exchange(std::vector<Transfer>& xs) {
-  post(xs);
-  complete(xs);
-}
-
-void CommImpl::post(std::vector<Transfer>& xs) {
+void Channels::post(std::vector<Transfer>& xs) {
   for (auto& t : xs) {
     t.lane = kCollLane;
     if (t.peer == rank_) RAILCC_THROW(kInternal, "transfer to self");
-    auto& chs = chans_[kCollLane][static_cast<size_t>(t.peer)];
+    auto& chs = pair(kCollLane, t.peer);
     // Large messages are split across the pair's channels, the same way on both sides: the
     // shares depend only on the size, the pair's channel count and RAILCC_CHANNEL_MIN_BYTES.
-    size_t minShare = static_cast<size_t>(opts_.config.channelMinBytes);
+    size_t minShare = static_cast<size_t>(config_.channelMinBytes);
     size_t k = std::min(chs.size(), t.bytes / std::max<size_t>(minShare, 1));
     if (k < 2) {
       (t.kind == Transfer::kSend ? chs[0].sendq : chs[0].recvq).push_back(&t);
@@ -275,7 +275,7 @@ void CommImpl::post(std::vector<Transfer>& xs) {
 
 // A split message is done when every share is; its `done` counts the bytes moved without a
 // gap from its start, which is what a forwarding send limited by it may rely on.
-void CommImpl::refreshSplit(Transfer& t) {
+void Channels::refreshSplit(Transfer& t) {
   if (!t.parts) return;
   size_t prefix = 0;
   bool all = true, gap = false;
@@ -289,7 +289,7 @@ void CommImpl::refreshSplit(Transfer& t) {
   t.finished = all;
 }
 
-void CommImpl::complete(std::vector<Transfer>& xs) {
+void Channels::complete(std::vector<Transfer>& xs) {
   std::vector<std::pair<int, int>>& chans = completeChans_;  // kept: no allocation per step
   chans.clear();
   for (auto& t : xs)
@@ -297,16 +297,16 @@ void CommImpl::complete(std::vector<Transfer>& xs) {
       chans.push_back({kCollLane, t.peer});
   // Bytes per peer go to the flight recorder, and on failure the peers still owed bytes.
   struct Account {
-    CommImpl* c;
+    Channels* c;
     std::vector<Transfer>& xs;
     ~Account() {
-      if (!c->current_) return;
+      if (!c->op_) return;
       try {
         auto& rows = c->byteRows_;
         rows.clear();
         for (auto& t : xs) rows.push_back({static_cast<uint64_t>(t.peer), t.kind == Transfer::kSend ? t.done : 0,
                                            t.kind == Transfer::kSend ? 0 : t.done});
-        c->tele_->opBytes(c->current_->traceId, rows);
+        c->tele_.opBytes(c->op_->traceId, rows);
       } catch (const std::bad_alloc&) {  // the trace goes without these bytes
       }
       for (auto& t : xs) {
@@ -319,62 +319,135 @@ void CommImpl::complete(std::vector<Transfer>& xs) {
   while (true) {
     size_t moved = 0;
     bool all = true;
-    for (auto& [lane, peer] : chans) moved += progressChannel(lane, peer);
+    for (auto& [lane, peer] : chans) moved += progress(lane, peer);
     for (auto& t : xs) {
       refreshSplit(t);
       all = all && t.finished;
     }
-    moved += pumpP2P();
+    moved += host_.pumpBeside();
     if (all) return;
     if (moved) {
       lastProgress_ = Clock::now();
       continue;
     }
-    if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
-    if (memberDown_) std::rethrow_exception(brokenError());
+    host_.checkInterrupted();
     std::vector<std::pair<int, int>>& on = completeWaitOn_;  // kept: no allocation per wait
     on.clear();
     for (auto& t : xs)
       if (!t.finished) on.push_back({kCollLane, t.peer});
-    idle(on, current_->timeout, opKindName(current_->kind));
+    idle(on, op_->timeout, opKindName(op_->kind));
   }
 }
 
-int64_t CommImpl::busyFor(const std::vector<std::pair<int, int>>& waitOn) {
+Channels::Channels(ChannelHost& host, const Config& config, Telemetry& tele, int rank, int size)
+    : host_(host), config_(config), tele_(tele), rank_(rank), size_(size) {
+  wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  RAILCC_SYSCHECK(wakeFd_, "eventfd");
+  chans_.resize(kLanes);
+  for (auto& lane : chans_) {
+    lane.resize(static_cast<size_t>(size_));
+    for (auto& peer : lane) peer.resize(1);  // ourselves included: an idle channel 0
+  }
+  arrivals_.assign(static_cast<size_t>(size_), 0);
+  shmPeer_.assign(static_cast<size_t>(size_), false);
+  lastProgress_ = lastAliveCheck_ = Clock::now();
+}
+
+Channels::~Channels() {
+  close();
+  if (wakeFd_ >= 0) ::close(wakeFd_);
+}
+
+void Channels::setShmPeers(std::vector<bool> shm, std::vector<int> localRanks, size_t streamMin, int64_t busyUs) {
+  shmPeer_ = std::move(shm);
+  localRanks_ = std::move(localRanks);
+  streamMin_ = streamMin;
+  busyUs_ = busyUs;
+  lastProgress_ = lastAliveCheck_ = Clock::now();
+}
+
+void Channels::begin(const OpStamp* op) {
+  op_ = op;
+  lastProgress_ = Clock::now();
+  std::fill(arrivals_.begin(), arrivals_.end(), 0);
+  waitingOn_.clear();
+}
+
+void Channels::sampleLink(const Transfer& t, bool send) {
+  if (!sampled(t) || t.began == Clock::time_point{}) return;
+  tele_.linkSample(t.peer, send, t.bytes,
+                   std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t.began).count());
+}
+
+void Channels::wake(bool ifSleeping) {
+  if (ifSleeping && !sleeping_.load()) return;
+  {
+    std::lock_guard<std::mutex> g(connMu_);
+    if (local_) local_->wakeSelf();
+  }
+  uint64_t one = 1;
+  if (write(wakeFd_, &one, sizeof(one)) < 0) { /* wake-up is best effort */ }
+}
+
+void Channels::markFailed() {
+  std::lock_guard<std::mutex> g(connMu_);
+  if (local_) local_->markFailed();
+  for (auto& lane : chans_)
+    for (auto& peer : lane)
+      for (auto& ch : peer)
+        if (ch.conn) ch.conn->markFailed();
+}
+
+void Channels::close() {
+  std::lock_guard<std::mutex> g(connMu_);
+  chans_.clear();
+  local_.reset();
+}
+
+void Channels::clear() {
+  for (auto& lane : chans_)
+    for (auto& peer : lane)
+      for (auto& ch : peer) {
+        ch.sendq.clear();
+        ch.recvq.clear();
+      }
+}
+
+int64_t Channels::busyFor(const std::vector<std::pair<int, int>>& waitOn) {
   if (busyUs_ == 0 || !local_) return busyUs_;
   int cpu = sched_getcpu();
   if (cpu < 0) return busyUs_;
   local_->publishCpu(cpu);
   for (const auto& [lane, peer] : waitOn)
-    if (shmPeer_[static_cast<size_t>(peer)] &&
+    if (shmPeer(peer) &&
         local_->lastCpu(localIndex(peer)) == cpu)
       return 0;
   return busyUs_;
 }
 
-void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeout, const char* what,
+void Channels::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeout, const char* what,
                     const std::function<bool()>& alsoReady) {
-  if (memberDown_) std::rethrow_exception(brokenError());
+  host_.checkInterrupted();
   auto now = Clock::now();
-  if (stop_ && now - lastProgress_ > Millis(1000))
+  if (host_.shuttingDown() && now - lastProgress_ > Millis(1000))
     RAILCC_THROW(kAborted, what, " was still pending when the process group was shut down");
   if (now - lastProgress_ > timeout) {
     std::vector<Transfer*> pending;
     for (auto& [lane, peer] : waitOn)
-      for (Channel& ch : chans_[lane][static_cast<size_t>(peer)]) {
+      for (Channel& ch : pair(lane, peer)) {
         if (!ch.sendq.empty()) pending.push_back(ch.sendq.front());
         if (!ch.recvq.empty()) pending.push_back(ch.recvq.front());
       }
-    failStalled(pending, timeout);
+    host_.stalled(pending, timeout);
   }
   // Dead peers on shared memory cannot close anything: look for them a few times a second.
   if (now - lastAliveCheck_ > Millis(200)) {
     lastAliveCheck_ = now;
     for (auto& [lane, peer] : waitOn) {
       try {
-        for (Channel& ch : chans_[lane][static_cast<size_t>(peer)]) ch.conn->checkAlive();
+        for (Channel& ch : pair(lane, peer)) ch.conn->checkAlive();
       } catch (const Error& e) {
-        peerFailed(peer, e.what());
+        host_.peerFailed(peer, e.what());
       }
     }
   }
@@ -383,18 +456,18 @@ void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
   auto anyReady = [&] {
     if (alsoReady && alsoReady()) return true;
     for (auto& [lane, peer] : waitOn)
-      for (Channel& ch : chans_[lane][static_cast<size_t>(peer)]) {
+      for (Channel& ch : pair(lane, peer)) {
         if (ch.conn->pollFd() >= 0) continue;
         if (!ch.recvq.empty() && ch.conn->peek().second > 0) return true;
         if (!ch.sendq.empty() && hasBytesToSend(*ch.sendq.front()) && ch.conn->canSend()) return true;
       }
-    return queued_.load() > 0;
+    return host_.opsQueued();
   };
-  if (pollFor(opts_.config.spinUs, anyReady, busyFor(waitOn))) return;
+  if (pollFor(config_.spinUs, anyReady, busyFor(waitOn))) return;
   std::vector<pollfd> fds;
   bool hasDoorbell = false;
   for (auto& [lane, peer] : waitOn)
-    for (Channel& ch : chans_[lane][static_cast<size_t>(peer)]) {
+    for (Channel& ch : pair(lane, peer)) {
       int fd = ch.conn->pollFd();
       if (fd < 0) {
         hasDoorbell = true;
@@ -407,10 +480,10 @@ void CommImpl::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
     }
   sleeping_.store(true);
   if (!fds.empty()) {
-    fds.push_back({wakeFd_.fd, POLLIN, 0});
-    if (queued_.load() == 0) poll(fds.data(), fds.size(), hasDoorbell ? 1 : 100);
+    fds.push_back({wakeFd_, POLLIN, 0});
+    if (!host_.opsQueued()) poll(fds.data(), fds.size(), hasDoorbell ? 1 : 100);
     uint64_t v;
-    if (read(wakeFd_.fd, &v, sizeof(v)) < 0) { /* nothing pending */ }
+    if (read(wakeFd_, &v, sizeof(v)) < 0) { /* nothing pending */ }
   } else if (local_) {
     // The timeout only bounds how late abort, liveness and timeout checks can run.
     local_->sleep(100000, [&] { return anyReady(); });

@@ -34,15 +34,15 @@ void Communicator::shutdown() {
   if (!forked()) impl_->shutdown();
 }
 std::exception_ptr Communicator::brokenError() const {
-  std::lock_guard<std::mutex> g(impl_->errMu_);
-  return impl_->broken_;
+  std::lock_guard<std::mutex> g(impl_->health_.errMu);
+  return impl_->health_.broken;
 }
 std::string Communicator::traceJson(const std::string& reason) const { return impl_->traceJson(reason); }
 std::string Communicator::dumpTrace(const std::string& reason, const std::string& dir) const {
   return impl_->writeTrace(reason, dir);
 }
 std::string Communicator::stragglerReport() { return impl_->stragglerReport(); }
-uint64_t Communicator::collectiveCount() const { return impl_->collSeq_.load(); }
+uint64_t Communicator::collectiveCount() const { return impl_->q_.collSeq.load(); }
 
 namespace {
 void checkRoot(int root, int size, const char* what) {

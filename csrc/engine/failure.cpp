@@ -10,10 +10,10 @@ namespace railcc::engine {
 
 void CommImpl::fail(std::exception_ptr err) {
   {
-    std::lock_guard<std::mutex> g(errMu_);
-    if (broken_) return;
-    broken_ = err;
-    brokenSet_.store(true, std::memory_order_release);
+    std::lock_guard<std::mutex> g(health_.errMu);
+    if (health_.broken) return;
+    health_.broken = err;
+    health_.brokenSet.store(true, std::memory_order_release);
   }
   std::string msg, culprits;
   try {
@@ -39,14 +39,7 @@ void CommImpl::fail(std::exception_ptr err) {
     }
     wd_->cv.notify_all();
   }
-  {
-    std::lock_guard<std::mutex> g(connMu_);
-    if (local_) local_->markFailed();
-    for (auto& lane : chans_)
-      for (auto& peer : lane)
-        for (auto& ch : peer)
-          if (ch.conn) ch.conn->markFailed();
-  }
+  ch_.markFailed();
   try {
     std::rethrow_exception(err);
   } catch (const Error& e) {
@@ -125,17 +118,17 @@ void CommImpl::peerFailed(int peer, const std::string& detail) {
       err.hosts.push_back(r >= 0 && r < size_ ? peers_[static_cast<size_t>(r)].hostname : "?");
     }
   }
-  if (current_) {
-    err.seq = static_cast<long long>(current_->fp.seq);
-    err.op = opKindName(current_->kind);
+  if (ch_.current()) {
+    err.seq = static_cast<long long>(ch_.current()->fp.seq);
+    err.op = opKindName(ch_.current()->kind);
   }
   throw err;
 }
 
 void CommImpl::failStalled(const std::vector<Transfer*>& pending, Millis timeout) {
   std::ostringstream os;
-  os << (current_ ? opKindName(current_->kind) : "send/recv");
-  if (current_) os << " (seq " << current_->fp.seq << ")";
+  os << (ch_.current() ? opKindName(ch_.current()->kind) : "send/recv");
+  if (ch_.current()) os << " (seq " << ch_.current()->fp.seq << ")";
   // "timed out" on the first line: scripts and torch's own tests match on it.
   os << " timed out: no progress for " << timeout.count() << " ms; waiting on:";
   std::vector<int> ranks;
@@ -146,11 +139,11 @@ void CommImpl::failStalled(const std::vector<Transfer*>& pending, Millis timeout
     ranks.push_back(t->peer);
     hosts.push_back(peers_[static_cast<size_t>(t->peer)].hostname);
   }
-  if (current_) {
+  if (ch_.current()) {
     // Which ranks never called this op, which froze, which joined and are stuck: from the
     // progress records every rank publishes.
     std::vector<int> culprits;
-    os << describePeerProgress(current_->fp.seq, culprits);
+    os << describePeerProgress(ch_.current()->fp.seq, culprits);
     if (!culprits.empty()) {
       ranks = culprits;
       hosts.clear();
@@ -160,9 +153,9 @@ void CommImpl::failStalled(const std::vector<Transfer*>& pending, Millis timeout
   Error err(ErrorCode::kTimeout, os.str());
   err.ranks = ranks;
   err.hosts = hosts;
-  if (current_) {
-    err.seq = static_cast<long long>(current_->fp.seq);
-    err.op = opKindName(current_->kind);
+  if (ch_.current()) {
+    err.seq = static_cast<long long>(ch_.current()->fp.seq);
+    err.op = opKindName(ch_.current()->kind);
   }
   throw err;
 }
@@ -239,8 +232,8 @@ void CommImpl::spreadDeath(const Error& e) {
 
 void CommImpl::memberDied(const std::vector<int>& ranks, const std::string& group, const std::string& why) {
   {
-    std::lock_guard<std::mutex> g(errMu_);
-    if (broken_) return;
+    std::lock_guard<std::mutex> g(health_.errMu);
+    if (health_.broken) return;
   }
   std::ostringstream os;
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -255,13 +248,11 @@ void CommImpl::memberDied(const std::vector<int>& ranks, const std::string& grou
   }
   err.ranksGlobal = true;
   err.ranksDead = true;
-  memberDown_ = true;
+  health_.memberDown = true;
   fail(std::make_exception_ptr(err));
   // Wake our progress thread wherever it waits: the op it runs fails with this error.
-  wakeSelf();
-  uint64_t one = 1;
-  if (write(wakeFd_.fd, &one, sizeof(one)) < 0) { /* best effort */ }
-  cv_.notify_all();
+  ch_.wake();
+  q_.cv.notify_all();
 }
 
 std::string CommImpl::seenDeadElsewhere(int g) const {
@@ -283,8 +274,8 @@ std::string CommImpl::seenDeadElsewhere(int g) const {
 }
 
 std::exception_ptr CommImpl::brokenError() const {
-  std::lock_guard<std::mutex> g(errMu_);
-  return broken_;
+  std::lock_guard<std::mutex> g(health_.errMu);
+  return health_.broken;
 }
 
 }  // namespace railcc::engine

@@ -29,16 +29,16 @@ RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
                                   rooted ? op->fp.root : -1, op->fp.count);
   }
   RequestPtr req = op->req;
-  if (stragglerPending_.load(std::memory_order_acquire)) {
+  if (strag_.pending.load(std::memory_order_acquire)) {
     // A straggler reported by the watchdog fails the next op when RAILCC_STRAGGLER_ACTION=raise.
     // Attached before the op is queued: a small op may be finished before enqueue() returns.
-    std::lock_guard<std::mutex> g(wdMu_);
-    stragglerPending_.store(false);
-    if (!stragglerMsg_.empty()) {
-      Error e(ErrorCode::kStraggler, stragglerMsg_);
-      e.ranks = stragglerRanks_;
+    std::lock_guard<std::mutex> g(strag_.mu);
+    strag_.pending.store(false);
+    if (!strag_.msg.empty()) {
+      Error e(ErrorCode::kStraggler, strag_.msg);
+      e.ranks = strag_.ranks;
       for (int r : e.ranks) e.hosts.push_back(peers_[static_cast<size_t>(r)].hostname);
-      stragglerMsg_.clear();
+      strag_.msg.clear();
       req->setStraggler(globalized(std::make_exception_ptr(e)));
     }
   }
@@ -48,17 +48,17 @@ RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
   // wait has to be woken for it).
   bool wake = !(CallerWaits::active() && !op->device && !op->p2p);
   {
-    std::lock_guard<std::mutex> g(mu_);
-    if (brokenSet_.load(std::memory_order_acquire)) {
-      std::lock_guard<std::mutex> ge(errMu_);
-      err = broken_;
+    std::lock_guard<std::mutex> g(q_.mu);
+    if (health_.brokenSet.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> ge(health_.errMu);
+      err = health_.broken;
     }
-    if (!err && closing_)
+    if (!err && q_.closing)
       err = std::make_exception_ptr(Error(ErrorCode::kAborted, "the process group was shut down"));
     if (!err) {
-      queue_.push_back(std::move(op));
-      queued_.fetch_add(1);
-      wake = wake || busy_;
+      q_.queue.push_back(std::move(op));
+      q_.queued.fetch_add(1);
+      wake = wake || q_.busy;
     }
   }
   if (err) {
@@ -66,12 +66,8 @@ RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
     return req;
   }
   if (!wake) return req;
-  cv_.notify_one();
-  if (sleeping_.load()) {
-    wakeSelf();
-    uint64_t one = 1;
-    if (write(wakeFd_.fd, &one, sizeof(one)) < 0) { /* wake-up is best effort */ }
-  }
+  q_.cv.notify_one();
+  ch_.wake(true);
   return req;
 }
 
@@ -85,40 +81,40 @@ std::unique_ptr<Op> CommImpl::collective(OpKind kind, DataType dt, ReduceOp rop,
   op->fp.redop = static_cast<uint8_t>(rop);
   op->fp.root = root;
   op->fp.count = count;
-  op->fp.seq = collSeq_.fetch_add(1) + 1;
+  op->fp.seq = q_.collSeq.fetch_add(1) + 1;
   return op;
 }
 
 void CommImpl::drainQueue() {
-  if (queued_.load(std::memory_order_acquire) == 0) return;
-  // drained_ is only touched with the token held; swapping keeps both deques' memory, so a
+  if (q_.queued.load(std::memory_order_acquire) == 0) return;
+  // q_.drained is only touched with the token held; swapping keeps both deques' memory, so a
   // warm queue allocates nothing.
   {
-    std::lock_guard<std::mutex> g(mu_);
+    std::lock_guard<std::mutex> g(q_.mu);
     takeQueued();
   }
   distributeDrained();
 }
 
 void CommImpl::takeQueued() {
-  drained_.swap(queue_);
-  queued_.store(0);
+  q_.drained.swap(q_.queue);
+  q_.queued.store(0);
 }
 
 void CommImpl::distributeDrained() {
-  for (auto& op : drained_) {
+  for (auto& op : q_.drained) {
     if (op->p2p) startP2P(std::move(op));
-    else collQueue_.push_back(std::move(op));
+    else q_.coll.push_back(std::move(op));
   }
-  drained_.clear();
+  q_.drained.clear();
 }
 
 bool CommImpl::tryAcquire(bool drain) {
   {
-    std::lock_guard<std::mutex> g(mu_);
-    if (busy_) return false;
-    busy_ = true;
-    if (!drain || queue_.empty()) return true;
+    std::lock_guard<std::mutex> g(q_.mu);
+    if (q_.busy) return false;
+    q_.busy = true;
+    if (!drain || q_.queue.empty()) return true;
     takeQueued();
   }
   distributeDrained();
@@ -126,41 +122,38 @@ bool CommImpl::tryAcquire(bool drain) {
 }
 
 void CommImpl::release(bool wakeProgress) {
-  bool more = wakeProgress && (!collQueue_.empty() || !p2pActive_.empty() || !anyPending_.empty());
+  bool more = wakeProgress && (!q_.coll.empty() || !q_.p2p.empty() || !q_.anySource.empty());
   {
-    std::lock_guard<std::mutex> g(mu_);
-    busy_ = false;
-    if (more) kick_ = true;
-    more = more || (wakeProgress && !queue_.empty());
+    std::lock_guard<std::mutex> g(q_.mu);
+    q_.busy = false;
+    if (more) q_.kick = true;
+    more = more || (wakeProgress && !q_.queue.empty());
   }
-  if (more) cv_.notify_all();
+  if (more) q_.cv.notify_all();
 }
 
 void CommImpl::failQueued(std::exception_ptr broken) {
-  for (auto& op : collQueue_) op->req->finish(broken);
-  collQueue_.clear();
-  for (auto& op : p2pActive_) op->req->finish(broken);
-  p2pActive_.clear();
-  for (auto& op : anyPending_) op->req->finish(broken);
-  anyPending_.clear();
+  for (auto& op : q_.coll) op->req->finish(broken);
+  q_.coll.clear();
+  for (auto& op : q_.p2p) op->req->finish(broken);
+  q_.p2p.clear();
+  for (auto& op : q_.anySource) op->req->finish(broken);
+  q_.anySource.clear();
 }
 
 // Runs one collective with the token held; the caller finishes its request.
 std::exception_ptr CommImpl::runCollective(Op& op) {
-  current_ = &op;
-  lastProgress_ = Clock::now();
   op.fp.startUs = wallMicros();
-  std::fill(arrivals_.begin(), arrivals_.end(), 0);
-  waitingOn_.clear();
+  ch_.begin(&op);
   tele_->opStarted(op.traceId, op.fp.seq, op.fp.startUs);
   std::exception_ptr err;
   std::string what;
   try {
-    if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
+    if (health_.aborted) RAILCC_THROW(kAborted, health_.abortWhy);
     // A peer that failed may have sent its part of this op before failing; taking it
     // would let this rank succeed where that rank raised.
     for (int r : localRanks_)
-      if (r != rank_ && chan(kCollLane, r).conn->peerReportedFailure())
+      if (r != rank_ && ch_.chan(kCollLane, r).conn->peerReportedFailure())
         peerFailed(r, "it reported a failure of its own");
     op.body();
   } catch (const Error& e) {
@@ -172,19 +165,19 @@ std::exception_ptr CommImpl::runCollective(Op& op) {
   }
   // abort() shut our connections down: what the transports saw next is our own doing, not a
   // peer's failure.
-  if (err && aborted_) err = abortedError();
+  if (err && health_.aborted) err = abortedError();
   if (err) err = globalized(err);
   // Another group of this rank found a member dead and failed us: that is the cause, not
   // the closed connections it left behind.
-  if (err && memberDown_) err = brokenError();
+  if (err && health_.memberDown) err = brokenError();
   // One lock for the trace and the arrival lags (stragglers) of a successful op.
-  if (!err && size_ > 1) arrivals_[static_cast<size_t>(rank_)] = op.fp.startUs;
-  tele_->opFinished(op.traceId, op.fp.seq, what, waitingOn_, !err && size_ > 1 ? &arrivals_ : nullptr);
+  if (!err && size_ > 1) ch_.arrivals()[static_cast<size_t>(rank_)] = op.fp.startUs;
+  tele_->opFinished(op.traceId, op.fp.seq, what, ch_.waitingOn(), !err && size_ > 1 ? &ch_.arrivals() : nullptr);
   if (err) {
     fail(err);
-    clearChannels();
+    ch_.clear();
   }
-  current_ = nullptr;
+  ch_.end();
   return err;
 }
 
@@ -200,14 +193,14 @@ void CommImpl::helpRun(const Request* req) {
   std::pair<std::unique_ptr<Op>, std::exception_ptr> first;
   std::vector<std::pair<std::unique_ptr<Op>, std::exception_ptr>> ran;
   std::exception_ptr broken;
-  if (brokenSet_.load(std::memory_order_acquire)) {
-    std::lock_guard<std::mutex> g(errMu_);
-    broken = broken_;
+  if (health_.brokenSet.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> g(health_.errMu);
+    broken = health_.broken;
   }
-  if (!broken && !stop_) {
-    while (!collQueue_.empty() && !collQueue_.front()->device) {
-      std::unique_ptr<Op> op = std::move(collQueue_.front());
-      collQueue_.pop_front();
+  if (!broken && !q_.stop) {
+    while (!q_.coll.empty() && !q_.coll.front()->device) {
+      std::unique_ptr<Op> op = std::move(q_.coll.front());
+      q_.coll.pop_front();
       std::exception_ptr err = runCollective(*op);
       bool mine = op->req.get() == req;
       if (!first.first) first = {std::move(op), err};
@@ -227,10 +220,10 @@ void CommImpl::progressLoop() {
   while (true) {
     if (!held) {
       if (!tryAcquire()) {
-        // A caller runs its op; it hands over what it leaves behind (kick_).
-        std::unique_lock<std::mutex> g(mu_);
-        cv_.wait_for(g, Millis(100), [&] { return !busy_ && (kick_ || !queue_.empty() || stop_.load()); });
-        kick_ = false;
+        // A caller runs its op; it hands over what it leaves behind (q_.kick).
+        std::unique_lock<std::mutex> g(q_.mu);
+        q_.cv.wait_for(g, Millis(100), [&] { return !q_.busy && (q_.kick || !q_.queue.empty() || q_.stop.load()); });
+        q_.kick = false;
         continue;
       }
       held = true;
@@ -238,81 +231,81 @@ void CommImpl::progressLoop() {
     drainQueue();
     std::exception_ptr broken;
     {
-      std::lock_guard<std::mutex> g(errMu_);
-      broken = broken_;
+      std::lock_guard<std::mutex> g(health_.errMu);
+      broken = health_.broken;
     }
     if (broken) failQueued(broken);
-    if (!collQueue_.empty()) {
-      std::unique_ptr<Op> op = std::move(collQueue_.front());
-      collQueue_.pop_front();
+    if (!q_.coll.empty()) {
+      std::unique_ptr<Op> op = std::move(q_.coll.front());
+      q_.coll.pop_front();
       std::exception_ptr err = runCollective(*op);
       op->req->finish(err);
       continue;
     }
-    if (!p2pActive_.empty() || !anyPending_.empty()) {
+    if (!q_.p2p.empty() || !q_.anySource.empty()) {
       try {
-        if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
+        if (health_.aborted) RAILCC_THROW(kAborted, health_.abortWhy);
         size_t moved = progressP2P();
         finishP2P();
-        if (moved == 0 && (!p2pActive_.empty() || !anyPending_.empty())) {
+        if (moved == 0 && (!q_.p2p.empty() || !q_.anySource.empty())) {
           std::vector<std::pair<int, int>> on;
           for (int r = 0; r < size_; ++r) {
-            auto& ch = chan(kP2PLane, r);
-            if (!ch.sendq.empty() || !ch.recvq.empty() || (!anyPending_.empty() && ch.conn)) on.push_back({kP2PLane, r});
+            auto& ch = ch_.chan(kP2PLane, r);
+            if (!ch.sendq.empty() || !ch.recvq.empty() || (!q_.anySource.empty() && ch.conn)) on.push_back({kP2PLane, r});
           }
-          Millis to = !p2pActive_.empty() ? p2pActive_.front()->timeout : anyPending_.front()->timeout;
-          idle(on, to, "send/recv");
+          Millis to = !q_.p2p.empty() ? q_.p2p.front()->timeout : q_.anySource.front()->timeout;
+          ch_.idle(on, to, "send/recv");
         }
       } catch (const std::exception& e) {
         // Not only railcc's own errors: anything thrown here would otherwise end the process.
-        for (auto& op : p2pActive_) tele_->opFinished(op->traceId, 0, e.what(), {op->xfer.peer});
-        for (auto& op : anyPending_) tele_->opFinished(op->traceId, 0, e.what(), {});
+        for (auto& op : q_.p2p) tele_->opFinished(op->traceId, 0, e.what(), {op->xfer.peer});
+        for (auto& op : q_.anySource) tele_->opFinished(op->traceId, 0, e.what(), {});
         std::exception_ptr err = std::current_exception();
         if (!dynamic_cast<const Error*>(&e)) err = std::make_exception_ptr(Error(ErrorCode::kInternal, e.what()));
-        fail(aborted_ ? abortedError() : globalized(err));
-        clearChannels();
+        fail(health_.aborted ? abortedError() : globalized(err));
+        ch_.clear();
       }
       continue;
     }
-    if (stop_) break;  // with the token held: nobody runs anything after this
+    if (q_.stop) break;  // with the token held: nobody runs anything after this
     // Idle: a caller may now run its own op (helpRun).
     release(false);
     held = false;
     // A caller that just got its result often posts the next op at once: poll a moment
     // before sleeping, which saves a wake-up on the latency path.
-    pollFor(opts_.config.spinUs, [&] { return queued_.load(std::memory_order_acquire) != 0 || stop_; });
-    if (queued_.load(std::memory_order_acquire) != 0 || stop_) continue;
-    std::unique_lock<std::mutex> g(mu_);
-    cv_.wait_for(g, Millis(100), [&] { return !queue_.empty() || stop_.load() || kick_; });
-    kick_ = false;
+    pollFor(opts_.config.spinUs, [&] { return q_.queued.load(std::memory_order_acquire) != 0 || q_.stop; });
+    if (q_.queued.load(std::memory_order_acquire) != 0 || q_.stop) continue;
+    std::unique_lock<std::mutex> g(q_.mu);
+    q_.cv.wait_for(g, Millis(100), [&] { return !q_.queue.empty() || q_.stop.load() || q_.kick; });
+    q_.kick = false;
   }
 }
 
 // Sends and receives: each is one transfer on the p2p lane, matched in posting order per peer.
 void CommImpl::startP2P(std::unique_ptr<Op> op) {
-  if (p2pActive_.empty() && anyPending_.empty()) lastProgress_ = Clock::now();
+  if (q_.p2p.empty() && q_.anySource.empty()) ch_.touch();
   tele_->opStarted(op->traceId, op->p2p ? 0 : op->fp.seq);
   if (op->anySource) {
-    anyPending_.push_back(std::move(op));
+    q_.anySource.push_back(std::move(op));
     return;
   }
-  Channel& ch = chan(kP2PLane, op->xfer.peer);
+  Channel& ch = ch_.chan(kP2PLane, op->xfer.peer);
   (op->xfer.kind == Transfer::kSend ? ch.sendq : ch.recvq).push_back(&op->xfer);
-  p2pActive_.push_back(std::move(op));
+  q_.p2p.push_back(std::move(op));
 }
 
 size_t CommImpl::progressP2P() {
   size_t moved = 0;
   // A receive from any source takes the first peer whose next message is a matching send.
-  for (auto it = anyPending_.begin(); it != anyPending_.end();) {
+  for (auto it = q_.anySource.begin(); it != q_.anySource.end();) {
     Op& op = **it;
     int got = -1;
     for (int r = 0; r < size_ && got < 0; ++r) {
       if (r == rank_) continue;
-      Channel& ch = chan(kP2PLane, r);
+      Channel& ch = ch_.chan(kP2PLane, r);
       if (!ch.recvq.empty()) continue;
       try {
-        if (readHeader(ch, moved) && ch.inHdr.tag == op.xfer.hdr.tag) got = r;
+        if (ch_.readHeader(ch, moved) && ch.inHdr.tag == op.xfer.hdr.tag) got = r;
       } catch (const Error& e) {
         if (e.code() == ErrorCode::kPeerFailure) peerFailed(r, e.what());
         throw;
@@ -324,26 +317,26 @@ size_t CommImpl::progressP2P() {
     }
     op.xfer.peer = got;
     op.req->setSourceRank(got);
-    chan(kP2PLane, got).recvq.push_back(&op.xfer);
-    p2pActive_.push_back(std::move(*it));
-    it = anyPending_.erase(it);
+    ch_.chan(kP2PLane, got).recvq.push_back(&op.xfer);
+    q_.p2p.push_back(std::move(*it));
+    it = q_.anySource.erase(it);
   }
   for (int r = 0; r < size_; ++r) {
-    Channel& ch = chan(kP2PLane, r);
-    if (!ch.sendq.empty() || !ch.recvq.empty()) moved += progressChannel(kP2PLane, r);
+    Channel& ch = ch_.chan(kP2PLane, r);
+    if (!ch.sendq.empty() || !ch.recvq.empty()) moved += ch_.progress(kP2PLane, r);
   }
-  if (moved) lastProgress_ = Clock::now();
+  if (moved) ch_.touch();
   return moved;
 }
 
 void CommImpl::finishP2P() {
-  for (auto it = p2pActive_.begin(); it != p2pActive_.end();) {
+  for (auto it = q_.p2p.begin(); it != q_.p2p.end();) {
     if ((*it)->xfer.finished) {
       const Transfer& t = (*it)->xfer;
       tele_->opBytes((*it)->traceId, t.peer, t.kind == Transfer::kSend ? t.done : 0, t.kind == Transfer::kSend ? 0 : t.done);
       tele_->opFinished((*it)->traceId, 0, "", {});
       (*it)->req->finish(nullptr);
-      it = p2pActive_.erase(it);
+      it = q_.p2p.erase(it);
     } else {
       ++it;
     }
@@ -352,33 +345,31 @@ void CommImpl::finishP2P() {
 
 void CommImpl::abort(const std::string& why) {
   {
-    std::lock_guard<std::mutex> g(mu_);
-    if (!aborted_) abortWhy_ = why;
-    aborted_ = true;
+    std::lock_guard<std::mutex> g(q_.mu);
+    if (!health_.aborted) health_.abortWhy = why;
+    health_.aborted = true;
   }
   fail(abortedError());
-  cv_.notify_all();
-  wakeSelf();
-  uint64_t one = 1;
-  if (write(wakeFd_.fd, &one, sizeof(one)) < 0) { /* best effort */ }
+  q_.cv.notify_all();
+  ch_.wake();
 }
 
 void CommImpl::shutdown() {
   unlist();
   {
-    std::lock_guard<std::mutex> g(mu_);
-    if (closing_ && !thread_.joinable()) return;
-    closing_ = true;
+    std::lock_guard<std::mutex> g(q_.mu);
+    if (q_.closing && !q_.thread.joinable()) return;
+    q_.closing = true;
   }
-  if (thread_.joinable()) {
+  if (q_.thread.joinable()) {
     // The progress thread finishes what is queued and then exits; ops that stop moving for a
     // second after this point are failed with kAborted, so shutdown never hangs.
-    stop_ = true;
-    cv_.notify_all();
-    thread_.join();
+    q_.stop = true;
+    q_.cv.notify_all();
+    q_.thread.join();
   }
   // Every request is finished now; the callbacks they handed over run to their end (new ops
-  // they queue fail at once: closing_ is set).
+  // they queue fail at once: q_.closing is set).
   userPool_->shutdown(Millis(5000));
   if (watchdog_.joinable()) {
     std::unique_lock<std::mutex> g(wd_->mu);
@@ -398,13 +389,9 @@ void CommImpl::shutdown() {
       watchdog_.detach();
     }
   }
-  {
-    // abort() may run now on another thread (a watchdog, work.wait(timeout)): it touches the
-    // channels and the shared memory only under connMu_.
-    std::lock_guard<std::mutex> g(connMu_);
-    chans_.clear();
-    local_.reset();
-  }
+  // abort() may run now on another thread (a watchdog, work.wait(timeout)): close() and
+  // markFailed() exclude each other.
+  ch_.close();
   releaseDevice();
 }
 

@@ -55,9 +55,9 @@ std::string CommImpl::progressRecord() const {
   os << "{\"rank\": " << rank_ << ", \"pid\": " << getpid() << ", \"wall_us\": " << wallMicros()
      << ", \"enqueued\": " << p.enqueued << ", \"started\": " << p.started << ", \"completed\": " << p.completed
      << ", \"last_op\": " << jsonString(p.lastOp) << ", \"slow_links\": [";
-  std::lock_guard<std::mutex> g(wdMu_);
+  std::lock_guard<std::mutex> g(strag_.mu);
   bool first = true;
-  for (const auto& [peer, send] : linkFlagged_) {
+  for (const auto& [peer, send] : strag_.linkFlagged) {
     os << (first ? "" : ", ") << "{\"src\": " << (send ? rank_ : peer) << ", \"dst\": " << (send ? peer : rank_) << "}";
     first = false;
   }
@@ -139,7 +139,7 @@ void CommImpl::watchdogLoop(std::shared_ptr<WatchdogShared> w) {
         if (records) todo.push_back({"progress/" + std::to_string(rank), progressRecord()});
       }
       // GPU work is checked outside `mu` (failing the group takes it); teardown waits for it.
-      gpu = w->inComm = gpuWatched_.load(std::memory_order_relaxed);
+      gpu = w->inComm = dev_.gpuWatched.load(std::memory_order_relaxed);
     }
     if (gpu) {
       // Sleeps at most a second while GPU work is watched: entries queued meanwhile are due later.
@@ -180,7 +180,7 @@ void CommImpl::watchdogLoop(std::shared_ptr<WatchdogShared> w) {
 }
 
 void CommImpl::checkStragglers() {
-  std::lock_guard<std::mutex> serial(stragglerMu_);  // the watchdog and straggler_report() both call this
+  std::lock_guard<std::mutex> serial(strag_.checkMu);  // the watchdog and straggler_report() both call this
   const Config& cfg = opts_.config;
   bool raise = cfg.stragglerAction == "raise";
   std::vector<std::string> news;
@@ -196,14 +196,14 @@ void CommImpl::checkStragglers() {
       if (q != r && lags[q].ops > 0) others.push_back(lags[q].meanUs);
     double med = median(others);
     bool bad = l.ops >= minOps && l.meanUs > limit && l.meanUs > 4 * med;
-    if (bad && !lagFlagged_[r]) {
+    if (bad && !strag_.lagFlagged[r]) {
       news.push_back(rankName(r) + " (host " + peers_[r].hostname + ") is a straggler: it entered the last " +
                      std::to_string(l.ops) + " collectives " + fmt("%.1f", l.meanUs / 1000) + " ms after the first rank on average (max " +
                      fmt("%.1f", l.maxUs / 1000) + " ms; median rank " + fmt("%.1f", med / 1000) + " ms)");
       newRanks.push_back(static_cast<int>(r));
     }
-    if (bad) lagFlagged_[r] = true;
-    else if (l.meanUs < limit / 2) lagFlagged_[r] = false;
+    if (bad) strag_.lagFlagged[r] = true;
+    else if (l.meanUs < limit / 2) strag_.lagFlagged[r] = false;
   }
   // Slow links: far below the median link of the same transport.
   auto links = tele_->links();
@@ -214,8 +214,8 @@ void CommImpl::checkStragglers() {
     double m = median(all);
     if (l.samples < kMinLinkSamples || all.size() < 2 || l.gbps() >= m * static_cast<double>(cfg.stragglerLinkPct) / 100.0) continue;
     flagged.insert({l.peer, l.send});
-    std::lock_guard<std::mutex> g(wdMu_);
-    if (linkFlagged_.count({l.peer, l.send})) continue;
+    std::lock_guard<std::mutex> g(strag_.mu);
+    if (strag_.linkFlagged.count({l.peer, l.send})) continue;
     int src = l.send ? rank_ : l.peer, dst = l.send ? l.peer : rank_;
     news.push_back("slow link: rank " + std::to_string(src) + " -> rank " + std::to_string(dst) + " (" +
                    peers_[src].hostname + " -> " + peers_[dst].hostname + ", " + peers_[l.peer].transport + ") moves " +
@@ -223,14 +223,14 @@ void CommImpl::checkStragglers() {
                    std::to_string(all.size()) + " " + linkClass(l) + " links of rank " + std::to_string(rank_));
     newRanks.push_back(l.peer);
   }
-  std::lock_guard<std::mutex> g(wdMu_);
-  linkFlagged_ = flagged;
+  std::lock_guard<std::mutex> g(strag_.mu);
+  strag_.linkFlagged = flagged;
   for (auto& m : news) RAILCC_WARN(WATCHDOG, m);
   if (raise && !news.empty()) {
-    stragglerMsg_.clear();
-    for (auto& m : news) stragglerMsg_ += (stragglerMsg_.empty() ? "" : "\n") + m;
-    stragglerPending_.store(true);
-    stragglerRanks_ = newRanks;
+    strag_.msg.clear();
+    for (auto& m : news) strag_.msg += (strag_.msg.empty() ? "" : "\n") + m;
+    strag_.pending.store(true);
+    strag_.ranks = newRanks;
   }
 }
 
@@ -240,11 +240,11 @@ std::string CommImpl::stragglerReport() {
   auto lags = tele_->lags();
   os << "{\"rank\": " << rank_ << ", \"window\": " << opts_.config.stragglerWindow << ", \"ranks\": [";
   {
-    std::lock_guard<std::mutex> g(wdMu_);
+    std::lock_guard<std::mutex> g(strag_.mu);
     for (size_t r = 0; r < lags.size(); ++r)
       os << (r ? ", " : "") << "{\"rank\": " << r << ", \"host\": " << jsonString(peers_[r].hostname)
          << ", \"lag_us_mean\": " << fmt("%.1f", lags[r].meanUs) << ", \"lag_us_max\": " << fmt("%.1f", lags[r].maxUs)
-         << ", \"ops\": " << lags[r].ops << ", \"straggler\": " << (lagFlagged_[r] ? "true" : "false") << "}";
+         << ", \"ops\": " << lags[r].ops << ", \"straggler\": " << (strag_.lagFlagged[r] ? "true" : "false") << "}";
   }
   os << "], \"links\": [";
   auto links = tele_->links();
@@ -257,8 +257,8 @@ std::string CommImpl::stragglerReport() {
     int src = l.send ? rank_ : l.peer, dst = l.send ? l.peer : rank_;
     bool isSlow;
     {
-      std::lock_guard<std::mutex> g(wdMu_);
-      isSlow = linkFlagged_.count({l.peer, l.send}) > 0;
+      std::lock_guard<std::mutex> g(strag_.mu);
+      isSlow = strag_.linkFlagged.count({l.peer, l.send}) > 0;
     }
     if (isSlow) slow.insert({src, dst});
     os << (first ? "" : ", ") << "{\"src\": " << src << ", \"dst\": " << dst << ", \"src_host\": "
@@ -285,9 +285,9 @@ std::string CommImpl::stragglerReport() {
   os << "], \"stragglers\": [";
   first = true;
   {
-    std::lock_guard<std::mutex> g(wdMu_);
-    for (size_t r = 0; r < lagFlagged_.size(); ++r)
-      if (lagFlagged_[r]) {
+    std::lock_guard<std::mutex> g(strag_.mu);
+    for (size_t r = 0; r < strag_.lagFlagged.size(); ++r)
+      if (strag_.lagFlagged[r]) {
         os << (first ? "" : ", ") << r;
         first = false;
       }
@@ -363,8 +363,8 @@ std::string CommImpl::describePeerProgress(uint64_t seq, std::vector<int>& culpr
         first = false;
       }
     js << "}";
-    std::lock_guard<std::mutex> g(wdMu_);
-    peerProgressJson_ = js.str();
+    std::lock_guard<std::mutex> g(strag_.mu);
+    strag_.peerProgressJson = js.str();
   }
   std::string body = os.str();
   return body.empty() ? "" : "\nprogress of the other ranks:" + body;
@@ -378,8 +378,8 @@ std::string CommImpl::traceJson(const std::string& reason) const {
      << ", \"reason\": " << jsonString(reason) << ",\n  \"error\": ";
   std::exception_ptr broken;
   {
-    std::lock_guard<std::mutex> g(errMu_);
-    broken = broken_;
+    std::lock_guard<std::mutex> g(health_.errMu);
+    broken = health_.broken;
   }
   if (!broken) {
     os << "null";
@@ -411,8 +411,8 @@ std::string CommImpl::traceJson(const std::string& reason) const {
      << ",\n  \"arrival\": {\"lag_us_mean\": " << fmt("%.1f", mine.meanUs) << ", \"lag_us_max\": " << fmt("%.1f", mine.maxUs)
      << ", \"last_count\": " << mine.ops << "},\n  \"lags\": " << tele_->lagsJson();
   {
-    std::lock_guard<std::mutex> g(wdMu_);
-    os << ",\n  \"peer_progress\": " << peerProgressJson_ << "\n}\n";
+    std::lock_guard<std::mutex> g(strag_.mu);
+    os << ",\n  \"peer_progress\": " << strag_.peerProgressJson << "\n}\n";
   }
   return os.str();
 }

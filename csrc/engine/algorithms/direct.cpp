@@ -25,33 +25,33 @@ void CommImpl::runBroadcastChain(char* buf, size_t bytes, int root) {
   // later). The root waits for the tail's header, not for its whole payload.
   std::vector<Transfer> xs;
   xs.reserve(3);
-  if (pos > 0) xs.push_back(recvFrom((r - 1 + n) % n, buf, bytes));
+  if (pos > 0) xs.push_back(ch_.recvFrom((r - 1 + n) % n, buf, bytes));
   if (pos < n - 1) {
-    xs.push_back(sendTo((r + 1) % n, buf, bytes));
+    xs.push_back(ch_.sendTo((r + 1) % n, buf, bytes));
     if (pos > 0) xs.back().limit = &xs.front().done;
   }
   if (pos == 0) {
-    xs.push_back(recvFrom((root + n - 1) % n, nullptr, 0));
+    xs.push_back(ch_.recvFrom((root + n - 1) % n, nullptr, 0));
   } else if (pos == n - 1) {
     xs.front().gates = true;
-    xs.push_back(sendTo(root, nullptr, 0));
+    xs.push_back(ch_.sendTo(root, nullptr, 0));
     xs.back().after = &xs.front();
   }
-  exchange(xs);
+  ch_.exchange(xs);
 }
 
 void CommImpl::runReduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale, int root) {
   int n = size_, r = rank_;
   size_t bytes = count * dtypeSize(dt);
   if (r != root) {
-    std::vector<Transfer> xs{sendTo(root, buf, bytes)};
-    exchange(xs);
+    std::vector<Transfer> xs{ch_.sendTo(root, buf, bytes)};
+    ch_.exchange(xs);
     return;
   }
   if (op == ReduceOp::kPremulSum) scaleCopy(buf, buf, count, dt, scale);
   for (int s = 1; s < n; ++s) {  // in rank order from the root, so every run reduces alike
-    std::vector<Transfer> xs{recvReduce((root + s) % n, buf, count, dt, op, scale)};
-    exchange(xs);
+    std::vector<Transfer> xs{ch_.recvReduce((root + s) % n, buf, count, dt, op, scale)};
+    ch_.exchange(xs);
   }
   if (op == ReduceOp::kAvg) divideBy(buf, count, dt, n);
 }
@@ -67,11 +67,11 @@ void CommImpl::runAllgather(const char* in, size_t bytes, const std::vector<char
   xs.reserve(2 * static_cast<size_t>(n));
   for (int s = 1; s < n; ++s) {
     int to = (r + s) % n, from = (r - s + n) % n;
-    xs.push_back(sendTo(to, in, bytes));
-    xs.push_back(recvFrom(from, outs[static_cast<size_t>(from)], bytes));
+    xs.push_back(ch_.sendTo(to, in, bytes));
+    xs.push_back(ch_.recvFrom(from, outs[static_cast<size_t>(from)], bytes));
   }
-  streamPieces(xs, bytes * static_cast<size_t>(n));
-  exchange(xs);
+  ch_.streamPieces(xs, bytes * static_cast<size_t>(n));
+  ch_.exchange(xs);
 }
 
 void CommImpl::runReduceScatter(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
@@ -90,8 +90,8 @@ void CommImpl::runReduceScatter(const std::vector<char*>& ins, char* out, size_t
   else if (out != mine && bytes) transport::moveBytes(out, mine, bytes);
   for (int s = 1; s < n; ++s) {
     int to = (r + s) % n, from = (r - s + n) % n;
-    std::vector<Transfer> xs{sendTo(to, ins[static_cast<size_t>(to)], bytes), recvReduce(from, out, count, dt, op, scale)};
-    exchange(xs);
+    std::vector<Transfer> xs{ch_.sendTo(to, ins[static_cast<size_t>(to)], bytes), ch_.recvReduce(from, out, count, dt, op, scale)};
+    ch_.exchange(xs);
   }
   if (op == ReduceOp::kAvg) divideBy(out, count, dt, n);
 }
@@ -106,49 +106,49 @@ void CommImpl::runAlltoall(const std::vector<char*>& ins, const std::vector<size
   xs.reserve(2 * static_cast<size_t>(n));
   for (int s = 1; s < n; ++s) {
     size_t to = static_cast<size_t>((r + s) % n), from = static_cast<size_t>((r - s + n) % n);
-    xs.push_back(sendTo(static_cast<int>(to), ins[to], inCounts[to] * es));
-    xs.push_back(recvFrom(static_cast<int>(from), outs[from], outCounts[from] * es));
+    xs.push_back(ch_.sendTo(static_cast<int>(to), ins[to], inCounts[to] * es));
+    xs.push_back(ch_.recvFrom(static_cast<int>(from), outs[from], outCounts[from] * es));
   }
   size_t total = 0;
   for (size_t k : outCounts) total += k * es;
-  streamPieces(xs, total);
-  exchange(xs);
+  ch_.streamPieces(xs, total);
+  ch_.exchange(xs);
 }
 
 void CommImpl::runGather(const char* in, size_t bytes, const std::vector<char*>& outs, int root) {
   int n = size_, r = rank_;
   std::vector<Transfer> xs;
   if (r != root) {
-    xs.push_back(sendTo(root, in, bytes));
+    xs.push_back(ch_.sendTo(root, in, bytes));
   } else {
     if (outs[static_cast<size_t>(r)] != in && bytes) transport::moveBytes(outs[static_cast<size_t>(r)], in, bytes);
     xs.reserve(static_cast<size_t>(n));
     for (int p = 0; p < n; ++p)
-      if (p != r) xs.push_back(recvFrom(p, outs[static_cast<size_t>(p)], bytes));
+      if (p != r) xs.push_back(ch_.recvFrom(p, outs[static_cast<size_t>(p)], bytes));
   }
-  exchange(xs);
+  ch_.exchange(xs);
 }
 
 void CommImpl::runScatter(const std::vector<char*>& ins, char* out, size_t bytes, int root) {
   int n = size_, r = rank_;
   std::vector<Transfer> xs;
   if (r != root) {
-    xs.push_back(recvFrom(root, out, bytes));
+    xs.push_back(ch_.recvFrom(root, out, bytes));
   } else {
     if (ins[static_cast<size_t>(r)] != out && bytes) transport::moveBytes(out, ins[static_cast<size_t>(r)], bytes);
     xs.reserve(static_cast<size_t>(n));
     for (int p = 0; p < n; ++p)
-      if (p != r) xs.push_back(sendTo(p, ins[static_cast<size_t>(p)], bytes));
+      if (p != r) xs.push_back(ch_.sendTo(p, ins[static_cast<size_t>(p)], bytes));
   }
-  exchange(xs);
+  ch_.exchange(xs);
 }
 
 void CommImpl::runBarrier() {
   int n = size_, r = rank_;
   // Dissemination: after round k every rank has heard, transitively, from 2^(k+1) ranks.
   for (int k = 1; k < n; k *= 2) {
-    std::vector<Transfer> xs{sendTo((r + k) % n, nullptr, 0), recvFrom((r - k + n) % n, nullptr, 0)};
-    exchange(xs);
+    std::vector<Transfer> xs{ch_.sendTo((r + k) % n, nullptr, 0), ch_.recvFrom((r - k + n) % n, nullptr, 0)};
+    ch_.exchange(xs);
   }
 }
 

@@ -19,11 +19,11 @@ void CommImpl::oneshotReduce(const std::function<const char*(int)>& blockOf, cha
   xs.reserve(2 * static_cast<size_t>(n));
   for (int p = 0; p < n; ++p)
     if (p != r) {
-      xs.push_back(sendTo(p, blockOf(p), bytes));
-      xs.push_back(recvFrom(p, slot(p), bytes));
+      xs.push_back(ch_.sendTo(p, blockOf(p), bytes));
+      xs.push_back(ch_.recvFrom(p, slot(p), bytes));
     }
   transport::copyBytes(slot(r), blockOf(r), bytes);  // `out` may alias our own block
-  exchange(xs);
+  ch_.exchange(xs);
   if (op == ReduceOp::kPremulSum) scaleCopy(out, slot(0), count, dt, scale);
   else transport::copyBytes(out, slot(0), bytes);
   for (int p = 1; p < n; ++p) reduceInto(out, slot(p), count, dt, op, scale);
@@ -49,16 +49,16 @@ void CommImpl::runBroadcastRing(char* buf, size_t bytes, int root) {
   std::vector<char*> outs(static_cast<size_t>(size_), nullptr);
   sizes[static_cast<size_t>(root)] = bytes;
   outs[static_cast<size_t>(root)] = buf;
-  if (rank_ == root && bytes > local_->broadcastRing(-1).capacity()) {
+  if (rank_ == root && bytes > ch_.local()->broadcastRing(-1).capacity()) {
     syncRound();
     return runAllgatherRing(buf, sizes, outs, false);
   }
   std::vector<Transfer> sends, recvs;
   headerRound(sends, recvs);
-  exchange(sends);
-  post(recvs);
+  ch_.exchange(sends);
+  ch_.post(recvs);
   runAllgatherRing(buf, sizes, outs, false);
-  complete(recvs);
+  ch_.complete(recvs);
 }
 
 
@@ -71,9 +71,9 @@ void CommImpl::pairwiseReduceScatter(const std::vector<int>& g, char* buf, size_
   if (op == ReduceOp::kPremulSum) scaleCopy(mine, mine, b.count(i), dt, scale);
   for (int s = 1; s < m; ++s) {
     int to = (i + s) % m, from = (i - s + m) % m;
-    std::vector<Transfer> xs{sendTo(g[static_cast<size_t>(to)], buf + b.offset(to), b.count(to) * es),
-                             recvReduce(g[static_cast<size_t>(from)], mine, b.count(i), dt, op, scale)};
-    exchange(xs);
+    std::vector<Transfer> xs{ch_.sendTo(g[static_cast<size_t>(to)], buf + b.offset(to), b.count(to) * es),
+                             ch_.recvReduce(g[static_cast<size_t>(from)], mine, b.count(i), dt, op, scale)};
+    ch_.exchange(xs);
   }
 }
 
@@ -82,9 +82,9 @@ void CommImpl::pairwiseAllgather(const std::vector<int>& g, char* buf, size_t co
   Blocks b(count, m, es);
   for (int s = 1; s < m; ++s) {
     int to = (i + s) % m, from = (i - s + m) % m;
-    std::vector<Transfer> xs{sendTo(g[static_cast<size_t>(to)], buf + b.offset(i), b.count(i) * es),
-                             recvFrom(g[static_cast<size_t>(from)], buf + b.offset(from), b.count(from) * es)};
-    exchange(xs);
+    std::vector<Transfer> xs{ch_.sendTo(g[static_cast<size_t>(to)], buf + b.offset(i), b.count(i) * es),
+                             ch_.recvFrom(g[static_cast<size_t>(from)], buf + b.offset(from), b.count(from) * es)};
+    ch_.exchange(xs);
   }
 }
 
@@ -174,14 +174,14 @@ void CommImpl::runAllreduceHosts(char* buf, size_t count, DataType dt, ReduceOp 
 
 CommImpl::Rings CommImpl::rings() {
   Rings r;
-  r.own = local_->broadcastRing(-1);
+  r.own = ch_.local()->broadcastRing(-1);
   r.of.resize(static_cast<size_t>(size_));
   r.myIdx = localIndex(rank_);
   for (int p = 0; p < size_; ++p)
     if (p != rank_) {
-      r.of[static_cast<size_t>(p)] = local_->broadcastRing(localIndex(p));
+      r.of[static_cast<size_t>(p)] = ch_.local()->broadcastRing(localIndex(p));
       r.consumers.push_back(localIndex(p));
-      r.wake.push_back(local_->doorbell(localIndex(p)));
+      r.wake.push_back(ch_.local()->doorbell(localIndex(p)));
       r.on.push_back({kCollLane, p});
     }
   return r;
@@ -189,13 +189,13 @@ CommImpl::Rings CommImpl::rings() {
 
 void CommImpl::ringTurn(const Rings& r, size_t moved, const std::function<bool()>& ready) {
   for (auto& [lane, peer] : r.on)
-    moved += progressChannel(lane, peer);
+    moved += ch_.progress(lane, peer);
   if (moved + pumpP2P() > 0) {
-    lastProgress_ = Clock::now();
+    ch_.touch();
     return;
   }
-  if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
-  idle(r.on, current_->timeout, opKindName(current_->kind), ready);
+  if (health_.aborted) RAILCC_THROW(kAborted, health_.abortWhy);
+  ch_.idle(r.on, ch_.current()->timeout, opKindName(ch_.current()->kind), ready);
 }
 
 // Reductions when every rank shares this host, through the broadcast rings, in chunks. Per
@@ -226,8 +226,8 @@ void CommImpl::runRingsReduce(const RingReduce& job, DataType dt, ReduceOp op, d
   std::vector<transport::BroadcastRing>& peerRing = rs.of;
   std::vector<Transfer> sends, recvs;
   headerRound(sends, recvs);
-  exchange(sends);
-  post(recvs);
+  ch_.exchange(sends);
+  ch_.post(recvs);
 
   // Piece sizes of a chunk, worked out once for the full chunks and once for the last.
   struct Layout {
@@ -333,7 +333,7 @@ void CommImpl::runRingsReduce(const RingReduce& job, DataType dt, ReduceOp op, d
       return false;
     });
   }
-  complete(recvs);
+  ch_.complete(recvs);
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
     size_t sent = 0, got = 0;  // p reads its piece of our A (and our B); we read ours of its
@@ -341,7 +341,7 @@ void CommImpl::runRingsReduce(const RingReduce& job, DataType dt, ReduceOp op, d
       sent += bytes(k, p) + (job.gather ? bytes(k, me) : 0);
       got += bytes(k, me) + (job.gather ? bytes(k, p) : 0);
     }
-    tele_->opBytes(current_->traceId, p, sent, got);
+    tele_->opBytes(ch_.current()->traceId, p, sent, got);
   }
 }
 
@@ -351,7 +351,7 @@ void CommImpl::runAllreduceRings(char* buf, size_t count, DataType dt, ReduceOp 
   auto piece = [=](size_t k, int q) { return buf + k * chunkElems * es + chunkOf(k).offset(q); };
   RingReduce job{(count + chunkElems - 1) / chunkElems, [=](size_t k, int q) { return chunkOf(k).count(q); },
                  piece, piece, true};
-  runRingsReduce(job, dt, op, scale, count * es >= streamMin_);
+  runRingsReduce(job, dt, op, scale, count * es >= ch_.streamMin());
 }
 
 void CommImpl::runReduceScatterRings(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
@@ -402,7 +402,7 @@ void CommImpl::runAllgatherRing(const char* mine, const std::vector<size_t>& siz
       auto [src, avail] = ring.peek(myIdx);
       size_t k = std::min(avail, want);
       if (k == 0) continue;
-      if (streamPiece(total, sizes[static_cast<size_t>(p)]))
+      if (ch_.streamPiece(total, sizes[static_cast<size_t>(p)]))
         transport::streamCopy(outs[static_cast<size_t>(p)] + got[static_cast<size_t>(p)], src, k);
       else
         transport::copyBytes(outs[static_cast<size_t>(p)] + got[static_cast<size_t>(p)], src, k);
@@ -420,7 +420,7 @@ void CommImpl::runAllgatherRing(const char* mine, const std::vector<size_t>& siz
     });
   }
   for (int p = 0; p < n; ++p)
-    if (p != me) tele_->opBytes(current_->traceId, p, myBytes, sizes[static_cast<size_t>(p)]);
+    if (p != me) tele_->opBytes(ch_.current()->traceId, p, myBytes, sizes[static_cast<size_t>(p)]);
 }
 
 }  // namespace railcc::engine

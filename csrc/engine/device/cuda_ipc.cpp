@@ -7,27 +7,27 @@ namespace railcc::engine {
 
 void CommImpl::releaseIpc(const cuda::DeviceApi& api, bool peersDone) {
   const size_t me = static_cast<size_t>(rank_);
-  for (size_t r = 0; r < ipc_.pool.size(); ++r) {
+  for (size_t r = 0; r < dev_.ipc.pool.size(); ++r) {
     if (r == me) continue;
-    if (ipc_.pool[r]) api.ipcCloseMemHandle(ipc_.pool[r]);
-    for (void* e : ipc_.ev[r])  // opened event handles are destroyed like local events
+    if (dev_.ipc.pool[r]) api.ipcCloseMemHandle(dev_.ipc.pool[r]);
+    for (void* e : dev_.ipc.ev[r])  // opened event handles are destroyed like local events
       if (e) api.eventDestroy(e);
   }
-  if (me < ipc_.pool.size()) {
+  if (me < dev_.ipc.pool.size()) {
     // Freeing memory or events that a peer still has open is undefined in CUDA, and a peer's
     // stream may still hold a wait on our events. Only when every peer is known to have
     // closed them are they freed; otherwise they stay until the process exits.
     if (peersDone) {
-      if (ipc_.pool[me]) api.deviceFree(ipc_.pool[me]);
-      for (void* e : ipc_.ev[me])
+      if (dev_.ipc.pool[me]) api.deviceFree(dev_.ipc.pool[me]);
+      for (void* e : dev_.ipc.ev[me])
         if (e) api.eventDestroy(e);
-    } else if (ipc_.pool[me]) {
-      RAILCC_INFO(COLL, "group '", opts_.name, "': keeping its ", (4 * ipc_.chunk) >> 10,
+    } else if (dev_.ipc.pool[me]) {
+      RAILCC_INFO(COLL, "group '", opts_.name, "': keeping its ", (4 * dev_.ipc.chunk) >> 10,
                   " KiB CUDA IPC pool until the process exits (peers may still map it)");
     }
   }
-  ipc_.pool.clear();
-  ipc_.ev.clear();
+  dev_.ipc.pool.clear();
+  dev_.ipc.ev.clear();
 }
 
 void CommImpl::headerRound(std::vector<Transfer>& sends, std::vector<Transfer>& recvs) {
@@ -35,8 +35,8 @@ void CommImpl::headerRound(std::vector<Transfer>& sends, std::vector<Transfer>& 
   recvs.reserve(static_cast<size_t>(size_));
   for (int p = 0; p < size_; ++p)
     if (p != rank_) {
-      sends.push_back(sendTo(p, nullptr, 0));
-      recvs.push_back(recvFrom(p, nullptr, 0));
+      sends.push_back(ch_.sendTo(p, nullptr, 0));
+      recvs.push_back(ch_.recvFrom(p, nullptr, 0));
     }
 }
 
@@ -44,24 +44,24 @@ void CommImpl::syncRound() {
   std::vector<Transfer> sends, recvs;
   headerRound(sends, recvs);
   sends.insert(sends.end(), recvs.begin(), recvs.end());
-  exchange(sends);
+  ch_.exchange(sends);
 }
 
 bool CommImpl::ipcReady(int d) {
   const cuda::DeviceApi& api = deviceApi();
   if (!opts_.config.cudaIpc || size_ < 2 || static_cast<int>(localRanks_.size()) != size_ || !api.ipcGetMemHandle)
     return false;
-  if (ipc_.failed) return false;
-  if (ipc_.device == d) return true;
-  RAILCC_CHECK_ARG(ipc_.device < 0, "a group serves one CUDA device; it used cuda:", ipc_.device, ", now cuda:", d);
+  if (dev_.ipc.failed) return false;
+  if (dev_.ipc.device == d) return true;
+  RAILCC_CHECK_ARG(dev_.ipc.device < 0, "a group serves one CUDA device; it used cuda:", dev_.ipc.device, ", now cuda:", d);
   // First CUDA op of the group: map every peer's pool and events. Every rank gets here at the
   // same op, so the handle exchange and the vote below line up.
-  ipc_.device = d;
+  dev_.ipc.device = d;
   const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
-  ipc_.chunk = std::max<size_t>(static_cast<size_t>(std::max<int64_t>(opts_.config.cudaIpcBytes, 0)) / 4 / 256 * 256,
+  dev_.ipc.chunk = std::max<size_t>(static_cast<size_t>(std::max<int64_t>(opts_.config.cudaIpcBytes, 0)) / 4 / 256 * 256,
                                 64 << 10);
-  ipc_.pool.assign(n, nullptr);
-  ipc_.ev.assign(n, {nullptr, nullptr, nullptr});
+  dev_.ipc.pool.assign(n, nullptr);
+  dev_.ipc.ev.assign(n, {nullptr, nullptr, nullptr});
   bool ok = true;
   std::string why;
   auto attempt = [&](int err, const std::string& call) {
@@ -75,26 +75,26 @@ bool CommImpl::ipcReady(int d) {
   const size_t hb = cuda::kIpcHandleBytes, cfgAt = 1, handlesAt = cfgAt + 2 * sizeof(int64_t);
   const size_t blob = handlesAt + hb * (1 + kIpcEvents);
   std::vector<char> mine(blob, 0), all(blob * n, 0);
-  const int64_t cfg[2] = {static_cast<int64_t>(ipc_.chunk), opts_.config.oneshotBytes};
+  const int64_t cfg[2] = {static_cast<int64_t>(dev_.ipc.chunk), opts_.config.oneshotBytes};
   std::memcpy(mine.data() + cfgAt, cfg, sizeof(cfg));
   void* p = nullptr;
-  attempt(api.deviceMalloc(&p, 4 * ipc_.chunk), "cudaMalloc (CUDA IPC pool)");
-  ipc_.pool[me] = static_cast<char*>(p);
-  for (auto& e : ipc_.ev[me]) attempt(api.ipcEventCreate(&e), "cudaEventCreate (interprocess)");
-  if (ok) attempt(api.ipcGetMemHandle(mine.data() + handlesAt, ipc_.pool[me]), "cudaIpcGetMemHandle");
+  attempt(api.deviceMalloc(&p, 4 * dev_.ipc.chunk), "cudaMalloc (CUDA IPC pool)");
+  dev_.ipc.pool[me] = static_cast<char*>(p);
+  for (auto& e : dev_.ipc.ev[me]) attempt(api.ipcEventCreate(&e), "cudaEventCreate (interprocess)");
+  if (ok) attempt(api.ipcGetMemHandle(mine.data() + handlesAt, dev_.ipc.pool[me]), "cudaIpcGetMemHandle");
   for (int i = 0; i < kIpcEvents && ok; ++i)
     attempt(api.ipcGetEventHandle(mine.data() + handlesAt + hb * (1 + static_cast<size_t>(i)),
-                                  ipc_.ev[me][static_cast<size_t>(i)]),
+                                  dev_.ipc.ev[me][static_cast<size_t>(i)]),
             "cudaIpcGetEventHandle");
   mine[0] = ok ? 1 : 0;
   {
     std::vector<Transfer> xs;
     for (int q = 0; q < size_; ++q)
       if (q != rank_) {
-        xs.push_back(sendTo(q, mine.data(), blob));
-        xs.push_back(recvFrom(q, all.data() + blob * static_cast<size_t>(q), blob));
+        xs.push_back(ch_.sendTo(q, mine.data(), blob));
+        xs.push_back(ch_.recvFrom(q, all.data() + blob * static_cast<size_t>(q), blob));
       }
-    exchange(xs);
+    ch_.exchange(xs);
   }
   // Our own pool and events, once no peer maps them.
   auto freeOwn = [&api](char* pool, const std::array<void*, kIpcEvents>& evs) {
@@ -108,10 +108,10 @@ bool CommImpl::ipcReady(int d) {
     int64_t theirs[2];
     std::memcpy(theirs, all.data() + blob * q + cfgAt, sizeof(theirs));
     if (theirs[0] == cfg[0] && theirs[1] == cfg[1]) continue;
-    freeOwn(ipc_.pool[me], ipc_.ev[me]);  // nobody has opened them yet
-    ipc_.pool.clear();
-    ipc_.ev.clear();
-    ipc_.device = -1;
+    freeOwn(dev_.ipc.pool[me], dev_.ipc.ev[me]);  // nobody has opened them yet
+    dev_.ipc.pool.clear();
+    dev_.ipc.ev.clear();
+    dev_.ipc.device = -1;
     Error err(ErrorCode::kMismatch,
               "CUDA IPC settings differ between ranks (they must be equal on all ranks): rank " + std::to_string(rank_) +
                   " has RAILCC_CUDA_IPC_BYTES=" + std::to_string(opts_.config.cudaIpcBytes) + " (chunk " +
@@ -131,12 +131,12 @@ bool CommImpl::ipcReady(int d) {
     }
     void* mp = nullptr;
     attempt(api.ipcOpenMemHandle(&mp, b + handlesAt), "cudaIpcOpenMemHandle (rank " + std::to_string(q) + ")");
-    ipc_.pool[q] = static_cast<char*>(mp);
+    dev_.ipc.pool[q] = static_cast<char*>(mp);
     for (size_t i = 0; i < kIpcEvents && ok; ++i)
-      attempt(api.ipcOpenEventHandle(&ipc_.ev[q][i], b + handlesAt + hb * (1 + i)),
+      attempt(api.ipcOpenEventHandle(&dev_.ipc.ev[q][i], b + handlesAt + hb * (1 + i)),
               "cudaIpcOpenEventHandle (rank " + std::to_string(q) + ")");
     int pd = -1, can = 0;
-    if (ok) attempt(api.pointerDevice(ipc_.pool[q], &pd), "cudaPointerGetAttributes");
+    if (ok) attempt(api.pointerDevice(dev_.ipc.pool[q], &pd), "cudaPointerGetAttributes");
     if (ok && pd != d) {
       attempt(api.canAccessPeer(d, pd, &can), "cudaDeviceCanAccessPeer");
       if (ok && !can) {
@@ -154,17 +154,17 @@ bool CommImpl::ipcReady(int d) {
                 "); collectives on CUDA tensors are staged through pinned host memory");
     // Peers close their mappings of our pool, then one more round before anyone frees.
     const size_t mine = static_cast<size_t>(rank_);
-    char* own = ipc_.pool[mine];
-    auto ownEv = ipc_.ev[mine];
-    ipc_.pool[mine] = nullptr;
-    ipc_.ev[mine] = {nullptr, nullptr, nullptr};
+    char* own = dev_.ipc.pool[mine];
+    auto ownEv = dev_.ipc.ev[mine];
+    dev_.ipc.pool[mine] = nullptr;
+    dev_.ipc.ev[mine] = {nullptr, nullptr, nullptr};
     releaseIpc(api, false);
     syncRound();
     freeOwn(own, ownEv);
-    ipc_.failed = true;
+    dev_.ipc.failed = true;
     return false;
   }
-  RAILCC_INFO(COLL, "group '", opts_.name, "': CUDA IPC on cuda:", d, ", ", (4 * ipc_.chunk) >> 10,
+  RAILCC_INFO(COLL, "group '", opts_.name, "': CUDA IPC on cuda:", d, ", ", (4 * dev_.ipc.chunk) >> 10,
               " KiB of device memory per rank (RAILCC_CUDA_IPC_BYTES)");
   return true;
 }
@@ -177,7 +177,7 @@ void CommImpl::runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<c
   const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_), es = dtypeSize(dt);
   size_t count = 0;
   for (auto& sg : segs) count += sg.second;
-  const size_t per = ipc_.chunk / es;
+  const size_t per = dev_.ipc.chunk / es;
   const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
   auto check = [d](int err, const char* call) { checkDevice(err, call, d); };
   // Calls f(pointer, first element relative to the chunk, length) for each piece of a segment
@@ -201,8 +201,8 @@ void CommImpl::runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<c
   // chunk itself, in rank order, into its own reduced buffer, which only it reads: two host
   // rounds instead of three, and no all-gather.
   if (oneshot(count * es) && count <= per) {
-    auto in = [&](size_t q) { return ipc_.pool[q]; };
-    char* out = ipc_.pool[me] + ipc_.chunk;
+    auto in = [&](size_t q) { return dev_.ipc.pool[q]; };
+    char* out = dev_.ipc.pool[me] + dev_.ipc.chunk;
     stageIn(in(me), 0, count);
     ipcStep(api, stream, d, kIpcIn);
     ipcReduceRanks(api, dv, out, in, count, dt, op, scale);
@@ -211,13 +211,13 @@ void CommImpl::runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<c
     });
     // Peers read our input buffer until they pass this step.
     ipcStep(api, stream, d, kIpcDone);
-    lastProgress_ = Clock::now();
+    ch_.touch();
     return ipcFinish(api, dv, "the CUDA IPC all-reduce");
   }
   for (size_t k = 0; k < chunks; ++k) {
     const size_t off = k * per, m = count > off ? std::min(per, count - off) : 0;
-    auto in = [&](size_t q) { return ipc_.pool[q] + (k & 1) * 2 * ipc_.chunk; };
-    auto red = [&](size_t q) { return in(q) + ipc_.chunk; };
+    auto in = [&](size_t q) { return dev_.ipc.pool[q] + (k & 1) * 2 * dev_.ipc.chunk; };
+    auto red = [&](size_t q) { return in(q) + dev_.ipc.chunk; };
     auto lo = [&](size_t j) { return m * j / n; };  // rank j reduces elements [lo(j), lo(j+1)) of the chunk
     // 1. this rank's chunk into its pool, where the peers can read it
     stageIn(in(me), off, off + m);
@@ -237,7 +237,7 @@ void CommImpl::runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<c
     });
     // The slot is reused two chunks on: no rank writes it again before every peer read it.
     ipcStep(api, stream, d, kIpcDone);
-    lastProgress_ = Clock::now();
+    ch_.touch();
   }
   ipcFinish(api, dv, "the CUDA IPC all-reduce");
 }
@@ -257,17 +257,17 @@ void CommImpl::ipcReduceRanks(const cuda::DeviceApi& api, const DeviceOp& dv, ch
 void CommImpl::ipcSlotChunks(const cuda::DeviceApi& api, const DeviceOp& dv, const char* in, size_t count, size_t es,
                              bool stage,
                              const std::function<void(const std::function<char*(size_t)>&, size_t, size_t)>& use) {
-  const size_t me = static_cast<size_t>(rank_), per = 2 * ipc_.chunk / es;
+  const size_t me = static_cast<size_t>(rank_), per = 2 * dev_.ipc.chunk / es;
   const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
   for (size_t k = 0; k < chunks; ++k) {
     const size_t off = k * per, m = count > off ? std::min(per, count - off) : 0;
-    auto slot = [&](size_t q) { return ipc_.pool[q] + (k & 1) * 2 * ipc_.chunk; };
+    auto slot = [&](size_t q) { return dev_.ipc.pool[q] + (k & 1) * 2 * dev_.ipc.chunk; };
     if (stage && m)
       checkDevice(api.memcpyAsync(slot(me), in + off * es, m * es, dv.stream), "cudaMemcpyAsync (into the IPC pool)", dv.device);
     ipcStep(api, dv.stream, dv.device, kIpcIn);
     if (m) use(slot, off, m);
     ipcStep(api, dv.stream, dv.device, kIpcDone);
-    lastProgress_ = Clock::now();
+    ch_.touch();
   }
 }
 
@@ -301,19 +301,19 @@ void CommImpl::runIpcScatter(const DeviceOp& dv, const std::vector<char*>& ins, 
   const int d = dv.device;
   void* stream = dv.stream;
   const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_), es = dtypeSize(dt);
-  const size_t per = std::max<size_t>(2 * ipc_.chunk / n / es, 1);  // n pieces of a chunk fill the root's slot
+  const size_t per = std::max<size_t>(2 * dev_.ipc.chunk / n / es, 1);  // n pieces of a chunk fill the root's slot
   const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
   for (size_t k = 0; k < chunks; ++k) {
     const size_t off = k * per, m = count > off ? std::min(per, count - off) : 0;
     // piece j of the root's slot: what rank j receives
-    auto piece = [&](size_t j) { return ipc_.pool[static_cast<size_t>(root)] + (k & 1) * 2 * ipc_.chunk + j * per * es; };
+    auto piece = [&](size_t j) { return dev_.ipc.pool[static_cast<size_t>(root)] + (k & 1) * 2 * dev_.ipc.chunk + j * per * es; };
     if (rank_ == root && m)
       for (size_t j = 0; j < n; ++j)
         checkDevice(api.memcpyAsync(piece(j), ins[j] + off * es, m * es, stream), "cudaMemcpyAsync (into the IPC pool)", d);
     ipcStep(api, stream, d, kIpcIn);
     if (m) checkDevice(api.memcpyAsync(out + off * es, piece(me), m * es, stream), "cudaMemcpyAsync (root's piece)", d);
     ipcStep(api, stream, d, kIpcDone);
-    lastProgress_ = Clock::now();
+    ch_.touch();
   }
   ipcFinish(api, dv, "the CUDA IPC scatter");
 }
@@ -335,18 +335,18 @@ void CommImpl::runIpcReduceScatter(const DeviceOp& dv, const std::vector<char*>&
   const int d = dv.device;
   void* stream = dv.stream;
   const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_), es = dtypeSize(dt);
-  const size_t per = std::max<size_t>(2 * ipc_.chunk / n / es, 1);  // n pieces of a chunk fill a slot
+  const size_t per = std::max<size_t>(2 * dev_.ipc.chunk / n / es, 1);  // n pieces of a chunk fill a slot
   const size_t chunks = std::max<size_t>(1, (count + per - 1) / per);
   for (size_t k = 0; k < chunks; ++k) {
     const size_t off = k * per, m = count > off ? std::min(per, count - off) : 0;
     // piece j of rank q's slot: rank q's contribution to rank j's result
-    auto piece = [&](size_t q, size_t j) { return ipc_.pool[q] + (k & 1) * 2 * ipc_.chunk + j * m * es; };
+    auto piece = [&](size_t q, size_t j) { return dev_.ipc.pool[q] + (k & 1) * 2 * dev_.ipc.chunk + j * m * es; };
     for (size_t j = 0; j < n; ++j)
       if (m) checkDevice(api.memcpyAsync(piece(me, j), ins[j] + off * es, m * es, stream), "cudaMemcpyAsync (into the IPC pool)", d);
     ipcStep(api, stream, d, kIpcIn);
     ipcReduceRanks(api, dv, out + off * es, [&](size_t q) { return piece(q, me); }, m, dt, op, scale);
     ipcStep(api, stream, d, kIpcDone);
-    lastProgress_ = Clock::now();
+    ch_.touch();
   }
   ipcFinish(api, dv, "the CUDA IPC reduce-scatter");
 }
@@ -369,7 +369,7 @@ void CommImpl::runIpcAlltoall(const DeviceOp& dv, const std::vector<char*>& ins,
   const int d = dv.device;
   void* stream = dv.stream;
   const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_), es = dtypeSize(dt);
-  const size_t per = std::max<size_t>(2 * ipc_.chunk / n / es, 1);  // n pieces of a chunk fill a slot
+  const size_t per = std::max<size_t>(2 * dev_.ipc.chunk / n / es, 1);  // n pieces of a chunk fill a slot
   // Splits differ per rank: agree on the number of chunks first.
   int64_t most = 0;
   for (size_t j = 0; j < n; ++j) most = std::max<int64_t>(most, static_cast<int64_t>(std::max(inCounts[j], outCounts[j])));
@@ -381,7 +381,7 @@ void CommImpl::runIpcAlltoall(const DeviceOp& dv, const std::vector<char*>& ins,
   };
   for (size_t k = 0; k < chunks; ++k) {
     // piece j of rank q's slot: what rank q sends rank j, elements [k*per, k*per + per)
-    auto piece = [&](size_t q, size_t j) { return ipc_.pool[q] + (k & 1) * 2 * ipc_.chunk + j * per * es; };
+    auto piece = [&](size_t q, size_t j) { return dev_.ipc.pool[q] + (k & 1) * 2 * dev_.ipc.chunk + j * per * es; };
     for (size_t j = 0; j < n; ++j) {
       size_t m = part(inCounts[j], k);
       if (m)
@@ -396,7 +396,7 @@ void CommImpl::runIpcAlltoall(const DeviceOp& dv, const std::vector<char*>& ins,
                     d);
     }
     ipcStep(api, stream, d, kIpcDone);
-    lastProgress_ = Clock::now();
+    ch_.touch();
   }
   ipcFinish(api, dv, "the CUDA IPC all-to-all");
 }

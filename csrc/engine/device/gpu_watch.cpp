@@ -25,8 +25,8 @@ void CommImpl::watchGpu(const cuda::DeviceApi& api, const DeviceOp& dv, const ch
   retireGpuWork(api, nullptr, nullptr);
   void* ev = nullptr;
   {
-    std::lock_guard<std::mutex> g(gpuMu_);
-    if (!gpuEvents_.empty()) ev = gpuEvents_.back(), gpuEvents_.pop_back();
+    std::lock_guard<std::mutex> g(dev_.gpuMu);
+    if (!dev_.gpuEvents.empty()) ev = dev_.gpuEvents.back(), dev_.gpuEvents.pop_back();
   }
   if (!ev) checkDevice(api.eventCreate(&ev), "cudaEventCreate", dv.device);
   int err = api.eventRecord(ev, dv.stream);
@@ -34,18 +34,18 @@ void CommImpl::watchGpu(const cuda::DeviceApi& api, const DeviceOp& dv, const ch
     api.eventDestroy(ev);
     checkDevice(err, "cudaEventRecord", dv.device);
   }
-  GpuWork w{current_ ? current_->fp.seq : 0, current_ ? current_->kind : OpKind::kBarrier, what, dv.device,
-            dv.stream, ev, Clock::now(), current_ ? current_->timeout : opts_.timeout};
-  std::lock_guard<std::mutex> g(gpuMu_);
-  gpuWork_.push_back(w);
-  gpuWatched_.store(true, std::memory_order_relaxed);
+  GpuWork w{ch_.current() ? ch_.current()->fp.seq : 0, ch_.current() ? ch_.current()->kind : OpKind::kBarrier, what, dv.device,
+            dv.stream, ev, Clock::now(), ch_.current() ? ch_.current()->timeout : opts_.timeout};
+  std::lock_guard<std::mutex> g(dev_.gpuMu);
+  dev_.gpuWork.push_back(w);
+  dev_.gpuWatched.store(true, std::memory_order_relaxed);
 }
 
 std::exception_ptr CommImpl::retireGpuWork(const cuda::DeviceApi& api, const Clock::time_point* now,
                                            Clock::time_point* next) {
-  std::lock_guard<std::mutex> g(gpuMu_);
-  while (!gpuWork_.empty()) {
-    GpuWork& w = gpuWork_.front();
+  std::lock_guard<std::mutex> g(dev_.gpuMu);
+  while (!dev_.gpuWork.empty()) {
+    GpuWork& w = dev_.gpuWork.front();
     int e = api.eventQuery(w.event);
     if (e == api.notReady) {
       if (!now) return nullptr;
@@ -65,8 +65,8 @@ std::exception_ptr CommImpl::retireGpuWork(const cuda::DeviceApi& api, const Clo
       return std::make_exception_ptr(err);
     }
     // Done, or an error that the next call on the device reports: either way not ours to wait on.
-    gpuEvents_.push_back(w.event);
-    gpuWork_.pop_front();
+    dev_.gpuEvents.push_back(w.event);
+    dev_.gpuWork.pop_front();
   }
   return nullptr;
 }
@@ -74,8 +74,8 @@ std::exception_ptr CommImpl::retireGpuWork(const cuda::DeviceApi& api, const Clo
 void CommImpl::checkGpuWork(Clock::time_point* next) {
   const cuda::DeviceApi* api = nullptr;
   {
-    std::lock_guard<std::mutex> g(gpuMu_);
-    if (gpuWork_.empty()) return;
+    std::lock_guard<std::mutex> g(dev_.gpuMu);
+    if (dev_.gpuWork.empty()) return;
   }
   try {
     api = &deviceApi();
@@ -87,19 +87,17 @@ void CommImpl::checkGpuWork(Clock::time_point* next) {
   if (!err || brokenError()) return;
   fail(err);
   // Wake the progress thread wherever it waits: what is queued fails with this error.
-  wakeSelf();
-  uint64_t one = 1;
-  if (write(wakeFd_.fd, &one, sizeof(one)) < 0) { /* best effort */ }
-  cv_.notify_all();
+  ch_.wake();
+  q_.cv.notify_all();
 }
 
 void CommImpl::releaseGpuWork(const cuda::DeviceApi& api) {
-  std::lock_guard<std::mutex> g(gpuMu_);
+  std::lock_guard<std::mutex> g(dev_.gpuMu);
   // CUDA frees an event destroyed before its work completes once that work is done.
-  for (GpuWork& w : gpuWork_) api.eventDestroy(w.event);
-  gpuWork_.clear();
-  for (void* ev : gpuEvents_) api.eventDestroy(ev);
-  gpuEvents_.clear();
+  for (GpuWork& w : dev_.gpuWork) api.eventDestroy(w.event);
+  dev_.gpuWork.clear();
+  for (void* ev : dev_.gpuEvents) api.eventDestroy(ev);
+  dev_.gpuEvents.clear();
 }
 
 }  // namespace railcc::engine

@@ -7,12 +7,12 @@ namespace railcc::engine {
 
 void CommImpl::deviceWait(const cuda::DeviceApi& api, void* ev, int device, const char* what, void* stream) {
   auto t0 = Clock::now();
-  Millis limit = current_ ? current_->timeout : opts_.timeout;
+  Millis limit = ch_.current() ? ch_.current()->timeout : opts_.timeout;
   for (int spins = 0;; ++spins) {
     int e = api.eventQuery(ev);
     if (e == 0) return;
     if (e != api.notReady) checkDevice(e, "cudaEventQuery", device);
-    if (aborted_) RAILCC_THROW(kAborted, abortWhy_);
+    if (health_.aborted) RAILCC_THROW(kAborted, health_.abortWhy);
     auto waited = Clock::now() - t0;
     if (waited > limit) {
       char s[32];
@@ -20,9 +20,9 @@ void CommImpl::deviceWait(const cuda::DeviceApi& api, void* ev, int device, cons
       Error err(ErrorCode::kTimeout, std::string(what) + " on cuda:" + std::to_string(device) + " (stream " + s +
                                          ") did not finish within " + std::to_string(limit.count()) +
                                          " ms: the GPU is hung, or busy with work queued before this op on the caller's stream");
-      if (current_) {
-        err.seq = static_cast<long long>(current_->fp.seq);
-        err.op = opKindName(current_->kind);
+      if (ch_.current()) {
+        err.seq = static_cast<long long>(ch_.current()->fp.seq);
+        err.op = opKindName(ch_.current()->kind);
       }
       throw err;
     }
@@ -38,7 +38,7 @@ void CommImpl::deviceWait(const cuda::DeviceApi& api, void* ev, int device, cons
 }
 
 void CommImpl::releaseDevice() {
-  if (devOf_ < 0 && !stage_ && ipc_.pool.empty()) return;
+  if (dev_.devOf < 0 && !dev_.stage && dev_.ipc.pool.empty()) return;
   const cuda::DeviceApi* api = nullptr;
   try {
     api = &deviceApi();
@@ -49,23 +49,23 @@ void CommImpl::releaseDevice() {
   // on the caller's thread (shutdown), whose current device is put back afterwards.
   int callerDevice = -1;
   api->getDevice(&callerDevice);
-  if (devOf_ >= 0) api->setDevice(devOf_);
+  if (dev_.devOf >= 0) api->setDevice(dev_.devOf);
   // IPC ops may still run on the GPU (they complete once queued): let them finish before the
   // peers' pools are unmapped, but never hang teardown on a GPU that does not.
-  if (lastStream_ && stageEv_[0] && api->eventRecord(stageEv_[0], lastStream_) == 0) {
+  if (dev_.lastStream && dev_.stageEv[0] && api->eventRecord(dev_.stageEv[0], dev_.lastStream) == 0) {
     auto until = Clock::now() + std::chrono::seconds(10);
-    while (api->eventQuery(stageEv_[0]) == api->notReady && Clock::now() < until)
+    while (api->eventQuery(dev_.stageEv[0]) == api->notReady && Clock::now() < until)
       std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
-  lastStream_ = nullptr;
+  dev_.lastStream = nullptr;
   releaseGpuWork(*api);
   releaseIpc(*api, false);
-  for (auto& ev : stageEv_)
+  for (auto& ev : dev_.stageEv)
     if (ev) api->eventDestroy(ev), ev = nullptr;
-  if (ownStream_) api->streamDestroy(ownStream_), ownStream_ = nullptr;
-  if (stage_) api->hostFree(stage_), stage_ = nullptr;
-  stageCap_ = 0;
-  devOf_ = -1;
+  if (dev_.ownStream) api->streamDestroy(dev_.ownStream), dev_.ownStream = nullptr;
+  if (dev_.stage) api->hostFree(dev_.stage), dev_.stage = nullptr;
+  dev_.stageCap = 0;
+  dev_.devOf = -1;
   if (callerDevice >= 0) api->setDevice(callerDevice);
 }
 
@@ -73,28 +73,28 @@ CommImpl::DeviceOp CommImpl::beginDevice(const Placement& where) {
   const cuda::DeviceApi& api = deviceApi();
   const int d = where.device;
   checkDevice(api.setDevice(d), "cudaSetDevice", d);
-  if (devOf_ != d) {
+  if (dev_.devOf != d) {
     // Events and streams belong to one device; a group that moves to another starts afresh.
-    for (auto& ev : stageEv_)
+    for (auto& ev : dev_.stageEv)
       if (ev) api.eventDestroy(ev), ev = nullptr;
-    if (ownStream_) api.streamDestroy(ownStream_), ownStream_ = nullptr;
-    devOf_ = d;
-    lastStream_ = nullptr;
-    for (auto& ev : stageEv_) checkDevice(api.eventCreate(&ev), "cudaEventCreate", d);
+    if (dev_.ownStream) api.streamDestroy(dev_.ownStream), dev_.ownStream = nullptr;
+    dev_.devOf = d;
+    dev_.lastStream = nullptr;
+    for (auto& ev : dev_.stageEv) checkDevice(api.eventCreate(&ev), "cudaEventCreate", d);
   }
   void* stream = where.stream;
   if (!stream) {
-    if (!ownStream_) checkDevice(api.streamCreate(&ownStream_), "cudaStreamCreate", d);
-    stream = ownStream_;
+    if (!dev_.ownStream) checkDevice(api.streamCreate(&dev_.ownStream), "cudaStreamCreate", d);
+    stream = dev_.ownStream;
   }
   if (where.waitEvent) checkDevice(api.streamWaitEvent(stream, where.waitEvent), "cudaStreamWaitEvent", d);
   // Ops complete once queued, and what orders one op's writes to the IPC pool after the peers'
   // reads of the op before is that op's stream: a new stream first waits for the last one.
-  if (lastStream_ && lastStream_ != stream) {
-    checkDevice(api.eventRecord(stageEv_[1], lastStream_), "cudaEventRecord", d);
-    checkDevice(api.streamWaitEvent(stream, stageEv_[1]), "cudaStreamWaitEvent (previous op's stream)", d);
+  if (dev_.lastStream && dev_.lastStream != stream) {
+    checkDevice(api.eventRecord(dev_.stageEv[1], dev_.lastStream), "cudaEventRecord", d);
+    checkDevice(api.streamWaitEvent(stream, dev_.stageEv[1]), "cudaStreamWaitEvent (previous op's stream)", d);
   }
-  lastStream_ = stream;
+  dev_.lastStream = stream;
   return {d, stream, where.queued && where.stream != nullptr};
 }
 
@@ -142,16 +142,16 @@ void CommImpl::runStaged(const DeviceOp& dv, DataType dt, size_t slots, std::vec
   }
   const size_t chunks = std::max<size_t>(1, (maxCount + per - 1) / per);
   const size_t need = 2 * std::max<size_t>(uniq.size(), 1) * stride;
-  if (stageCap_ < need) {
-    if (stage_) checkDevice(api.hostFree(stage_), "cudaFreeHost", d), stage_ = nullptr, stageCap_ = 0;
+  if (dev_.stageCap < need) {
+    if (dev_.stage) checkDevice(api.hostFree(dev_.stage), "cudaFreeHost", d), dev_.stage = nullptr, dev_.stageCap = 0;
     void* p = nullptr;
     checkDevice(api.hostAlloc(&p, need), "cudaHostAlloc (pinned staging)", d);
-    stage_ = static_cast<char*>(p);
-    stageCap_ = need;
+    dev_.stage = static_cast<char*>(p);
+    dev_.stageCap = need;
     RAILCC_INFO(COLL, "group '", opts_.name, "': ", need >> 10, " KiB of pinned staging for cuda:", d,
                 " (RAILCC_CUDA_STAGING_BYTES=", opts_.config.cudaStagingBytes, ")");
   }
-  auto hostOf = [&](size_t set, size_t j) { return stage_ + (set * uniq.size() + j) * stride; };
+  auto hostOf = [&](size_t set, size_t j) { return dev_.stage + (set * uniq.size() + j) * stride; };
   auto piece = [&](size_t count, size_t k) {
     size_t lo = k * per;
     return lo >= count ? size_t(0) : std::min(per, count - lo);
@@ -163,7 +163,7 @@ void CommImpl::runStaged(const DeviceOp& dv, DataType dt, size_t slots, std::vec
         checkDevice(api.memcpyAsync(hostOf(set, j), uniq[j].dev + k * per * es, n * es, stream),
                     "cudaMemcpyAsync (device to pinned host)", d);
     }
-    checkDevice(api.eventRecord(stageEv_[set], stream), "cudaEventRecord", d);
+    checkDevice(api.eventRecord(dev_.stageEv[set], stream), "cudaEventRecord", d);
   };
   auto toDevice = [&](size_t k, size_t set) {
     for (size_t j = 0; j < uniq.size(); ++j) {
@@ -181,19 +181,19 @@ void CommImpl::runStaged(const DeviceOp& dv, DataType dt, size_t slots, std::vec
     size_t set = k & 1;
     // Stream order keeps the copy back of chunk k-1 (same set) ahead of this copy out.
     if (k + 1 < chunks) toHost(k + 1, set ^ 1);
-    deviceWait(api, stageEv_[set], d, "the copy of a chunk to pinned host memory", stream);
+    deviceWait(api, dev_.stageEv[set], d, "the copy of a chunk to pinned host memory", stream);
     for (size_t i = 0; i < regions.size(); ++i) {
       host[i] = hostOf(set, slot[i]);
       counts[i] = piece(regions[i].count, k);
     }
     body(host, counts);
-    lastProgress_ = Clock::now();
+    ch_.touch();
     toDevice(k, set);
   }
   // The op completes once its results are on the device: the staging is then free for the
   // next op, and the caller's buffers are no longer touched.
-  checkDevice(api.eventRecord(stageEv_[0], stream), "cudaEventRecord", d);
-  deviceWait(api, stageEv_[0], d, "the copy of the result back to the device", stream);
+  checkDevice(api.eventRecord(dev_.stageEv[0], stream), "cudaEventRecord", d);
+  deviceWait(api, dev_.stageEv[0], d, "the copy of the result back to the device", stream);
 }
 
 }  // namespace railcc::engine

@@ -1,326 +1,111 @@
-#include "transport/shm/shm_transport.h"
-
-#include <dirent.h>
-#include <fcntl.h>
-#include <linux/futex.h>
-#include <signal.h>
-#include <sys/file.h>
-#include <sys/mman.h>
-#include <sys/random.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
+// The shared-memory transport's set-up: one segment per rank holding its incoming FIFOs and
+// broadcast ring, published by name; peers on the same host map each other's, and the names
+// are unlinked once every peer has mapped them (finish()).
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <fstream>
-#include <string>
+#include <map>
+#include <set>
+#include <sstream>
 
 #include "common/error.h"
 #include "common/log.h"
+#include "transport/transport.h"
+#include "transport/shm/shm_transport.h"
 
-namespace railcc::transport {
-
-namespace shm {
+namespace railcc::transport::shm {
 namespace {
 
-constexpr uint64_t kMagic = 0x7261696c63637368ull;  // "railccsh"
-// Bytes moved per FIFO update. Publishing in pieces lets the consumer copy out while the
-// producer is still copying in; one 4 MiB memcpy per update made the two take turns.
-constexpr size_t kPiece = 256u << 10;
-
-size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
-
-}  // namespace
-
-
-namespace {
-
-class ShmConnection : public Connection {
+class ShmSetup : public Setup {
  public:
-  ShmConnection(FifoHeader* out, char* outData, SegmentHeader* peerHdr, FifoHeader* in, char* inData, size_t cap,
-                const Segment* peerSeg)
-      : out_(out), outData_(outData), peerHdr_(peerHdr), in_(in), inData_(inData), cap_(cap), peerSeg_(peerSeg) {}
-
-  size_t send(const void* p, size_t n) override {
-    uint64_t tail = out_->tail.load(std::memory_order_relaxed);
-    uint64_t head = out_->head.load(std::memory_order_acquire);
-    size_t space = cap_ - static_cast<size_t>(tail - head);
-    size_t k = std::min({n, space, kPiece});
-    if (k == 0) return 0;
-    size_t off = static_cast<size_t>(tail % cap_);
-    size_t first = k < cap_ - off ? k : cap_ - off;
-    copyBytes(outData_ + off, p, first);
-    if (k > first) copyBytes(outData_, static_cast<const char*>(p) + first, k - first);
-    out_->tail.store(tail + k, std::memory_order_seq_cst);
-    wake(&peerHdr_->door);
-    return k;
+  explicit ShmSetup(const SetupContext& ctx) : ctx_(ctx) {
+    domain_ = std::make_shared<Domain>(static_cast<int>(ctx.localRanks.size()) * ctx.lanes, fifoBytes(ctx),
+                                       static_cast<size_t>(ctx.config.buffSize));
   }
 
-  bool canSend() override {
-    uint64_t tail = out_->tail.load(std::memory_order_relaxed);
-    uint64_t head = out_->head.load(std::memory_order_seq_cst);
-    return tail - head < cap_;
+  // The segment's name and the sizes it was laid out with, so that a peer with other sizes is
+  // refused by rank before anything is mapped (every rank sees the mismatch, where a failed
+  // attach would unlink the segment under a peer that has not mapped it yet).
+  std::string endpoint() override {
+    return domain_->segmentName() + " " + std::to_string(domain_->slots()) + " " + std::to_string(domain_->fifoBytes()) +
+           " " + std::to_string(domain_->ringBytes());
   }
 
-  std::pair<const void*, size_t> peek() override {
-    uint64_t head = in_->head.load(std::memory_order_relaxed);
-    uint64_t tail = in_->tail.load(std::memory_order_acquire);
-    size_t avail = static_cast<size_t>(tail - head);
-    size_t off = static_cast<size_t>(head % cap_);
-    size_t k = avail < cap_ - off ? avail : cap_ - off;
-    return {inData_ + off, k};
+  std::string reach(const PeerRecord& peer) override {
+    const auto& local = ctx_.localRanks;
+    return std::find(local.begin(), local.end(), peer.rank) != local.end() ? "same host" : "";
   }
 
-  void consume(size_t n) override {
-    uint64_t head = in_->head.load(std::memory_order_relaxed);
-    in_->head.store(head + n, std::memory_order_seq_cst);
-    // The producer may be asleep waiting for space.
-    wake(&peerHdr_->door);
+  void connect(const PeerRecord& peer, int lane, int channel) override { open(peer, lane); }
+  void accept(const PeerRecord& peer, int lane, int channel) override { open(peer, lane); }
+  bool progress(std::chrono::steady_clock::time_point, std::chrono::milliseconds) override { return true; }
+
+  std::unique_ptr<Connection> take(int peer, int lane, int channel) override {
+    return std::move(conns_.at({peer, lane}));
   }
 
-  size_t recv(void* p, size_t n) override {
-    size_t got = 0;
-    while (got < n) {
-      auto [src, avail] = peek();
-      size_t k = std::min({avail, n - got, kPiece});
-      if (k == 0) break;
-      copyBytes(static_cast<char*>(p) + got, src, k);
-      consume(k);
-      got += k;
-    }
-    return got;
+  bool finishAfterPeers() const override { return true; }
+  void finish() override {
+    domain_->unlinkOwn();
+    RAILCC_INFO(SHM, "shared memory: ", ctx_.localRanks.size(), " ranks on this host, FIFO of ", domain_->fifoBytes(),
+                " bytes per peer, lane and direction, broadcast ring of ", ctx_.config.buffSize, " bytes");
   }
 
-  std::string describe() const override { return "shm"; }
-
-  bool peerReportedFailure() override { return peerHdr_->failed.load(std::memory_order_relaxed) != 0; }
-
-  void checkAlive() override {
-    if (peerHdr_->failed.load())
-      RAILCC_THROW(kPeerFailure, "it reported a failure of its own");
-    // Where the peer's pid is ours to read, it decides (a peer that only destroyed this group
-    // frees its segment but lives on, and one whose forked child inherited the lock is still
-    // gone). From another pid namespace its pid means nothing: its lock goes when it dies.
-    if (samePidNamespace_ ? processGone(peerHdr_->pid) : !peerSeg_->ownerAlive())
-      RAILCC_THROW(kPeerFailure, "its process ", peerHdr_->pid, " on this host exited");
-  }
+  std::shared_ptr<LocalDomain> localDomain() override { return domain_; }
 
  private:
-  FifoHeader* out_;
-  char* outData_;
-  SegmentHeader* peerHdr_;
-  FifoHeader* in_;
-  char* inData_;
-  size_t cap_;
-  const Segment* peerSeg_;
+  int localIndex(int r) const {
+    const auto& l = ctx_.localRanks;
+    return static_cast<int>(std::find(l.begin(), l.end(), r) - l.begin());
+  }
+  void open(const PeerRecord& peer, int lane) {
+    if (attached_.insert(peer.rank).second) {
+      std::istringstream is(peer.endpoint);
+      std::string name;
+      uint64_t slots = 0, fifo = 0, ring = 0;
+      is >> name >> slots >> fifo >> ring;
+      domain_->checkLayout("rank " + std::to_string(peer.rank), slots, fifo, ring);
+      domain_->attach(localIndex(peer.rank), name);
+    }
+    bool samePidNs = peer.pidNs == ctx_.peers[static_cast<size_t>(ctx_.rank)].pidNs;
+    conns_[{peer.rank, lane}] = domain_->connect(localIndex(ctx_.rank), localIndex(peer.rank), lane, ctx_.lanes, samePidNs);
+  }
+
+  // RAILCC_SHM_FIFO_BYTES, or RAILCC_BUFFSIZE. Not made smaller by default: a rank's writes walk
+  // through the whole of every FIFO over a few ops, so 4 ranks' twelve 4 MiB FIFOs (48 MiB)
+  // overflow a 32 MiB cache, and 1 MiB FIFOs sped up a 4-rank all-to-all on 2 cores in two A/B
+  // sets of three (not in a third); but small FIFOs slowed the pipelined ops: 8 ranks on 2 cores,
+  // reduce 1.2-3.5x slower with 256 KiB FIFOs, and 2 ranks with a core each 1.3-4.7x slower with
+  // 256 KiB, up to 1.7x with 1 MiB (docs/benchmarks.md).
+  static size_t fifoBytes(const SetupContext& ctx) {
+    int64_t set = ctx.config.shmFifoBytes;
+    RAILCC_CHECK_ARG(set == 0 || set >= 4096, "RAILCC_SHM_FIFO_BYTES=", set, ": must be 0 (RAILCC_BUFFSIZE) or at least 4096");
+    return static_cast<size_t>(set > 0 ? set : ctx.config.buffSize);
+  }
+
+  SetupContext ctx_;
+  std::shared_ptr<Domain> domain_;
+  std::set<int> attached_;
+  std::map<std::pair<int, int>, std::unique_ptr<Connection>> conns_;
+};
+
+class ShmTransport : public railcc::transport::Transport {
  public:
-  bool samePidNamespace_ = false;
+  std::string name() const override { return "shm"; }
+  bool interHost() const override { return false; }
+  std::unique_ptr<Setup> open(const SetupContext& ctx, std::string& whyNot) override {
+    if (ctx.config.shmDisable) {
+      whyNot = "RAILCC_SHM_DISABLE=1";
+      return nullptr;
+    }
+    if (ctx.localRanks.size() < 2) {
+      whyNot = "no other rank of the group on this host";
+      return nullptr;
+    }
+    return std::make_unique<ShmSetup>(ctx);
+  }
 };
 
 }  // namespace
 
-Segment::Segment(const std::string& name, size_t bytes) : name_(name), size_(bytes), owner_(true) {
-  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  RAILCC_SYSCHECK(fd, "shm_open(" + name + ")");
-  linked_ = true;
-  // Locked before it has a size: cleanStale() leaves empty segments alone, so no other
-  // process can take this one for stale between its creation and this lock.
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    std::string err = detail::errnoString();
-    close(fd);
-    shm_unlink(name.c_str());
-    RAILCC_THROW(kSystem, "flock of shared memory ", name, ": ", err);
-  }
-  // Reserve the pages now: a /dev/shm too small for them (64 MiB in a default container) then
-  // fails here with a message, instead of a SIGBUS at the first write into a hole later.
-  int rc = ftruncate(fd, static_cast<off_t>(bytes)) != 0 ? errno : posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-  if (rc != 0) {
-    close(fd);
-    shm_unlink(name.c_str());
-    RAILCC_THROW(kSystem, "reserving ", bytes, " bytes of shared memory for ", name, ": ", std::strerror(rc),
-                 " (is /dev/shm large enough? docker: --shm-size; or lower RAILCC_BUFFSIZE)");
-  }
-  // Faulted in at once, so the first collectives do not pay for page faults.
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  if (p == MAP_FAILED) {
-    std::string err = detail::errnoString();
-    close(fd);
-    shm_unlink(name.c_str());
-    RAILCC_THROW(kSystem, "mmap of shared memory ", name, ": ", err);
-  }
-  fd_ = fd;  // kept open: it holds the lock
-  base_ = static_cast<char*>(p);
-}
+std::unique_ptr<railcc::transport::Transport> makeTransport() { return std::make_unique<ShmTransport>(); }
 
-Segment::Segment(const std::string& name) : name_(name) {
-  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-  RAILCC_SYSCHECK(fd, "shm_open(" + name + ") of a peer's segment");
-  struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    close(fd);
-    RAILCC_THROW(kSystem, "fstat of ", name, ": ", detail::errnoString());
-  }
-  size_ = static_cast<size_t>(st.st_size);
-  void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  if (p == MAP_FAILED) {
-    std::string err = detail::errnoString();
-    close(fd);
-    RAILCC_THROW(kSystem, "mmap of ", name, ": ", err);
-  }
-  fd_ = fd;  // kept open: ownerAlive() probes the creator's lock through it
-  base_ = static_cast<char*>(p);
-}
-
-Segment::~Segment() {
-  if (base_ != nullptr && munmap(base_, size_) != 0)
-    RAILCC_WARN(SHM, "munmap of ", name_, " failed: ", detail::errnoString());
-  if (owner_) unlink();
-  if (fd_ >= 0) close(fd_);
-}
-
-bool Segment::ownerAlive() const {
-  // A shared lock is refused only while the creator holds its exclusive one. Several peers may
-  // probe at once: shared locks do not refuse each other.
-  if (flock(fd_, LOCK_SH | LOCK_NB) == 0) {
-    flock(fd_, LOCK_UN);
-    return false;
-  }
-  return errno == EWOULDBLOCK || errno == EINTR;
-}
-
-void Segment::unlink() {
-  if (!linked_) return;
-  linked_ = false;
-  if (shm_unlink(name_.c_str()) != 0 && errno != ENOENT)
-    RAILCC_WARN(SHM, "shm_unlink(", name_, ") failed: ", detail::errnoString());
-}
-
-namespace {
-// Layout: segment header | nslots x (FIFO header, FIFO data) | broadcast ring header (tail,
-// then one cache line per consumer) | broadcast ring data.
-size_t fifosEnd(int nslots, size_t fifoBytes) {
-  return alignUp(sizeof(SegmentHeader), 4096) +
-         static_cast<size_t>(nslots) * (alignUp(sizeof(FifoHeader), 4096) + alignUp(fifoBytes, 4096));
-}
-size_t bcastHeaderBytes(int nslots) { return alignUp(64 * (1 + static_cast<size_t>(nslots)), 4096); }
-}  // namespace
-
-size_t Domain::segmentBytes(int nslots, size_t fifoBytes, size_t ringBytes) {
-  return fifosEnd(nslots, fifoBytes) + bcastHeaderBytes(nslots) + alignUp(ringBytes, 4096);
-}
-
-BroadcastRing Domain::broadcastRing(int index) {
-  Segment* seg = index < 0 ? own_.get() : peers_.at(static_cast<size_t>(index)).get();
-  RAILCC_CHECK_ARG(seg != nullptr, "shm peer ", index, " not attached");
-  char* base = seg->data() + fifosEnd(nslots_, fifoBytes_);
-  return BroadcastRing(&reinterpret_cast<SegmentHeader*>(seg->data())->door, reinterpret_cast<std::atomic<uint64_t>*>(base),
-                   base + 64, base + bcastHeaderBytes(nslots_), ringBytes_);
-}
-
-SegmentHeader* Domain::headerOf(int index) {
-  Segment* seg = index < 0 ? own_.get() : peers_.at(static_cast<size_t>(index)).get();
-  return reinterpret_cast<SegmentHeader*>(seg->data());
-}
-
-
-namespace {
-std::string randomToken() {
-  uint8_t b[8];
-  size_t got = 0;
-  while (got < sizeof(b)) {
-    ssize_t r = getrandom(b + got, sizeof(b) - got, 0);
-    if (r < 0 && errno != EINTR) RAILCC_THROW(kSystem, "getrandom: ", detail::errnoString());
-    if (r > 0) got += static_cast<size_t>(r);
-  }
-  char hex[17];
-  for (size_t i = 0; i < sizeof(b); ++i) snprintf(hex + 2 * i, 3, "%02x", b[i]);
-  return hex;
-}
-}  // namespace
-
-Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes)
-    : nslots_(nslots), fifoBytes_(fifoBytes), ringBytes_(ringBytes) {
-  cleanStale();
-  // The pid is for people reading /dev/shm; nothing decides by it.
-  std::string name = "/railcc-" + std::to_string(getuid()) + "-" + std::to_string(getpid()) + "-" + randomToken();
-  own_ = std::make_unique<Segment>(name, segmentBytes(nslots, fifoBytes, ringBytes));
-  auto* h = header();
-  h->door.bell.store(0);
-  h->door.sleeping.store(0);
-  h->failed.store(0);
-  h->pid = getpid();
-  h->nslots = static_cast<uint32_t>(nslots);
-  h->cpu.store(-1);
-  h->fifoBytes = fifoBytes;
-  h->ringBytes = ringBytes;
-  h->magic = kMagic;
-  peers_.resize(static_cast<size_t>(nslots));
-}
-
-Domain::~Domain() = default;
-
-void Domain::attach(int localIndex, const std::string& name) {
-  auto seg = std::make_unique<Segment>(name);
-  auto* h = reinterpret_cast<SegmentHeader*>(seg->data());
-  if (seg->size() < sizeof(SegmentHeader) || h->magic != kMagic)
-    RAILCC_THROW(kSystem, "shared memory segment ", name, " is not a railcc segment");
-  checkLayout("same-host rank with pid " + std::to_string(h->pid), h->nslots, h->fifoBytes, h->ringBytes);
-  if (seg->size() < segmentBytes(nslots_, fifoBytes_, ringBytes_))
-    RAILCC_THROW(kSystem, "shared memory segment ", name, " is smaller than its header says");
-  peers_.at(static_cast<size_t>(localIndex)) = std::move(seg);
-}
-
-void Domain::checkLayout(const std::string& who, uint64_t nslots, uint64_t fifoBytes, uint64_t ringBytes) const {
-  // Each side lays the segment out from its own settings: sizes that differ would have the
-  // two read and write different bytes.
-  if (nslots != static_cast<uint64_t>(nslots_) || fifoBytes != fifoBytes_ || ringBytes != ringBytes_)
-    RAILCC_THROW(kInvalidUsage, who, " set up shared memory with ", nslots, " FIFOs of ", fifoBytes,
-                 " bytes and a broadcast ring of ", ringBytes, ", this process with ", nslots_, " of ", fifoBytes_, " and ",
-                 ringBytes_, ": RAILCC_BUFFSIZE and RAILCC_SHM_FIFO_BYTES must be equal on every rank of a host");
-}
-
-std::unique_ptr<Connection> Domain::connect(int myIndex, int peerIndex, int lane, int nlanes, bool samePidNamespace) {
-  Segment* peer = peers_.at(static_cast<size_t>(peerIndex)).get();
-  RAILCC_CHECK_ARG(peer != nullptr, "shm peer ", peerIndex, " not attached");
-  size_t hdr = alignUp(sizeof(SegmentHeader), 4096);
-  size_t ringHdr = alignUp(sizeof(FifoHeader), 4096);
-  size_t slot = ringHdr + alignUp(fifoBytes_, 4096);
-  auto at = [&](Segment* s, int idx) { return s->data() + hdr + static_cast<size_t>(idx) * slot; };
-  char* out = at(peer, myIndex * nlanes + lane);
-  char* in = at(own_.get(), peerIndex * nlanes + lane);
-  auto conn = std::make_unique<ShmConnection>(
-      reinterpret_cast<FifoHeader*>(out), out + ringHdr, reinterpret_cast<SegmentHeader*>(peer->data()),
-      reinterpret_cast<FifoHeader*>(in), in + ringHdr, fifoBytes_, peer);
-  conn->samePidNamespace_ = samePidNamespace;
-  return conn;
-}
-
-
-int Domain::cleanStale() {
-  std::string prefix = "railcc-" + std::to_string(getuid()) + "-";
-  DIR* d = opendir("/dev/shm");
-  if (d == nullptr) return 0;
-  int removed = 0;
-  while (struct dirent* e = readdir(d)) {
-    std::string n = e->d_name;
-    if (n.compare(0, prefix.size(), prefix) != 0) continue;
-    int fd = shm_open(("/" + n).c_str(), O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) continue;
-    struct stat st {};
-    // Empty: its creator is between shm_open and its lock (or died there: a few bytes of name).
-    bool stale = fstat(fd, &st) == 0 && st.st_size > 0 && flock(fd, LOCK_EX | LOCK_NB) == 0;
-    if (stale && shm_unlink(("/" + n).c_str()) == 0) {
-      ++removed;
-      RAILCC_INFO(SHM, "removed stale segment /dev/shm/", n, ": no live process holds it");
-    }
-    close(fd);
-  }
-  closedir(d);
-  return removed;
-}
-
-}  // namespace shm
-}  // namespace railcc::transport
+}  // namespace railcc::transport::shm

@@ -1,227 +1,248 @@
-#include "transport/socket/socket_transport.h"
-
+// The socket transport's set-up: listeners on the chosen interfaces, the authenticated
+// rendezvous, and one TCP connection per (peer, lane, channel). Where the topology names the
+// rank's rail (SetupContext::rail), every channel of a pair runs between the two hosts' NICs
+// of one rail (RAILCC_CROSS_NIC); otherwise channel c is bound to interface c of
+// RAILCC_SOCKET_IFNAME in turn (a rail each).
 #include <arpa/inet.h>
-#include <fcntl.h>
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <thread>
+#include <map>
+#include <set>
+#include <sstream>
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/strings.h"
+#include "transport/transport.h"
+#include "transport/socket/rendezvous.h"
+#include "transport/socket/socket_transport.h"
 
 namespace railcc::transport::socket {
 namespace {
 
-void setNonBlocking(int fd) {
-  int flags = fcntl(fd, F_GETFL, 0);
-  fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+constexpr int kMaxChannels = 64;  // slot = lane * kMaxChannels + channel in the handshake
+
+sockaddr_in parseAddr(const std::string& s) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  auto colon = s.rfind(':');
+  if (colon == std::string::npos || inet_pton(AF_INET, s.substr(0, colon).c_str(), &a.sin_addr) != 1)
+    RAILCC_THROW(kInvalidUsage, "socket endpoint '", s, "' is not ip:port");
+  long long port = 0;
+  if (!parseInt(s.substr(colon + 1), 1, 65535, port))
+    RAILCC_THROW(kInvalidUsage, "socket endpoint '", s.substr(0, 64), "' has port '", s.substr(colon + 1).substr(0, 16),
+                 "', not a number from 1 to 65535");
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  return a;
 }
 
-}  // namespace
+// A published endpoint: "-" (nobody dials this rank), "ip:port,ip:port" (one listener per
+// interface), or with rails "ip:port@0,ip:port@1;rail=1" (each listener's rail, and the rank's).
+struct Blob {
+  std::vector<std::pair<std::string, int>> addrs;  // (ip:port, rail or -1)
+  int rail = -1;
+  const std::string* onRail(int r) const {
+    for (auto& a : addrs)
+      if (r >= 0 && a.second == r) return &a.first;
+    return nullptr;
+  }
+};
 
-void tuneSocket(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  int buf = 4 << 20;
-  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
-  // A host that vanishes (power, cable, kernel panic) sends no FIN or RST. While nothing is
-  // in flight, keepalive probes after 2 s of silence find it within about 5 s. There is no
-  // TCP_USER_TIMEOUT: it also ends connections whose live peer just has not read for a while
-  // (zero window), which a rank late to a collective does; data stuck in flight is left to
-  // the op timeout.
-  int idle = 2, intvl = 1, cnt = 3;
-  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+Blob parseBlob(const std::string& s) {
+  Blob b;
+  auto parts = split(s, ';');
+  for (size_t i = 1; i < parts.size(); ++i)
+    if (parts[i].rfind("rail=", 0) == 0) b.rail = std::atoi(parts[i].c_str() + 5);
+  if (parts.empty() || parts[0] == "-") return b;
+  for (const std::string& a : split(parts[0], ',')) {
+    auto at = a.find('@');
+    b.addrs.push_back({a.substr(0, at), at == std::string::npos ? -1 : std::atoi(a.c_str() + at + 1)});
+  }
+  return b;
 }
 
-bool matchSpec(const std::string& name, const std::string& spec) {
-  std::string s = spec;
-  bool exclude = false, exact = false;
-  if (!s.empty() && s[0] == '^') {
-    exclude = true;
-    s = s.substr(1);
-  }
-  if (!s.empty() && s[0] == '=') {
-    exact = true;
-    s = s.substr(1);
-  }
-  bool hit = false;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t comma = s.find(',', pos);
-    std::string tok = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    if (!tok.empty()) {
-      if (exact ? name == tok : name.compare(0, tok.size(), tok) == 0) hit = true;
-    }
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return exclude ? !hit : hit;
-}
-
-namespace {
-
-class SocketConnection : public Connection {
+class SocketSetup : public Setup {
  public:
-  SocketConnection(int fd, std::string desc, size_t staging)
-      : fd_(fd), desc_(std::move(desc)), buf_(staging < 4096 ? 4096 : staging) {}
-  ~SocketConnection() override { ::close(fd_); }
-
-  size_t send(const void* p, size_t n) override {
-    if (n == 0) return 0;
-    ssize_t r = ::send(fd_, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (r >= 0) return static_cast<size_t>(r);
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-    RAILCC_THROW(kPeerFailure, "send to ", desc_, " failed: ", detail::errnoString());
+  explicit SocketSetup(const SetupContext& ctx) : ctx_(ctx) {
+    const Config& c = ctx.config;
+    ifs_ = pickInterfaces(c.socketIfname);
+    int64_t n = c.nchannels > 0 ? c.nchannels : c.nsocksPerThread * c.socketNthreads;
+    n = std::min<int64_t>(n, c.maxNchannels);
+    n = std::max<int64_t>(n, c.minNchannels);
+    channels_ = static_cast<int>(std::min<int64_t>(n, kMaxChannels));
+    pickRails();
   }
 
-  std::pair<const void*, size_t> peek() override {
-    if (begin_ == end_) {
-      begin_ = end_ = 0;
-      ssize_t r = ::recv(fd_, buf_.data(), buf_.size(), MSG_DONTWAIT);
-      handle(r);
-      if (r > 0) end_ = static_cast<size_t>(r);
+  std::string endpoint() override {
+    // Only a rank that some peer on another host dials (a lower rank) listens, and only until
+    // set-up is done.
+    const auto& local = ctx_.localRanks;
+    bool dialed = false;
+    for (int r = 0; r < ctx_.rank; ++r) dialed = dialed || std::find(local.begin(), local.end(), r) == local.end();
+    if (!dialed) return "-";
+    std::string blob, names;
+    if (myRail_ >= 0) {  // a listener on every rail: a peer dials the one of the pair's rail
+      for (auto& [r, itf] : railIf_) {
+        listeners_.push_back(std::make_unique<Listener>(itf.addr));
+        blob += (blob.empty() ? "" : ",") + formatAddr(listeners_.back()->addr()) + "@" + std::to_string(r);
+        names += (names.empty() ? "" : ", ") + itf.name + " " + formatAddr(listeners_.back()->addr()) + " (rail " +
+                 std::to_string(r) + ")";
+      }
+      blob += ";rail=" + std::to_string(myRail_);
+    } else {
+      size_t nl = std::min(ifs_.size(), static_cast<size_t>(channels_));
+      for (size_t i = 0; i < nl; ++i) {
+        listeners_.push_back(std::make_unique<Listener>(ifs_[i].addr));
+        blob += (i ? "," : "") + formatAddr(listeners_.back()->addr());
+        names += (i ? ", " : "") + ifs_[i].name + " " + formatAddr(listeners_.back()->addr());
+      }
     }
-    return {buf_.data() + begin_, end_ - begin_};
+    RAILCC_INFO(INIT, "listening on ", names, " until the peers on other hosts have connected");
+    return blob;
   }
 
-  void consume(size_t n) override { begin_ += n; }
+  int channels() const override { return channels_; }
 
-  size_t recv(void* p, size_t n) override {
-    size_t got = 0;
-    if (begin_ < end_) {
-      got = std::min(n, end_ - begin_);
-      copyBytes(p, buf_.data() + begin_, got);
-      begin_ += got;
-      if (got == n) return got;
-    }
-    // Large reads go straight into the destination: no staging copy.
-    ssize_t r = ::recv(fd_, static_cast<char*>(p) + got, n - got, MSG_DONTWAIT);
-    handle(r);
-    if (r > 0) got += static_cast<size_t>(r);
-    return got;
+  std::string reach(const PeerRecord& peer) override {
+    if (myRail_ >= 0) return "TCP on rail " + std::to_string(myRail_) + " (" + railIf_[myRail_].name + ")";
+    std::string why = "TCP over " + ifs_[0].name;
+    for (size_t i = 1; i < std::min(ifs_.size(), static_cast<size_t>(channels_)); ++i) why += "+" + ifs_[i].name;
+    return why;
   }
 
-  int pollFd() const override { return fd_; }
-  std::string describe() const override { return "socket " + desc_; }
-  void markFailed() override { ::shutdown(fd_, SHUT_RDWR); }
+  void connect(const PeerRecord& peer, int lane, int channel) override {
+    Blob b = parseBlob(peer.endpoint);
+    if (b.addrs.empty())
+      RAILCC_THROW(kInternal, "rank ", peer.rank, " published no TCP listener, yet rank ", ctx_.rank, " must dial it");
+    std::string to = b.addrs[static_cast<size_t>(channel) % b.addrs.size()].first;
+    // Several interfaces: leave through this channel's own, so each rail carries its share.
+    const sockaddr_in* from = ifs_.size() > 1 ? &ifs_[static_cast<size_t>(channel) % ifs_.size()].addr : nullptr;
+    if (myRail_ >= 0) railRoute(peer, b, to, from);
+    rv().dial(peer.rank, lane * kMaxChannels + channel, parseAddr(to), from);
+    where_[{peer.rank, lane * kMaxChannels + channel}] = to;
+  }
+
+  void accept(const PeerRecord& peer, int lane, int channel) override {
+    rv().expect(peer.rank, lane * kMaxChannels + channel);
+  }
+
+  void idle(std::chrono::milliseconds budget) override {
+    if (listeners_.empty()) return;
+    rv().keepOpen(true);
+    rv_->step(std::chrono::steady_clock::now() + std::chrono::hours(1), budget);
+  }
+
+  bool progress(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds budget) override {
+    if (!rv_) return true;
+    rv_->keepOpen(false);
+    return rv_->step(deadline, budget);
+  }
+
+  std::unique_ptr<Connection> take(int peer, int lane, int channel) override {
+    int slot = lane * kMaxChannels + channel;
+    auto it = where_.find({peer, slot});
+    std::string where = it != where_.end() ? it->second : rv_->remoteAddress(peer, slot);
+    int fd = rv_->take(peer, slot);
+    return makeConnection(fd, where + localSide(fd), static_cast<size_t>(ctx_.config.stagingSize));
+  }
+
+  void finish() override {
+    rv_.reset();
+    listeners_.clear();
+  }
 
  private:
-  void handle(ssize_t r) {
-    if (r == 0) RAILCC_THROW(kPeerFailure, "connection to ", desc_, " was closed by the peer");
-    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-      RAILCC_THROW(kPeerFailure, "receive from ", desc_, " failed: ", detail::errnoString());
+  Rendezvous& rv() {
+    if (!rv_) {
+      rv_ = std::make_unique<Rendezvous>(ctx_.secret, ctx_.rank, nullptr);
+      for (auto& l : listeners_) rv_->addListener(l.get());
+    }
+    return *rv_;
   }
 
-  int fd_;
-  std::string desc_;
-  std::vector<char> buf_;
-  size_t begin_ = 0, end_ = 0;
+  // With the rank's rail known and its interface usable here (up, IPv4, not excluded by
+  // RAILCC_SOCKET_IFNAME): the interface of every rail of this host, and myRail_.
+  void pickRails() {
+    if (ctx_.rail < 0 || static_cast<size_t>(ctx_.rail) >= ctx_.railIfs.size()) return;
+    const std::string& mine = ctx_.railIfs[static_cast<size_t>(ctx_.rail)];
+    if (mine.empty()) return;  // placement already said its NIC has no IPv4 interface
+    std::string exact;
+    for (const std::string& n : ctx_.railIfs)
+      if (!n.empty()) exact += (exact.empty() ? "=" : ",") + n;
+    std::vector<Interface> usable;
+    try {
+      usable = pickInterfaces(ctx_.config.socketIfname.empty() ? exact : ctx_.config.socketIfname);
+    } catch (const Error&) {
+    }
+    for (size_t r = 0; r < ctx_.railIfs.size(); ++r)
+      for (const Interface& i : usable)
+        if (i.name == ctx_.railIfs[r]) railIf_[static_cast<int>(r)] = i;
+    if (railIf_.count(ctx_.rail)) {
+      myRail_ = ctx_.rail;
+    } else {
+      RAILCC_INFO(INIT, "rail ", ctx_.rail, "'s interface ", mine, " is not among RAILCC_SOCKET_IFNAME='",
+                  ctx_.config.socketIfname, "': TCP ignores the rails");
+      railIf_.clear();
+    }
+  }
+
+  // Which of the peer's listeners a rail-bound rank dials, and from which interface.
+  void railRoute(const PeerRecord& peer, const Blob& b, std::string& to, const sockaddr_in*& from) {
+    int want = ctx_.config.crossNic == 1 && b.rail >= 0 ? b.rail : myRail_;
+    const std::string* at = b.onRail(want);
+    if (!at && b.rail >= 0 && (at = b.onRail(b.rail))) {
+      if (warned_.insert(peer.rank).second) {
+        std::string msg = "rank " + std::to_string(peer.rank) + " (host " + peer.hostname + ") has no interface on rail " +
+                          std::to_string(want) + ": its traffic with rank " + std::to_string(ctx_.rank) +
+                          " crosses to its own rail " + std::to_string(b.rail);
+        if (ctx_.config.crossNic == 0) RAILCC_WARN(INIT, msg, " (RAILCC_CROSS_NIC/NCCL_CROSS_NIC=0)");
+        else RAILCC_INFO(INIT, msg);
+      }
+      want = b.rail;
+    }
+    if (!at) return;  // the peer has no rails: as without them
+    to = *at;
+    // Leave through the interface on the destination's rail where there is one (the same
+    // network), else through this rank's own.
+    auto it = railIf_.find(ctx_.config.crossNic == 1 ? myRail_ : want);
+    from = it != railIf_.end() ? &it->second.addr : &railIf_[myRail_].addr;
+  }
+
+  // " from eth1 (rail 1)": the local end of a connection, for logs and the straggler report.
+  std::string localSide(int fd) {
+    sockaddr_in a{};
+    socklen_t len = sizeof a;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "";
+    for (auto& [r, itf] : railIf_)
+      if (itf.addr.sin_addr.s_addr == a.sin_addr.s_addr) return " from " + itf.name + " (rail " + std::to_string(r) + ")";
+    for (const Interface& itf : ifs_)
+      if (itf.addr.sin_addr.s_addr == a.sin_addr.s_addr) return " from " + itf.name;
+    return "";
+  }
+
+  SetupContext ctx_;
+  std::map<int, Interface> railIf_;  // rail -> this host's interface on it
+  int myRail_ = -1;
+  std::set<int> warned_;
+  std::vector<Interface> ifs_;
+  int channels_ = 1;
+  std::vector<std::unique_ptr<Listener>> listeners_;
+  std::unique_ptr<Rendezvous> rv_;
+  std::map<std::pair<int, int>, std::string> where_;  // (peer, slot) -> address dialed
+};
+
+class SocketTransport : public railcc::transport::Transport {
+ public:
+  std::string name() const override { return "socket"; }
+  bool interHost() const override { return true; }
+  std::unique_ptr<Setup> open(const SetupContext& ctx, std::string& whyNot) override {
+    return std::make_unique<SocketSetup>(ctx);
+  }
 };
 
 }  // namespace
 
-std::string formatAddr(const sockaddr_in& a) {
-  char ip[INET_ADDRSTRLEN] = {0};
-  inet_ntop(AF_INET, &a.sin_addr, ip, sizeof(ip));
-  return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
-}
-
-std::vector<Interface> chooseInterfaces(const std::vector<InterfaceAddr>& addrs, const std::string& spec) {
-  std::vector<Interface> chosen;
-  Interface loopback;
-  for (const InterfaceAddr& i : addrs) {
-    if (!i.up) continue;
-    bool ok = spec.empty() ? matchSpec(i.name, "^docker,lo") : matchSpec(i.name, spec);
-    // Without a spec, the first match only; with one, every match (one address per name).
-    bool dup = std::any_of(chosen.begin(), chosen.end(), [&](const Interface& c) { return c.name == i.name; });
-    if (ok && !dup && (chosen.empty() || !spec.empty())) chosen.push_back({i.name, i.addr});
-    if (i.loopback && loopback.name.empty()) loopback = {i.name, i.addr};
-  }
-  // A machine with no network at all: every peer is local, loopback is right.
-  if (chosen.empty() && spec.empty() && !loopback.name.empty()) chosen.push_back(loopback);
-  for (auto& c : chosen) c.addr.sin_port = 0;
-  return chosen;
-}
-
-std::vector<Interface> pickInterfaces(const std::string& spec) {
-  ifaddrs* list = nullptr;
-  RAILCC_SYSCHECK(getifaddrs(&list), "getifaddrs");
-  std::vector<InterfaceAddr> addrs;
-  std::vector<std::string> seen;
-  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    InterfaceAddr a;
-    a.name = i->ifa_name;
-    a.up = (i->ifa_flags & IFF_UP) != 0;
-    a.loopback = (i->ifa_flags & IFF_LOOPBACK) != 0;
-    a.addr = *reinterpret_cast<sockaddr_in*>(i->ifa_addr);
-    if (a.up) seen.push_back(a.name);
-    addrs.push_back(a);
-  }
-  freeifaddrs(list);
-  std::vector<Interface> chosen = chooseInterfaces(addrs, spec);
-  if (chosen.empty()) {
-    std::string all;
-    for (auto& s : seen) all += (all.empty() ? "" : ", ") + s;
-    RAILCC_THROW(kInvalidUsage, "RAILCC_SOCKET_IFNAME/NCCL_SOCKET_IFNAME='", spec,
-                 "' matches no up IPv4 interface; interfaces here: ", all);
-  }
-  return chosen;
-}
-
-std::string pickInterface(const std::string& spec, sockaddr_in& addr) {
-  Interface first = pickInterfaces(spec).front();
-  addr = first.addr;
-  return first.name;
-}
-
-Listener::Listener(const sockaddr_in& bindAddr) {
-  fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  RAILCC_SYSCHECK(fd_, "socket");
-  int one = 1;
-  setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  addr_ = bindAddr;
-  if (::bind(fd_, reinterpret_cast<const sockaddr*>(&addr_), sizeof(addr_)) != 0) {
-    std::string err = detail::errnoString();
-    ::close(fd_);
-    RAILCC_THROW(kSystem, "bind to ", formatAddr(bindAddr), ": ", err);
-  }
-  socklen_t len = sizeof(addr_);
-  getsockname(fd_, reinterpret_cast<sockaddr*>(&addr_), &len);
-  if (::listen(fd_, 128) != 0) {
-    std::string err = detail::errnoString();
-    ::close(fd_);
-    RAILCC_THROW(kSystem, "listen on ", formatAddr(addr_), ": ", err);
-  }
-  setNonBlocking(fd_);
-}
-
-Listener::~Listener() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-int Listener::accept(sockaddr_in* from) {
-  socklen_t len = sizeof(*from);
-  int fd = ::accept4(fd_, reinterpret_cast<sockaddr*>(from), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
-  if (fd < 0) return -1;
-  tuneSocket(fd);
-  return fd;
-}
-
-std::unique_ptr<Connection> makeConnection(int fd, const std::string& peerDesc, size_t stagingBytes) {
-  return std::make_unique<SocketConnection>(fd, peerDesc, stagingBytes);
-}
+std::unique_ptr<railcc::transport::Transport> makeTransport() { return std::make_unique<SocketTransport>(); }
 
 }  // namespace railcc::transport::socket

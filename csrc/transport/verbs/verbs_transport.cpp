@@ -1,391 +1,229 @@
-#include "transport/verbs/verbs_transport.h"
+// Set-up of the verbs transport: which ports serve this rank, the endpoint blob (every queue
+// pair this rank made for a peer on another host, with its ring), and connecting them.
+//
+// Queue pairs are made when the endpoint is published, one per (peer, lane, channel), so the
+// blob carries everything a peer needs (QPN, PSN, LID/GID, MTU, the ring's address and rkey)
+// and connecting is two local state changes on each side, with no second exchange. The
+// engine's store round-trip after set-up (finishAfterPeers) ensures that no rank writes
+// before its peer's queue pair is ready to receive.
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <random>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/strings.h"
+#include "transport/verbs/verbs_transport.h"
 
 namespace railcc::transport::verbs {
+
+// Every field comes from another process's store record: each is checked for its type and
+// range, and a malformed blob is refused whole (never read past a field list, never thrown).
+bool parseBlob(const std::string& s, Blob* b) {
+  auto parts = split(s, ';');
+  if (parts.empty() || parts[0] != "verbs1") return false;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    auto f = split(parts[i], ',');
+    if (f.empty()) return false;
+    unsigned long long u[6] = {0};
+    if (f[0] == "d" && f.size() == 6) {
+      QpInfo d;
+      d.dev = f[1];
+      if (d.dev.empty() || !parseUint(f[2], 0xffff, u[0]) || !fromHex(f[3], d.gid, 16) || !parseUint(f[4], 5, u[1]) ||
+          u[1] < 1 || (f[5] != "0" && f[5] != "1"))
+        return false;
+      d.lid = static_cast<uint16_t>(u[0]);
+      d.mtu = static_cast<int>(u[1]);
+      d.roce = f[5] == "1";
+      b->devs.push_back(d);
+    } else if (f[0] == "c" && f.size() == 10) {
+      long long to = 0, lane = 0, ch = 0;
+      if (!parseInt(f[1], 0, (1 << 30), to) || !parseInt(f[2], 0, 255, lane) || !parseInt(f[3], 0, 4095, ch) ||
+          !parseUint(f[4], b->devs.empty() ? 0 : b->devs.size() - 1, u[0]) || b->devs.empty() ||
+          !parseUint(f[5], 0xffffff, u[1]) || !parseUint(f[6], 0xffffff, u[2]) || !parseUint(f[7], ~0ull, u[3]) ||
+          !parseUint(f[8], 0xffffffffull, u[4]) || !parseUint(f[9], 1ull << 40, u[5]) || u[5] == 0)
+        return false;
+      QpInfo q = b->devs[u[0]];
+      q.qpn = static_cast<uint32_t>(u[1]);
+      q.psn = static_cast<uint32_t>(u[2]);
+      q.ringAddr = u[3];
+      q.rkey = static_cast<uint32_t>(u[4]);
+      q.ringBytes = u[5];
+      b->conns[{static_cast<int>(to), static_cast<int>(lane), static_cast<int>(ch)}] = q;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
 namespace {
 
-constexpr int kRecvDepth = 512;        // receives posted; each write-with-immediate takes one
-constexpr uint64_t kMaxDataMsgs = 256;  // data writes in flight, so credits always find a receive
-constexpr int kSendDepth = 512;
-constexpr int kCtrlReserve = 32;       // send slots kept for credits and notices
-constexpr int kSignalEvery = 64;
-constexpr size_t kMaxChunk = 512 << 10;  // a write's size: the receiver sees bytes per write
-constexpr uint64_t kRecvTag = ~uint64_t(0);
+using Key = std::tuple<int, int, int>;  // peer, lane, channel
 
-// The immediate's top two bits say what a write carries; the rest is a count.
-constexpr uint32_t kKindShift = 30;
-constexpr uint32_t kCountMask = (1u << kKindShift) - 1;
-enum ImmKind : uint32_t { kData = 0, kNotice = 1, kCreditBytes = 2, kCreditMsgs = 3 };
-constexpr uint32_t kNoticeFailed = 1;
+std::string peerName(const PeerRecord& p) { return "rank " + std::to_string(p.rank) + " (host " + p.hostname + ")"; }
 
-std::string memlockHint(size_t bytes, int err) {
-  rlimit rl{};
-  getrlimit(RLIMIT_MEMLOCK, &rl);
-  std::string lim = rl.rlim_cur == RLIM_INFINITY ? "unlimited" : std::to_string(rl.rlim_cur >> 10) + " KiB";
-  std::string s = "registering " + std::to_string(bytes >> 10) + " KiB with the NIC failed (" + strerror(err) +
-                  "); the locked-memory limit (ulimit -l) is " + lim;
-  if (rl.rlim_cur != RLIM_INFINITY)
-    s += ": raise it (ulimit -l unlimited; Docker: --ulimit memlock=-1:-1; systemd: LimitMEMLOCK=infinity; "
-         "/etc/security/limits.conf: * - memlock unlimited), or lower RAILCC_BUFFSIZE";
-  return s;
-}
-
-const char* hintFor(ibv_wc_status s) {
-  switch (s) {
-    case IBV_WC_RETRY_EXC_ERR:
-      return "the peer's NIC stopped acknowledging: its process died or its host is unreachable; on RoCE also a "
-             "GID index that does not route (RAILCC_IB_GID_INDEX/NCCL_IB_GID_INDEX; `railcc doctor` shows the table) "
-             "or a lossy fabric (PFC/ECN not configured)";
-    case IBV_WC_RNR_RETRY_EXC_ERR:
-      return "the peer posted no receive in time: it stopped making progress";
-    case IBV_WC_LOC_PROT_ERR:
-    case IBV_WC_REM_ACCESS_ERR:
-    case IBV_WC_LOC_ACCESS_ERR:
-      return "a memory registration was refused or is stale: with GPU memory check the IOMMU and PCIe ACS "
-             "(`railcc doctor`), otherwise report a railcc bug";
-    case IBV_WC_REM_INV_REQ_ERR:
-    case IBV_WC_REM_OP_ERR:
-      return "the peer's queue pair refused the request (it was torn down or reset)";
-    case IBV_WC_WR_FLUSH_ERR:
-      return "the queue pair was already in the error state";
-    default:
-      return "see the NIC's counters (ethtool -S, /sys/class/infiniband/*/ports/*/hw_counters)";
+// What GPUDirect RDMA can use on a device, probed once per process and device; said once at
+// INFO, with the decision for each GPU of this host and that device (the topology's path).
+void logGdr(const Device& d, const SetupContext& ctx) {
+  static std::mutex mu;
+  static std::map<std::string, std::pair<bool, bool>> caps;  // device -> (dma-buf, peermem)
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> g(mu);
+  auto it = caps.find(d.name());
+  if (it == caps.end()) {
+    bool peermem = false;
+    for (const char* f : {"/sys/kernel/mm/memory_peers/nv_mem/version", "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
+                          "/sys/module/nvidia_peermem/version"})
+      peermem = peermem || access(f, F_OK) == 0;
+    it = caps.emplace(d.name(), std::make_pair(d.dmabufSupported(), peermem)).first;
+    auto [dmabuf, pm] = it->second;
+    RAILCC_INFO(IB, "GPUDirect RDMA on ", d.name(), ": dma-buf ", dmabuf ? "supported" : "unsupported", ", nvidia_peermem ",
+                pm ? "loaded" : "not loaded", dmabuf || pm ? "" : ": CUDA buffers between hosts are staged through host memory");
+  }
+  for (const GpuNicPath& p : ctx.gpuNics) {
+    if (p.nic != d.name() || !said.insert(p.gpu + "|" + p.nic).second) continue;
+    GdrFacts f{p.gpu, p.nic, p.path, ctx.config.netGdrLevel, it->second.first, it->second.second};
+    RAILCC_INFO(IB, decideGdr(f).line);
   }
 }
+
+class VerbsSetup : public Setup {
+ public:
+  VerbsSetup(const SetupContext& ctx, std::vector<std::shared_ptr<Device>> devs, std::string railWhy)
+      : ctx_(ctx), devs_(std::move(devs)), railWhy_(std::move(railWhy)) {
+    channels_ = static_cast<int>(devs_.size() * static_cast<size_t>(ctx_.config.ibQpsPerConn));
+    ring_ = ringBytes(ctx_.config.buffSize);
+    for (auto& d : devs_) logGdr(*d, ctx_);
+  }
+
+  int channels() const override { return channels_; }
+
+  std::string endpoint() override {
+    std::string s = "verbs1";
+    for (auto& d : devs_)
+      s += ";d," + d->name() + ":" + std::to_string(d->port()) + "," + std::to_string(d->lid()) + "," +
+           toHex(d->gid().raw, 16) + "," + std::to_string(d->mtu()) + "," + (d->roce() ? "1" : "0");
+    for (const PeerRecord& p : ctx_.peers) {
+      if (p.rank == ctx_.rank ||
+          std::find(ctx_.localRanks.begin(), ctx_.localRanks.end(), p.rank) != ctx_.localRanks.end())
+        continue;
+      for (int lane = 0; lane < ctx_.lanes; ++lane)
+        for (int ch = 0; ch < channels_; ++ch) {
+          size_t dev = static_cast<size_t>(ch) % devs_.size();
+          auto c = std::make_unique<VerbsConnection>(devs_[dev], ring_, ctx_.config, peerName(p));
+          QpInfo q = c->local();
+          s += ";c," + std::to_string(p.rank) + "," + std::to_string(lane) + "," + std::to_string(ch) + "," +
+               std::to_string(dev) + "," + std::to_string(q.qpn) + "," + std::to_string(q.psn) + "," + std::to_string(q.ringAddr) + "," +
+               std::to_string(q.rkey) + "," + std::to_string(q.ringBytes);
+          conns_[{p.rank, lane, ch}] = std::move(c);
+        }
+    }
+    return s;
+  }
+
+  std::string reach(const PeerRecord& peer) override {
+    Blob b;
+    if (!parseBlob(peer.endpoint, &b) || b.devs.empty()) return "";
+    auto mine = conns_.find({peer.rank, 0, 0});
+    auto theirs = b.conns.find({ctx_.rank, 0, 0});
+    if (mine == conns_.end() || theirs == b.conns.end()) return "";
+    QpInfo here = mine->second->local();
+    if (here.roce != theirs->second.roce) return "";  // InfiniBand and Ethernet ports cannot talk
+    blobs_[peer.rank] = std::move(b);
+    return std::string("both have RDMA ports (") + here.dev + (here.roce ? " RoCE" : " InfiniBand") + " <-> " +
+           theirs->second.dev + ")" + railWhy_;
+  }
+
+  void connect(const PeerRecord& peer, int lane, int channel) override { want_.push_back({peer.rank, lane, channel}); }
+  void accept(const PeerRecord& peer, int lane, int channel) override { want_.push_back({peer.rank, lane, channel}); }
+
+  bool progress(std::chrono::steady_clock::time_point, std::chrono::milliseconds) override {
+    for (const Key& k : want_) {
+      auto [peer, lane, ch] = k;
+      auto missing = [&, peer = peer, lane = lane, ch = ch] {
+        Error e(ErrorCode::kInvalidUsage, "verbs set-up: rank " + std::to_string(peer) + " published no queue pair for lane " +
+                                              std::to_string(lane) + " channel " + std::to_string(ch) + " towards rank " +
+                                              std::to_string(ctx_.rank));
+        e.ranks = {peer};
+        return e;
+      };
+      auto bit = blobs_.find(peer);
+      auto cit = conns_.find(k);
+      if (bit == blobs_.end() || cit == conns_.end()) throw missing();
+      auto rit = bit->second.conns.find({ctx_.rank, lane, ch});
+      if (rit == bit->second.conns.end()) throw missing();
+      try {
+        cit->second->connectTo(rit->second);
+      } catch (Error& e) {
+        e.ranks = {peer};
+        throw;
+      }
+      done_[k] = std::move(cit->second);
+      conns_.erase(cit);
+    }
+    want_.clear();
+    return true;
+  }
+
+  std::unique_ptr<Connection> take(int peer, int lane, int channel) override {
+    auto it = done_.find({peer, lane, channel});
+    if (it == done_.end()) RAILCC_THROW(kInternal, "verbs: no connection to rank ", peer, " lane ", lane, " channel ", channel);
+    std::unique_ptr<Connection> c = std::move(it->second);
+    done_.erase(it);
+    return c;
+  }
+
+  void finish() override {
+    conns_.clear();  // queue pairs made for peers that another transport serves, or spare channels
+    blobs_.clear();
+  }
+  bool finishAfterPeers() const override { return true; }
+
+ private:
+  SetupContext ctx_;
+  std::vector<std::shared_ptr<Device>> devs_;
+  std::string railWhy_;
+  int channels_ = 1;
+  size_t ring_ = 0;
+  std::map<Key, std::unique_ptr<VerbsConnection>> conns_, done_;
+  std::map<int, Blob> blobs_;
+  std::vector<Key> want_;
+};
+
+class VerbsTransport : public railcc::transport::Transport {
+ public:
+  std::string name() const override { return "verbs"; }
+  bool interHost() const override { return true; }
+  std::unique_ptr<Setup> open(const SetupContext& ctx, std::string& whyNot) override {
+    if (ctx.config.ibDisable) {
+      whyNot = "disabled by RAILCC_IB_DISABLE/NCCL_IB_DISABLE=1";
+      return nullptr;
+    }
+    std::vector<std::shared_ptr<Device>> devs = openDevices(ctx.config, &whyNot);
+    if (devs.empty()) return nullptr;
+    // With a topology, the rank's traffic stays on its rail: the port whose interface is the
+    // rail's. Without one (or for InfiniBand ports, which have no interface), every port in turn.
+    std::string railWhy;
+    if (ctx.rail >= 0 && static_cast<size_t>(ctx.rail) < ctx.railIfs.size() && !ctx.railIfs[ctx.rail].empty()) {
+      for (auto& d : devs)
+        if (d->netdev() == ctx.railIfs[ctx.rail]) {
+          devs = {d};
+          railWhy = "; rail " + std::to_string(ctx.rail) + " on " + d->name();
+          break;
+        }
+    }
+    return std::make_unique<VerbsSetup>(ctx, std::move(devs), railWhy);
+  }
+};
 
 }  // namespace
 
-VerbsConnection::VerbsConnection(std::shared_ptr<Device> dev, size_t ringBytes, const Config& cfg, std::string peer)
-    : dev_(std::move(dev)), ibv_(dev_->ibv()), cfg_(cfg), peer_(std::move(peer)), ring_(ringBytes) {
-  void* m = mmap(nullptr, 2 * ring_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) RAILCC_THROW(kSystem, "cannot map ", 2 * ring_, " bytes for an RDMA connection: ", detail::errnoString());
-  mem_ = static_cast<char*>(m);
-  try {
-    recvMr_ = ibv_->regMr(dev_->pd(), mem_, ring_, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-    if (recvMr_ == nullptr) RAILCC_THROW(kSystem, dev_->name(), ": ", memlockHint(ring_, errno));
-    sendMr_ = ibv_->regMr(dev_->pd(), mem_ + ring_, ring_, IBV_ACCESS_LOCAL_WRITE);
-    if (sendMr_ == nullptr) RAILCC_THROW(kSystem, dev_->name(), ": ", memlockHint(2 * ring_, errno));
-    channel_ = ibv_->createCompChannel(dev_->ctx());
-    if (channel_ == nullptr) RAILCC_THROW(kSystem, "cannot create a completion channel on ", dev_->name());
-    int fl = fcntl(channel_->fd, F_GETFL);
-    fcntl(channel_->fd, F_SETFL, fl | O_NONBLOCK);
-    cq_ = ibv_->createCq(dev_->ctx(), kSendDepth + kRecvDepth + 2 * kCtrlReserve, nullptr, channel_, 0);
-    if (cq_ == nullptr) RAILCC_THROW(kSystem, "cannot create a completion queue on ", dev_->name(), ": ", detail::errnoString());
-    ibv_qp_init_attr ia{};
-    ia.send_cq = cq_;
-    ia.recv_cq = cq_;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = kSendDepth + kCtrlReserve;
-    ia.cap.max_recv_wr = kRecvDepth;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    qp_ = ibv_->createQp(dev_->pd(), &ia);
-    if (qp_ == nullptr) RAILCC_THROW(kSystem, "cannot create a queue pair on ", dev_->name(), ": ", detail::errnoString());
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_INIT;
-    a.pkey_index = static_cast<uint16_t>(cfg_.ibPkey);
-    a.port_num = static_cast<uint8_t>(dev_->port());
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-    if (int rc = ibv_->modifyQp(qp_, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-      RAILCC_THROW(kSystem, "queue pair to INIT on ", dev_->name(), " failed: ", strerror(rc),
-                   " (RAILCC_IB_PKEY/NCCL_IB_PKEY=", cfg_.ibPkey, ")");
-    postRecvs(kRecvDepth);
-    psn_ = std::random_device{}() & 0xffffff;
-  } catch (...) {
-    release();
-    throw;
-  }
-}
-
-VerbsConnection::~VerbsConnection() { release(); }
-
-void VerbsConnection::release() noexcept {
-  if (qp_ && ibv_->destroyQp(qp_) != 0) RAILCC_WARN(IB, "destroying a queue pair on ", dev_->name(), " failed");
-  if (cq_) {
-    if (unacked_) ibv_->ackCqEvents(cq_, unacked_);
-    if (ibv_->destroyCq(cq_) != 0) RAILCC_WARN(IB, "destroying a completion queue on ", dev_->name(), " failed");
-  }
-  if (channel_ && ibv_->destroyCompChannel(channel_) != 0) RAILCC_WARN(IB, "destroying a completion channel failed");
-  if (sendMr_) ibv_->deregMr(sendMr_);
-  if (recvMr_) ibv_->deregMr(recvMr_);
-  if (mem_) munmap(mem_, 2 * ring_);
-  qp_ = nullptr;
-  cq_ = nullptr;
-  channel_ = nullptr;
-  sendMr_ = recvMr_ = nullptr;
-  mem_ = nullptr;
-}
-
-QpInfo VerbsConnection::local() const {
-  QpInfo q;
-  q.qpn = qp_->qp_num;
-  q.psn = psn_;
-  q.ringAddr = reinterpret_cast<uint64_t>(mem_);
-  q.rkey = recvMr_->rkey;
-  q.ringBytes = ring_;
-  q.lid = dev_->lid();
-  memcpy(q.gid, dev_->gid().raw, 16);
-  q.mtu = dev_->mtu();
-  q.roce = dev_->roce();
-  q.dev = dev_->name() + ":" + std::to_string(dev_->port());
-  return q;
-}
-
-void VerbsConnection::connectTo(const QpInfo& r) {
-  remote_ = r;
-  if (r.ringBytes != ring_)
-    RAILCC_THROW(kInvalidUsage, "RDMA rings differ: ", ring_, " bytes here, ", r.ringBytes, " at ", peer_,
-                 ": set RAILCC_BUFFSIZE alike on every rank");
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = static_cast<ibv_mtu>(std::min<int>(dev_->mtu(), r.mtu));
-  a.dest_qp_num = r.qpn;
-  a.rq_psn = r.psn;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 12;
-  a.ah_attr.port_num = static_cast<uint8_t>(dev_->port());
-  a.ah_attr.sl = static_cast<uint8_t>(cfg_.ibSl);
-  if (dev_->roce() || dev_->gidIndex() >= 0) {
-    a.ah_attr.is_global = 1;
-    memcpy(a.ah_attr.grh.dgid.raw, r.gid, 16);
-    a.ah_attr.grh.sgid_index = static_cast<uint8_t>(std::max(dev_->gidIndex(), 0));
-    a.ah_attr.grh.hop_limit = 255;
-    a.ah_attr.grh.traffic_class = static_cast<uint8_t>(cfg_.ibTc);
-  } else {
-    a.ah_attr.dlid = r.lid;
-  }
-  if (int rc = ibv_->modifyQp(qp_, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                         IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    RAILCC_THROW(kSystem, "queue pair to RTR on ", dev_->name(), " towards ", peer_, " (", r.dev, ", GID ",
-                 formatGid(r.gid), ") failed: ", strerror(rc));
-  a = ibv_qp_attr{};
-  a.qp_state = IBV_QPS_RTS;
-  a.timeout = static_cast<uint8_t>(cfg_.ibTimeout);
-  a.retry_cnt = static_cast<uint8_t>(cfg_.ibRetryCnt);
-  a.rnr_retry = 7;  // forever: a receiver that is slow to repost is waited for, not failed
-  a.sq_psn = psn_;
-  a.max_rd_atomic = 1;
-  if (int rc = ibv_->modifyQp(qp_, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                         IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-    RAILCC_THROW(kSystem, "queue pair to RTS on ", dev_->name(), " towards ", peer_, " failed: ", strerror(rc),
-                 " (RAILCC_IB_TIMEOUT=", cfg_.ibTimeout, ", RAILCC_IB_RETRY_CNT=", cfg_.ibRetryCnt, ")");
-  connected_ = true;
-  lastProbe_ = std::chrono::steady_clock::now();
-}
-
-void VerbsConnection::postRecvs(int n) {
-  for (int i = 0; i < n; ++i) {
-    ibv_recv_wr wr{};
-    ibv_recv_wr* bad = nullptr;
-    wr.wr_id = kRecvTag;
-    wr.sg_list = nullptr;
-    wr.num_sge = 0;  // a write with immediate lands in the ring; the receive only carries the immediate
-    if (int rc = ibv_post_recv(qp_, &wr, &bad)) fail(std::string("posting a receive failed: ") + strerror(rc));
-  }
-}
-
-void VerbsConnection::post(uint64_t localOff, size_t n, uint64_t remoteOff, uint32_t imm, bool withImm, bool signaled) {
-  ibv_sge sge{};
-  sge.addr = reinterpret_cast<uint64_t>(mem_ + ring_ + localOff);
-  sge.length = static_cast<uint32_t>(n);
-  sge.lkey = sendMr_->lkey;
-  ibv_send_wr wr{};
-  ibv_send_wr* bad = nullptr;
-  wr.wr_id = ++sqPosted_;
-  wr.sg_list = n > 0 ? &sge : nullptr;
-  wr.num_sge = n > 0 ? 1 : 0;
-  wr.opcode = withImm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
-  wr.imm_data = htonl(imm);
-  if (++sinceSignal_ >= kSignalEvery) signaled = true;
-  if (signaled) {
-    wr.send_flags = IBV_SEND_SIGNALED;
-    sinceSignal_ = 0;
-  }
-  wr.wr.rdma.remote_addr = remote_.ringAddr + remoteOff;
-  wr.wr.rdma.rkey = remote_.rkey;
-  if (int rc = ibv_post_send(qp_, &wr, &bad)) fail(std::string("posting an RDMA write failed: ") + strerror(rc));
-}
-
-[[noreturn]] void VerbsConnection::fail(const std::string& why) {
-  if (error_.empty())
-    error_ = "RDMA connection " + dev_->name() + ":" + std::to_string(dev_->port()) + " -> " + peer_ + " (" +
-             remote_.dev + ", qp " + std::to_string(qp_ ? qp_->qp_num : 0) + " -> " + std::to_string(remote_.qpn) +
-             "): " + why;
-  Error e(ErrorCode::kPeerFailure, error_);
-  throw e;
-}
-
-void VerbsConnection::handle(const ibv_wc& wc) {
-  if (wc.status != IBV_WC_SUCCESS) {
-    if (wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == kRecvTag)
-      fail("the queue pair entered the error state (" + std::string(hintFor(wc.status)) + ")");
-    fail(std::string(wc.wr_id == kRecvTag ? "a receive" : "an RDMA write") + " completed with error: " +
-         ibv_->wcStatusStr(wc.status) + " (status " + std::to_string(static_cast<int>(wc.status)) + ", vendor error " +
-         std::to_string(wc.vendor_err) + "): " + hintFor(wc.status));
-  }
-  if (wc.wr_id != kRecvTag) {  // a signalled write: every request up to it is done
-    sqDone_ = std::max<uint64_t>(sqDone_, wc.wr_id);
-    probing_ = false;
-    return;
-  }
-  uint32_t imm = ntohl(wc.imm_data);
-  uint32_t count = imm & kCountMask;
-  switch (imm >> kKindShift) {
-    case kData:
-      written_ += count;
-      ++polledMsgs_;
-      break;
-    case kCreditBytes:
-      peerConsumed_ += count;
-      break;
-    case kCreditMsgs:
-      peerPolledMsgs_ += count;
-      break;
-    case kNotice:
-      if (count == kNoticeFailed) peerFailed_ = true;
-      break;
-  }
-  postRecvs(1);
-}
-
-void VerbsConnection::progressCq() {
-  if (!error_.empty()) fail(error_);
-  if (peerFailed_) fail("the peer reported a failure of its own and stopped");
-  ibv_wc wcs[32];
-  while (true) {
-    int n = ibv_poll_cq(cq_, 32, wcs);
-    if (n < 0) fail("polling the completion queue failed");
-    for (int i = 0; i < n; ++i) handle(wcs[i]);
-    if (n > 0) {
-      eventDue_ = eventDue_ || armed_;  // armed, a new completion raises an event
-      continue;
-    }
-    // Only an event raised since arming needs reading (it leaves the fd readable until then),
-    // so a busy stream and an idle wait cost no read() here.
-    if (armed_ && eventDue_) {
-      ibv_cq* cq = nullptr;
-      void* ctx = nullptr;
-      while (ibv_->getCqEvent(channel_, &cq, &ctx) == 0) {
-        ++unacked_;
-        armed_ = eventDue_ = false;
-      }
-      if (unacked_ >= 64) {
-        ibv_->ackCqEvents(cq_, unacked_);
-        unacked_ = 0;
-      }
-    }
-    if (armed_) break;
-    // Arm, then look once more: a completion between the last poll and the arming raises no event.
-    if (ibv_req_notify_cq(cq_, 0) != 0) fail("arming the completion queue failed");
-    armed_ = true;
-  }
-  if (peerFailed_) fail("the peer reported a failure of its own and stopped");
-  maybeCredit();
-}
-
-void VerbsConnection::maybeCredit() {
-  auto room = [&] { return sqPosted_ - sqDone_ < static_cast<uint64_t>(kSendDepth + kCtrlReserve / 2); };
-  uint64_t bytes = read_ - credited_;
-  if (bytes > 0 && bytes >= ring_ / 4 && room()) {
-    uint32_t k = static_cast<uint32_t>(std::min<uint64_t>(bytes, kCountMask));
-    post(0, 0, 0, (kCreditBytes << kKindShift) | k, true, false);
-    credited_ += k;
-  }
-  uint64_t msgs = polledMsgs_ - creditedMsgs_;
-  if (msgs > 0 && msgs >= kMaxDataMsgs / 4 && room()) {
-    post(0, 0, 0, (kCreditMsgs << kKindShift) | static_cast<uint32_t>(msgs), true, false);
-    creditedMsgs_ += msgs;
-  }
-}
-
-size_t VerbsConnection::sendRoom() const {
-  if (sentMsgs_ - peerPolledMsgs_ >= kMaxDataMsgs) return 0;
-  if (sqPosted_ - sqDone_ >= static_cast<uint64_t>(kSendDepth)) return 0;
-  return ring_ - static_cast<size_t>(sent_ - peerConsumed_);
-}
-
-size_t VerbsConnection::send(const void* p, size_t n) {
-  progressCq();
-  const char* src = static_cast<const char*>(p);
-  size_t total = 0;
-  while (total < n) {
-    size_t room = sendRoom();
-    if (room == 0) break;
-    size_t off = static_cast<size_t>(sent_ % ring_);
-    size_t k = std::min({n - total, room, ring_ - off, kMaxChunk});
-    copyBytes(mem_ + ring_ + off, src + total, k);
-    post(off, k, off, (kData << kKindShift) | static_cast<uint32_t>(k), true, false);
-    sent_ += k;
-    ++sentMsgs_;
-    total += k;
-  }
-  return total;
-}
-
-std::pair<const void*, size_t> VerbsConnection::peek() {
-  progressCq();
-  size_t off = static_cast<size_t>(read_ % ring_);
-  size_t avail = static_cast<size_t>(written_ - read_);
-  return {mem_ + off, std::min(avail, ring_ - off)};
-}
-
-void VerbsConnection::consume(size_t n) {
-  read_ += n;
-  maybeCredit();
-}
-
-bool VerbsConnection::canSend() {
-  progressCq();
-  return sendRoom() > 0;
-}
-
-int VerbsConnection::pollFd() const { return channel_->fd; }
-
-std::string VerbsConnection::describe() const {
-  return "verbs " + dev_->name() + ":" + std::to_string(dev_->port()) + (dev_->netdev().empty() ? "" : "/" + dev_->netdev()) +
-         " -> " + remote_.dev + " qp " + std::to_string(qp_->qp_num);
-}
-
-void VerbsConnection::checkAlive() {
-  std::string why = dev_->broken(qp_->qp_num);
-  if (!why.empty()) fail(why);
-  progressCq();
-  // A peer process that died leaves nothing to see until something is sent to it: a signalled
-  // empty write a second is acknowledged by a live peer's NIC and fails with "retry exceeded"
-  // (after RAILCC_IB_TIMEOUT x RAILCC_IB_RETRY_CNT) once nobody answers.
-  auto now = std::chrono::steady_clock::now();
-  if (connected_ && !probing_ && now - lastProbe_ > std::chrono::seconds(1) &&
-      sqPosted_ - sqDone_ < static_cast<uint64_t>(kSendDepth)) {
-    post(0, 0, 0, 0, false, true);
-    probing_ = true;
-    lastProbe_ = now;
-  }
-}
-
-void VerbsConnection::markFailed() {
-  // Best effort, from any thread: tell the peer so it fails at once instead of at its timeout.
-  if (!connected_ || !error_.empty() || qp_ == nullptr) return;
-  ibv_send_wr wr{};
-  ibv_send_wr* bad = nullptr;
-  wr.wr_id = 0;
-  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-  wr.imm_data = htonl((kNotice << kKindShift) | kNoticeFailed);
-  wr.wr.rdma.remote_addr = remote_.ringAddr;
-  wr.wr.rdma.rkey = remote_.rkey;
-  (void)ibv_post_send(qp_, &wr, &bad);
-}
+std::unique_ptr<railcc::transport::Transport> makeTransport() { return std::make_unique<VerbsTransport>(); }
 
 }  // namespace railcc::transport::verbs

@@ -1,0 +1,218 @@
+#pragma once
+// The channel layer: one group's connections to its peers (lane x peer x channel) and the
+// transfers that move over them. An algorithm describes a step as Transfers (sendTo, recvFrom,
+// recvReduce), hands them to post()/complete() (or exchange(), both at once), and the layer
+// moves them: headers checked against the op's fingerprint, large messages split across a
+// pair's channels, receive-reduce in pieces, waiting by spin, poll() or the local doorbell,
+// with the op's timeout and the peers' liveness checked while it waits.
+//
+// Threads: everything here runs with the engine token held (the progress thread, or a caller
+// running its own op), except wake(), markFailed() and close(), which any thread may call:
+// connMu_ guards the connections and the local domain against them.
+
+#include <poll.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/config.h"
+#include "engine/telemetry.h"
+#include "engine/wire.h"
+#include "transport/connection.h"
+#include "transport/local.h"
+
+namespace railcc::engine {
+
+// One connection to a peer on one lane, with the transfers queued on it (in posting order,
+// which both sides share) and the header being read.
+struct Channel {
+  std::unique_ptr<transport::Connection> conn;
+  std::deque<Transfer*> sendq, recvq;
+  WireHeader inHdr{};
+  size_t inHdrGot = 0;
+  char carry[8];  // a partial element split by a socket read
+  size_t carryGot = 0;
+};
+
+// What the channel layer asks of the engine around it while a step waits.
+class ChannelHost {
+ public:
+  /// Moves the work beside the step (send/recv on the p2p lane, newly queued ops); bytes moved.
+  virtual size_t pumpBeside() = 0;
+  /// Throws when the group was aborted, or failed by another group of this rank.
+  virtual void checkInterrupted() = 0;
+  /// The process group is shutting down: ops that stop moving fail instead of waiting.
+  virtual bool shuttingDown() const = 0;
+  /// Ops are queued that the progress thread has not taken yet: stop waiting, go take them.
+  virtual bool opsQueued() const = 0;
+  /// Fails the group naming `peer`, which a connection found dead.
+  [[noreturn]] virtual void peerFailed(int peer, const std::string& detail) = 0;
+  /// Fails the op that moved nothing for `timeout`, naming the transfers it waits on.
+  [[noreturn]] virtual void stalled(const std::vector<Transfer*>& pending, Millis timeout) = 0;
+  /// "rank G (group rank r)", and with host and transport, for messages.
+  virtual std::string rankName(int r) const = 0;
+  virtual std::string peerName(int r) const = 0;
+  virtual const std::string& hostOf(int r) const = 0;
+
+ protected:
+  ~ChannelHost() = default;
+};
+
+class Channels {
+ public:
+  Channels(ChannelHost& host, const Config& config, Telemetry& tele, int rank, int size);
+  ~Channels();
+  Channels(const Channels&) = delete;
+  Channels& operator=(const Channels&) = delete;
+
+  // ---- set-up (bootstrap)
+  std::vector<Channel>& pair(int lane, int peer) { return chans_[static_cast<size_t>(lane)][static_cast<size_t>(peer)]; }
+  Channel& chan(int lane, int peer, int c = 0) { return pair(lane, peer)[static_cast<size_t>(c)]; }
+  void setLocal(std::shared_ptr<transport::LocalDomain> d) {
+    std::lock_guard<std::mutex> g(connMu_);
+    local_ = std::move(d);
+  }
+  /// Per peer: reached through shared memory (cache-bypassing receives, doorbell waits).
+  void setShmPeers(std::vector<bool> shm, std::vector<int> localRanks, size_t streamMin, int64_t busyUs);
+
+  // ---- the op being run
+  void begin(const OpStamp* op);
+  void end() { op_ = nullptr; }
+  const OpStamp* current() const { return op_; }
+  /// Per peer: the start time stamped in its first message of the current op (0: none yet).
+  std::vector<int64_t>& arrivals() { return arrivals_; }
+  /// The peers of the transfers that were unfinished when a step failed.
+  const std::vector<int>& waitingOn() const { return waitingOn_; }
+
+  // ---- building a step
+  Transfer sendTo(int peer, const void* p, size_t bytes) const {
+    Transfer t;
+    t.kind = Transfer::kSend;
+    t.peer = peer;
+    t.src = static_cast<const char*>(p);
+    t.bytes = bytes;
+    t.hdr = op_->fp;
+    t.hdr.bytes = bytes;
+    return t;
+  }
+  Transfer recvFrom(int peer, void* p, size_t bytes) const {
+    Transfer t = sendTo(peer, nullptr, bytes);
+    t.kind = Transfer::kRecv;
+    t.dst = static_cast<char*>(p);
+    t.bypassCache = bytes >= streamMin_ && shmPeer(peer);
+    return t;
+  }
+  Transfer recvReduce(int peer, void* p, size_t count, DataType dt, ReduceOp op, double scale) const {
+    Transfer t = recvFrom(peer, p, count * dtypeSize(dt));
+    t.kind = Transfer::kRecvReduce;
+    t.dtype = dt;
+    t.op = op;
+    t.scale = scale;
+    return t;
+  }
+  bool shmPeer(int peer) const { return shmPeer_[static_cast<size_t>(peer)]; }
+  // Receives of at least streamMin bytes from shared memory write around the cache: the
+  // local ranks' results together no longer fit in the last-level cache. An op that writes
+  // `total` bytes in pieces (all-gather, all-to-all) does the same for its pieces of at least
+  // kStreamPiece once `total` reaches it (several pieces together fill the cache as one does).
+  static constexpr size_t kStreamPiece = 1u << 20;
+  size_t streamMin() const { return streamMin_; }
+  bool streamPiece(size_t total, size_t piece) const {
+    return piece >= streamMin_ || (total >= streamMin_ && piece >= kStreamPiece);
+  }
+  void streamPieces(std::vector<Transfer>& xs, size_t total) const {
+    for (Transfer& t : xs)
+      if (t.kind == Transfer::kRecv && shmPeer(t.peer)) t.bypassCache = streamPiece(total, t.bytes);
+  }
+
+  // ---- running a step (collective lane)
+  /// Queues the transfers on the collective lane; anything that progresses those channels
+  /// moves them from then on.
+  void post(std::vector<Transfer>& xs);
+  /// Drives posted transfers to their end, keeping the work beside them moving.
+  void complete(std::vector<Transfer>& xs);
+  void exchange(std::vector<Transfer>& xs) {
+    post(xs);
+    complete(xs);
+  }
+  /// Moves what is queued on the pair's channels as far as they allow; bytes moved.
+  size_t progress(int lane, int peer);
+  /// Reads the next header on `ch` (any-source receives look at it before matching).
+  bool readHeader(Channel& ch, size_t& moved);
+  /// Waits until one of the (lane, peer) channels in `waitOn` may move, `alsoReady` holds,
+  /// or an op is queued; fails the op after `timeout` without progress, and a peer found dead.
+  void idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeout, const char* what,
+            const std::function<bool()>& alsoReady = {});
+  /// Something moved: the op's timeout counts from now.
+  void touch() { lastProgress_ = Clock::now(); }
+  Clock::time_point lastProgress() const { return lastProgress_; }
+
+  // ---- any thread
+  /// Wakes the engine thread wherever it waits (doorbell or poll()); with `ifSleeping`, only
+  /// when it said it was going to sleep.
+  void wake(bool ifSleeping = false);
+  /// Every connection and the local domain told that this rank failed (its peers see it).
+  void markFailed();
+  /// Frees every connection and the local domain (teardown).
+  void close();
+  /// After a failure the streams are out of step: forget every queued transfer.
+  void clear();
+
+  // ---- engine thread
+  transport::LocalDomain* local() const { return local_.get(); }
+  int localIndex(int r) const {
+    return static_cast<int>(std::find(localRanks_.begin(), localRanks_.end(), r) - localRanks_.begin());
+  }
+  /// How long a wait on these peers spins in place before it yields: the spin budget when
+  /// this host has a CPU per rank, none where a peer waited on last ran on this thread's CPU
+  /// (the scheduler put both on one CPU; spinning would only keep that peer from running).
+  int64_t busyFor(const std::vector<std::pair<int, int>>& waitOn);
+
+ private:
+  size_t progressPair(Channel& ch, int lane, int peer);
+  size_t progressSend(Channel& ch, Transfer& t);
+  size_t progressRecv(Channel& ch, Transfer& t);
+  bool recvWhole(Channel& ch, Transfer& t, int lane, int peer, size_t& moved);
+  void acceptHeader(Channel& ch, Transfer& t, int lane, int peer);
+  void checkHeader(const Transfer& t, const WireHeader& h, int peer);
+  static void refreshSplit(Transfer& t);
+  // Messages up to this size travel as one write of header, payload and padding.
+  static constexpr size_t kInlineBytes = 512;
+  // Times transfers big enough to say something about the link's throughput: below a few
+  // hundred KiB a transfer's time is mostly wake-up latency, not the link.
+  static bool sampled(const Transfer& t) { return t.bytes >= (256u << 10); }
+  void sampleLink(const Transfer& t, bool send);
+
+  ChannelHost& host_;
+  const Config& config_;
+  Telemetry& tele_;
+  const int rank_, size_;
+  std::mutex connMu_;  // guards chans_' connections and local_ against wake/markFailed/close
+  std::vector<std::vector<std::vector<Channel>>> chans_;  // [lane][peer][channel]
+  std::shared_ptr<transport::LocalDomain> local_;         // same-host rings and doorbells
+  std::vector<bool> shmPeer_;
+  std::vector<int> localRanks_;
+  size_t streamMin_ = ~size_t(0);
+  int64_t busyUs_ = 0;
+  // Wakes an engine thread asleep in poll(); `sleeping_` says it is about to.
+  int wakeFd_ = -1;
+  std::atomic<bool> sleeping_{false};
+  // The op being run (engine thread only, like everything below).
+  const OpStamp* op_ = nullptr;
+  std::vector<int64_t> arrivals_;
+  std::vector<int> waitingOn_;
+  Clock::time_point lastProgress_{}, lastAliveCheck_{};
+  // Kept between steps, so that a warm step allocates nothing.
+  std::vector<std::pair<int, int>> completeChans_, completeWaitOn_;
+  std::vector<std::array<uint64_t, 3>> byteRows_;
+};
+
+}  // namespace railcc::engine

@@ -1,0 +1,63 @@
+#pragma once
+// What the device layer of one group keeps between ops: the CUDA IPC pools and events, the
+// pinned staging chunks and their events and stream, and the GPU work the watchdog watches.
+// Touched by the engine thread only (the token holder that set the device), except the GPU
+// work list, which gpuMu guards against the watchdog thread.
+
+#include <array>
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <vector>
+
+#include "engine/wire.h"
+
+namespace railcc::engine {
+
+// CUDA IPC (every rank on this host): each rank owns a device pool of two slots, each an
+// input chunk and a reduced chunk, mapped by every peer, and three interprocess events. GPU
+// work of different ranks is ordered only by those events and by zero-byte host messages
+// (syncRound), never by a kernel waiting on another process's memory, so ranks that share
+// one GPU cannot deadlock on it.
+enum IpcEvent { kIpcIn, kIpcRed, kIpcDone, kIpcEvents };
+struct IpcState {
+  int device = -1;
+  bool failed = false;
+  size_t chunk = 0;                               // bytes of each of the four pool buffers
+  std::vector<char*> pool;                        // [rank]: that rank's pool as mapped here
+  std::vector<std::array<void*, kIpcEvents>> ev;  // [rank]: its events as opened here
+};
+
+// The GPU work of an op that completed once queued (engine/device/gpu_watch.cpp): the
+// watchdog thread fails the group, naming the op and its stream, when the oldest entry is
+// not done within the op's timeout.
+struct GpuWork {
+  uint64_t seq;
+  OpKind kind;
+  const char* what;  // "the CUDA IPC all-reduce"
+  int device;
+  void* stream;
+  void* event;  // recorded on `stream` after the op's GPU work
+  Clock::time_point queued;
+  Millis timeout;
+};
+
+struct DeviceState {
+  IpcState ipc;
+  // Pinned staging (device/staging.cpp): two sets of chunks, their events, and a stream of
+  // our own for ops that name none, all on device `devOf`.
+  char* stage = nullptr;
+  size_t stageCap = 0;
+  void* stageEv[2] = {nullptr, nullptr};
+  void* ownStream = nullptr;
+  int devOf = -1;
+  void* lastStream = nullptr;  // the stream of the last device op: drained before teardown
+  // GPU work in flight, oldest first, and the events of finished entries for reuse; gpuMu
+  // guards both (the engine adds, the watchdog checks).
+  std::mutex gpuMu;
+  std::deque<GpuWork> gpuWork;
+  std::vector<void*> gpuEvents;
+  std::atomic<bool> gpuWatched{false};  // some GPU work was ever watched: the watchdog wakes every second
+};
+
+}  // namespace railcc::engine
