@@ -16,7 +16,7 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "topology/topology.h"
-#include "transport/shm/shm_transport.h"
+#include "transport/shm/shm_segment.h"
 #include "transport/socket/socket_transport.h"
 #include "transport/verbs/verbs_rules.h"
 

@@ -4,10 +4,10 @@
 #include <mutex>
 
 #include "transport/transport.h"
-#include "transport/shm/shm_transport.h"
+#include "transport/shm/shm_segment.h"
 #include "transport/socket/socket_transport.h"
 #ifdef RAILCC_HAVE_VERBS
-#include "transport/verbs/verbs_transport.h"
+#include "transport/verbs/verbs_connection.h"
 #endif
 
 namespace railcc::transport {

@@ -13,7 +13,7 @@
 
 #include "common/error.h"
 #include "common/types.h"
-#include "transport/shm/shm_transport.h"
+#include "transport/shm/shm_segment.h"
 #include "common/crypto.h"
 #include "transport/socket/rendezvous.h"
 #include "transport/socket/socket_transport.h"

@@ -11,7 +11,7 @@
 #include "collective_checks.h"
 #include "common/error.h"
 #include "ranks.h"
-#include "transport/verbs/verbs_transport.h"
+#include "transport/verbs/verbs_connection.h"
 
 using namespace railcc;
 using namespace railcc::engine;

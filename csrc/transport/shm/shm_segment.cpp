@@ -1,4 +1,4 @@
-#include "transport/shm/shm_transport.h"
+#include "transport/shm/shm_segment.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -27,100 +27,11 @@ namespace shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x7261696c63637368ull;  // "railccsh"
-// Bytes moved per FIFO update. Publishing in pieces lets the consumer copy out while the
-// producer is still copying in; one 4 MiB memcpy per update made the two take turns.
-constexpr size_t kPiece = 256u << 10;
-
 size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace
 
 
-namespace {
-
-class ShmConnection : public Connection {
- public:
-  ShmConnection(FifoHeader* out, char* outData, SegmentHeader* peerHdr, FifoHeader* in, char* inData, size_t cap,
-                const Segment* peerSeg)
-      : out_(out), outData_(outData), peerHdr_(peerHdr), in_(in), inData_(inData), cap_(cap), peerSeg_(peerSeg) {}
-
-  size_t send(const void* p, size_t n) override {
-    uint64_t tail = out_->tail.load(std::memory_order_relaxed);
-    uint64_t head = out_->head.load(std::memory_order_acquire);
-    size_t space = cap_ - static_cast<size_t>(tail - head);
-    size_t k = std::min({n, space, kPiece});
-    if (k == 0) return 0;
-    size_t off = static_cast<size_t>(tail % cap_);
-    size_t first = k < cap_ - off ? k : cap_ - off;
-    copyBytes(outData_ + off, p, first);
-    if (k > first) copyBytes(outData_, static_cast<const char*>(p) + first, k - first);
-    out_->tail.store(tail + k, std::memory_order_seq_cst);
-    wake(&peerHdr_->door);
-    return k;
-  }
-
-  bool canSend() override {
-    uint64_t tail = out_->tail.load(std::memory_order_relaxed);
-    uint64_t head = out_->head.load(std::memory_order_seq_cst);
-    return tail - head < cap_;
-  }
-
-  std::pair<const void*, size_t> peek() override {
-    uint64_t head = in_->head.load(std::memory_order_relaxed);
-    uint64_t tail = in_->tail.load(std::memory_order_acquire);
-    size_t avail = static_cast<size_t>(tail - head);
-    size_t off = static_cast<size_t>(head % cap_);
-    size_t k = avail < cap_ - off ? avail : cap_ - off;
-    return {inData_ + off, k};
-  }
-
-  void consume(size_t n) override {
-    uint64_t head = in_->head.load(std::memory_order_relaxed);
-    in_->head.store(head + n, std::memory_order_seq_cst);
-    // The producer may be asleep waiting for space.
-    wake(&peerHdr_->door);
-  }
-
-  size_t recv(void* p, size_t n) override {
-    size_t got = 0;
-    while (got < n) {
-      auto [src, avail] = peek();
-      size_t k = std::min({avail, n - got, kPiece});
-      if (k == 0) break;
-      copyBytes(static_cast<char*>(p) + got, src, k);
-      consume(k);
-      got += k;
-    }
-    return got;
-  }
-
-  std::string describe() const override { return "shm"; }
-
-  bool peerReportedFailure() override { return peerHdr_->failed.load(std::memory_order_relaxed) != 0; }
-
-  void checkAlive() override {
-    if (peerHdr_->failed.load())
-      RAILCC_THROW(kPeerFailure, "it reported a failure of its own");
-    // Where the peer's pid is ours to read, it decides (a peer that only destroyed this group
-    // frees its segment but lives on, and one whose forked child inherited the lock is still
-    // gone). From another pid namespace its pid means nothing: its lock goes when it dies.
-    if (samePidNamespace_ ? processGone(peerHdr_->pid) : !peerSeg_->ownerAlive())
-      RAILCC_THROW(kPeerFailure, "its process ", peerHdr_->pid, " on this host exited");
-  }
-
- private:
-  FifoHeader* out_;
-  char* outData_;
-  SegmentHeader* peerHdr_;
-  FifoHeader* in_;
-  char* inData_;
-  size_t cap_;
-  const Segment* peerSeg_;
- public:
-  bool samePidNamespace_ = false;
-};
-
-}  // namespace
 
 Segment::Segment(const std::string& name, size_t bytes) : name_(name), size_(bytes), owner_(true) {
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
@@ -291,11 +202,8 @@ std::unique_ptr<Connection> Domain::connect(int myIndex, int peerIndex, int lane
   auto at = [&](Segment* s, int idx) { return s->data() + hdr + static_cast<size_t>(idx) * slot; };
   char* out = at(peer, myIndex * nlanes + lane);
   char* in = at(own_.get(), peerIndex * nlanes + lane);
-  auto conn = std::make_unique<ShmConnection>(
-      reinterpret_cast<FifoHeader*>(out), out + ringHdr, reinterpret_cast<SegmentHeader*>(peer->data()),
-      reinterpret_cast<FifoHeader*>(in), in + ringHdr, fifoBytes_, peer);
-  conn->samePidNamespace_ = samePidNamespace;
-  return conn;
+  return fifoConnection(reinterpret_cast<FifoHeader*>(out), out + ringHdr, reinterpret_cast<SegmentHeader*>(peer->data()),
+                        reinterpret_cast<FifoHeader*>(in), in + ringHdr, fifoBytes_, peer, samePidNamespace);
 }
 
 

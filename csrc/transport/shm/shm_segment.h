@@ -123,7 +123,12 @@ class Domain : public LocalDomain {
   std::vector<std::unique_ptr<Segment>> peers_;
 };
 
-/// The shared-memory transport for the registry (shm_setup.cpp).
+/// The shared-memory transport for the registry (shm_transport.cpp).
 std::unique_ptr<railcc::transport::Transport> makeTransport();
+
+/// The Connection over one FIFO pair (shm_connection.cpp): `out` in the peer's segment,
+/// `in` in ours, each with `cap` bytes of data after its header.
+std::unique_ptr<Connection> fifoConnection(FifoHeader* out, char* outData, SegmentHeader* peerHdr, FifoHeader* in,
+                                           char* inData, size_t cap, const Segment* peerSeg, bool samePidNamespace);
 
 }  // namespace railcc::transport::shm

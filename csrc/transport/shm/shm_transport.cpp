@@ -9,7 +9,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "transport/transport.h"
-#include "transport/shm/shm_transport.h"
+#include "transport/shm/shm_segment.h"
 
 namespace railcc::transport::shm {
 namespace {

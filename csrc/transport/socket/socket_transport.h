@@ -68,7 +68,7 @@ class Listener {
   sockaddr_in addr_{};
 };
 
-/// The socket transport for the registry (socket_setup.cpp).
+/// The socket transport for the registry (socket_transport.cpp).
 std::unique_ptr<railcc::transport::Transport> makeTransport();
 
 /// Wraps a connected, handshaken fd. `stagingBytes` bounds the buffer peek() reads into.

@@ -1,4 +1,4 @@
-#include "transport/verbs/verbs_transport.h"
+#include "transport/verbs/verbs_connection.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -117,7 +117,7 @@ class VerbsConnection : public Connection {
   std::string error_;
 };
 
-/// The verbs transport for the registry (verbs_setup.cpp).
+/// The verbs transport for the registry (verbs_transport.cpp).
 std::unique_ptr<railcc::transport::Transport> makeTransport();
 
 }  // namespace railcc::transport::verbs

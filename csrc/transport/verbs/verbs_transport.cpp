@@ -18,7 +18,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/strings.h"
-#include "transport/verbs/verbs_transport.h"
+#include "transport/verbs/verbs_connection.h"
 
 namespace railcc::transport::verbs {
 

@@ -11,9 +11,9 @@ host trees and fails on any difference. Change a rule in the C++ first, then her
     parse_path           csrc/topology/topology.cpp         parsePath
     decide_gdr           csrc/transport/verbs/verbs_rules.cpp decideGdr
     pick_gid             csrc/transport/verbs/verbs_rules.cpp pickGid
-    match_spec           csrc/transport/socket/socket_transport.cpp matchSpec
-    choose_interfaces    csrc/transport/socket/socket_transport.cpp chooseInterfaces
-    shm_segment_bytes    csrc/transport/shm/shm_transport.cpp Domain::segmentBytes
+    match_spec           csrc/transport/socket/interfaces.cpp matchSpec
+    choose_interfaces    csrc/transport/socket/interfaces.cpp chooseInterfaces
+    shm_segment_bytes    csrc/transport/shm/shm_segment.cpp Domain::segmentBytes
     verbs_ring_bytes     csrc/transport/verbs/verbs_rules.cpp ringBytes
     verbs_connection_bytes csrc/transport/verbs/verbs_rules.cpp connectionPinnedBytes
 """
