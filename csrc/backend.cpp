@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstring>
 #include <sstream>
+#include <thread>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -73,12 +74,25 @@ class C10dStore : public engine::Store {
       RAILCC_THROW(kPeerFailure, "the c10d store is unreachable: ", firstLine(e));
     }
   }
+  // Waits for `k` by asking whether it exists, napping between asks (0.1 ms doubling to 10 ms),
+  // never by a c10d wait that can expire: an expired TCPStore wait prints a warning and formats
+  // the socket's address with getnameinfo, a reverse DNS lookup that blocks for the resolver's
+  // timeout (5 s) where DNS is slow or unreachable, and every rank waiting on this one with it.
   std::string get(const std::string& k, Millis timeout) override {
+    auto until = std::chrono::steady_clock::now() + timeout;
+    auto nap = std::chrono::microseconds(100);
     try {
-      s_->wait({k}, timeout);
+      while (!checkKey(k)) {
+        auto now = std::chrono::steady_clock::now();
+        if (now >= until) RAILCC_THROW(kTimeout, "store key '", k, "' did not appear within ", timeout.count(), " ms");
+        std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(nap, until - now));
+        nap = std::min(nap * 2, std::chrono::microseconds(10000));
+      }
     } catch (const c10::DistNetworkError& e) {
       lost_.store(true);
       RAILCC_THROW(kPeerFailure, "the c10d store is unreachable: ", firstLine(e));
+    } catch (const railcc::Error&) {
+      throw;
     } catch (const std::exception& e) {
       RAILCC_THROW(kTimeout, "store key '", k, "' did not appear within ", timeout.count(), " ms (", firstLine(e), ")");
     }
@@ -89,9 +103,32 @@ class C10dStore : public engine::Store {
   bool lost() override { return lost_.load() || (watch_ && watch_->gone()); }
 
  private:
+  // Whether `k` exists. A store without check() (a Python store may lack it) is asked with a
+  // short wait instead, as before.
+  bool checkKey(const std::string& k) {
+    if (!noCheck_) {
+      try {
+        return s_->check({k});
+      } catch (const c10::DistNetworkError&) {
+        throw;
+      } catch (const std::exception&) {
+        noCheck_ = true;
+      }
+    }
+    try {
+      s_->wait({k}, Millis(10));
+      return true;
+    } catch (const c10::DistNetworkError&) {
+      throw;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+
   c10::intrusive_ptr<c10d::Store> s_;
   std::shared_ptr<engine::StoreWatch> watch_;
   std::atomic<bool> lost_{false};
+  std::atomic<bool> noCheck_{false};
 };
 
 // ------------------------------------------------------------------ argument checks

@@ -1,9 +1,10 @@
 """One rank of a railcc job, for tests that drive set-up from outside the rank (strangers on the
 port, other pid namespaces, failed inits):
 
-    python init_worker.py RANK WORLD STORE_FILE [--ops N] [--hold S]
+    python init_worker.py RANK WORLD STORE [--ops N] [--hold S] [--delay S]
 
-It joins over a FileStore, runs N all_reduces checked against the expected sum, optionally
+It joins over a FileStore (STORE a file) or a TCPStore (STORE "tcp:PORT" on 127.0.0.1, rank 0
+its server) after waiting `--delay` seconds, runs N all_reduces checked against the expected sum, optionally
 waits S seconds, destroys the group and prints one JSON line: {"rank", "ok", "init_s",
 "error"}. Exit status 0 when ok."""
 
@@ -20,6 +21,7 @@ def main():
     p.add_argument("store")
     p.add_argument("--ops", type=int, default=3)
     p.add_argument("--hold", type=float, default=0.0)
+    p.add_argument("--delay", type=float, default=0.0)
     a = p.parse_args()
     import torch
     import torch.distributed as dist
@@ -29,7 +31,14 @@ def main():
     out = {"rank": a.rank, "ok": False}
     t0 = time.monotonic()
     try:
-        dist.init_process_group("railcc", store=dist.FileStore(a.store, a.world), rank=a.rank, world_size=a.world)
+        if a.store.startswith("tcp:"):
+            store = dist.TCPStore("127.0.0.1", int(a.store[4:]), a.world, is_master=a.rank == 0,
+                                  timeout=__import__("datetime").timedelta(seconds=60))
+        else:
+            store = dist.FileStore(a.store, a.world)
+        time.sleep(a.delay)
+        t0 = time.monotonic()
+        dist.init_process_group("railcc", store=store, rank=a.rank, world_size=a.world)
         out["init_s"] = time.monotonic() - t0
         for i in range(a.ops):
             t = torch.full((1000 + i,), float(a.rank + 1))
