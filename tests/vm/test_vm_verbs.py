@@ -4,38 +4,19 @@ exceeded', every collective at 2 and 3 ranks with 1 and 2 queue pairs over two r
 a GID index the port lacks, an interface taken down under a connection) and real torch
 process groups (verbs_job.py): every collective, dtype and reduce op of the foundation tests
 at 2 and 3 ranks, bit-exact against torch, a peer killed in the middle of an all_reduce, and
-the GPUDirect decisions under a topology file."""
+the GPUDirect decisions under a topology file. The boot itself is the `vm` fixture
+(conftest.py), which test_vm_doctor.py shares."""
 
 import glob
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from vm import run_in_vm, vm_available
+from vm import vm_available
 
 _OK, _WHY = vm_available()
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-BUILD = os.path.join(ROOT, "build", "cpp")
 pytestmark = [pytest.mark.rdma, pytest.mark.timeout(1200), pytest.mark.skipif(not _OK, reason=f"no Soft-RoCE VM: {_WHY}")]
-
-
-@pytest.fixture(scope="module")
-def vm(tmp_path_factory):
-    # The GoogleTest binary, built as tests/python/test_cpp_engine.py builds it (a no-op then).
-    subprocess.run(["cmake", "-S", ROOT, "-B", BUILD, "-G", "Ninja", "-DRAILCC_BUILD_PYTHON=OFF", "-DRAILCC_BUILD_TESTS=ON"],
-                   check=True, timeout=300, capture_output=True)
-    subprocess.run(["cmake", "--build", BUILD, "--target", "railcc_tests"], check=True, timeout=1200, capture_output=True)
-    script = (f"cd /tmp; {BUILD}/railcc_tests --gtest_filter='*Verbs*' > $OUT/gtest.txt 2>&1; echo $? > $OUT/gtest.rc; "
-              f"{sys.executable} {ROOT}/tests/vm/verbs_job.py $OUT > $OUT/job.txt 2>&1; echo $? > $OUT/job.rc; "
-              # Last, as it takes a link down and up again.
-              f"RAILCC_VM_TEST=1 {BUILD}/railcc_tests --gtest_filter='*PortGoingDown*' > $OUT/portdown.txt 2>&1; "
-              "echo $? > $OUT/portdown.rc")
-    res = run_in_vm(script, tmp_path_factory.mktemp("verbs"), rails=2, timeout=1100)
-    assert os.path.exists(os.path.join(res.out_dir, "job.rc")), res.log + res.console[-3000:]
-    return res
 
 
 def _read(res, name):

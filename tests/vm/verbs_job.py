@@ -99,3 +99,41 @@ topo = "/tmp/gpu_rxe.xml"
 with open(topo, "w") as f:
     f.write(make_topologies.gpu_rdma_host("railcc-vm", [("rxe0", "vrail0"), ("rxe1", "vrail1")]))
 run("killed", 2, killed_peer, dict(VERBS, RAILCC_IB_TIMEOUT="8", RAILCC_IB_RETRY_CNT="2", RAILCC_TOPO_FILE=topo), 120)
+
+
+# railcc doctor against the same real rxe devices (test_vm_doctor.py reads what it wrote), in
+# a child of this process, which has imported torch already: a process of its own would spend
+# another minute and a half importing it under emulation. NCCL_IB_GID_INDEX=0 forces rxe's
+# link-local index 0, which the doctor must warn about.
+def doctor():
+    pid = os.fork()
+    if pid == 0:
+        rc = 1
+        try:
+            os.environ["NCCL_IB_GID_INDEX"] = "0"
+            fd = os.open(os.path.join(OUT, "doctor.json"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(fd, 1)
+            sys.stdout = os.fdopen(1, "w", closefd=False)
+            from railcc.doctor import main as doctor_main
+            rc = doctor_main(["--json", "--local-ranks", "2", "--world", "4"]) or 0
+            sys.stdout.flush()
+            # Without the variable, the doctor's reader and rule loaded as files of their own (the
+            # Python copy of the rule, no extension) pick an index of the same real table.
+            del os.environ["NCCL_IB_GID_INDEX"]
+            sys.path.insert(0, os.path.join(HERE, "..", "..", "python", "railcc", "doctor"))
+            import system
+            import topology
+            with open(os.path.join(OUT, "auto.txt"), "w") as f:
+                for d in system.System("/").rdma_devices():
+                    g, _ = topology.pick_gid(d.ports[0], {})
+                    print(d.name, g.index, g.ipv4, file=f)
+        except BaseException:  # noqa: BLE001
+            with open(os.path.join(OUT, "doctor.err"), "w") as f:
+                f.write(traceback.format_exc())
+        with open(os.path.join(OUT, "doctor.rc"), "w") as f:
+            f.write(f"{rc}\n")
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+doctor()
