@@ -1,0 +1,105 @@
+"""Tests of the scale harness (scripts/scale_harness.py), end to end at 4 ranks.
+
+The harness is run as a script, as a user runs it, with one rank per fake host (every pair
+of ranks over loopback TCP) and two (shared memory inside a host, TCP between the two): it
+must finish, every rank must report every metric for railcc and for gloo, the JSON must hold
+what the tables were made from, and no rank may outlive the harness. A rank that fails must be
+reported with its error, not hang the harness. No test asserts anything about timings.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+HARNESS = os.path.join(ROOT, "scripts", "scale_harness.py")
+NRANKS = 4
+
+# Every per-rank number the tables show; the harness's own list must not drift from it.
+METRICS = ["init_ms", "private_mib", "rss_mib", "fds", "fds_added", "sockets", "tcp_conns", "store_conns",
+           "tcp_listen", "threads", "ar8_us", "ar1m_ms"]
+COUNTS = ["fds", "sockets", "store_conns", "tcp_listen", "threads"]  # whole numbers, at least 1 or 0
+
+
+def run_harness(args, env=None, timeout=100):
+    """Runs the harness as a script; a hang fails this test instead of the whole CI job."""
+    try:
+        return subprocess.run([sys.executable, HARNESS, *args], capture_output=True, text=True, timeout=timeout,
+                              cwd=ROOT, env=dict(os.environ, **(env or {})))
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the harness did not finish within {timeout}s:\n{e.stdout}\n{e.stderr}")
+
+
+def assert_no_rank_left(doc):
+    # Every rank recorded its pid; the harness reaps its ranks before it exits, so none exists
+    # any more (a leaked rank would be reparented and still answer signal 0).
+    for run in doc["runs"]:
+        for d in run["ranks"]:
+            with pytest.raises(ProcessLookupError):
+                os.kill(d["pid"], 0)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("per_host", [1, 2])
+def test_every_rank_reports_every_metric(tmp_path, per_host):
+    out = tmp_path / "scale.json"
+    proc = run_harness(["-n", str(NRANKS), "--per-host", str(per_host), "--backends", "railcc,gloo",
+                        "--iters", "3", "--timeout", "60", "--json", str(out)])
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert doc["metrics"] == METRICS
+    assert [(r["backend"], r["nranks"], r["per_host"]) for r in doc["runs"]] == [
+        ("railcc", NRANKS, per_host), ("gloo", NRANKS, per_host)]
+    hosts = sorted({f"h{r // per_host}" for r in range(NRANKS)})
+    for run in doc["runs"]:
+        where = f"{run['backend']}, per-host {per_host}"
+        assert run["ok"] and not run["errors"] and not run["problems"] and not run["killed"], (where, run)
+        assert [d["rank"] for d in run["ranks"]] == list(range(NRANKS)), where
+        for d in run["ranks"]:
+            assert d["host"] == f"h{d['rank'] // per_host}", (where, d)
+            missing = [k for k in METRICS if not isinstance(d.get(k), (int, float)) or not math.isfinite(d[k])]
+            assert not missing, (where, d["rank"], missing, d)
+            bad = [k for k in COUNTS if not isinstance(d[k], int) or d[k] < 0]
+            assert not bad, (where, d["rank"], bad, d)
+            # The rank's own store client is open before init and still after it.
+            assert d["store_conns"] >= 1, (where, d)
+        assert sorted(run["shm_per_host"]) == hosts, (where, run["shm_per_host"])
+    # Shared-memory accounting: railcc's ranks of one host map the host's segments (counted once
+    # per host); a rank alone on its host has no peer to share with, and gloo maps none.
+    railcc, gloo = doc["runs"]
+    for host, shm in railcc["shm_per_host"].items():
+        assert (shm["segments"] > 0) == (per_host > 1), (host, shm)
+    assert all(s["segments"] == 0 for s in gloo["shm_per_host"].values()), gloo["shm_per_host"]
+    # One table per backend, then the side-by-side summary with the ratio columns.
+    text = proc.stdout
+    assert f"## {NRANKS} ranks, {per_host} per fake host" in text, text
+    for backend in ("railcc", "gloo"):
+        assert f"### {backend}: ok, {NRANKS}/{NRANKS} ranks measured" in text, text
+    assert "railcc/gloo median" in text and "railcc/gloo max" in text, text
+    assert text.count("| **median** |") == 2 and text.count("| **max** |") == 2, text
+    assert_no_rank_left(doc)
+
+
+@pytest.mark.timeout(120)
+def test_failing_ranks_are_reported_not_waited_for(tmp_path):
+    # A value railcc refuses makes every rank fail in init_process_group: the harness must name
+    # each rank's error, exit non-zero at once (not at its timeout) and leave no rank behind.
+    out = tmp_path / "scale.json"
+    proc = run_harness(["-n", "2", "--backends", "railcc", "--timeout", "60", "--json", str(out)],
+                       env={"RAILCC_BUFFSIZE": "abc"})
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "FAILED: railcc n=2 per-host=1" in proc.stderr, proc.stderr
+    doc = json.loads(out.read_text())
+    (run,) = doc["runs"]
+    assert not run["ok"] and sorted(run["errors"]) == ["0", "1"], run
+    for rank, error in run["errors"].items():
+        assert "RAILCC_BUFFSIZE" in error, error
+        assert f"- rank {rank}: {error}" in proc.stdout, proc.stdout
+    assert "Traceback of rank 0:" in proc.stdout, proc.stdout
+    # Both ranks exited on their own: none was killed, and the job did not run into --timeout.
+    assert not run["killed"] and not run["problems"], run
+    assert_no_rank_left(doc)
