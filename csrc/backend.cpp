@@ -100,15 +100,50 @@ class C10dStore : public engine::Store {
     return std::string(v.begin(), v.end());
   }
   int64_t add(const std::string& k, int64_t d) override { return s_->add(k, d); }
+  // Waits as get() does, asking whether all keys exist at once, then reads them in one
+  // multi_get: two round trips for a whole group's records instead of two per rank.
+  std::vector<std::string> getAll(const std::vector<std::string>& keys, Millis timeout) override {
+    if (keys.empty()) return {};
+    auto until = std::chrono::steady_clock::now() + timeout;
+    auto nap = std::chrono::microseconds(100);
+    std::vector<std::vector<uint8_t>> vals;
+    try {
+      while (!checkKeys(keys)) {
+        auto now = std::chrono::steady_clock::now();
+        if (now >= until) {
+          for (const std::string& k : keys)
+            if (!checkKeys({k}))
+              RAILCC_THROW(kTimeout, "store key '", k, "' did not appear within ", timeout.count(), " ms");
+          break;  // all there now
+        }
+        std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(nap, until - now));
+        nap = std::min(nap * 2, std::chrono::microseconds(10000));
+      }
+      vals = s_->multiGet(keys);
+    } catch (const c10::DistNetworkError& e) {
+      lost_.store(true);
+      RAILCC_THROW(kPeerFailure, "the c10d store is unreachable: ", firstLine(e));
+    } catch (const railcc::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      RAILCC_THROW(kTimeout, "store keys '", keys.front(), "' ... did not appear within ", timeout.count(), " ms (",
+                   firstLine(e), ")");
+    }
+    std::vector<std::string> out;
+    out.reserve(vals.size());
+    for (auto& v : vals) out.emplace_back(v.begin(), v.end());
+    return out;
+  }
   bool lost() override { return lost_.load() || (watch_ && watch_->gone()); }
 
  private:
-  // Whether `k` exists. A store without check() (a Python store may lack it) is asked with a
+  // Whether the keys exist. A store without check() (a Python store may lack it) is asked with a
   // short wait instead, as before.
-  bool checkKey(const std::string& k) {
+  bool checkKey(const std::string& k) { return checkKeys({k}); }
+  bool checkKeys(const std::vector<std::string>& keys) {
     if (!noCheck_) {
       try {
-        return s_->check({k});
+        return s_->check(keys);
       } catch (const c10::DistNetworkError&) {
         throw;
       } catch (const std::exception&) {
@@ -116,7 +151,7 @@ class C10dStore : public engine::Store {
       }
     }
     try {
-      s_->wait({k}, Millis(10));
+      s_->wait(keys, Millis(10));
       return true;
     } catch (const c10::DistNetworkError&) {
       throw;

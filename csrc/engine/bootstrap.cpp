@@ -1,5 +1,8 @@
 #include "engine/comm_impl.h"
 
+#include <dirent.h>
+#include <sys/resource.h>
+
 #include "common/crypto.h"
 
 namespace railcc::engine {
@@ -204,10 +207,40 @@ std::vector<std::string> parsePeerRecord(const std::string& v, const std::string
   return f;
 }
 
+// Said at init, with the number needed, rather than as an EMFILE from deep inside a transport:
+// raises the soft limit of open files where the hard limit allows (logged), else fails.
+void checkFdLimit(size_t conns, const std::string& group) {
+  if (conns == 0) return;
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
+  size_t open = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (readdir(d) != nullptr) ++open;
+    closedir(d);
+  }
+  constexpr size_t kSpare = 64;  // listeners, eventfds, and what torch and the program open later
+  const size_t need = open + conns + kSpare;
+  if (need <= rl.rlim_cur) return;
+  if (rl.rlim_max == RLIM_INFINITY || need <= rl.rlim_max) {
+    rlimit up = rl;
+    up.rlim_cur = rl.rlim_max == RLIM_INFINITY ? static_cast<rlim_t>(2 * need)
+                                                : std::min<rlim_t>(rl.rlim_max, static_cast<rlim_t>(2 * need));
+    if (setrlimit(RLIMIT_NOFILE, &up) == 0) {
+      RAILCC_INFO(INIT, "raised the soft limit of open files (ulimit -n) from ", rl.rlim_cur, " to ", up.rlim_cur,
+                  ": this rank holds ", conns, " connections to ranks on other hosts");
+      return;
+    }
+  }
+  RAILCC_THROW(kInvalidUsage, "railcc init of group '", group, "': this rank needs about ", need,
+               " open files (", conns, " connections to ranks on other hosts, ", open, " files open now, ", kSpare,
+               " to spare) but ulimit -n allows ", rl.rlim_cur, " (hard limit ", rl.rlim_max, "): raise it to at least ",
+               need, " (ulimit -n ", need, " in the job's shell, or LimitNOFILE= for a systemd service)");
+}
+
 }  // namespace
 
 void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::time_point deadline,
-                            const GetFrom& getFrom, const RailPlace& place) {
+                            const GetAll& getAll, const RailPlace& place) {
   const Config& cfg = opts_.config;
   transport::SetupContext ctx;
   ctx.rank = rank_;
@@ -289,10 +322,13 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     std::function<void()>& p;
     ~NoPump() { p = nullptr; }
   } noPump{pump_};
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    auto theirs = parseEndpoints(getFrom("ep/" + std::to_string(r), r, "transport endpoints"),
-                                 "railcc init of group '" + opts_.name + "': " + rankName(r));
+  std::vector<int> others;
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_) others.push_back(r);
+  const std::vector<std::string> eps = getAll("ep/", others, "transport endpoints");
+  for (size_t i = 0; i < others.size(); ++i) {
+    const int r = others[i];
+    auto theirs = parseEndpoints(eps[i], "railcc init of group '" + opts_.name + "': " + rankName(r));
     if (theirs.count("rails")) railLines.push_back(theirs["rails"].second);
     Choice& c = choice[static_cast<size_t>(r)];
     std::string tried;
@@ -326,7 +362,14 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
       err.hosts = {peers_[static_cast<size_t>(r)].hostname};
       throw err;
     }
-    // The lower rank connects, the higher accepts.
+  }
+  size_t fdConns = 0;  // connections that hold a file descriptor: a socket or a verbs completion channel
+  for (int r : others)
+    if (choice[static_cast<size_t>(r)].via->interHost) fdConns += kLanes * static_cast<size_t>(choice[static_cast<size_t>(r)].channels);
+  checkFdLimit(fdConns, opts_.name);
+  // The lower rank connects, the higher accepts.
+  for (int r : others) {
+    Choice& c = choice[static_cast<size_t>(r)];
     for (int lane = 0; lane < kLanes; ++lane)
       for (int ch = 0; ch < c.channels; ++ch) {
         if (r > rank_) c.via->setup->connect(c.rec, lane, ch);
@@ -377,51 +420,17 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   for (auto& o : open) round = round || o.setup->finishAfterPeers();
   if (round) {
     store.set("ready/" + std::to_string(rank_), "1");
+    std::vector<int> waitFor;
     for (int r = 0; r < size_; ++r) {
       Choice& c = choice[static_cast<size_t>(r)];
-      if (c.via && c.via->setup->finishAfterPeers()) getFrom("ready/" + std::to_string(r), r, "connection set-up");
+      if (c.via && c.via->setup->finishAfterPeers()) waitFor.push_back(r);
     }
+    if (!waitFor.empty()) getAll("ready/", waitFor, "connection set-up");
   }
   for (auto& o : open) {
     o.setup->finish();
     if (auto d = o.setup->localDomain()) ch_.setLocal(d);
   }
-}
-
-void CommImpl::publishInitFailure(Store& store, const Error& e) {
-  // Only this rank's own failures (bad settings, a system call, a device): a timeout or a
-  // peer's failure names its culprit already, and re-publishing it would blame us.
-  if (health_.initFailSeen || size_ < 2 || e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kPeerFailure) return;
-  char hn[256] = {0};
-  gethostname(hn, sizeof(hn) - 1);
-  try {
-    store.set("initfail/why", std::to_string(rank_) + "|" + hn + "|" + std::string(e.what()).substr(0, 4000));
-    store.add("initfail", 1);
-  } catch (const std::exception&) {  // best effort: the store may be what failed
-  }
-}
-
-void CommImpl::checkPeerInitFailure(Store& store) {
-  auto now = Clock::now();
-  if (now - health_.lastInitFailCheck < Millis(250)) return;  // one store call per quarter second at most
-  health_.lastInitFailCheck = now;
-  std::string rec;
-  try {
-    if (store.add("initfail", 0) <= 0) return;
-    rec = store.get("initfail/why", Millis(2000));
-  } catch (const std::exception&) {  // unreadable (or not a counter): the wait goes on as before
-    return;
-  }
-  auto a = rec.find('|'), b = rec.find('|', a == std::string::npos ? a : a + 1);
-  long long r = -1;
-  if (a == std::string::npos || b == std::string::npos || !parseInt(rec.substr(0, a), 0, size_ - 1, r)) return;
-  Error err(ErrorCode::kPeerFailure, "railcc init of group '" + opts_.name + "': " + rankName(static_cast<int>(r)) +
-                                         " (host " + rec.substr(a + 1, b - a - 1) + ") failed its own init: " +
-                                         rec.substr(b + 1));
-  err.ranks = {static_cast<int>(r)};
-  err.hosts = {rec.substr(a + 1, b - a - 1)};
-  health_.initFailSeen = true;
-  throw err;
 }
 
 void CommImpl::bootstrap(Store& store) {
@@ -433,23 +442,25 @@ void CommImpl::bootstrap(Store& store) {
   const std::string hostId = hostIdentity(cfg);
   // Waits in slices; between them, a same-host rank whose process has exited fails init at
   // once instead of after RAILCC_INIT_TIMEOUT.
-  auto waitKey = [&](const std::string& key, int from) {
+  // `from`: the rank whose keys these are, or -1 for every rank's.
+  auto waitKeys = [&](const std::vector<std::string>& keys, int from) {
     while (true) {
       try {
-        return store.get(key, std::min(left(), Millis(pump_ ? 20 : 1000)));
+        return store.getAll(keys, std::min(left(), Millis(pump_ ? 20 : 1000)));
       } catch (const Error& e) {
         if (e.code() != ErrorCode::kTimeout || Clock::now() >= deadline) throw;
       }
       if (pump_) pump_();
-      // A peer that failed its own set-up says why; another group of ours may have seen the
+      // A peer that failed its own set-up says why; another group of ours may have seen a
       // rank we wait for die. Either ends the wait now rather than at RAILCC_INIT_TIMEOUT.
       checkPeerInitFailure(store);
-      if (from >= 0 && from != rank_) {
-        std::string seen = seenDeadElsewhere(globalRank(from));
+      for (int r = from < 0 ? 0 : from; r < (from < 0 ? size_ : from + 1); ++r) {
+        if (r == rank_) continue;
+        std::string seen = seenDeadElsewhere(globalRank(r));
         if (!seen.empty()) {
-          Error err(ErrorCode::kPeerFailure, "railcc init of group '" + opts_.name + "': " + rankName(from) +
+          Error err(ErrorCode::kPeerFailure, "railcc init of group '" + opts_.name + "': " + rankName(r) +
                                                  " is dead, as " + seen);
-          err.ranks = {from};
+          err.ranks = {r};
           err.ranksDead = true;
           health_.initFailSeen = true;
           throw err;
@@ -472,7 +483,7 @@ void CommImpl::bootstrap(Store& store) {
   };
   GetFrom getFrom = [&](const std::string& key, int r, const char* what) {
     try {
-      return waitKey(key, r);
+      return waitKeys({key}, r).front();
     } catch (const Error& e) {
       if (e.code() == ErrorCode::kPeerFailure) throw;
       Error err(e.code() == ErrorCode::kTimeout ? ErrorCode::kTimeout : e.code(),
@@ -484,6 +495,23 @@ void CommImpl::bootstrap(Store& store) {
       throw err;
     }
   };
+  // `prefix<r>` of each of `ranks`, in one batched read once all are there: O(1) store calls
+  // per rank, not a wait per peer. A wait that runs out names the first rank whose key is missing.
+  GetAll getAll = [&](const std::string& prefix, const std::vector<int>& ranks, const char* what) {
+    std::vector<std::string> keys;
+    keys.reserve(ranks.size());
+    for (int r : ranks) keys.push_back(prefix + std::to_string(r));
+    try {
+      return waitKeys(keys, ranks.size() == 1 ? ranks.front() : -1);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kTimeout) throw;
+      for (int r : ranks) getFrom(prefix + std::to_string(r), r, what);  // throws for the first one missing
+      throw;
+    }
+  };
+  std::vector<int> others;
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_) others.push_back(r);
 
   // The group secret, shared through the store (which every member trusts, as in c10d): each
   // TCP connection proves it holds it by challenge-response before we read into a buffer.
@@ -502,9 +530,10 @@ void CommImpl::bootstrap(Store& store) {
   const std::string me = hostId + "|" + hn + "|" + std::to_string(getpid()) + "|" + pidNs + "|" + affinityHex();
   store.set("peer/" + std::to_string(rank_), me);
   std::vector<std::string> cpus(static_cast<size_t>(size_));
+  std::vector<std::string> records = getAll("peer/", others, "host identity");
+  records.insert(records.begin() + rank_, me);
   for (int r = 0; r < size_; ++r) {
-    std::string v = r == rank_ ? me : getFrom("peer/" + std::to_string(r), r, "host identity");
-    auto f = parsePeerRecord(v, "railcc init of group '" + opts_.name + "': " + rankName(r));
+    auto f = parsePeerRecord(records[static_cast<size_t>(r)], "railcc init of group '" + opts_.name + "': " + rankName(r));
     cpus[static_cast<size_t>(r)] = f[4];
     PeerInfo& p = peers_[static_cast<size_t>(r)];
     p.rank = r;
@@ -536,7 +565,7 @@ void CommImpl::bootstrap(Store& store) {
   if (opts_.config.spinUs < 0) RAILCC_THROW(kInvalidUsage, "RAILCC_SPIN_US must be 0 or more, got ", opts_.config.spinUs);
 
   RailPlace place = placeRank();
-  if (size_ > 1) connectPeers(store, secret, deadline, getFrom, place);
+  if (size_ > 1) connectPeers(store, secret, deadline, getAll, place);
 
   RAILCC_INFO(INIT, "group '", opts_.name, "' rank ", rank_, "/", size_, " ready in ",
               std::chrono::duration_cast<Millis>(Clock::now() - t0).count(), " ms");

@@ -449,12 +449,14 @@ class CommImpl : private ChannelHost {
   RailPlace placeRank();
   void checkRails(const std::vector<std::string>& lines);
   using GetFrom = std::function<std::string(const std::string& key, int rank, const char* what)>;
+  using GetAll = std::function<std::vector<std::string>(const std::string& prefix, const std::vector<int>& ranks,
+                                                        const char* what)>;
   // Sets up the TCP connections to `remote` (ranks on other hosts) by a concurrent rendezvous.
   // Opens the registered transports, publishes their endpoints, picks one per peer and
   // connects every (peer, lane, channel) through it.
   std::function<void()> pump_;  // run between store waits during connectPeers
-  void connectPeers(Store& store, const std::string& secretHex, Clock::time_point deadline, const GetFrom& getFrom,
-                    const RailPlace& place);
+  void connectPeers(Store& store, const std::string& secretHex, Clock::time_point deadline,
+                    const GetAll& getAll, const RailPlace& place);
   void progressLoop();
   // Takes the engine token; with `drain`, also moves the queued ops on (drainQueue) under the same lock.
   bool tryAcquire(bool drain = false);

@@ -278,4 +278,44 @@ std::exception_ptr CommImpl::brokenError() const {
   return health_.broken;
 }
 
+// ---------------------------------------------------------------------------------------
+// Set-up failures: a rank that fails its own init says why in the group's store, and the
+// peers waiting for it end their wait with that reason.
+
+void CommImpl::publishInitFailure(Store& store, const Error& e) {
+  // Only this rank's own failures (bad settings, a system call, a device): a timeout or a
+  // peer's failure names its culprit already, and re-publishing it would blame us.
+  if (health_.initFailSeen || size_ < 2 || e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kPeerFailure) return;
+  char hn[256] = {0};
+  gethostname(hn, sizeof(hn) - 1);
+  try {
+    store.set("initfail/why", std::to_string(rank_) + "|" + hn + "|" + std::string(e.what()).substr(0, 4000));
+    store.add("initfail", 1);
+  } catch (const std::exception&) {  // best effort: the store may be what failed
+  }
+}
+
+void CommImpl::checkPeerInitFailure(Store& store) {
+  auto now = Clock::now();
+  if (now - health_.lastInitFailCheck < Millis(250)) return;  // one store call per quarter second at most
+  health_.lastInitFailCheck = now;
+  std::string rec;
+  try {
+    if (store.add("initfail", 0) <= 0) return;
+    rec = store.get("initfail/why", Millis(2000));
+  } catch (const std::exception&) {  // unreadable (or not a counter): the wait goes on as before
+    return;
+  }
+  auto a = rec.find('|'), b = rec.find('|', a == std::string::npos ? a : a + 1);
+  long long r = -1;
+  if (a == std::string::npos || b == std::string::npos || !parseInt(rec.substr(0, a), 0, size_ - 1, r)) return;
+  Error err(ErrorCode::kPeerFailure, "railcc init of group '" + opts_.name + "': " + rankName(static_cast<int>(r)) +
+                                         " (host " + rec.substr(a + 1, b - a - 1) + ") failed its own init: " +
+                                         rec.substr(b + 1));
+  err.ranks = {static_cast<int>(r)};
+  err.hosts = {rec.substr(a + 1, b - a - 1)};
+  health_.initFailSeen = true;
+  throw err;
+}
+
 }  // namespace railcc::engine

@@ -1,7 +1,7 @@
 """One rank of a railcc job, for tests that drive set-up from outside the rank (strangers on the
 port, other pid namespaces, failed inits):
 
-    python init_worker.py RANK WORLD STORE [--ops N] [--hold S] [--delay S]
+    python init_worker.py RANK WORLD STORE [--ops N] [--hold S] [--delay S] [--nofile SOFT:HARD]
 
 It joins over a FileStore (STORE a file) or a TCPStore (STORE "tcp:PORT" on 127.0.0.1, rank 0
 its server) after waiting `--delay` seconds, runs N all_reduces checked against the expected sum, optionally
@@ -22,7 +22,13 @@ def main():
     p.add_argument("--ops", type=int, default=3)
     p.add_argument("--hold", type=float, default=0.0)
     p.add_argument("--delay", type=float, default=0.0)
+    p.add_argument("--nofile", help="SOFT:HARD limits of open files, set before torch is imported")
     a = p.parse_args()
+    if a.nofile:
+        import resource
+
+        soft, hard = (int(v) for v in a.nofile.split(":"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     import torch
     import torch.distributed as dist
 

@@ -628,3 +628,36 @@ def test_set_up_waits_on_the_store_without_expiring_waits():
     print(f"\nmeasured: init {', '.join(str(round(r['init_s'], 2)) for r, _ in results)} s (ranks 0, 1, 2; rank 2 "
           "3 s late)")
     assert all(r["init_s"] < 30 for r, _ in results), results
+
+
+def _fd_limit_round(tmp_path, name, nofile):
+    # Three ranks on three fake hosts, so every pair is a TCP connection (2 lanes each).
+    store = str(tmp_path / name)
+    ps = [_spawn(r, 3, store, {"RAILCC_HOST_ID": f"h{r}", "RAILCC_SOCKET_IFNAME": "lo", "RAILCC_DEBUG": "INFO",
+                                "RAILCC_DEBUG_SUBSYS": "INIT", "RAILCC_INIT_TIMEOUT": "20"},
+                 ("--nofile", nofile) if r == 1 else ()) for r in range(3)]
+    try:
+        return [_result(p, 90) for p in ps]
+    finally:
+        for p in ps:
+            if p.poll() is None:
+                p.kill()
+
+
+def test_an_open_files_limit_too_low_for_the_connections_is_said_at_init(tmp_path):
+    # Rank 1 may open no more files than it has open already plus a few: init fails there with
+    # the number it needs, not an EMFILE from inside a transport, and the peers say so too.
+    results = _fd_limit_round(tmp_path, "low", "40:40")
+    res, err = results[1]
+    assert not res["ok"], res
+    assert "ulimit -n allows 40 (hard limit 40): raise it to at least" in res["error"], res
+    for r in (0, 2):
+        assert not results[r][0]["ok"], results[r]
+        assert "rank 1" in results[r][0]["error"], results[r]
+
+
+def test_a_soft_open_files_limit_below_the_hard_one_is_raised(tmp_path):
+    results = _fd_limit_round(tmp_path, "soft", "40:4096")
+    for res, err in results:
+        assert res["ok"], (res, err[-2000:])
+    assert "raised the soft limit of open files (ulimit -n) from 40 to" in results[1][1], results[1][1][-2000:]
