@@ -52,7 +52,7 @@ namespace {
 class SocketConnection : public Connection {
  public:
   SocketConnection(int fd, std::string desc, size_t staging)
-      : fd_(fd), desc_(std::move(desc)), buf_(staging < 4096 ? 4096 : staging) {}
+      : fd_(fd), desc_(std::move(desc)), cap_(staging < 4096 ? 4096 : staging) {}
   ~SocketConnection() override { ::close(fd_); }
 
   size_t send(const void* p, size_t n) override {
@@ -66,11 +66,12 @@ class SocketConnection : public Connection {
   std::pair<const void*, size_t> peek() override {
     if (begin_ == end_) {
       begin_ = end_ = 0;
-      ssize_t r = ::recv(fd_, buf_.data(), buf_.size(), MSG_DONTWAIT);
+      if (!buf_) buf_.reset(new char[cap_]);  // uninitialised: only the pages a receive writes are touched
+      ssize_t r = ::recv(fd_, buf_.get(), cap_, MSG_DONTWAIT);
       handle(r);
       if (r > 0) end_ = static_cast<size_t>(r);
     }
-    return {buf_.data() + begin_, end_ - begin_};
+    return {buf_.get() + begin_, end_ - begin_};
   }
 
   void consume(size_t n) override { begin_ += n; }
@@ -79,7 +80,7 @@ class SocketConnection : public Connection {
     size_t got = 0;
     if (begin_ < end_) {
       got = std::min(n, end_ - begin_);
-      copyBytes(p, buf_.data() + begin_, got);
+      copyBytes(p, buf_.get() + begin_, got);
       begin_ += got;
       if (got == n) return got;
     }
@@ -103,7 +104,10 @@ class SocketConnection : public Connection {
 
   int fd_;
   std::string desc_;
-  std::vector<char> buf_;
+  // The staging buffer peek() receives into (reductions read it in place), made at the first
+  // peek: a connection whose receives all go straight to their destination never has one.
+  size_t cap_;
+  std::unique_ptr<char[]> buf_;
   size_t begin_ = 0, end_ = 0;
 };
 
