@@ -64,7 +64,10 @@ class C10dStore : public engine::Store {
   explicit C10dStore(c10::intrusive_ptr<c10d::Store> s) : s_(std::move(s)) {
     c10::intrusive_ptr<c10d::Store> base = s_;
     if (auto* p = dynamic_cast<c10d::PrefixStore*>(base.get())) base = p->getUnderlyingNonPrefixStore();
-    if (auto* tcp = dynamic_cast<c10d::TCPStore*>(base.get())) watch_ = engine::StoreWatch::of(tcp->getHost(), tcp->getPort());
+    if (auto* tcp = dynamic_cast<c10d::TCPStore*>(base.get())) {
+      watchHost_ = tcp->getHost();
+      watchPort_ = tcp->getPort();
+    }
   }
   void set(const std::string& k, const std::string& v) override {
     try {
@@ -134,7 +137,18 @@ class C10dStore : public engine::Store {
     for (auto& v : vals) out.emplace_back(v.begin(), v.end());
     return out;
   }
-  bool lost() override { return lost_.load() || (watch_ && watch_->gone()); }
+  // The store is watched (engine/store_watch.h) from the first time railcc asks, which is when
+  // the watchdog thread starts, after set-up, not while the group sets up: the watch is a connection
+  // of its own to the store's server, and a TCPStore server looks up the name of every
+  // connection it accepts (reverse DNS, in its one thread). Opened at init, 64 ranks' watches
+  // stalled the whole job's set-up for the resolver's 5 s timeout in some runs here.
+  bool lost() override {
+    if (lost_.load()) return true;
+    std::call_once(watchOnce_, [&] {
+      if (!watchHost_.empty()) watch_ = engine::StoreWatch::of(watchHost_, watchPort_);
+    });
+    return watch_ && watch_->gone();
+  }
 
  private:
   // Whether the keys exist. A store without check() (a Python store may lack it) is asked with a
@@ -161,6 +175,9 @@ class C10dStore : public engine::Store {
   }
 
   c10::intrusive_ptr<c10d::Store> s_;
+  std::string watchHost_;
+  uint16_t watchPort_ = 0;
+  std::once_flag watchOnce_;
   std::shared_ptr<engine::StoreWatch> watch_;
   std::atomic<bool> lost_{false};
   std::atomic<bool> noCheck_{false};

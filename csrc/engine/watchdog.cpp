@@ -112,7 +112,9 @@ void CommImpl::watchdogLoop(std::shared_ptr<WatchdogShared> w) {
   const bool stragglers = opts_.config.stragglerAction != "off";
   const bool records = opts_.config.progressIntervalMs > 0;
   const Millis every(records ? opts_.config.progressIntervalMs : 1000);
-  bool storeGone = false;
+  // Asked once now, after set-up: a store that watches its server (the c10d glue's) opens the
+  // watch here, on this thread, rather than during set-up.
+  bool storeGone = w->store->lost();
   auto nextBeat = Clock::now() + every;
   auto gpuNext = Clock::time_point::max();  // when GPU work is next due (engine/device/gpu_watch.cpp)
   while (true) {

@@ -601,12 +601,6 @@ def test_public_names_are_what_all_lists():
 # ----------------------------------------------------------------------- store waits (issue 32)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_set_up_waits_on_the_store_without_expiring_waits():
     # Rank 2 joins 3 s late. Ranks 0 and 1 wait for its records meanwhile; a c10d TCPStore wait
     # that expires prints "... likely a timeout" and formats the socket's address with
