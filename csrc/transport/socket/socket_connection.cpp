@@ -126,7 +126,10 @@ Listener::Listener(const sockaddr_in& bindAddr) {
   }
   socklen_t len = sizeof(addr_);
   getsockname(fd_, reinterpret_cast<sockaddr*>(&addr_), &len);
-  if (::listen(fd_, 128) != 0) {
+  // Every lower rank on another host dials this listener, two lanes and every channel at once:
+  // a backlog of 128 overflows from 64 such ranks up, and a dropped SYN is retried after 1 s.
+  // The kernel caps it at net.core.somaxconn.
+  if (::listen(fd_, 65535) != 0) {
     std::string err = detail::errnoString();
     ::close(fd_);
     RAILCC_THROW(kSystem, "listen on ", formatAddr(addr_), ": ", err);
