@@ -77,33 +77,12 @@ class C10dStore : public engine::Store {
       RAILCC_THROW(kPeerFailure, "the c10d store is unreachable: ", firstLine(e));
     }
   }
-  // Waits for `k` by asking whether it exists, napping between asks (0.1 ms doubling to 10 ms),
+  std::string get(const std::string& k, Millis timeout) override { return getAll({k}, timeout).front(); }
+  int64_t add(const std::string& k, int64_t d) override { return s_->add(k, d); }
+  // Waits by asking whether every key exists, napping between asks (0.1 ms doubling to 10 ms),
   // never by a c10d wait that can expire: an expired TCPStore wait prints a warning and formats
   // the socket's address with getnameinfo, a reverse DNS lookup that blocks for the resolver's
-  // timeout (5 s) where DNS is slow or unreachable, and every rank waiting on this one with it.
-  std::string get(const std::string& k, Millis timeout) override {
-    auto until = std::chrono::steady_clock::now() + timeout;
-    auto nap = std::chrono::microseconds(100);
-    try {
-      while (!checkKey(k)) {
-        auto now = std::chrono::steady_clock::now();
-        if (now >= until) RAILCC_THROW(kTimeout, "store key '", k, "' did not appear within ", timeout.count(), " ms");
-        std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(nap, until - now));
-        nap = std::min(nap * 2, std::chrono::microseconds(10000));
-      }
-    } catch (const c10::DistNetworkError& e) {
-      lost_.store(true);
-      RAILCC_THROW(kPeerFailure, "the c10d store is unreachable: ", firstLine(e));
-    } catch (const railcc::Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      RAILCC_THROW(kTimeout, "store key '", k, "' did not appear within ", timeout.count(), " ms (", firstLine(e), ")");
-    }
-    auto v = s_->get(k);
-    return std::string(v.begin(), v.end());
-  }
-  int64_t add(const std::string& k, int64_t d) override { return s_->add(k, d); }
-  // Waits as get() does, asking whether all keys exist at once, then reads them in one
+  // timeout (5 s) where DNS is slow, and every rank waiting on this one with it. Then one
   // multi_get: two round trips for a whole group's records instead of two per rank.
   std::vector<std::string> getAll(const std::vector<std::string>& keys, Millis timeout) override {
     if (keys.empty()) return {};
@@ -153,7 +132,6 @@ class C10dStore : public engine::Store {
  private:
   // Whether the keys exist. A store without check() (a Python store may lack it) is asked with a
   // short wait instead, as before.
-  bool checkKey(const std::string& k) { return checkKeys({k}); }
   bool checkKeys(const std::vector<std::string>& keys) {
     if (!noCheck_) {
       try {
