@@ -126,6 +126,7 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   place_.ringSlices = place_.rings && ringSlice() > 0;
   place_.hostsEven = !rail_.empty();
   place_.oneshotBytes = opts_.config.oneshotBytes;
+  place_.cmaBytes = opts_.config.cmaBytes;
   place_.cudaIpc = opts_.config.cudaIpc && size_ > 1 && static_cast<int>(localRanks_.size()) == size_;
   std::string ignored;
   prefer_ = parseAlgos(opts_.config.algo, &ignored);

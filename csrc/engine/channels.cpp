@@ -82,8 +82,63 @@ void Channels::checkHeader(const Transfer& t, const WireHeader& h, int peer) {
   throw err;
 }
 
+size_t Channels::sendByAddress(Channel& ch, Transfer& t) {
+  size_t moved = 0;
+  if (t.byAddress == 1) {
+    struct {
+      WireHeader h;
+      AddressMsg a;
+    } f{t.hdr, {reinterpret_cast<uint64_t>(t.src), 0}};
+    f.h.flags |= kWireByAddress;
+    while (t.hdrDone < sizeof f) {
+      size_t k = ch.conn->send(reinterpret_cast<const char*>(&f) + t.hdrDone, sizeof f - t.hdrDone);
+      if (k == 0) return moved;
+      t.hdrDone += k;
+      moved += k;
+    }
+    t.byAddress = 2;
+    t.ticket = ++ch.addrSent;
+  }
+  if (ch.conn->remoteAcked() < t.ticket) return moved;
+  t.done = t.bytes;
+  t.finished = true;
+  return moved + t.bytes;
+}
+
+size_t Channels::recvByAddress(Channel& ch, Transfer& t) {
+  size_t moved = 0;
+  while (ch.inAddrGot < sizeof(AddressMsg)) {
+    size_t k = ch.conn->recv(reinterpret_cast<char*>(&ch.inAddr) + ch.inAddrGot, sizeof(AddressMsg) - ch.inAddrGot);
+    if (k == 0) return moved;
+    ch.inAddrGot += k;
+    moved += k;
+  }
+  // A piece per call, so that the op's other transfers (a forwarding send) move in between.
+  constexpr size_t kPiece = 1u << 20, kReducePiece = 256u << 10;
+  if (t.done < t.bytes) {
+    size_t k = std::min(t.bytes - t.done, kPiece);
+    if (t.kind == Transfer::kRecv) {
+      ch.conn->readRemote(t.dst + t.done, ch.inAddr.addr + t.done, k);
+    } else {  // reduced out of a piece small enough to stay in cache
+      k = std::min(k, kReducePiece);
+      if (reduceScratch_.size() < kReducePiece) reduceScratch_.resize(kReducePiece);
+      ch.conn->readRemote(reduceScratch_.data(), ch.inAddr.addr + t.done, k);
+      reduceInto(t.dst + t.done, reduceScratch_.data(), k / dtypeSize(t.dtype), t.dtype, t.op, t.scale);
+    }
+    t.done += k;
+    moved += k;
+    if (t.done < t.bytes) return moved;
+  }
+  ch.conn->ackRemote();
+  ch.inAddrGot = 0;
+  t.finished = true;
+  return moved;
+}
+
 size_t Channels::progressSend(Channel& ch, Transfer& t) {
   if (gated(t)) return 0;
+  if (t.hdrDone == 0 && !t.byAddress && sendsByAddress(ch, t)) t.byAddress = 1;
+  if (t.byAddress) return sendByAddress(ch, t);
   size_t moved = 0;
   if (t.hdrDone == 0 && t.bytes <= kInlineBytes && sendLimit(t) == t.bytes) {
     // Header, payload and padding in one write: the receiver sees the whole message at once
@@ -130,6 +185,7 @@ size_t Channels::progressSend(Channel& ch, Transfer& t) {
 }
 
 size_t Channels::progressRecv(Channel& ch, Transfer& t) {
+  if (t.byAddress) return recvByAddress(ch, t);
   size_t moved = 0;
   if (t.kind == Transfer::kRecv) {
     while (t.done < t.bytes) {
@@ -226,6 +282,7 @@ size_t Channels::progressPair(Channel& ch, int lane, int peer) {
     if (!t.matched) {
       if (!readHeader(ch, moved)) break;
       acceptHeader(ch, t, lane, peer);
+      if (ch.inHdr.flags & kWireByAddress) t.byAddress = 3;
       if (sampled(t)) t.began = Clock::now();
       if (t.gates) break;  // let the send waiting on this header go before the payload is copied
     }
@@ -350,6 +407,7 @@ Channels::Channels(ChannelHost& host, const Config& config, Telemetry& tele, int
   }
   arrivals_.assign(static_cast<size_t>(size_), 0);
   shmPeer_.assign(static_cast<size_t>(size_), false);
+  if (config_.cmaBytes > 0) byAddressMin_ = std::max<size_t>(static_cast<size_t>(config_.cmaBytes), 4096);
   lastProgress_ = lastAliveCheck_ = Clock::now();
 }
 
@@ -410,6 +468,7 @@ void Channels::clear() {
       for (auto& ch : peer) {
         ch.sendq.clear();
         ch.recvq.clear();
+        ch.inAddrGot = 0;
       }
 }
 
@@ -460,6 +519,8 @@ void Channels::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
         if (ch.conn->pollFd() >= 0) continue;
         if (!ch.recvq.empty() && ch.conn->peek().second > 0) return true;
         if (!ch.sendq.empty() && hasBytesToSend(*ch.sendq.front()) && ch.conn->canSend()) return true;
+        if (!ch.sendq.empty() && ch.sendq.front()->byAddress == 2 && ch.conn->remoteAcked() >= ch.sendq.front()->ticket)
+          return true;
       }
     return host_.opsQueued();
   };

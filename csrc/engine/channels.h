@@ -40,6 +40,10 @@ struct Channel {
   size_t inHdrGot = 0;
   char carry[8];  // a partial element split by a socket read
   size_t carryGot = 0;
+  // Single copy: sends passed by address so far, and the address of the one being received.
+  uint64_t addrSent = 0;
+  AddressMsg inAddr{};
+  size_t inAddrGot = 0;
 };
 
 // What the channel layer asks of the engine around it while a step waits.
@@ -133,6 +137,15 @@ class Channels {
       if (t.kind == Transfer::kRecv && shmPeer(t.peer)) t.bypassCache = streamPiece(total, t.bytes);
   }
 
+  /// Lets the step's sends pass their buffers by address (single copy, RAILCC_CMA_BYTES).
+  /// Only for steps in which every rank sends and receives at once (all-gather, all-to-all):
+  /// process_vm_readv copies at 0.4-0.7x memcpy's speed here, so where the sender would sit
+  /// idle (broadcast, gather, p2p) the FIFO's two copies, one per core and pipelined, finish
+  /// sooner; and a reduction out of a piece read that way was slower than out of the FIFO.
+  static void singleCopy(std::vector<Transfer>& xs) {
+    for (Transfer& t : xs) t.mayPassAddress = t.kind == Transfer::kSend;
+  }
+
   // ---- running a step (collective lane)
   /// Queues the transfers on the collective lane; anything that progresses those channels
   /// moves them from then on.
@@ -180,6 +193,14 @@ class Channels {
   size_t progressPair(Channel& ch, int lane, int peer);
   size_t progressSend(Channel& ch, Transfer& t);
   size_t progressRecv(Channel& ch, Transfer& t);
+  // Single copy (RAILCC_CMA_BYTES): the send passes its buffer's address, the receive copies
+  // (or reduces) straight out of the sender's memory, in pieces, then acknowledges.
+  bool sendsByAddress(Channel& ch, const Transfer& t) const {
+    return t.mayPassAddress && t.bytes >= byAddressMin_ && !t.limit && t.lane == kCollLane && shmPeer(t.peer) &&
+           ch.conn->peerReadsUs();
+  }
+  size_t sendByAddress(Channel& ch, Transfer& t);
+  size_t recvByAddress(Channel& ch, Transfer& t);
   bool recvWhole(Channel& ch, Transfer& t, int lane, int peer, size_t& moved);
   void acceptHeader(Channel& ch, Transfer& t, int lane, int peer);
   void checkHeader(const Transfer& t, const WireHeader& h, int peer);
@@ -201,6 +222,8 @@ class Channels {
   std::vector<bool> shmPeer_;
   std::vector<int> localRanks_;
   size_t streamMin_ = ~size_t(0);
+  size_t byAddressMin_ = ~size_t(0);  // RAILCC_CMA_BYTES (at least 4096), or never
+  std::vector<char> reduceScratch_;     // a piece read from a peer's memory, reduced from here
   int64_t busyUs_ = 0;
   // Wakes an engine thread asleep in poll(); `sleeping_` says it is about to.
   int wakeFd_ = -1;

@@ -57,6 +57,13 @@ struct WireHeader {
   int64_t startUs;  // when the sender started this collective (wall clock): arrival lag
 };
 static_assert(sizeof(WireHeader) == 48, "wire header layout");
+// flags: the payload is an AddressMsg, the sender's buffer, which the receiver reads itself
+// (single copy between ranks of one host); the send completes on its acknowledgement.
+constexpr uint8_t kWireByAddress = 1;
+struct AddressMsg {
+  uint64_t addr;
+  uint64_t reserved;
+};
 constexpr uint32_t kWireMagic = 0x52434331;  // "RCC1"
 constexpr int kCollLane = 0;
 constexpr int kP2PLane = 1;
@@ -101,6 +108,11 @@ struct Transfer {
   int channel = 0;                // which of the pair's channels carries it
   std::shared_ptr<std::vector<Transfer>> parts;  // a message split across channels (post())
   bool bypassCache = false;       // a large receive from shared memory: non-temporal stores
+  // Single copy: a send 1 while its header and address go out, 2 while it waits for the
+  // receiver's acknowledgement (done at `ticket`); a receive 3 once the header said so.
+  uint8_t byAddress = 0;
+  uint64_t ticket = 0;
+  bool mayPassAddress = false;  // set by the algorithm where single copy wins (Channels::singleCopy)
   // progress
   size_t hdrDone = 0;
   size_t done = 0;
@@ -123,6 +135,7 @@ inline bool gated(const Transfer& t) { return t.after && !(t.after->matched || t
 // False when a forwarding send has sent all it may until more arrives.
 inline bool hasBytesToSend(const Transfer& t) {
   if (gated(t)) return false;
+  if (t.byAddress) return t.byAddress == 1;  // then only the receiver's acknowledgement is awaited
   if (t.hdrDone < sizeof(WireHeader) || t.done >= t.bytes) return true;
   return t.done < sendLimit(t);
 }

@@ -1,10 +1,15 @@
-// Connection's default memory registration and requests, carried on the byte stream.
+// Connection's defaults: memory registration and requests carried on the byte stream, and no
+// single copy.
 #include <algorithm>
 
 #include "common/error.h"
 #include "transport/connection.h"
 
 namespace railcc::transport {
+
+void Connection::readRemote(void*, uint64_t, size_t) {
+  RAILCC_THROW(kInternal, "transport ", describe(), " cannot read a peer's memory (a message passed by address)");
+}
 
 MemRegion Connection::regMr(void* p, size_t n, MemoryKind kind) {
   if (kind != MemoryKind::kHost)

@@ -77,6 +77,21 @@ class Connection {
   /// down so the peer sees a close at once. Thread-safe (may run on an aborting thread).
   virtual void markFailed() {}
 
+  // --- Single copy (same-host peers through the kernel) ------------------------------------
+  // A large message may carry the address of the sender's buffer instead of its bytes; the
+  // receiver copies straight out of the sender's memory and then acknowledges, and only then
+  // is the send done. The stream keeps its order: address messages are acknowledged in turn.
+
+  /// The peer said it can read this process's memory: sends may pass addresses.
+  virtual bool peerReadsUs() { return false; }
+  /// Copies n bytes at `addr` in the peer's memory into dst. Throws kPeerFailure when the peer
+  /// has gone or the memory can no longer be read there.
+  virtual void readRemote(void* dst, uint64_t addr, size_t n);
+  /// Done with the peer's oldest buffer passed by address (wakes the peer).
+  virtual void ackRemote() {}
+  /// How many of this side's buffers passed by address the peer is done with.
+  virtual uint64_t remoteAcked() { return 0; }
+
   // --- Memory registration and requests --------------------------------------------------
   // The engine's collectives drive the stream above: a message is a header the receiver
   // checks, then a payload it may reduce in place. Transports whose hardware moves whole

@@ -150,6 +150,14 @@ std::string describeRule(const AlgoPlace& p, const std::vector<Algo>& prefer) {
       first = false;
     }
   }
+  if (p.localRanks > 1) {
+    os << "\n  between ranks of this host, messages ";
+    if (p.cmaBytes > 0)
+      os << "of at least " << std::max<int64_t>(p.cmaBytes, 4096)
+         << " B in all-gather and all-to-all steps in one copy (the receiver reads the sender's buffer: "
+            "CMA, where the kernel allows it), the rest";
+    os << " through the shared-memory FIFOs (two copies)";
+  }
   const char* why = "";
   DevicePath d = chooseDevicePath(p, true, &why);
   os << "\n  GPU buffers: " << devicePathName(d) << " (" << why << ")";

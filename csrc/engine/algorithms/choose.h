@@ -44,6 +44,7 @@ struct AlgoPlace {
   // from a core another rank waits for, so the total copied decides, not the steps.
   bool sharedCores = false;
   bool cudaIpc = false;      // RAILCC_CUDA_IPC on, two or more ranks, every one on this host
+  int64_t cmaBytes = 0;      // RAILCC_CMA_BYTES: single copy between ranks of a host from here
 };
 
 /// How an op on GPU buffers runs: the collective on the GPUs through CUDA IPC, in place, or

@@ -71,6 +71,7 @@ void CommImpl::runAllgather(const char* in, size_t bytes, const std::vector<char
     xs.push_back(ch_.recvFrom(from, outs[static_cast<size_t>(from)], bytes));
   }
   ch_.streamPieces(xs, bytes * static_cast<size_t>(n));
+  ch_.singleCopy(xs);
   ch_.exchange(xs);
 }
 
@@ -112,6 +113,7 @@ void CommImpl::runAlltoall(const std::vector<char*>& ins, const std::vector<size
   size_t total = 0;
   for (size_t k : outCounts) total += k * es;
   ch_.streamPieces(xs, total);
+  ch_.singleCopy(xs);
   ch_.exchange(xs);
 }
 

@@ -84,6 +84,7 @@ void CommImpl::pairwiseAllgather(const std::vector<int>& g, char* buf, size_t co
     int to = (i + s) % m, from = (i - s + m) % m;
     std::vector<Transfer> xs{ch_.sendTo(g[static_cast<size_t>(to)], buf + b.offset(i), b.count(i) * es),
                              ch_.recvFrom(g[static_cast<size_t>(from)], buf + b.offset(from), b.count(from) * es)};
+    ch_.singleCopy(xs);
     ch_.exchange(xs);
   }
 }

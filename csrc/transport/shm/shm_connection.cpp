@@ -3,6 +3,7 @@
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -79,6 +80,22 @@ class ShmConnection : public Connection {
 
   std::string describe() const override { return "shm"; }
 
+  bool peerReadsUs() override { return out_->readable.load(std::memory_order_relaxed) != 0; }
+
+  void readRemote(void* dst, uint64_t addr, size_t n) override {
+    int err = readProcessMemory(peerHdr_->pid, dst, addr, n);
+    if (err == 0) return;
+    checkAlive();  // a peer that exited says so
+    RAILCC_THROW(kPeerFailure, "reading ", n, " bytes of its memory (single copy) failed: ", strerror(err));
+  }
+
+  void ackRemote() override {
+    in_->acked.fetch_add(1, std::memory_order_seq_cst);
+    wake(&peerHdr_->door);
+  }
+
+  uint64_t remoteAcked() override { return out_->acked.load(std::memory_order_acquire); }
+
   bool peerReportedFailure() override { return peerHdr_->failed.load(std::memory_order_relaxed) != 0; }
 
   void checkAlive() override {
@@ -104,6 +121,20 @@ class ShmConnection : public Connection {
 };
 
 }  // namespace
+
+int readProcessMemory(int pid, void* dst, uint64_t addr, size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    iovec local{static_cast<char*>(dst) + done, n - done};
+    iovec remote{reinterpret_cast<void*>(addr + done), n - done};
+    ssize_t k = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) return errno;
+    if (k == 0) return EFAULT;
+    done += static_cast<size_t>(k);
+  }
+  return 0;
+}
 
 std::unique_ptr<Connection> fifoConnection(FifoHeader* out, char* outData, SegmentHeader* peerHdr, FifoHeader* in,
                                            char* inData, size_t cap, const Segment* peerSeg, bool samePidNamespace) {

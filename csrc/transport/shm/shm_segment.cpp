@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -14,8 +15,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstddef>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <string>
 
 #include "common/error.h"
@@ -152,8 +155,12 @@ std::string randomToken() {
 }
 }  // namespace
 
-Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes)
-    : nslots_(nslots), fifoBytes_(fifoBytes), ringBytes_(ringBytes) {
+Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy)
+    : nslots_(nslots), fifoBytes_(fifoBytes), ringBytes_(ringBytes), singleCopy_(singleCopy) {
+  // Under Yama's ptrace_scope 1 only a declared tracer may read this process's memory: every
+  // process of this user is declared (as Open MPI's CMA path does). EINVAL: no Yama, nothing
+  // to declare.
+  if (singleCopy_) (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   cleanStale();
   // The pid is for people reading /dev/shm; nothing decides by it.
   std::string name = "/railcc-" + std::to_string(getuid()) + "-" + std::to_string(getpid()) + "-" + randomToken();
@@ -168,7 +175,33 @@ Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes)
   h->fifoBytes = fifoBytes;
   h->ringBytes = ringBytes;
   h->magic = kMagic;
+  h->selfAddr = reinterpret_cast<uint64_t>(own_->data());
   peers_.resize(static_cast<size_t>(nslots));
+  readable_.assign(static_cast<size_t>(nslots), -1);
+}
+
+bool Domain::canReadPeer(int index, std::string* why) {
+  if (!singleCopy_) {
+    if (why) *why = "RAILCC_CMA_BYTES=0";
+    return false;
+  }
+  int& known = readable_.at(static_cast<size_t>(index));
+  SegmentHeader* h = headerOf(index);
+  if (known < 0) {
+    uint64_t magic = 0;
+    int err = readProcessMemory(h->pid, &magic, h->selfAddr + offsetof(SegmentHeader, magic), sizeof(magic));
+    known = err == 0 && magic == kMagic;
+    if (!known && why) {
+      *why = err ? std::string("process_vm_readv of process ") + std::to_string(h->pid) + ": " + strerror(err) : "read back another value";
+      std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
+      int scope = -1;
+      if (err == EPERM && (yama >> scope) && scope >= 2)
+        *why += " (Yama ptrace_scope=" + std::to_string(scope) + " allows it only to CAP_SYS_PTRACE)";
+      else if (err == EPERM)
+        *why += " (seccomp, or a peer of another user without CAP_SYS_PTRACE)";
+    }
+  }
+  return known == 1;
 }
 
 Domain::~Domain() = default;
@@ -202,6 +235,23 @@ std::unique_ptr<Connection> Domain::connect(int myIndex, int peerIndex, int lane
   auto at = [&](Segment* s, int idx) { return s->data() + hdr + static_cast<size_t>(idx) * slot; };
   char* out = at(peer, myIndex * nlanes + lane);
   char* in = at(own_.get(), peerIndex * nlanes + lane);
+  // The peer may send us addresses instead of bytes once we know we can read its memory.
+  std::string why;
+  if (samePidNamespace && canReadPeer(peerIndex, &why)) {
+    reinterpret_cast<FifoHeader*>(in)->readable.store(1);
+    static std::once_flag once;
+    std::call_once(once, [&] {
+      RAILCC_INFO(SHM, "single copy (CMA) works: this process reads same-host peers' memory (tried on pid ",
+                  headerOf(peerIndex)->pid, ")");
+    });
+  } else if (singleCopy_ && lane == 0) {
+    static std::once_flag once;  // said once per process: every peer usually answers alike
+    std::call_once(once, [&] {
+      RAILCC_INFO(SHM, "single copy (CMA) is off from same-host peer with pid ", headerOf(peerIndex)->pid, ": ",
+                  samePidNamespace ? why : std::string("it is in another pid namespace"),
+                  "; its large messages go through the shared-memory FIFO");
+    });
+  }
   return fifoConnection(reinterpret_cast<FifoHeader*>(out), out + ringHdr, reinterpret_cast<SegmentHeader*>(peer->data()),
                         reinterpret_cast<FifoHeader*>(in), in + ringHdr, fifoBytes_, peer, samePidNamespace);
 }

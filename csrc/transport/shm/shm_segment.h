@@ -26,13 +26,23 @@ struct alignas(64) SegmentHeader {
   uint64_t fifoBytes;  // of each incoming FIFO
   uint64_t ringBytes;  // of the broadcast ring
   uint64_t magic;
+  // Single copy (CMA): where this segment is mapped in its creator, so that a peer can test
+  // reading the creator's memory (the magic above) before it relies on process_vm_readv.
+  uint64_t selfAddr;
 };
 
 /// One single-producer single-consumer byte FIFO. Positions only grow; the byte at
 /// position p lives at data[p % capacity].
+///
+/// Single copy: a message may carry only the address of the producer's buffer, which the
+/// consumer reads with process_vm_readv; `acked` counts the buffers it is done with (the
+/// producer's send completes then), and `readable` says the consumer could read the
+/// producer's memory when it connected (the producer sends addresses only then).
 struct alignas(64) FifoHeader {
   alignas(64) std::atomic<uint64_t> head;  // consumer position
   alignas(64) std::atomic<uint64_t> tail;  // producer position
+  alignas(64) std::atomic<uint64_t> acked;
+  std::atomic<uint32_t> readable;
 };
 
 /// A mapped POSIX shared-memory segment. The creator unlinks the name as soon as every
@@ -77,7 +87,9 @@ class Domain : public LocalDomain {
   /// `nslots` incoming FIFOs of `fifoBytes` each and a broadcast ring of `ringBytes`, in a
   /// segment with a random name (/railcc-<uid>-<pid>-<random>). Stale segments of this user
   /// are removed first. Every rank of the host must use the same sizes (attach() checks).
-  Domain(int nslots, size_t fifoBytes, size_t ringBytes);
+  /// `singleCopy`: let same-host peers read this process's memory (prctl PR_SET_PTRACER, for
+  /// Yama) and test, at connect(), whether we can read theirs.
+  Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy = false);
   ~Domain() override;
 
   const std::string& segmentName() const { return own_->name(); }
@@ -112,6 +124,10 @@ class Domain : public LocalDomain {
 
   static size_t segmentBytes(int nslots, size_t fifoBytes, size_t ringBytes);
 
+  /// Whether this process can read local rank `index`'s memory with process_vm_readv (tested
+  /// once per peer on its segment header); when not, `why` says what the kernel answered.
+  bool canReadPeer(int index, std::string* why);
+
   /// Removes this user's /dev/shm/railcc-* segments that no live process holds (see Segment).
   static int cleanStale();
 
@@ -121,6 +137,8 @@ class Domain : public LocalDomain {
   size_t ringBytes_;
   std::unique_ptr<Segment> own_;
   std::vector<std::unique_ptr<Segment>> peers_;
+  bool singleCopy_ = false;
+  std::vector<int> readable_;  // per peer: -1 not tested, 0 refused, 1 readable
 };
 
 /// The shared-memory transport for the registry (shm_transport.cpp).
@@ -130,5 +148,9 @@ std::unique_ptr<railcc::transport::Transport> makeTransport();
 /// `in` in ours, each with `cap` bytes of data after its header.
 std::unique_ptr<Connection> fifoConnection(FifoHeader* out, char* outData, SegmentHeader* peerHdr, FifoHeader* in,
                                            char* inData, size_t cap, const Segment* peerSeg, bool samePidNamespace);
+
+/// Reads n bytes at `addr` in process `pid` into dst (process_vm_readv, in as many calls as
+/// the kernel needs). Returns 0, or the errno of the call that failed.
+int readProcessMemory(int pid, void* dst, uint64_t addr, size_t n);
 
 }  // namespace railcc::transport::shm

@@ -1,0 +1,71 @@
+"""One rank of tests/python/test_single_copy.py: all-gather, all-to-all and all-reduce of
+messages large enough for single copy (RAILCC_CMA_BYTES), into and out of views (offset,
+sharing pages with their neighbours; a strided one is refused by name), checked against torch computing the result
+locally. With --refuse, this process first makes itself unreadable to its peers
+(PR_SET_DUMPABLE 0; the test starts it without CAP_SYS_PTRACE), so the kernel refuses their
+process_vm_readv and the FIFO must carry everything."""
+import argparse
+import ctypes
+import os
+
+import torch
+import torch.distributed as dist
+
+import railcc  # noqa: F401
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--refuse", action="store_true")
+args = ap.parse_args()
+if args.refuse:
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+
+dist.init_process_group("railcc")
+rank, n = dist.get_rank(), dist.get_world_size()
+
+
+def value(r, count, dtype, salt):
+    v = (torch.arange(count, dtype=torch.int64) * 7 + r * 131 + salt) % 101
+    return v.to(dtype)
+
+
+for dtype in (torch.float32, torch.float64, torch.int32, torch.bfloat16, torch.uint8):
+    es = torch.tensor([], dtype=dtype).element_size()
+    for count in (0, 4096 // es, 300001, (3 << 20) // es + 5):
+        # all_gather: outputs that are views of one buffer at an odd offset
+        # (each shares its first and last page with a neighbour).
+        src = torch.zeros(2 * count, dtype=dtype)
+        src[::2] = value(rank, count, dtype, 1)
+        big = torch.full((n * count + 3,), 77, dtype=dtype)
+        outs = [big[3 + i * count:3 + (i + 1) * count] for i in range(n)]
+        if count > 1:  # a strided view is refused by name, never read as if contiguous
+            try:
+                dist.all_gather(outs, src[::2])
+                raise AssertionError("a strided input was accepted")
+            except ValueError as e:
+                assert "must be contiguous" in str(e), e
+        dist.all_gather(outs, src[::2].contiguous())
+        for i in range(n):
+            assert torch.equal(outs[i], value(i, count, dtype, 1)), ("all_gather", dtype, count, i)
+        assert torch.all(big[:3] == 77), ("all_gather wrote before its output", dtype, count)
+
+        # all_to_all: inputs and outputs are views at offsets of one buffer each.
+        inb = torch.cat([value(rank * n + j, count, dtype, 2) for j in range(n)] + [torch.zeros(5, dtype=dtype)])
+        ins = [inb[j * count:(j + 1) * count] for j in range(n)]
+        outb = torch.full((n * count + 5,), 9, dtype=dtype)
+        outs = [outb[5 + j * count:5 + (j + 1) * count] for j in range(n)]
+        dist.all_to_all(outs, ins)
+        for j in range(n):
+            assert torch.equal(outs[j], value(j * n + rank, count, dtype, 2)), ("all_to_all", dtype, count, j)
+
+        # all_reduce (its all-gather half passes addresses): an offset view.
+        if dtype != torch.uint8:  # sums wrap
+            buf = torch.zeros(count + 1, dtype=dtype)
+            view = buf[1:]
+            view.copy_(value(rank, count, dtype, 3) % 8)  # sums stay exact in bfloat16
+            dist.all_reduce(view)
+            want = sum((value(r, count, dtype, 3) % 8).to(torch.float64) for r in range(n)).to(dtype)
+            assert torch.equal(view, want), ("all_reduce", dtype, count)
+
+dist.barrier()
+print(f"rank {rank} ok", flush=True)
+dist.destroy_process_group()

@@ -1,0 +1,59 @@
+"""Single copy between ranks of one host (RAILCC_CMA_BYTES): the receiver reads the sender's
+buffer with process_vm_readv. Real processes and the real kernel: once where it may read its
+peers, and once where every rank has made itself unreadable (no CAP_SYS_PTRACE, not dumpable),
+so the kernel refuses and the shared-memory FIFOs must carry everything, said once at INFO."""
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(n, refuse, timeout=150):
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_port()), WORLD_SIZE=str(n),
+               RAILCC_CMA_BYTES="4096", RAILCC_DEBUG="INFO", RAILCC_DEBUG_SUBSYS="SHM",
+               PYTHONPATH=os.path.join(REPO, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, os.path.join(HERE, "cma_worker.py")] + (["--refuse"] if refuse else [])
+    if refuse and os.geteuid() == 0:
+        # root reads any process (CAP_SYS_PTRACE): the ranks start without it.
+        if not shutil.which("setpriv"):
+            pytest.skip("setpriv (util-linux) is needed to start ranks without CAP_SYS_PTRACE as root")
+        cmd = ["setpriv", "--bounding-set=-sys_ptrace"] + cmd
+    procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(n)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            p.kill()
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"rank {r} ok" in out, f"rank {r} exited {p.returncode}:\n{out[-4000:]}"
+    return outs
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 4])
+def test_single_copy_matches_torch_on_views(n):
+    outs = _run(n, refuse=False)
+    assert all("single copy (CMA) works" in o for o in outs), outs[0][-3000:]
+
+
+@pytest.mark.timeout(200)
+def test_single_copy_refused_by_the_kernel_falls_back_to_the_fifos():
+    outs = _run(3, refuse=True)
+    for o in outs:
+        assert "single copy (CMA) is off" in o and "Operation not permitted" in o, o[-3000:]
+        assert "single copy (CMA) works" not in o
