@@ -129,6 +129,10 @@ size_t Channels::recvByAddress(Channel& ch, Transfer& t) {
     moved += k;
     if (t.done < t.bytes) return moved;
   }
+  // A sender that failed meanwhile may have returned and reused its buffer: what was read
+  // then is not its message.
+  if (ch.conn->peerReportedFailure())
+    RAILCC_THROW(kPeerFailure, "it failed while its buffer was being read (single copy)");
   ch.conn->ackRemote();
   ch.inAddrGot = 0;
   t.finished = true;
