@@ -107,6 +107,14 @@ class ProcessGroupRailcc : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> sparseAllreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
 
   engine::Communicator& comm() { return *comm_; }
+  // What a shrink needs to form the survivors' group (railcc/_shrink.py): the c10d store the
+  // group was made with, its timeout and name, and each group rank's rank in the default group.
+  const c10::intrusive_ptr<c10d::Store>& c10dStore() const { return c10dStore_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  const std::string& groupName() const { return groupName_; }
+  const std::vector<int>& globalRanks() const { return globalRanks_; }
+  /// Shrinks of this group so far: names the store prefix of the next one alike on every survivor.
+  int nextShrink() { return ++shrinks_; }
   /// Per-peer transport, e.g. {"shm", "socket 10.0.0.2:4000"}, for diagnostics.
   std::vector<std::string> peerTransports() const;
 
@@ -122,6 +130,10 @@ class ProcessGroupRailcc : public c10d::Backend {
   std::shared_ptr<engine::Store> store_;  // shared with a watchdog thread that may outlive us
   std::unique_ptr<engine::Communicator> comm_;
   std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> c10dStore_;
+  std::string groupName_;
+  std::vector<int> globalRanks_;
+  int shrinks_ = 0;
   uint64_t seq_ = 0;
   bool coalescing_ = false;
   std::vector<engine::RequestPtr> coalescedReqs_;

@@ -99,7 +99,33 @@ PYBIND11_MODULE(_C, m) {
       .def("straggler_report_json", [](railcc::ProcessGroupRailcc& self) { return self.comm().stragglerReport(); },
            py::call_guard<py::gil_scoped_release>())
       .def("abort_group", [](railcc::ProcessGroupRailcc& self) { self.abort(); },
-           py::call_guard<py::gil_scoped_release>());
+           py::call_guard<py::gil_scoped_release>())
+      // shrink (railcc/_shrink.py): torch.distributed.shrink_group asks the backend object.
+      .def_property_readonly("supports_shrinking", [](railcc::ProcessGroupRailcc&) { return true; })
+      .def("_c10d_store", [](railcc::ProcessGroupRailcc& self) { return self.c10dStore(); })
+      .def("_timeout", [](railcc::ProcessGroupRailcc& self) { return self.timeout(); })
+      .def("_group_name", [](railcc::ProcessGroupRailcc& self) { return self.groupName(); })
+      .def("_global_ranks", [](railcc::ProcessGroupRailcc& self) { return self.globalRanks(); })
+      .def("_next_shrink", [](railcc::ProcessGroupRailcc& self) { return self.nextShrink(); })
+      // The default-group ranks this rank knows to be dead or silent: those the error that broke
+      // the group blames (a peer that exited, closed its connections or never answered).
+      .def("failed_ranks", [](railcc::ProcessGroupRailcc& self) {
+        std::vector<int> out;
+        std::exception_ptr err = self.comm().brokenError();
+        if (!err) return out;
+        try {
+          std::rethrow_exception(err);
+        } catch (const railcc::Error& e) {
+          if (e.code() != railcc::ErrorCode::kPeerFailure && e.code() != railcc::ErrorCode::kTimeout) return out;
+          for (int r : e.ranks) {
+            int g = e.ranksGlobal || r < 0 || r >= static_cast<int>(self.globalRanks().size())
+                        ? r : self.globalRanks()[static_cast<size_t>(r)];
+            if (g != self.globalRanks()[static_cast<size_t>(self.getRank())]) out.push_back(g);
+          }
+        } catch (...) {
+        }
+        return out;
+      });
 
   m.def("params", [] {
     py::list rows;

@@ -33,6 +33,7 @@ __all__ = [
     "straggler_report",
     "abort",
     "cuda_info",
+    "failed_ranks",
 ]
 
 __version__ = "0.1.0"
@@ -52,6 +53,11 @@ def _register():
 
 
 _register()
+
+# torch.distributed.shrink_group(ranks, group) calls the backend's shrink (see _shrink.py).
+from . import _shrink  # noqa: E402
+
+_C.ProcessGroupRailcc.shrink = _shrink.shrink
 
 
 def params():
@@ -112,3 +118,14 @@ def abort(group=None):
     """Aborts `group` from any thread: every pending and later op on it fails at once with
     railcc.AbortedError. The group cannot be used again; destroy it afterwards."""
     backend_of(group).abort_group()
+
+
+def failed_ranks(group=None):
+    """The ranks (of the default group) this rank knows to be dead or silent in `group` (default
+    group if None): those the error that broke the group blames (a rank that exited, closed its
+    connections, or never answered within the timeout). Empty while the group is healthy.
+
+    For the default group, `torch.distributed.shrink_group(railcc.failed_ranks())` leaves them
+    out; shrink_group checks that every survivor excludes the same ranks. For another group,
+    map them to its ranks first (torch.distributed.get_group_rank)."""
+    return sorted(set(backend_of(group).failed_ranks()))

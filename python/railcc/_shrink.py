@@ -1,0 +1,94 @@
+"""Shrinking a railcc group: what torch.distributed.shrink_group asks of the backend.
+
+The survivors form a new railcc group among themselves through the parent's c10d store, under
+a prefix that names the parent group and the shrink's number (every survivor counts its
+shrinks of a group alike), so nothing of the dead rank's is waited for. Before that, each
+survivor publishes which ranks it excludes and checks that every other survivor excludes the
+same ones: a rank that disagrees fails the shrink on every survivor, with both views named,
+instead of the survivors building different groups that would hang.
+"""
+
+import datetime as _dt
+import json as _json
+import threading as _threading
+
+import torch.distributed as _dist
+
+SHRINK_ABORT = getattr(_dist.distributed_c10d, "SHRINK_ABORT", 0x01)
+
+_in_flight = set()
+_in_flight_mu = _threading.Lock()
+
+
+def _check_exclusion(ranks, size, me):
+    """Group ranks to exclude, sorted, or ValueError/RuntimeError naming the argument."""
+    if not isinstance(ranks, (list, tuple)):
+        raise TypeError(f"railcc shrink: ranks_to_exclude must be a list of group ranks, not {type(ranks).__name__}")
+    if len(ranks) == 0:
+        raise ValueError("railcc shrink: ranks_to_exclude is empty; name the ranks to leave out "
+                         "(railcc.failed_ranks() lists the ones this rank knows to be dead)")
+    out = set()
+    for r in ranks:
+        if isinstance(r, bool) or not isinstance(r, int):
+            raise TypeError(f"railcc shrink: ranks_to_exclude holds {r!r}, not a group rank (an int)")
+        if not 0 <= r < size:
+            raise ValueError(f"railcc shrink: rank {r} in ranks_to_exclude is out of range for a group of {size} "
+                             f"(0 to {size - 1})")
+        if r in out:
+            raise ValueError(f"railcc shrink: rank {r} appears twice in ranks_to_exclude")
+        out.add(r)
+    if me in out:
+        raise RuntimeError(f"railcc shrink: this rank ({me}) is in ranks_to_exclude; only the ranks that stay call "
+                           "shrink_group")
+    if len(out) >= size:
+        raise ValueError(f"railcc shrink: ranks_to_exclude names all {size} ranks; at least one must stay")
+    return sorted(out)
+
+
+def shrink(self, ranks_to_exclude, shrink_flags=0, opts_override=None):
+    """ProcessGroupRailcc.shrink: the survivors' new backend (this rank's part of it)."""
+    from . import _C
+
+    size, me = self.size(), self.rank()
+    excluded = _check_exclusion(list(ranks_to_exclude), size, me)
+    if shrink_flags not in (0, SHRINK_ABORT):
+        raise ValueError(f"railcc shrink: shrink_flags={shrink_flags!r}; expected SHRINK_DEFAULT (0) or "
+                         f"SHRINK_ABORT ({SHRINK_ABORT})")
+    key = id(self)
+    with _in_flight_mu:
+        if key in _in_flight:
+            raise RuntimeError("railcc shrink: another shrink of this group is in flight on this rank; "
+                               "wait for it and shrink the group it returns")
+        _in_flight.add(key)
+    try:
+        if shrink_flags & SHRINK_ABORT:
+            # Every pending and queued op of the parent fails now (AbortedError): nothing here
+            # waits on the dead rank.
+            self.abort_group()
+        glob = list(self._global_ranks())
+        survivors = [r for r in range(size) if r not in excluded]
+        number = self._next_shrink()
+        name = self._group_name() or "group"
+        store = _dist.PrefixStore(f"railcc-shrink/{name}/{number}/", self._c10d_store())
+        timeout = self._timeout()
+        view = _json.dumps([glob[r] for r in excluded])
+        store.set(f"view/{glob[me]}", view)
+        keys = [f"view/{glob[r]}" for r in survivors]
+        try:
+            store.wait(keys, timeout if isinstance(timeout, _dt.timedelta) else _dt.timedelta(milliseconds=timeout))
+        except Exception as e:
+            missing = [glob[r] for r in survivors if not store.check([f"view/{glob[r]}"])]
+            raise RuntimeError(f"railcc shrink of group '{name}': ranks {missing} (of the default group), which this "
+                               f"rank keeps, did not join the shrink within the group's timeout ({e}); every rank "
+                               "that stays must call shrink_group with the same ranks") from None
+        for r in survivors:
+            theirs = store.get(f"view/{glob[r]}").decode()
+            if theirs != view:
+                raise RuntimeError(f"railcc shrink of group '{name}': rank {glob[me]} excludes {view} but rank "
+                                   f"{glob[r]} excludes {theirs} (ranks of the default group); every rank that "
+                                   "stays must exclude the same ranks")
+        return _C.ProcessGroupRailcc(store, survivors.index(me), len(survivors), timeout, f"{name}:shrink{number}",
+                                     [glob[r] for r in survivors])
+    finally:
+        with _in_flight_mu:
+            _in_flight.discard(key)
