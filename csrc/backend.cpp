@@ -1,5 +1,6 @@
 #include "backend.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -289,10 +290,19 @@ Config configFromEnv() {
 
 // ------------------------------------------------------------------ ProcessGroupRailcc
 
+// torchrun --max-restarts keeps its store across attempts, with the failed attempt's keys in it
+// (torch 2.13; gloo then dials dead ranks): a restarted rank would read its predecessors'
+// endpoints. Each attempt's railcc keys get a prefix of their own.
+static c10::intrusive_ptr<c10d::Store> perAttempt(const c10::intrusive_ptr<c10d::Store>& s) {
+  const char* a = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  if (!a || !*a) return s;
+  return c10::make_intrusive<c10d::PrefixStore>(std::string("railcc-attempt-") + a, s);
+}
+
 ProcessGroupRailcc::ProcessGroupRailcc(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                        std::chrono::milliseconds timeout, std::string groupName,
                                        std::vector<int> globalRanks)
-    : c10d::Backend(rank, size), store_(std::make_shared<C10dStore>(store)), timeout_(timeout), c10dStore_(store),
+    : c10d::Backend(rank, size), store_(std::make_shared<C10dStore>(perAttempt(store))), timeout_(timeout), c10dStore_(store),
       groupName_(groupName), globalRanks_(static_cast<int>(globalRanks.size()) == size ? globalRanks : std::vector<int>{}) {
   for (int r = static_cast<int>(globalRanks_.size()); r < size; ++r) globalRanks_.push_back(r);
   engine::CommOptions o;

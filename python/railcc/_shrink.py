@@ -10,6 +10,7 @@ instead of the survivors building different groups that would hang.
 
 import datetime as _dt
 import json as _json
+import os as _os
 import threading as _threading
 
 import torch.distributed as _dist
@@ -69,7 +70,10 @@ def shrink(self, ranks_to_exclude, shrink_flags=0, opts_override=None):
         survivors = [r for r in range(size) if r not in excluded]
         number = self._next_shrink()
         name = self._group_name() or "group"
-        store = _dist.PrefixStore(f"railcc-shrink/{name}/{number}/", self._c10d_store())
+        # As the group's own keys (backend.cpp): a torchrun attempt's keys apart from the last one's.
+        attempt = _os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        prefix = (f"railcc-attempt-{attempt}/" if attempt else "") + f"railcc-shrink/{name}/{number}/"
+        store = _dist.PrefixStore(prefix, self._c10d_store())
         timeout = self._timeout()
         view = _json.dumps([glob[r] for r in excluded])
         store.set(f"view/{glob[me]}", view)

@@ -18,10 +18,12 @@ def _port():
         return s.getsockname()[1]
 
 
-def _launch(script_args, n, timeout=120, **extra):
+def _launch(script_args, n, timeout=120, host_of=None, **extra):
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_port()), WORLD_SIZE=str(n),
                PYTHONPATH=os.path.join(REPO, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra)
-    procs = [subprocess.Popen([sys.executable, *script_args], env=dict(env, RANK=str(r)), cwd=REPO,
+    # host_of(rank): a fake host per rank (RAILCC_HOST_ID), so that ranks of different ones talk TCP.
+    hosts = [{"RAILCC_HOST_ID": host_of(r)} if host_of else {} for r in range(n)]
+    procs = [subprocess.Popen([sys.executable, *script_args], env=dict(env, RANK=str(r), **hosts[r]), cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(n)]
     outs = []
     try:
@@ -38,8 +40,13 @@ def _explain(codes, outs):
 
 
 @pytest.mark.timeout(180)
-def test_elastic_ddp_survives_a_killed_rank_with_identical_parameters():
-    codes, outs = _launch([os.path.join(REPO, "examples", "elastic_ddp.py"), "--kill-step", "4", "--steps", "10"], 4)
+@pytest.mark.parametrize("hosts", ["one host", "two fake hosts"])
+def test_elastic_ddp_survives_a_killed_rank_with_identical_parameters(hosts):
+    # Two fake hosts of two ranks each: the dead rank's host keeps its other rank, and the
+    # survivors reach each other over TCP across the hosts and shared memory within them.
+    host_of = (lambda r: f"elastic-host-{r // 2}") if hosts == "two fake hosts" else None
+    codes, outs = _launch([os.path.join(REPO, "examples", "elastic_ddp.py"), "--kill-step", "4", "--steps", "10"], 4,
+                          host_of=host_of)
     assert codes[3] == -9 and codes[:3] == [0, 0, 0], _explain(codes, outs)
     for o in outs[:3]:
         assert "shrinking without ranks [3]" in o and "recovered in" in o, o[-2500:]
@@ -59,3 +66,14 @@ def test_shrink_group(mode, n):
     else:
         survivors = n if mode == "bad" else n - 2
         assert all(f"rank {r} ok" in outs[r] for r in range(survivors)), _explain(codes, outs)
+
+
+@pytest.mark.timeout(240)
+def test_torchrun_restart_sets_up_anew_without_the_failed_attempts_records():
+    # torchrun keeps its store across restarts with the failed attempt's keys in it; the
+    # restarted ranks must not dial their dead predecessors (gloo does, in torch 2.13).
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import recovery_bench
+
+    took = recovery_bench.run_restart(kill_step=2, steps=5)
+    assert took > 0

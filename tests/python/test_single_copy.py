@@ -45,9 +45,8 @@ def _run(n, refuse, timeout=150):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("n", [2, 4])
-def test_single_copy_matches_torch_on_views(n):
-    outs = _run(n, refuse=False)
+def test_single_copy_matches_torch_on_views():
+    outs = _run(3, refuse=False)
     assert all("single copy (CMA) works" in o for o in outs), outs[0][-3000:]
 
 
