@@ -81,6 +81,16 @@ elif mode == "disagree":
     except RuntimeError as e:
         assert "every rank that stays must exclude the same ranks" in str(e), str(e)
         print(f"rank {me} refused: {e}", flush=True)
+    # Rank 0 hosts the store: it leaves only once the others have read what they need from it.
+    store = c10d._get_default_store()
+    store.set(f"done/{me}", "1")
+    if me == 0:
+        store.wait([f"done/{r}" for r in range(n - 1)], __import__("datetime").timedelta(seconds=60))
     os._exit(0)
 print(f"rank {me} ok", flush=True)
+members = c10d.get_process_group_ranks(c10d._get_default_group())
+store = c10d._get_default_store()
+store.set(f"end/{me}", "1")
+if me == 0:  # rank 0 hosts the store: the others finish with it first
+    store.wait([f"end/{r}" for r in members], __import__("datetime").timedelta(seconds=60))
 dist.destroy_process_group()
