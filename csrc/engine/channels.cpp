@@ -84,7 +84,7 @@ void Channels::checkHeader(const Transfer& t, const WireHeader& h, int peer) {
 
 size_t Channels::sendByAddress(Channel& ch, Transfer& t) {
   size_t moved = 0;
-  if (t.byAddress == 1) {
+  if (t.byAddress == Transfer::ByAddress::kSending) {
     struct {
       WireHeader h;
       AddressMsg a;
@@ -96,7 +96,7 @@ size_t Channels::sendByAddress(Channel& ch, Transfer& t) {
       t.hdrDone += k;
       moved += k;
     }
-    t.byAddress = 2;
+    t.byAddress = Transfer::ByAddress::kAwaitingAck;
     t.ticket = ++ch.addrSent;
   }
   if (ch.conn->remoteAcked() < t.ticket) return moved;
@@ -113,18 +113,15 @@ size_t Channels::recvByAddress(Channel& ch, Transfer& t) {
     ch.inAddrGot += k;
     moved += k;
   }
+  // Only all-gather and all-to-all steps pass addresses (Channels::singleCopy), and their
+  // receives copy: a reducing receive never meets one unless an algorithm marked it wrongly.
+  if (t.kind != Transfer::kRecv)
+    RAILCC_THROW(kInternal, "a reducing receive from ", host_.peerName(t.peer), " was sent an address (single copy)");
   // A piece per call, so that the op's other transfers (a forwarding send) move in between.
-  constexpr size_t kPiece = 1u << 20, kReducePiece = 256u << 10;
+  constexpr size_t kPiece = 1u << 20;
   if (t.done < t.bytes) {
     size_t k = std::min(t.bytes - t.done, kPiece);
-    if (t.kind == Transfer::kRecv) {
-      ch.conn->readRemote(t.dst + t.done, ch.inAddr.addr + t.done, k);
-    } else {  // reduced out of a piece small enough to stay in cache
-      k = std::min(k, kReducePiece);
-      if (reduceScratch_.size() < kReducePiece) reduceScratch_.resize(kReducePiece);
-      ch.conn->readRemote(reduceScratch_.data(), ch.inAddr.addr + t.done, k);
-      reduceInto(t.dst + t.done, reduceScratch_.data(), k / dtypeSize(t.dtype), t.dtype, t.op, t.scale);
-    }
+    ch.conn->readRemote(t.dst + t.done, ch.inAddr.addr + t.done, k);
     t.done += k;
     moved += k;
     if (t.done < t.bytes) return moved;
@@ -141,8 +138,9 @@ size_t Channels::recvByAddress(Channel& ch, Transfer& t) {
 
 size_t Channels::progressSend(Channel& ch, Transfer& t) {
   if (gated(t)) return 0;
-  if (t.hdrDone == 0 && !t.byAddress && sendsByAddress(ch, t)) t.byAddress = 1;
-  if (t.byAddress) return sendByAddress(ch, t);
+  if (t.hdrDone == 0 && t.byAddress == Transfer::ByAddress::kNo && sendsByAddress(ch, t))
+    t.byAddress = Transfer::ByAddress::kSending;
+  if (t.byAddress != Transfer::ByAddress::kNo) return sendByAddress(ch, t);
   size_t moved = 0;
   if (t.hdrDone == 0 && t.bytes <= kInlineBytes && sendLimit(t) == t.bytes) {
     // Header, payload and padding in one write: the receiver sees the whole message at once
@@ -189,7 +187,7 @@ size_t Channels::progressSend(Channel& ch, Transfer& t) {
 }
 
 size_t Channels::progressRecv(Channel& ch, Transfer& t) {
-  if (t.byAddress) return recvByAddress(ch, t);
+  if (t.byAddress == Transfer::ByAddress::kReceiving) return recvByAddress(ch, t);
   size_t moved = 0;
   if (t.kind == Transfer::kRecv) {
     while (t.done < t.bytes) {
@@ -286,7 +284,7 @@ size_t Channels::progressPair(Channel& ch, int lane, int peer) {
     if (!t.matched) {
       if (!readHeader(ch, moved)) break;
       acceptHeader(ch, t, lane, peer);
-      if (ch.inHdr.flags & kWireByAddress) t.byAddress = 3;
+      if (ch.inHdr.flags & kWireByAddress) t.byAddress = Transfer::ByAddress::kReceiving;
       if (sampled(t)) t.began = Clock::now();
       if (t.gates) break;  // let the send waiting on this header go before the payload is copied
     }
@@ -523,7 +521,8 @@ void Channels::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
         if (ch.conn->pollFd() >= 0) continue;
         if (!ch.recvq.empty() && ch.conn->peek().second > 0) return true;
         if (!ch.sendq.empty() && hasBytesToSend(*ch.sendq.front()) && ch.conn->canSend()) return true;
-        if (!ch.sendq.empty() && ch.sendq.front()->byAddress == 2 && ch.conn->remoteAcked() >= ch.sendq.front()->ticket)
+        if (!ch.sendq.empty() && ch.sendq.front()->byAddress == Transfer::ByAddress::kAwaitingAck &&
+            ch.conn->remoteAcked() >= ch.sendq.front()->ticket)
           return true;
       }
     return host_.opsQueued();

@@ -194,7 +194,7 @@ class Channels {
   size_t progressSend(Channel& ch, Transfer& t);
   size_t progressRecv(Channel& ch, Transfer& t);
   // Single copy (RAILCC_CMA_BYTES): the send passes its buffer's address, the receive copies
-  // (or reduces) straight out of the sender's memory, in pieces, then acknowledges.
+  // straight out of the sender's memory, in pieces, then acknowledges.
   bool sendsByAddress(Channel& ch, const Transfer& t) const {
     return t.mayPassAddress && t.bytes >= byAddressMin_ && !t.limit && t.lane == kCollLane && shmPeer(t.peer) &&
            ch.conn->peerReadsUs();
@@ -223,7 +223,6 @@ class Channels {
   std::vector<int> localRanks_;
   size_t streamMin_ = ~size_t(0);
   size_t byAddressMin_ = ~size_t(0);  // RAILCC_CMA_BYTES (at least 4096), or never
-  std::vector<char> reduceScratch_;     // a piece read from a peer's memory, reduced from here
   int64_t busyUs_ = 0;
   // Wakes an engine thread asleep in poll(); `sleeping_` says it is about to.
   int wakeFd_ = -1;

@@ -108,9 +108,9 @@ struct Transfer {
   int channel = 0;                // which of the pair's channels carries it
   std::shared_ptr<std::vector<Transfer>> parts;  // a message split across channels (post())
   bool bypassCache = false;       // a large receive from shared memory: non-temporal stores
-  // Single copy: a send 1 while its header and address go out, 2 while it waits for the
-  // receiver's acknowledgement (done at `ticket`); a receive 3 once the header said so.
-  uint8_t byAddress = 0;
+  // Single copy: where a message passed by address stands (the acknowledgement that ends a
+  // send is the peer's `ticket`-th).
+  enum class ByAddress : uint8_t { kNo, kSending, kAwaitingAck, kReceiving } byAddress = ByAddress::kNo;
   uint64_t ticket = 0;
   bool mayPassAddress = false;  // set by the algorithm where single copy wins (Channels::singleCopy)
   // progress
@@ -135,7 +135,7 @@ inline bool gated(const Transfer& t) { return t.after && !(t.after->matched || t
 // False when a forwarding send has sent all it may until more arrives.
 inline bool hasBytesToSend(const Transfer& t) {
   if (gated(t)) return false;
-  if (t.byAddress) return t.byAddress == 1;  // then only the receiver's acknowledgement is awaited
+  if (t.byAddress != Transfer::ByAddress::kNo) return t.byAddress == Transfer::ByAddress::kSending;  // then only the ack
   if (t.hdrDone < sizeof(WireHeader) || t.done >= t.bytes) return true;
   return t.done < sendLimit(t);
 }
