@@ -108,7 +108,8 @@ class ProcessGroupRailcc : public c10d::Backend {
 
   engine::Communicator& comm() { return *comm_; }
   // What a shrink needs to form the survivors' group (railcc/_shrink.py): the c10d store the
-  // group was made with, its timeout and name, and each group rank's rank in the default group.
+  // group was made with (under this torchrun attempt's prefix, as the group's own keys), its
+  // timeout and name, and each group rank's rank in the default group.
   const c10::intrusive_ptr<c10d::Store>& c10dStore() const { return c10dStore_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   const std::string& groupName() const { return groupName_; }

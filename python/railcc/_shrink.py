@@ -8,9 +8,7 @@ same ones: a rank that disagrees fails the shrink on every survivor, with both v
 instead of the survivors building different groups that would hang.
 """
 
-import datetime as _dt
 import json as _json
-import os as _os
 import threading as _threading
 
 import torch.distributed as _dist
@@ -70,16 +68,14 @@ def shrink(self, ranks_to_exclude, shrink_flags=0, opts_override=None):
         survivors = [r for r in range(size) if r not in excluded]
         number = self._next_shrink()
         name = self._group_name() or "group"
-        # As the group's own keys (backend.cpp): a torchrun attempt's keys apart from the last one's.
-        attempt = _os.environ.get("TORCHELASTIC_RESTART_COUNT")
-        prefix = (f"railcc-attempt-{attempt}/" if attempt else "") + f"railcc-shrink/{name}/{number}/"
-        store = _dist.PrefixStore(prefix, self._c10d_store())
+        # _c10d_store() is already this torchrun attempt's (backend.cpp): no key of an earlier attempt.
+        store = _dist.PrefixStore(f"railcc-shrink/{name}/{number}/", self._c10d_store())
         timeout = self._timeout()
         view = _json.dumps([glob[r] for r in excluded])
         store.set(f"view/{glob[me]}", view)
         keys = [f"view/{glob[r]}" for r in survivors]
         try:
-            store.wait(keys, timeout if isinstance(timeout, _dt.timedelta) else _dt.timedelta(milliseconds=timeout))
+            store.wait(keys, timeout)  # a timedelta (pybind11 converts the group's milliseconds)
         except Exception as e:
             missing = [glob[r] for r in survivors if not store.check([f"view/{glob[r]}"])]
             raise RuntimeError(f"railcc shrink of group '{name}': ranks {missing} (of the default group), which this "
