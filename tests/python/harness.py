@@ -12,6 +12,7 @@ import json
 import multiprocessing as mp
 import os
 import queue
+import socket
 import subprocess
 import sys
 import tempfile
@@ -139,6 +140,33 @@ class RankPool:
                 p.kill()
         for p in self._procs:
             p.join(5)
+
+
+def free_port():
+    """A TCP port free on 127.0.0.1 now (for a job's MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_env_ranks(cmd, n, timeout=120, env=None, rank_env=None):
+    """Runs `cmd` (argv) as ranks 0..n-1 of an env:// job (MASTER_ADDR/PORT on 127.0.0.1, RANK,
+    WORLD_SIZE; this tree's railcc first on PYTHONPATH), `env` added for all and rank_env(r) per
+    rank. Returns (exit codes, outputs with stderr merged); a rank still running at `timeout`
+    is killed, and so are the others."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(n),
+                PYTHONPATH=os.path.join(repo, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
+    procs = [subprocess.Popen(cmd, env=dict(base, RANK=str(r), **(rank_env(r) if rank_env else {})), cwd=repo,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(n)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            p.kill()
+    return [p.returncode for p in procs], outs
 
 
 def spawn_worker(rank, world, store, env=None, args=()):

@@ -2,37 +2,20 @@
 TCPStore, shared memory between the ranks. The elastic example (a rank SIGKILLed mid-step,
 the survivors shrink and finish with identical parameters) and shrink's refusals of bad input."""
 import os
-import socket
-import subprocess
 import sys
 
 import pytest
+
+from harness import run_env_ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(script_args, n, timeout=120, host_of=None, **extra):
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_port()), WORLD_SIZE=str(n),
-               PYTHONPATH=os.path.join(REPO, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra)
+def _launch(script_args, n, timeout=120, host_of=None):
     # host_of(rank): a fake host per rank (RAILCC_HOST_ID), so that ranks of different ones talk TCP.
-    hosts = [{"RAILCC_HOST_ID": host_of(r)} if host_of else {} for r in range(n)]
-    procs = [subprocess.Popen([sys.executable, *script_args], env=dict(env, RANK=str(r), **hosts[r]), cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(n)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            p.kill()
-    return [p.returncode for p in procs], outs
+    rank_env = (lambda r: {"RAILCC_HOST_ID": host_of(r)}) if host_of else None
+    return run_env_ranks([sys.executable, *script_args], n, timeout=timeout, rank_env=rank_env)
 
 
 def _explain(codes, outs):

@@ -4,43 +4,26 @@ peers, and once where every rank has made itself unreadable (no CAP_SYS_PTRACE, 
 so the kernel refuses and the shared-memory FIFOs must carry everything, said once at INFO."""
 import os
 import shutil
-import socket
-import subprocess
 import sys
 
 import pytest
 
+from harness import run_env_ranks
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-
-
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(n, refuse, timeout=150):
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_port()), WORLD_SIZE=str(n),
-               RAILCC_CMA_BYTES="4096", RAILCC_DEBUG="INFO", RAILCC_DEBUG_SUBSYS="SHM",
-               PYTHONPATH=os.path.join(REPO, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, os.path.join(HERE, "cma_worker.py")] + (["--refuse"] if refuse else [])
     if refuse and os.geteuid() == 0:
         # root reads any process (CAP_SYS_PTRACE): the ranks start without it.
         if not shutil.which("setpriv"):
             pytest.skip("setpriv (util-linux) is needed to start ranks without CAP_SYS_PTRACE as root")
         cmd = ["setpriv", "--bounding-set=-sys_ptrace"] + cmd
-    procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(n)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            p.kill()
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and f"rank {r} ok" in out, f"rank {r} exited {p.returncode}:\n{out[-4000:]}"
+    codes, outs = run_env_ranks(cmd, n, timeout=timeout,
+                                env={"RAILCC_CMA_BYTES": "4096", "RAILCC_DEBUG": "INFO", "RAILCC_DEBUG_SUBSYS": "SHM"})
+    for r, (code, out) in enumerate(zip(codes, outs)):
+        assert code == 0 and f"rank {r} ok" in out, f"rank {r} exited {code}:\n{out[-4000:]}"
     return outs
 
 
