@@ -36,7 +36,8 @@ RailccError::RailccError(const ::railcc::Error& e, const std::string& context)
       ranks(e.ranks),
       hosts(e.hosts),
       seq(e.seq),
-      op(e.op) {}
+      op(e.op),
+      ranksDead(e.ranksDead) {}
 
 std::exception_ptr toTorchError(std::exception_ptr err, const std::string& context) {
   try {

@@ -46,6 +46,7 @@ class RailccError : public c10::DistBackendError {
   std::vector<std::string> hosts;
   long long seq;
   std::string op;
+  bool ranksDead;  // `ranks` were seen gone (process exited, connections dropped), not merely slow
 };
 
 /// Converts an engine exception_ptr into a RailccError exception_ptr (others pass through).

@@ -107,6 +107,10 @@ PYBIND11_MODULE(_C, m) {
       .def("_group_name", [](railcc::ProcessGroupRailcc& self) { return self.groupName(); })
       .def("_global_ranks", [](railcc::ProcessGroupRailcc& self) { return self.globalRanks(); })
       .def("_next_shrink", [](railcc::ProcessGroupRailcc& self) { return self.nextShrink(); })
+      .def("_drain", [](railcc::ProcessGroupRailcc& self, double seconds) {
+        py::gil_scoped_release nogil;
+        return self.comm().drain(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+      }, py::arg("seconds"))
       // The default-group ranks this rank knows to be dead or silent: those the error that broke
       // the group blames (a peer that exited, closed its connections or never answered).
       .def("failed_ranks", [](railcc::ProcessGroupRailcc& self) {
@@ -251,7 +255,14 @@ PYBIND11_MODULE(_C, m) {
       try {
         py::object errors = py::module_::import("railcc._errors");
         py::object cls = errors.attr(pythonClassFor(e.code));
-        py::object inst = cls(std::string(e.what_without_backtrace()));
+        std::string msg = e.what_without_backtrace();
+        // A group that lost a rank can go on without it; say how (not for init: nothing to shrink yet).
+        if (e.code == railcc::ErrorCode::kPeerFailure && e.ranksDead && msg.rfind("railcc init", 0) != 0)
+          msg += "\nTo go on without the dead rank(s), every rank that stays calls torch.distributed.shrink_group("
+                 "railcc.failed_ranks(group, group_ranks=True), group, shrink_flags=SHRINK_ABORT) (group: this op's, "
+                 "None for the default one) and uses the group it returns; shrinking the default group destroys the "
+                 "other groups, so create them again from the shrunk one";
+        py::object inst = cls(msg);
         inst.attr("code") = railcc::errorCodeName(e.code);
         inst.attr("ranks") = py::cast(e.ranks);
         inst.attr("hosts") = py::cast(e.hosts);

@@ -49,8 +49,28 @@
 
 namespace railcc::engine {
 
+// Counts the ops of a communicator that exist (queued, running, or finished but not yet let
+// go), for Communicator::drain: one atomic add when an op is queued, one sub when it goes.
+class LiveOps {
+ public:
+  LiveOps() = default;
+  LiveOps(const LiveOps&) = delete;
+  LiveOps& operator=(const LiveOps&) = delete;
+  ~LiveOps() {
+    if (n_) n_->fetch_sub(1, std::memory_order_release);
+  }
+  void attach(std::atomic<int64_t>* n) {
+    n_ = n;
+    n_->fetch_add(1, std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<int64_t>* n_ = nullptr;
+};
+
 // One queued op: what every layer may know of it (OpStamp), its body, and its request.
 struct Op : OpStamp {
+  LiveOps live;
   bool p2p = false;
   std::function<void()> body;
   Transfer xfer;    // for sends and receives
@@ -342,6 +362,7 @@ class CommImpl : private ChannelHost {
 
   // The op queue, the engine token and the progress thread (progress.cpp). `mu` guards what
   // callers share with the engine (and Health::abortWhy); the rest is the token holder's.
+  std::atomic<int64_t> opsLive_{0};  // Op::live of every op; declared before q_, which holds them
   struct OpQueue {
     std::mutex mu;
     std::condition_variable cv;

@@ -23,6 +23,16 @@ void Communicator::abort(const std::string& why) {
   if (!forked()) impl_->abort(why);
 }
 void Communicator::poke() { impl_->poke(); }
+bool Communicator::drain(Millis timeout) {
+  if (forked()) return true;  // the parent's ops are none of this process's
+  impl_->poke();              // an op queued under CallerWaits that nobody waits on
+  auto until = std::chrono::steady_clock::now() + timeout;
+  while (impl_->opsLive_.load(std::memory_order_acquire) > 0) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(Millis(1));
+  }
+  return true;
+}
 bool Communicator::wait(const RequestPtr& req, Millis timeout) {
   if (req->completed()) return true;
   if (forked()) impl_->checkOwner();  // never run or wake a parent's op in a child

@@ -175,6 +175,10 @@ class Communicator {
   /// caller polls or waits on a future instead of calling wait().
   void poke();
 
+  /// Waits until every op queued so far has finished (done or failed) and been let go, at
+  /// most `timeout`; true if none is left. For a shrink without SHRINK_ABORT.
+  bool drain(Millis timeout);
+
   /// Number of collectives queued so far.
   uint64_t collectiveCount() const;
 

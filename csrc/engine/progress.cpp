@@ -15,6 +15,7 @@ void CommImpl::checkOwner() const {
 RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
   checkOwner();
   op->req = std::make_shared<Request>(opts_.config.spinUs, userPool_);
+  op->live.attach(&opsLive_);
   if (op->timeout.count() <= 0) op->timeout = opts_.timeout;
   if (op->p2p) {
     op->traceId = tele_->opQueued(0, op->xfer.kind == Transfer::kSend ? "send" : "recv", "-", "-", op->xfer.peer,

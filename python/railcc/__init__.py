@@ -58,6 +58,7 @@ _register()
 from . import _shrink  # noqa: E402
 
 _C.ProcessGroupRailcc.shrink = _shrink.shrink
+_shrink.patch_torch()
 
 
 def params():
@@ -120,12 +121,17 @@ def abort(group=None):
     backend_of(group).abort_group()
 
 
-def failed_ranks(group=None):
-    """The ranks (of the default group) this rank knows to be dead or silent in `group` (default
-    group if None): those the error that broke the group blames (a rank that exited, closed its
-    connections, or never answered within the timeout). Empty while the group is healthy.
+def failed_ranks(group=None, group_ranks=False):
+    """The ranks this rank knows to be dead or silent in `group` (default group if None): those
+    the error that broke the group blames (a rank that exited, closed its connections, or never
+    answered within the timeout). Empty while the group is healthy. Ranks of the default group,
+    or with group_ranks=True ranks of `group` itself, which is what shrink_group takes:
 
-    For the default group, `torch.distributed.shrink_group(railcc.failed_ranks())` leaves them
-    out; shrink_group checks that every survivor excludes the same ranks. For another group,
-    map them to its ranks first (torch.distributed.get_group_rank)."""
-    return sorted(set(backend_of(group).failed_ranks()))
+        torch.distributed.shrink_group(railcc.failed_ranks(g, group_ranks=True), g)
+
+    (for the default group the two are the same). shrink_group checks that every survivor
+    excludes the same ranks."""
+    dead = sorted(set(backend_of(group).failed_ranks()))
+    if group_ranks and group is not None:
+        dead = sorted(_dist.get_group_rank(group, r) for r in dead)
+    return dead

@@ -8,9 +8,11 @@ same ones: a rank that disagrees fails the shrink on every survivor, with both v
 instead of the survivors building different groups that would hang.
 """
 
+import functools as _functools
 import json as _json
 import threading as _threading
 
+import torch as _torch
 import torch.distributed as _dist
 
 SHRINK_ABORT = getattr(_dist.distributed_c10d, "SHRINK_ABORT", 0x01)
@@ -60,17 +62,23 @@ def shrink(self, ranks_to_exclude, shrink_flags=0, opts_override=None):
                                "wait for it and shrink the group it returns")
         _in_flight.add(key)
     try:
+        timeout = self._timeout()
         if shrink_flags & SHRINK_ABORT:
             # Every pending and queued op of the parent fails now (AbortedError): nothing here
             # waits on the dead rank.
             self.abort_group()
+        elif not self._drain(timeout.total_seconds()):
+            # SHRINK_DEFAULT: the parent's outstanding ops end first (done, or failed by the
+            # watchdog when they need a dead rank), within the group's timeout.
+            raise RuntimeError(f"railcc shrink of group '{self._group_name() or 'group'}': the group's outstanding "
+                               f"ops did not finish within its timeout ({timeout}); shrink with "
+                               "shrink_flags=SHRINK_ABORT to abort them instead of waiting")
         glob = list(self._global_ranks())
         survivors = [r for r in range(size) if r not in excluded]
         number = self._next_shrink()
         name = self._group_name() or "group"
         # _c10d_store() is already this torchrun attempt's (backend.cpp): no key of an earlier attempt.
         store = _dist.PrefixStore(f"railcc-shrink/{name}/{number}/", self._c10d_store())
-        timeout = self._timeout()
         view = _json.dumps([glob[r] for r in excluded])
         store.set(f"view/{glob[me]}", view)
         keys = [f"view/{glob[r]}" for r in survivors]
@@ -92,3 +100,46 @@ def shrink(self, ranks_to_exclude, shrink_flags=0, opts_override=None):
     finally:
         with _in_flight_mu:
             _in_flight.discard(key)
+
+
+def patch_torch():
+    """Two fixes to torch's (2.13) handling of a shrunk group, applied to railcc groups only,
+    through torch's private helpers where they exist (nothing otherwise):
+
+    * _finalize_shrunk_group drops the excluded ranks from the group's *global* ranks although
+      they are *group* ranks: shrinking rank 2 of new_group([1, 2, 3]) would record the new
+      group as global ranks [1, 3] (railcc's backend is [1, 2]). The excluded ranks are handed
+      to it as global ranks, which is what it compares with.
+    * _create_shrunk_process_group registers the new backend for one device only (the parent's
+      bound device, else the CPU). A railcc group serves CPU and CUDA tensors alike, as the
+      group it came from did, so it is registered for the other device too."""
+    c10d = _dist.distributed_c10d
+    from . import _C
+
+    finalize = getattr(c10d, "_finalize_shrunk_group", None)
+    if finalize is not None and not getattr(finalize, "_railcc", False):
+        @_functools.wraps(finalize)
+        def finalize_global(group_info, excluded, new_backend, *args, **kwargs):
+            if isinstance(new_backend, _C.ProcessGroupRailcc) and not group_info.get("is_default_group", True):
+                ranks = c10d.get_process_group_ranks(group_info["process_group"])
+                excluded = {ranks[r] for r in excluded}
+            return finalize(group_info, excluded, new_backend, *args, **kwargs)
+
+        finalize_global._railcc = True
+        c10d._finalize_shrunk_group = finalize_global
+
+    create = getattr(c10d, "_create_shrunk_process_group", None)
+    if create is not None and not getattr(create, "_railcc", False):
+        @_functools.wraps(create)
+        def create_every_device(new_backend, *args, **kwargs):
+            pg = create(new_backend, *args, **kwargs)
+            if isinstance(new_backend, _C.ProcessGroupRailcc):
+                for dev in ("cpu", "cuda"):
+                    try:
+                        pg._get_backend(_torch.device(dev))
+                    except RuntimeError:  # no backend for it yet
+                        pg._register_backend(_torch.device(dev), _dist.ProcessGroup.BackendType.CUSTOM, new_backend)
+            return pg
+
+        create_every_device._railcc = True
+        c10d._create_shrunk_process_group = create_every_device

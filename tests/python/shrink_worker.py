@@ -7,6 +7,12 @@ WORLD_SIZE). Modes:
              new group's ranks and an all_reduce against torch, then shrink again by one.
   disagree   ranks 0 and 1 exclude the last rank, rank 2 excludes rank 1 and the last: every
              survivor's shrink fails naming both views.
+  subgroup   4 ranks; g = [1, 2, 3], h = [0, 1]; rank 3 is SIGKILLed. g's next all_reduce fails
+             saying how to shrink; ranks 1 and 2 shrink g (not the default group) and all_reduce
+             on the result; h, which never held rank 3, keeps working.
+  wait       3 ranks; rank 2 is SIGKILLed while ranks 0 and 1 have an all_reduce outstanding
+             that nobody waits on; shrink_group without SHRINK_ABORT waits for it to fail (the
+             watchdog), then builds the new group.
 """
 import os
 import sys
@@ -62,6 +68,9 @@ elif mode == "healthy":
         os._exit(0)
     dist.shrink_group([n - 1])
     assert dist.get_world_size() == n - 1 and dist.get_rank() == me, (dist.get_rank(), dist.get_world_size())
+    # The shrunk group serves CUDA tensors too, as the parent did (torch registers one device).
+    pg = c10d._get_default_group()
+    assert pg._get_backend(torch.device("cuda")) is pg._get_backend(torch.device("cpu")) is railcc.backend_of()
     check_sum("after the first shrink")
     if n - 1 > 2:
         if me == n - 2:
@@ -87,6 +96,71 @@ elif mode == "disagree":
     if me == 0:
         store.wait([f"done/{r}" for r in range(n - 1)], __import__("datetime").timedelta(seconds=60))
     os._exit(0)
+elif mode in ("subgroup", "wait"):
+    store = c10d._get_default_store()
+
+    def leave(stayers):
+        # Rank 0 hosts the store: it leaves only once the others have read what they need from it.
+        print(f"rank {me} ok", flush=True)
+        store.set(f"left/{me}", "1")
+        if me == 0:
+            store.wait([f"left/{r}" for r in stayers], __import__("datetime").timedelta(seconds=60))
+        os._exit(0)
+
+    def expect_failure(fn):
+        for _ in range(200):
+            try:
+                fn()
+            except railcc.PeerFailureError as e:
+                return e
+            time.sleep(0.05)
+        raise AssertionError("no PeerFailureError within 10 s of the kill")
+
+    victim = n - 1
+    if mode == "subgroup":
+        g, h = dist.new_group([1, 2, 3]), dist.new_group([0, 1])
+        if me in (1, 2, 3):
+            dist.all_reduce(torch.ones(4), group=g)
+        if me in (0, 1):
+            dist.all_reduce(torch.ones(4), group=h)
+        store.set(f"warm/{me}", "1")
+        store.wait([f"warm/{r}" for r in range(n)])
+        if me == victim:
+            os.kill(os.getpid(), __import__("signal").SIGKILL)
+        if me in (1, 2):
+            e = expect_failure(lambda: dist.all_reduce(torch.ones(4), group=g))
+            assert "rank 3" in str(e) and "shrink_group(railcc.failed_ranks(group, group_ranks=True)" in str(e), str(e)
+            assert railcc.failed_ranks(g) == [3] and railcc.failed_ranks(g, group_ranks=True) == [2], \
+                (railcc.failed_ranks(g), railcc.failed_ranks(g, group_ranks=True))
+            g2 = dist.shrink_group(railcc.failed_ranks(g, group_ranks=True), group=g,
+                                   shrink_flags=c10d.SHRINK_ABORT)
+            assert c10d.get_process_group_ranks(g2) == [1, 2], c10d.get_process_group_ranks(g2)
+            t = torch.full((1000,), float(me + 1))
+            dist.all_reduce(t, group=g2)
+            assert torch.all(t == 5.0), t[:3]
+        if me in (0, 1):
+            t = torch.full((1000,), float(me + 1))
+            dist.all_reduce(t, group=h)
+            assert torch.all(t == 3.0), t[:3]
+        leave([0, 1, 2])
+    else:  # wait
+        dist.all_reduce(torch.ones(4))
+        if me == victim:
+            time.sleep(0.5)  # the others' all_reduce is queued and waiting on this rank
+            os.kill(os.getpid(), __import__("signal").SIGKILL)
+        work = dist.all_reduce(torch.ones(1 << 16), async_op=True)
+        t0 = time.monotonic()
+        dist.shrink_group([victim])  # SHRINK_DEFAULT: waits for `work` to end
+        took = time.monotonic() - t0
+        assert work.is_completed(), "shrink_group returned with the parent's all_reduce still pending"
+        try:
+            work.wait()
+            raise AssertionError("the parent's all_reduce succeeded without the dead rank")
+        except railcc.PeerFailureError:
+            pass
+        print(f"rank {me}: shrink waited {took:.2f} s for the outstanding all_reduce to fail", flush=True)
+        check_sum("after the shrink that waited")
+        leave([0, 1])
 print(f"rank {me} ok", flush=True)
 members = c10d.get_process_group_ranks(c10d._get_default_group())
 store = c10d._get_default_store()

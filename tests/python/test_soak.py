@@ -41,7 +41,7 @@ import harness
 
 N = 3
 SOAK_SEED = int(os.environ.get("RAILCC_SOAK_SEED", "20240611"))
-SOAK_STEPS = int(os.environ.get("RAILCC_SOAK_STEPS", "2000"))
+SOAK_STEPS = int(os.environ.get("RAILCC_SOAK_STEPS", "1200"))
 FAULT_SEED = int(os.environ.get("RAILCC_FAULT_SEED", "7001"))
 FAULT_ROUNDS = 5
 # RAILCC_FAULT_ROUNDS="4" (or "1,4") replays only those rounds, to chase one failure

@@ -2,9 +2,10 @@
 transport's GoogleTests (no torch: loopback writes with immediate, a gone peer's 'retry
 exceeded', every collective at 2 and 3 ranks with 1 and 2 queue pairs over two rxe devices,
 a GID index the port lacks, an interface taken down under a connection) and real torch
-process groups (verbs_job.py): every collective, dtype and reduce op of the foundation tests
-at 2 and 3 ranks, bit-exact against torch, a peer killed in the middle of an all_reduce, and
-the GPUDirect decisions under a topology file. The boot itself is the `vm` fixture
+process groups (verbs_job.py): every collective and reduce op of the foundation tests at 2
+ranks and those whose schedules differ at 3, over one dtype of each size and kind, bit-exact
+against torch; a peer killed in the middle of an all_reduce; the survivors of a killed rank
+shrinking the group; and the GPUDirect decisions under a topology file. The boot itself is the `vm` fixture
 (conftest.py), which test_vm_doctor.py shares."""
 
 import glob
@@ -68,6 +69,19 @@ def test_a_peer_killed_mid_all_reduce_is_named_within_seconds(vm):
     assert "rank 1" in res["message"], res["message"]
     # Found by the probe writes (1 ms a try, 3 tries), well inside the watchdog's timeout.
     assert res["seconds"] < 30, res
+
+
+def test_survivors_shrink_the_group_and_all_reduce_over_verbs(vm):
+    ranks = _ranks(vm, "shrink")
+    assert sorted(ranks) == [0, 1], _read(vm, "job.txt")[-6000:]
+    for r, res in ranks.items():
+        assert "error" not in res, f"rank {r}: {res['error']}"
+        assert res["raised"] == "PeerFailureError" and res["dead"] == [2], res
+        assert res["size"] == 2 and res["sum_ok"], res
+        others = [t for t in res["transports"] if t != "self"]
+        assert len(others) == 1 and others[0].startswith("verbs"), res
+    print(f"\nkill to first all_reduce on the shrunk group over verbs: "
+          f"{max(res['seconds'] for res in ranks.values()):.2f} s")
 
 
 def test_gpudirect_decisions_follow_the_topology_and_the_probes(vm):
