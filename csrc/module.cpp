@@ -98,8 +98,10 @@ PYBIND11_MODULE(_C, m) {
            py::arg("dir") = "", py::call_guard<py::gil_scoped_release>())
       .def("straggler_report_json", [](railcc::ProcessGroupRailcc& self) { return self.comm().stragglerReport(); },
            py::call_guard<py::gil_scoped_release>())
-      .def("abort_group", [](railcc::ProcessGroupRailcc& self) { self.abort(); },
-           py::call_guard<py::gil_scoped_release>())
+      .def("abort_group", [](railcc::ProcessGroupRailcc& self, const std::string& why) {
+        if (why.empty()) self.abort();
+        else self.comm().abort(why);
+      }, py::arg("why") = "", py::call_guard<py::gil_scoped_release>())
       // shrink (railcc/_shrink.py): torch.distributed.shrink_group asks the backend object.
       .def_property_readonly("supports_shrinking", [](railcc::ProcessGroupRailcc&) { return true; })
       .def("_c10d_store", [](railcc::ProcessGroupRailcc& self) { return self.c10dStore(); })

@@ -63,17 +63,20 @@ def shrink(self, ranks_to_exclude, shrink_flags=0, opts_override=None):
         _in_flight.add(key)
     try:
         timeout = self._timeout()
+        glob = list(self._global_ranks())
+        flag = "SHRINK_ABORT" if shrink_flags & SHRINK_ABORT else "SHRINK_DEFAULT"
+        why = (f"shrink_group({flag}) on rank {glob[me]} left out ranks {[glob[r] for r in excluded]} (of the default "
+               "group); this group is aborted, the ranks that stay go on in the shrunk one")
         if shrink_flags & SHRINK_ABORT:
             # Every pending and queued op of the parent fails now (AbortedError): nothing here
-            # waits on the dead rank.
-            self.abort_group()
+            # waits on a dead rank.
+            self.abort_group(why)
         elif not self._drain(timeout.total_seconds()):
             # SHRINK_DEFAULT: the parent's outstanding ops end first (done, or failed by the
             # watchdog when they need a dead rank), within the group's timeout.
             raise RuntimeError(f"railcc shrink of group '{self._group_name() or 'group'}': the group's outstanding "
                                f"ops did not finish within its timeout ({timeout}); shrink with "
                                "shrink_flags=SHRINK_ABORT to abort them instead of waiting")
-        glob = list(self._global_ranks())
         survivors = [r for r in range(size) if r not in excluded]
         number = self._next_shrink()
         name = self._group_name() or "group"
@@ -95,6 +98,10 @@ def shrink(self, ranks_to_exclude, shrink_flags=0, opts_override=None):
                 raise RuntimeError(f"railcc shrink of group '{name}': rank {glob[me]} excludes {view} but rank "
                                    f"{glob[r]} excludes {theirs} (ranks of the default group); every rank that "
                                    "stays must exclude the same ranks")
+        if not shrink_flags & SHRINK_ABORT:
+            # The views agree; torch destroys the parent next. Aborting it tells a rank that was
+            # left out alive why, at its next op on the parent, instead of letting it wait there.
+            self.abort_group(why)
         return _C.ProcessGroupRailcc(store, survivors.index(me), len(survivors), timeout, f"{name}:shrink{number}",
                                      [glob[r] for r in survivors])
     finally:

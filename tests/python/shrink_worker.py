@@ -10,6 +10,9 @@ WORLD_SIZE). Modes:
   subgroup   4 ranks; g = [1, 2, 3], h = [0, 1]; rank 3 is SIGKILLed. g's next all_reduce fails
              saying how to shrink; ranks 1 and 2 shrink g (not the default group) and all_reduce
              on the result; h, which never held rank 3, keeps working.
+  excluded   3 ranks; ranks 0 and 1 shrink rank 2 out (alive, not dead), with SHRINK_ABORT when a
+             second argument says "abort"; rank 2 then calls an all_reduce on the group it still
+             holds: a railcc error naming the shrink, not a hang.
   wait       3 ranks; rank 2 is SIGKILLed while ranks 0 and 1 have an all_reduce outstanding
              that nobody waits on; shrink_group without SHRINK_ABORT waits for it to fail (the
              watchdog), then builds the new group.
@@ -96,7 +99,7 @@ elif mode == "disagree":
     if me == 0:
         store.wait([f"done/{r}" for r in range(n - 1)], __import__("datetime").timedelta(seconds=60))
     os._exit(0)
-elif mode in ("subgroup", "wait"):
+elif mode in ("subgroup", "wait", "excluded"):
     store = c10d._get_default_store()
 
     def leave(stayers):
@@ -117,6 +120,23 @@ elif mode in ("subgroup", "wait"):
         raise AssertionError("no PeerFailureError within 10 s of the kill")
 
     victim = n - 1
+    if mode == "excluded":
+        dist.all_reduce(torch.ones(4))
+        if me == victim:
+            store.wait(["shrunk/0", "shrunk/1"])
+            t0 = time.monotonic()
+            try:
+                dist.all_reduce(torch.ones(4))
+                raise AssertionError("an all_reduce of a rank shrunk out of the group succeeded")
+            except railcc.RailccError as e:
+                print(f"rank {me}: {type(e).__name__} after {time.monotonic() - t0:.2f} s: {e}", flush=True)
+                assert time.monotonic() - t0 < 30, "too slow"
+                assert "left out ranks [2]" in str(e), str(e)
+            leave([0, 1, 2])
+        dist.shrink_group([victim], shrink_flags=c10d.SHRINK_ABORT if sys.argv[2:] == ["abort"] else 0)
+        check_sum("after shrinking out a live rank")
+        store.set(f"shrunk/{me}", "1")
+        leave([0, 1, 2])
     if mode == "subgroup":
         g, h = dist.new_group([1, 2, 3]), dist.new_group([0, 1])
         if me in (1, 2, 3):

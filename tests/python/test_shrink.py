@@ -33,14 +33,18 @@ def test_elastic_ddp_survives_a_killed_rank_with_identical_parameters():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("mode,n", [("bad", 3), ("healthy", 4), ("disagree", 4), ("subgroup", 4), ("wait", 3)])
+@pytest.mark.parametrize("mode,n", [("bad", 3), ("healthy", 4), ("disagree", 4), ("subgroup", 4), ("wait", 3),
+                                    ("excluded abort", 3), ("excluded default", 3)])
 def test_shrink_group(mode, n):
-    codes, outs = _launch([os.path.join(HERE, "shrink_worker.py"), mode], n)
+    codes, outs = _launch([os.path.join(HERE, "shrink_worker.py"), *mode.split()], n)
     if mode in ("subgroup", "wait"):  # the last rank is SIGKILLed
         assert codes == [0] * (n - 1) + [-9], _explain(codes, outs)
         assert all(f"rank {r} ok" in outs[r] for r in range(n - 1)), _explain(codes, outs)
         return
     assert codes == [0] * n, _explain(codes, outs)
+    if mode.startswith("excluded"):
+        assert "rank 2: PeerFailureError after" in outs[2], outs[2][-2500:]
+        return
     if mode == "disagree":
         assert "rank 0 excludes [3] but rank 2 excludes [1, 3]" in outs[0], outs[0][-2500:]
         assert "rank 2 excludes [1, 3] but rank 0 excludes [3]" in outs[2], outs[2][-2500:]
