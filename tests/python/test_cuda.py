@@ -200,6 +200,28 @@ def rk_cuda_errors(rank, n):
     return bad
 
 
+def rk_cuda_shrink(rank, n):
+    """A subgroup of every rank shrunk without the last (alive: it waits on the default group):
+    the shrunk group all_reduces CUDA tensors, as its parent did (torch registers a shrunk
+    group's backend for one device; railcc adds CUDA)."""
+    dev = _dev(rank)
+    bad = []
+    g = dist.new_group(list(range(n)))
+    dist.all_reduce(torch.ones(8, device=dev), group=g)
+    if rank < n - 1:
+        g2 = dist.shrink_group([n - 1], group=g)
+        x = torch.full((20011,), float(rank + 1), device=dev)
+        dist.all_reduce(x, group=g2)
+        want = float(sum(range(1, n)))
+        if not torch.all(x.cpu() == want):
+            bad.append(f"shrunk all_reduce on cuda: {x[:3].tolist()} != {want}")
+        dist.destroy_process_group(g2)
+    dist.barrier()  # the default group: the last rank waits here for the others' shrink
+    if rank == n - 1:
+        dist.destroy_process_group(g)
+    return bad
+
+
 def rk_cuda_gpu_hang(rank, n):
     """A kernel that sleeps past the op's timeout on the caller's stream, then an all_reduce:
     the call returns (through CUDA IPC it completes once its GPU work is queued), the watchdog
@@ -284,6 +306,11 @@ def test_cuda_semantics(pools, n, fn, path):
 @pytest.mark.parametrize("n", [2, 3])
 def test_cuda_over_tcp(pools, n):
     run_all(pools(n, RAILCC_SHM_DISABLE="1", **SMALL_STAGING), rk_cuda_movement, [13, 20011], timeout=600)
+
+
+@needs_gpu
+def test_cuda_tensors_on_a_shrunk_group(pools):
+    run_all(pools(3), rk_cuda_shrink, timeout=120)
 
 
 @needs_gpu
