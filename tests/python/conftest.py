@@ -5,7 +5,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from harness import RankPool  # noqa: E402
+from harness import RankPool, close_all  # noqa: E402
 
 _pools = {}
 
@@ -25,6 +25,5 @@ def pools():
         return pool
 
     yield get
-    for pool in _pools.values():
-        pool.close()
+    close_all(list(_pools.values()))
     _pools.clear()
