@@ -33,6 +33,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/pid.h"
 #include "common/strings.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -93,7 +94,7 @@ class CommImpl : private ChannelHost {
   /// Throws Error(kInvalidUsage) on a process other than the one that made the group (a child
   /// forked after init, which would otherwise run the parent's protocol with the parent's peers).
   void checkOwner() const;
-  const pid_t ownerPid_ = getpid();
+  const pid_t ownerPid_ = thisPid();
   std::unique_ptr<Op> collective(OpKind kind, DataType dt, ReduceOp rop, int root, size_t count, Millis timeout);
 
   // algorithms (progress thread)

@@ -1,5 +1,6 @@
 #include "engine/communicator.h"
 
+#include "common/pid.h"
 #include "engine/comm_impl.h"
 
 namespace railcc::engine {
@@ -8,13 +9,13 @@ namespace railcc::engine {
 // Communicator: validation on the caller's thread, then the op's body for the progress thread.
 
 Communicator::Communicator(Store& store, CommOptions opts)
-    : impl_(std::make_unique<CommImpl>(store, std::move(opts))), ownerPid_(static_cast<int>(getpid())) {}
+    : impl_(std::make_unique<CommImpl>(store, std::move(opts))), ownerPid_(static_cast<int>(thisPid())) {}
 Communicator::~Communicator() {
   // A forked child has none of the parent's threads (joining them would hang) and must not
   // close or unlink what the parent still uses: it leaves the copy as it is.
   if (forked()) (void)impl_.release();
 }
-bool Communicator::forked() const { return static_cast<int>(getpid()) != ownerPid_; }
+bool Communicator::forked() const { return static_cast<int>(thisPid()) != ownerPid_; }
 int Communicator::rank() const { return impl_->rank_; }
 int Communicator::size() const { return impl_->size_; }
 const std::vector<PeerInfo>& Communicator::peers() const { return impl_->peers_; }

@@ -6,7 +6,7 @@ namespace railcc::engine {
 // Queue and progress thread
 
 void CommImpl::checkOwner() const {
-  if (getpid() == ownerPid_) return;
+  if (thisPid() == ownerPid_) return;
   RAILCC_THROW(kInvalidUsage, "process group '", opts_.name, "' was created by process ", ownerPid_, "; this process (",
                getpid(), ") is a child forked from it and cannot use it: its peers talk to the parent. Create a new ",
                "process group in the child (or use the group only from the parent)");
