@@ -5,9 +5,9 @@
 
 At step --kill-step, rank --kill-rank kills itself with SIGKILL in the middle of the step
 (after its forward pass, before the gradient all-reduce). The survivors' all-reduce fails with
-railcc.PeerFailureError naming it; each survivor calls
-``dist.shrink_group(railcc.failed_ranks(), shrink_flags=SHRINK_ABORT)``, wraps the same module
-in a new DDP on the shrunk default group, redoes the failed step and finishes the rest.
+railcc.PeerFailureError naming it; each survivor calls ``dist.shrink_group(railcc.failed_ranks(
+group_ranks=True), shrink_flags=SHRINK_ABORT)``, wraps the same module in a new DDP on the
+shrunk default group, redoes the failed step and finishes the rest.
 
 Every step's global batch comes from a fixed seed and each rank trains on its contiguous slice
 of it, so after the shrink the survivors split the same global batch among fewer ranks: the
@@ -87,7 +87,7 @@ def main():
         except Exception as e:  # railcc.PeerFailureError, maybe wrapped by autograd
             dead = []
             for _ in range(100):  # the error that broke the group names the dead; wait for it
-                dead = railcc.failed_ranks()
+                dead = railcc.failed_ranks(group_ranks=True)
                 if dead:
                     break
                 time.sleep(0.05)

@@ -124,14 +124,16 @@ def abort(group=None):
 def failed_ranks(group=None, group_ranks=False):
     """The ranks this rank knows to be dead or silent in `group` (default group if None): those
     the error that broke the group blames (a rank that exited, closed its connections, or never
-    answered within the timeout). Empty while the group is healthy. Ranks of the default group,
-    or with group_ranks=True ranks of `group` itself, which is what shrink_group takes:
+    answered within the timeout). Empty while the group is healthy. Global ranks (as
+    torch.distributed.get_process_group_ranks gives them), or with group_ranks=True ranks of
+    `group` itself, which is what shrink_group takes:
 
         torch.distributed.shrink_group(railcc.failed_ranks(g, group_ranks=True), g)
 
-    (for the default group the two are the same). shrink_group checks that every survivor
-    excludes the same ranks."""
+    (the two differ for a subgroup, and for a default group that was shrunk before).
+    shrink_group checks that every survivor excludes the same ranks."""
     dead = sorted(set(backend_of(group).failed_ranks()))
-    if group_ranks and group is not None:
-        dead = sorted(_dist.get_group_rank(group, r) for r in dead)
+    if group_ranks:
+        g = group if group is not None else _dist.distributed_c10d._get_default_group()
+        dead = sorted(_dist.get_group_rank(g, r) for r in dead)
     return dead

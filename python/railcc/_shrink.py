@@ -46,11 +46,25 @@ def _check_exclusion(ranks, size, me):
     return sorted(out)
 
 
+def _registered(backend):
+    """Whether a process group torch.distributed knows serves CPU tensors with `backend`."""
+    for pg in list(getattr(_dist.distributed_c10d._world, "pg_map", {})):
+        try:
+            if pg._get_backend(_torch.device("cpu")) is backend:
+                return True
+        except RuntimeError:
+            pass
+    return False
+
+
 def shrink(self, ranks_to_exclude, shrink_flags=0, opts_override=None):
     """ProcessGroupRailcc.shrink: the survivors' new backend (this rank's part of it)."""
     from . import _C
 
     size, me = self.size(), self.rank()
+    if not _registered(self):
+        raise RuntimeError(f"railcc shrink: group '{self._group_name() or 'group'}' is not a live process group "
+                           "(destroy_process_group was called on it, or it was shrunk already); nothing to shrink")
     excluded = _check_exclusion(list(ranks_to_exclude), size, me)
     if shrink_flags not in (0, SHRINK_ABORT):
         raise ValueError(f"railcc shrink: shrink_flags={shrink_flags!r}; expected SHRINK_DEFAULT (0) or "
@@ -115,8 +129,9 @@ def patch_torch():
 
     * _finalize_shrunk_group drops the excluded ranks from the group's *global* ranks although
       they are *group* ranks: shrinking rank 2 of new_group([1, 2, 3]) would record the new
-      group as global ranks [1, 3] (railcc's backend is [1, 2]). The excluded ranks are handed
-      to it as global ranks, which is what it compares with.
+      group as global ranks [1, 3] (railcc's backend is [1, 2]); so would a second shrink of a
+      default group whose first shrink left out a rank other than the last. The excluded ranks
+      are handed to it as global ranks, which is what it compares with.
     * _create_shrunk_process_group registers the new backend for one device only (the parent's
       bound device, else the CPU). A railcc group serves CPU and CUDA tensors alike, as the
       group it came from did, so it is registered for the other device too."""
@@ -127,7 +142,7 @@ def patch_torch():
     if finalize is not None and not getattr(finalize, "_railcc", False):
         @_functools.wraps(finalize)
         def finalize_global(group_info, excluded, new_backend, *args, **kwargs):
-            if isinstance(new_backend, _C.ProcessGroupRailcc) and not group_info.get("is_default_group", True):
+            if isinstance(new_backend, _C.ProcessGroupRailcc):
                 ranks = c10d.get_process_group_ranks(group_info["process_group"])
                 excluded = {ranks[r] for r in excluded}
             return finalize(group_info, excluded, new_backend, *args, **kwargs)

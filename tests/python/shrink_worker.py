@@ -3,8 +3,9 @@ WORLD_SIZE). Modes:
 
   bad        every rank: shrink_group with an empty list, a rank out of range, itself, every
              rank, a bad flag: each refused with an error naming it, the group still usable.
-  healthy    the last rank is excluded (it only waits and exits); the others shrink, check the
-             new group's ranks and an all_reduce against torch, then shrink again by one.
+  healthy    rank n-2 is excluded (it only waits and exits); the others shrink, check the new
+             group's ranks and an all_reduce against torch, then shrink out the last rank by its
+             new group rank (torch's bookkeeping of a shrunk default group's ranks is checked).
   disagree   ranks 0 and 1 exclude the last rank, rank 2 excludes rank 1 and the last: every
              survivor's shrink fails naming both views.
   subgroup   4 ranks; g = [1, 2, 3], h = [0, 1]; rank 3 is SIGKILLed. g's next all_reduce fails
@@ -64,23 +65,37 @@ if mode == "bad":
             raise AssertionError(f"backend shrink({bad}) was accepted")
         except (ValueError, RuntimeError) as e:
             assert words in str(e), (bad, str(e))
+    # A destroyed group: refused by railcc before torch's own bookkeeping trips on it.
+    g = dist.new_group(list(range(n)))
+    dist.destroy_process_group(g)
+    try:
+        dist.shrink_group([0 if me else 1], group=g)
+        raise AssertionError("shrinking a destroyed group was accepted")
+    except RuntimeError as e:
+        assert "is not a live process group" in str(e), str(e)
     check_sum("after the refused shrinks")
 elif mode == "healthy":
-    if me == n - 1:
+    first = n - 2  # not the last rank: the shrunk group's ranks are then not its global ranks
+    if me == first:
         time.sleep(3)  # excluded: takes no part; its group is left as it is
         os._exit(0)
-    dist.shrink_group([n - 1])
-    assert dist.get_world_size() == n - 1 and dist.get_rank() == me, (dist.get_rank(), dist.get_world_size())
+    dist.shrink_group([first])
+    want_rank = me if me < first else me - 1
+    assert dist.get_world_size() == n - 1 and dist.get_rank() == want_rank, (dist.get_rank(), dist.get_world_size())
     # The shrunk group serves CUDA tensors too, as the parent did (torch registers one device).
     pg = c10d._get_default_group()
     assert pg._get_backend(torch.device("cuda")) is pg._get_backend(torch.device("cpu")) is railcc.backend_of()
     check_sum("after the first shrink")
     if n - 1 > 2:
-        if me == n - 2:
+        # The last rank now, by its group rank (n - 2): torch 2.13 alone would drop global rank
+        # n - 2, already gone, and keep this one (railcc's patch_torch hands it global ranks).
+        if me == n - 1:
             time.sleep(2)
             os._exit(0)
         dist.shrink_group([n - 2])
         assert dist.get_world_size() == n - 2
+        assert c10d.get_process_group_ranks(c10d._get_default_group()) == list(range(n - 2)), \
+            c10d.get_process_group_ranks(c10d._get_default_group())
         check_sum("after the second shrink")
 elif mode == "disagree":
     if me == n - 1:
