@@ -62,8 +62,9 @@ def shrink(self, ranks_to_exclude, shrink_flags=0, opts_override=None):
     from . import _C
 
     size, me = self.size(), self.rank()
+    name = self._group_name() or "group"
     if not _registered(self):
-        raise RuntimeError(f"railcc shrink: group '{self._group_name() or 'group'}' is not a live process group "
+        raise RuntimeError(f"railcc shrink: group '{name}' is not a live process group "
                            "(destroy_process_group was called on it, or it was shrunk already); nothing to shrink")
     excluded = _check_exclusion(list(ranks_to_exclude), size, me)
     if shrink_flags not in (0, SHRINK_ABORT):
@@ -88,12 +89,11 @@ def shrink(self, ranks_to_exclude, shrink_flags=0, opts_override=None):
         elif not self._drain(timeout.total_seconds()):
             # SHRINK_DEFAULT: the parent's outstanding ops end first (done, or failed by the
             # watchdog when they need a dead rank), within the group's timeout.
-            raise RuntimeError(f"railcc shrink of group '{self._group_name() or 'group'}': the group's outstanding "
+            raise RuntimeError(f"railcc shrink of group '{name}': the group's outstanding "
                                f"ops did not finish within its timeout ({timeout}); shrink with "
                                "shrink_flags=SHRINK_ABORT to abort them instead of waiting")
         survivors = [r for r in range(size) if r not in excluded]
         number = self._next_shrink()
-        name = self._group_name() or "group"
         # _c10d_store() is already this torchrun attempt's (backend.cpp): no key of an earlier attempt.
         store = _dist.PrefixStore(f"railcc-shrink/{name}/{number}/", self._c10d_store())
         view = _json.dumps([glob[r] for r in excluded])

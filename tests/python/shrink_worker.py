@@ -41,6 +41,19 @@ def check_sum(tag):
     assert torch.all(t == want), (tag, t[:3], want)
 
 
+def leave(stayers, destroy=False):
+    """Says ok and exits; rank 0 hosts the store, so it leaves only once the other `stayers`
+    have read what they need from it."""
+    print(f"rank {me} ok", flush=True)
+    store = c10d._get_default_store()
+    store.set(f"left/{me}", "1")
+    if me == 0:
+        store.wait([f"left/{r}" for r in stayers], __import__("datetime").timedelta(seconds=60))
+    if destroy:
+        dist.destroy_process_group()
+    os._exit(0)
+
+
 def refused(ranks, flags, exc, words):
     try:
         dist.shrink_group(ranks, shrink_flags=flags)
@@ -108,22 +121,9 @@ elif mode == "disagree":
     except RuntimeError as e:
         assert "every rank that stays must exclude the same ranks" in str(e), str(e)
         print(f"rank {me} refused: {e}", flush=True)
-    # Rank 0 hosts the store: it leaves only once the others have read what they need from it.
-    store = c10d._get_default_store()
-    store.set(f"done/{me}", "1")
-    if me == 0:
-        store.wait([f"done/{r}" for r in range(n - 1)], __import__("datetime").timedelta(seconds=60))
-    os._exit(0)
+    leave(range(n - 1))
 elif mode in ("subgroup", "wait", "excluded"):
     store = c10d._get_default_store()
-
-    def leave(stayers):
-        # Rank 0 hosts the store: it leaves only once the others have read what they need from it.
-        print(f"rank {me} ok", flush=True)
-        store.set(f"left/{me}", "1")
-        if me == 0:
-            store.wait([f"left/{r}" for r in stayers], __import__("datetime").timedelta(seconds=60))
-        os._exit(0)
 
     def expect_failure(fn):
         for _ in range(200):
@@ -196,10 +196,4 @@ elif mode in ("subgroup", "wait", "excluded"):
         print(f"rank {me}: shrink waited {took:.2f} s for the outstanding all_reduce to fail", flush=True)
         check_sum("after the shrink that waited")
         leave([0, 1])
-print(f"rank {me} ok", flush=True)
-members = c10d.get_process_group_ranks(c10d._get_default_group())
-store = c10d._get_default_store()
-store.set(f"end/{me}", "1")
-if me == 0:  # rank 0 hosts the store: the others finish with it first
-    store.wait([f"end/{r}" for r in members], __import__("datetime").timedelta(seconds=60))
-dist.destroy_process_group()
+leave(c10d.get_process_group_ranks(c10d._get_default_group()), destroy=True)
