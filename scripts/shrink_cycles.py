@@ -10,7 +10,12 @@ threads, memory mappings, and /dev/shm entries. The next cycle starts a replacem
 a new group. The store is this script's own TCPStore, so no rank's death takes it along.
 
 Passes when, on every survivor, the counts after the last cycle equal those after the second
-(the first cycle warms up what torch keeps for the life of the process); prints a table.
+(the first cycle warms up what torch keeps for the life of the process); prints a table. Shared
+memory is counted exactly (mappings of /dev/shm, and /dev/shm entries other than the semaphores
+Python's multiprocessing leaves); the process's other mappings may differ by up to
+MAPS_SLACK, because glibc's malloc gives large blocks mappings of their own and returns them when
+it sees fit (CI once saw 360 -> 362 with nothing of railcc's left). A leak of anything railcc
+maps per group (a segment per peer) shows in the exact count.
 
     python3 scripts/shrink_cycles.py --cycles 20
 """
@@ -22,6 +27,7 @@ import subprocess
 import sys
 import time
 
+MAPS_SLACK = 8
 RANK = r'''
 import json, os, signal, sys, time
 import torch, torch.distributed as dist
@@ -31,8 +37,11 @@ base = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=__import__("dat
 c10d = dist.distributed_c10d
 
 def counts():
+    maps = open("/proc/self/maps").read().splitlines()
+    shm_maps = sum(1 for m in maps if "/dev/shm/" in m)
     return {"fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")),
-            "maps": sum(1 for _ in open("/proc/self/maps")), "shm": len(os.listdir("/dev/shm"))}
+            "shm_maps": shm_maps, "maps": len(maps) - shm_maps,
+            "shm": sum(1 for e in os.listdir("/dev/shm") if not e.startswith("sem."))}
 
 rows = []
 for cycle in range(first, last + 1):
@@ -107,20 +116,24 @@ def main():
                 p.kill()
     took = time.monotonic() - t0
     rows = [json.loads(next(ln for ln in o.splitlines() if ln.startswith("CYCLES "))[len("CYCLES "):]) for o in outs]
-    keys = ("fds", "threads", "maps", "shm")
+    keys = ("fds", "threads", "shm_maps", "maps", "shm")
     print(f"{args.cycles} cycles of 4 -> 3 ranks and back in {took:.1f} s; what each survivor holds after each "
           "cycle's shrunk group is destroyed:\n")
-    print("| cycle | " + " | ".join(f"rank {r} fds/threads/maps" for r in range(3)) + " | /dev/shm entries |")
+    print("| cycle | " + " | ".join(f"rank {r} fds/threads/shm maps/other maps" for r in range(3))
+          + " | /dev/shm entries |")
     print("|---|" + "---|" * 4)
     for i in range(args.cycles):
-        cells = [f"{rows[r][i]['fds']}/{rows[r][i]['threads']}/{rows[r][i]['maps']}" for r in range(3)]
+        cells = ["/".join(str(rows[r][i][k]) for k in keys[:4]) for r in range(3)]
         print(f"| {rows[0][i]['cycle']} | " + " | ".join(cells) + f" | {rows[0][i]['shm']} |")
     ref = 1 if args.cycles > 1 else 0
-    grew = [(r, k, rows[r][ref][k], rows[r][-1][k]) for r in range(3) for k in keys if rows[r][-1][k] > rows[r][ref][k]]
+    slack = {"maps": MAPS_SLACK}
+    grew = [(r, k, rows[r][ref][k], rows[r][-1][k]) for r in range(3) for k in keys
+            if rows[r][-1][k] > rows[r][ref][k] + slack.get(k, 0)]
     if grew:
         print("\nGREW (rank, what, after cycle 2, after the last): " + ", ".join(map(str, grew)))
         return 1
-    print(f"\nnothing grew from cycle {ref + 1} to cycle {args.cycles} on any survivor")
+    print(f"\nnothing grew from cycle {ref + 1} to cycle {args.cycles} on any survivor "
+          f"(other mappings within {MAPS_SLACK})")
     return 0
 
 
