@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
@@ -13,6 +12,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <sstream>
@@ -20,7 +20,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "engine/store_watch.h"
+#include "c10d_store.h"
 #include "work.h"
 
 namespace railcc {
@@ -52,116 +52,6 @@ std::exception_ptr toTorchError(std::exception_ptr err, const std::string& conte
 }
 
 namespace {
-
-// ------------------------------------------------------------------ store adapter
-
-// The first line of a c10d error: its what() goes on with a C++ backtrace.
-std::string firstLine(const std::exception& e) {
-  std::string w = e.what();
-  return w.substr(0, w.find('\n'));
-}
-
-class C10dStore : public engine::Store {
- public:
-  explicit C10dStore(c10::intrusive_ptr<c10d::Store> s) : s_(std::move(s)) {
-    c10::intrusive_ptr<c10d::Store> base = s_;
-    if (auto* p = dynamic_cast<c10d::PrefixStore*>(base.get())) base = p->getUnderlyingNonPrefixStore();
-    if (auto* tcp = dynamic_cast<c10d::TCPStore*>(base.get())) {
-      watchHost_ = tcp->getHost();
-      watchPort_ = tcp->getPort();
-    }
-  }
-  void set(const std::string& k, const std::string& v) override {
-    try {
-      s_->set(k, std::vector<uint8_t>(v.begin(), v.end()));
-    } catch (const c10::DistNetworkError& e) {
-      lost_.store(true);
-      RAILCC_THROW(kPeerFailure, "the c10d store is unreachable: ", firstLine(e));
-    }
-  }
-  std::string get(const std::string& k, Millis timeout) override { return getAll({k}, timeout).front(); }
-  int64_t add(const std::string& k, int64_t d) override { return s_->add(k, d); }
-  // Waits by asking whether every key exists, napping between asks (0.1 ms doubling to 10 ms),
-  // never by a c10d wait that can expire: an expired TCPStore wait prints a warning and formats
-  // the socket's address with getnameinfo, a reverse DNS lookup that blocks for the resolver's
-  // timeout (5 s) where DNS is slow, and every rank waiting on this one with it. Then one
-  // multi_get: two round trips for a whole group's records instead of two per rank.
-  std::vector<std::string> getAll(const std::vector<std::string>& keys, Millis timeout) override {
-    if (keys.empty()) return {};
-    auto until = std::chrono::steady_clock::now() + timeout;
-    auto nap = std::chrono::microseconds(100);
-    std::vector<std::vector<uint8_t>> vals;
-    try {
-      while (!checkKeys(keys)) {
-        auto now = std::chrono::steady_clock::now();
-        if (now >= until) {
-          for (const std::string& k : keys)
-            if (!checkKeys({k}))
-              RAILCC_THROW(kTimeout, "store key '", k, "' did not appear within ", timeout.count(), " ms");
-          break;  // all there now
-        }
-        std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(nap, until - now));
-        nap = std::min(nap * 2, std::chrono::microseconds(10000));
-      }
-      vals = s_->multiGet(keys);
-    } catch (const c10::DistNetworkError& e) {
-      lost_.store(true);
-      RAILCC_THROW(kPeerFailure, "the c10d store is unreachable: ", firstLine(e));
-    } catch (const railcc::Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      RAILCC_THROW(kTimeout, "store keys '", keys.front(), "' ... did not appear within ", timeout.count(), " ms (",
-                   firstLine(e), ")");
-    }
-    std::vector<std::string> out;
-    out.reserve(vals.size());
-    for (auto& v : vals) out.emplace_back(v.begin(), v.end());
-    return out;
-  }
-  // The store is watched (engine/store_watch.h) from the first time railcc asks, which is when
-  // the watchdog thread starts, after set-up, not while the group sets up: the watch is a connection
-  // of its own to the store's server, and a TCPStore server looks up the name of every
-  // connection it accepts (reverse DNS, in its one thread). Opened at init, 64 ranks' watches
-  // stalled the whole job's set-up for the resolver's 5 s timeout in some runs here.
-  bool lost() override {
-    if (lost_.load()) return true;
-    std::call_once(watchOnce_, [&] {
-      if (!watchHost_.empty()) watch_ = engine::StoreWatch::of(watchHost_, watchPort_);
-    });
-    return watch_ && watch_->gone();
-  }
-
- private:
-  // Whether the keys exist. A store without check() (a Python store may lack it) is asked with a
-  // short wait instead, as before.
-  bool checkKeys(const std::vector<std::string>& keys) {
-    if (!noCheck_) {
-      try {
-        return s_->check(keys);
-      } catch (const c10::DistNetworkError&) {
-        throw;
-      } catch (const std::exception&) {
-        noCheck_ = true;
-      }
-    }
-    try {
-      s_->wait(keys, Millis(10));
-      return true;
-    } catch (const c10::DistNetworkError&) {
-      throw;
-    } catch (const std::exception&) {
-      return false;
-    }
-  }
-
-  c10::intrusive_ptr<c10d::Store> s_;
-  std::string watchHost_;
-  uint16_t watchPort_ = 0;
-  std::once_flag watchOnce_;
-  std::shared_ptr<engine::StoreWatch> watch_;
-  std::atomic<bool> lost_{false};
-  std::atomic<bool> noCheck_{false};
-};
 
 // ------------------------------------------------------------------ argument checks
 [[noreturn]] void invalid(const std::string& msg) { C10_THROW_ERROR(ValueError, "railcc: " + msg); }
@@ -303,7 +193,7 @@ static c10::intrusive_ptr<c10d::Store> perAttempt(const c10::intrusive_ptr<c10d:
 ProcessGroupRailcc::ProcessGroupRailcc(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                        std::chrono::milliseconds timeout, std::string groupName,
                                        std::vector<int> globalRanks)
-    : c10d::Backend(rank, size), store_(std::make_shared<C10dStore>(perAttempt(store))), timeout_(timeout),
+    : c10d::Backend(rank, size), store_(makeC10dStore(perAttempt(store))), timeout_(timeout),
       c10dStore_(perAttempt(store)),
       groupName_(groupName), globalRanks_(static_cast<int>(globalRanks.size()) == size ? globalRanks : std::vector<int>{}) {
   for (int r = static_cast<int>(globalRanks_.size()); r < size; ++r) globalRanks_.push_back(r);
@@ -321,6 +211,45 @@ ProcessGroupRailcc::ProcessGroupRailcc(const c10::intrusive_ptr<c10d::Store>& st
 
 ProcessGroupRailcc::~ProcessGroupRailcc() {
   if (comm_) comm_->shutdown();
+}
+
+c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupRailcc::getBackendOptions() {
+  auto o = c10::make_intrusive<Options>(getBackendName(), timeout_);
+  o->group_name = groupName_;
+  for (int g : globalRanks_) o->global_ranks_in_group.push_back(static_cast<uint64_t>(g));
+  return o;
+}
+
+c10::intrusive_ptr<c10d::Backend> ProcessGroupRailcc::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                            const std::vector<int>& ranks,
+                                                            const c10::intrusive_ptr<Options>& opts) {
+  const std::string what = "split_group of group '" + groupName_ + "' (size " + std::to_string(getSize()) + ")";
+  if (ranks.empty()) invalid(what + ": no ranks given");
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] < 0 || sorted[i] >= getSize())
+      invalid(what + ": rank " + std::to_string(sorted[i]) + " is not a rank of it (ranks of the group being split, 0-" +
+              std::to_string(getSize() - 1) + ")");
+    if (i > 0 && sorted[i] == sorted[i - 1]) invalid(what + ": rank " + std::to_string(sorted[i]) + " given twice");
+  }
+  auto me = std::find(sorted.begin(), sorted.end(), getRank());
+  if (me == sorted.end()) return nullptr;
+  std::vector<int> global;
+  for (int r : sorted) global.push_back(globalRanks_[static_cast<size_t>(r)]);
+  std::chrono::milliseconds timeout = opts ? opts->timeout : timeout_;
+  std::string name = opts && !opts->group_name.empty() ? opts->group_name : groupName_ + ":split";
+  std::lock_guard<std::mutex> g(splitMu_);
+  for (auto it = splits_.begin(); it != splits_.end();) it = it->second.expired() ? splits_.erase(it) : std::next(it);
+  auto known = splits_.find(name);
+  if (known != splits_.end()) {
+    auto child = known->second.lock();
+    if (child && child->getSize() == static_cast<int>(sorted.size())) return child;
+  }
+  c10::intrusive_ptr<c10d::Backend> child = c10::make_intrusive<ProcessGroupRailcc>(
+      store, static_cast<int>(me - sorted.begin()), static_cast<int>(sorted.size()), timeout, name, std::move(global));
+  splits_.insert_or_assign(name, c10::weak_intrusive_ptr<c10d::Backend>(child));
+  return child;
 }
 
 void ProcessGroupRailcc::abort() { comm_->abort("abort() was called on the process group"); }

@@ -10,6 +10,7 @@
 #include <c10/core/Stream.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -60,6 +61,13 @@ class ProcessGroupRailcc : public c10d::Backend {
 
   const std::string getBackendName() const override { return "railcc"; }
   bool supportsCoalescing() const override { return true; }
+  // split_group: a child group of some of this group's ranks, formed by those ranks alone
+  // through the store torch hands over (traffic proportional to the child, nothing asked of
+  // the other ranks); nullptr on a rank left out.
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
+  c10::intrusive_ptr<Options> getBackendOptions() override;
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
@@ -136,6 +144,11 @@ class ProcessGroupRailcc : public c10d::Backend {
   std::string groupName_;
   std::vector<int> globalRanks_;
   int shrinks_ = 0;
+  // Children made by split(), by group name: torch 2.13's ProcessGroup::splitGroup calls
+  // split() once per device type the parent serves (cpu and cuda here), and two children
+  // rendezvousing under one store prefix would race; the second call gets the first child.
+  std::mutex splitMu_;
+  std::map<std::string, c10::weak_intrusive_ptr<c10d::Backend>> splits_;
   uint64_t seq_ = 0;
   bool coalescing_ = false;
   std::vector<engine::RequestPtr> coalescedReqs_;

@@ -56,8 +56,8 @@ namespace railcc {
     "ranks than CPUs and the shm rings can run it, the rule stops at 16384 (RAILCC_ALGO="      \
     "oneshot keeps this value). Must be equal on all ranks.")                                 \
   X(algo, std::string, "RAILCC_ALGO", "NCCL_ALGO", "", "",                                         \
-    "Algorithms to prefer, comma separated: oneshot, rings, hier, pairwise, chain, direct "   \
-    "(NCCL's ring = pairwise,chain; tree/collnet/nvls are skipped). Per op, the first listed " \
+    "Algorithms to prefer, comma separated: oneshot, rings, hier, pairwise, ring, tree, chain, " \
+    "direct (ring also takes chain for broadcast; collnet/nvls/pat are skipped). Per op, the first listed " \
     "that can run it wins, else the size/placement rule. Must be equal on all ranks.")       \
   X(socketIfname, std::string, "RAILCC_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "", "",              \
     "Interfaces for TCP: prefixes, comma separated; ^ excludes, = matches exactly. "          \

@@ -2,6 +2,10 @@
 // and every forced algorithm giving the same, exact results on real ranks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <tuple>
+#include <vector>
+
 #include "common/error.h"
 #include "engine/algorithms/choose.h"
 #include "ranks.h"
@@ -85,12 +89,17 @@ TEST(AlgoRule, GpuBuffersGoThroughCudaIpcOnlyWhereEveryRankMappedItsPeers) {
 TEST(AlgoRule, PreferencesApplyWhereTheyFitAndNcclNamesMap) {
   AlgoPlace p = oneHost(4);
   std::string ignored;
-  auto pref = parseAlgos("Ring, Tree", &ignored);
-  EXPECT_EQ(ignored, "tree");
+  auto pref = parseAlgos("Ring, Tree, collnet_direct", &ignored);
+  EXPECT_EQ(ignored, "collnet_direct");
   const char* why = "";
-  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 8, p, pref, &why), Algo::kPairwise);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 8, p, pref, &why), Algo::kRing);
   EXPECT_STREQ(why, "RAILCC_ALGO");
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, 8, p, pref, nullptr), Algo::kRing);
   EXPECT_EQ(chooseAlgo(AlgoOp::kBroadcast, 1 << 20, p, pref, nullptr), Algo::kChain);
+  // The ring does not run a reduce-scatter of separate buffers: the rule decides.
+  EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 1 << 20, p, pref, nullptr), Algo::kRings);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 8, p, parseAlgos("tree", nullptr), nullptr), Algo::kTree);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, 8, p, parseAlgos("tree", nullptr), nullptr), Algo::kDirect);
   // Preferred but unable to run here: the rule decides.
   auto hier = parseAlgos("hier", nullptr);
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 1 << 20, p, hier, nullptr), Algo::kRings);
@@ -100,6 +109,7 @@ TEST(AlgoRule, PreferencesApplyWhereTheyFitAndNcclNamesMap) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("butterfly"), std::string::npos);
     EXPECT_NE(std::string(e.what()).find("pairwise"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("tree"), std::string::npos);
   }
 }
 
@@ -133,9 +143,76 @@ TEST_P(Forced, EveryAlgorithmGivesTheSameExactResults) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Algos, Forced, testing::Values("", "oneshot", "rings", "pairwise", "chain", "direct", "ring"),
+INSTANTIATE_TEST_SUITE_P(Algos, Forced, testing::Values("", "oneshot", "rings", "pairwise", "chain", "direct", "ring", "tree"),
                          [](const testing::TestParamInfo<const char*>& p) {
                            return std::string(*p.param ? p.param : "rule");
+                         });
+
+// The ring and the tree at sizes where their schedules differ (powers of two or not, one rank
+// per ring position or several per host), with the ranks' hosts interleaved so the ring's
+// host-by-host order is not the rank order: exact results for every reduction, and the same
+// bits on every rank for sums of values no float holds exactly.
+class RingTree : public testing::TestWithParam<std::tuple<const char*, int>> {};
+
+TEST_P(RingTree, ExactAndAlikeOnEveryRank) {
+  const auto [algo, n] = GetParam();
+  Config cfg = Config::defaults();
+  cfg.algo = algo;
+  cfg.initTimeoutSec = 30;
+  const std::vector<size_t> counts{0, 1, static_cast<size_t>(n - 1), 7, 100003};
+  std::vector<std::vector<std::vector<float>>> got(counts.size(), std::vector<std::vector<float>>(static_cast<size_t>(n)));
+  testing_util::runRanks(
+      n, cfg, std::string("ringtree-") + algo,
+      [&](Communicator& c) {
+        const int r = c.rank();
+        for (size_t k = 0; k < counts.size(); ++k) {
+          const size_t count = counts[k];
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kProduct}) {
+            std::vector<int32_t> a(count);
+            for (size_t i = 0; i < count; ++i) a[i] = static_cast<int32_t>((i + static_cast<size_t>(r)) % 5) - 1;
+            testing_util::waitOk(c.allreduce(a.data(), count, DataType::kInt32, op));
+            for (size_t i = 0; i < count; ++i) {
+              int32_t want = op == ReduceOp::kProduct ? 1 : op == ReduceOp::kSum ? 0 : static_cast<int32_t>((i % 5)) - 1;
+              for (int q = 0; q < n; ++q) {
+                int32_t v = static_cast<int32_t>((i + static_cast<size_t>(q)) % 5) - 1;
+                if (op == ReduceOp::kSum) want += v;
+                else if (op == ReduceOp::kProduct) want *= v;
+                else if (op == ReduceOp::kMax) want = std::max(want, v);
+                else want = std::min(want, v);
+              }
+              ASSERT_EQ(a[i], want) << "op " << static_cast<int>(op) << " count " << count << " element " << i;
+            }
+          }
+          std::vector<double> pm(count, 2.0 * (r + 1));
+          testing_util::waitOk(c.allreduce(pm.data(), count, DataType::kFloat64, ReduceOp::kPremulSum, 0.5));
+          for (double v : pm) ASSERT_EQ(v, n * (n + 1) / 2.0);
+          std::vector<double> av(count, 4.0 * (r + 1));
+          testing_util::waitOk(c.allreduce(av.data(), count, DataType::kFloat64, ReduceOp::kAvg));
+          for (double v : av) ASSERT_DOUBLE_EQ(v, 2.0 * (n + 1));
+          std::vector<float> f(count);
+          for (size_t i = 0; i < count; ++i) f[i] = 0.1f * static_cast<float>(r + 1) + 1e-3f * static_cast<float>(i % 97);
+          testing_util::waitOk(c.allreduce(f.data(), count, DataType::kFloat32, ReduceOp::kSum));
+          got[k][static_cast<size_t>(r)] = f;
+          std::vector<std::vector<int32_t>> outs(static_cast<size_t>(n), std::vector<int32_t>(count));
+          std::vector<void*> po;
+          for (auto& o : outs) po.push_back(o.data());
+          std::vector<int32_t> mine(count, r + 10);
+          testing_util::waitOk(c.allgather(mine.data(), count, DataType::kInt32, po));
+          for (int q = 0; q < n; ++q)
+            for (size_t i = 0; i < count; ++i) ASSERT_EQ(outs[static_cast<size_t>(q)][i], q + 10) << "all_gather from " << q;
+        }
+      },
+      [](int r, Config& c) { c.hostId = "h" + std::to_string(r % 2); });
+  for (size_t k = 0; k < counts.size(); ++k)
+    for (int r = 1; r < n; ++r)
+      EXPECT_TRUE(got[k][static_cast<size_t>(r)] == got[k][0]) << "rank " << r << " ended with other bits than rank 0, "
+                                                               << counts[k] << " floats";
+}
+
+INSTANTIATE_TEST_SUITE_P(Algos, RingTree,
+                         testing::Combine(testing::Values("ring", "tree"), testing::Values(2, 3, 5, 6, 8)),
+                         [](const testing::TestParamInfo<std::tuple<const char*, int>>& p) {
+                           return std::string(std::get<0>(p.param)) + std::to_string(std::get<1>(p.param));
                          });
 
 }  // namespace

@@ -7,6 +7,9 @@ over world sizes 1-4 and over both transports (shared memory, and TCP forced wit
 RAILCC_SHM_DISABLE=1).
 """
 
+import copy
+import datetime
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -581,6 +584,57 @@ def rk_subgroups(rank, n):
     return bad
 
 
+def rk_split(rank, n):
+    # ProcessGroup.split_group, the call under dist.split_group (which itself insists on an
+    # accelerator, so the C++ ProcessGroup's method is called here): the parent's halves form
+    # child groups among themselves; a rank left out gets None; a rank outside the parent is
+    # refused by name.
+    bad = []
+    world = dist.group.WORLD
+    be = world._get_backend(torch.device("cpu"))
+    if not be.supports_splitting:
+        bad.append("supports_splitting is false")
+    if copy.deepcopy(be.options) is not None:  # what dist.split_group does with it
+        bad.append("options are not None")
+    members = [r for r in range(n) if r % 2 == rank % 2]
+    child = world.split_group(members[::-1], timeout=datetime.timedelta(seconds=60))
+    if child is None or child.size() != len(members) or child.rank() != members.index(rank):
+        return bad + [f"child group {child} of {members}"]
+    # torch 2.13 splits once per device type the parent serves (railcc: cpu and cuda): one
+    # child must serve both, not two children racing on one store prefix.
+    cpu_be, cuda_be = child._get_backend(torch.device("cpu")), child._get_backend(torch.device("cuda"))
+    if cpu_be is not cuda_be:
+        bad.append(f"two children for one split: {cpu_be} and {cuda_be}")
+    t = torch.tensor([float(rank + 1)] * 5)
+    child.allreduce([t]).wait()
+    if not torch.equal(t, torch.full((5,), float(sum(r + 1 for r in members)))):
+        bad.append(f"child all_reduce {t.tolist()} over {members}")
+    b = torch.full((3,), float(rank))
+    child.broadcast([b], dist.BroadcastOptions()).wait()  # root 0 of the child: its lowest rank
+    if not torch.equal(b, torch.full((3,), float(members[0]))):
+        bad.append(f"child broadcast {b.tolist()}")
+    lone = world.split_group([0])
+    if (lone is None) != (rank != 0) or (lone is not None and lone.size() != 1):
+        bad.append(f"split_group([0]) gave {lone}")
+    w = torch.ones(2)
+    dist.all_reduce(w)  # the parent goes on working
+    if not torch.equal(w, torch.full((2,), float(n))):
+        bad.append("parent all_reduce after the splits")
+    try:
+        world.split_group([0, n])
+        bad.append("a rank outside the parent was accepted")
+    except ValueError as e:
+        if f"rank {n} is not a rank of it" not in str(e):
+            bad.append(f"unclear refusal: {e}")
+    except RuntimeError as e:  # torch's own check when the list is longer than the group
+        if n > 1:
+            bad.append(f"refused by torch, not railcc: {e}")
+    for g in (child, lone):
+        if g is not None:
+            g.shutdown()
+    return bad
+
+
 def rk_seqnum(rank, n):
     # ProcessGroup refuses this query for custom backends; the backend answers it.
     be = dist.group.WORLD._get_backend(torch.device("cpu"))
@@ -613,12 +667,21 @@ def check(pool, fn, timeout=120):
 @pytest.mark.parametrize(
     "fn",
     [rk_allreduce, rk_reduce, rk_reduce_scatter, rk_allgather, rk_broadcast, rk_gather_scatter, rk_alltoall,
-     rk_p2p, rk_barrier_and_zero, rk_coalesced, rk_async_futures, rk_subgroups, rk_seqnum, rk_inline_boundary,
+     rk_p2p, rk_barrier_and_zero, rk_coalesced, rk_async_futures, rk_subgroups, rk_split, rk_seqnum, rk_inline_boundary,
      rk_sync_work],
     ids=lambda f: f.__name__[3:],
 )
 def test_collective(pools, n, transport, fn):
     check(pool_for(pools, n, transport), fn)
+
+
+@pytest.mark.parametrize("algo,n", [("ring", 3), ("tree", 3), ("tree", 4)])
+def test_ring_and_tree_over_tcp(pools, algo, n):
+    # RAILCC_ALGO=ring / tree over TCP: every dtype and reduce op, odd counts and zero size
+    # (rk_allreduce), and the ring all-gather (rk_allgather), against torch's own results.
+    pool = pools(n, RAILCC_ALGO=algo, RAILCC_SHM_DISABLE="1")
+    for fn in (rk_allreduce, rk_allgather):
+        check(pool, fn)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

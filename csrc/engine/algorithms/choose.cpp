@@ -15,6 +15,8 @@ const char* algoName(Algo a) {
     case Algo::kPairwise: return "pairwise";
     case Algo::kChain: return "chain";
     case Algo::kDirect: return "direct";
+    case Algo::kRing: return "ring";
+    case Algo::kTree: return "tree";
   }
   return "?";
 }
@@ -41,6 +43,8 @@ bool fits(Algo a, AlgoOp op, size_t bytes, const AlgoPlace& p) {
     case Algo::kPairwise: return reducing;
     case Algo::kChain: return op == AlgoOp::kBroadcast;
     case Algo::kDirect: return op == AlgoOp::kAllgather;
+    case Algo::kRing: return p.size > 1 && (op == AlgoOp::kAllreduce || op == AlgoOp::kAllgather);
+    case Algo::kTree: return p.size > 1 && op == AlgoOp::kAllreduce;
   }
   return false;
 }
@@ -56,20 +60,19 @@ std::vector<Algo> parseAlgos(const std::string& spec, std::string* ignored) {
     std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
     if (name.empty()) continue;
     bool found = false;
-    for (Algo a : {Algo::kOneShot, Algo::kRings, Algo::kHier, Algo::kPairwise, Algo::kChain, Algo::kDirect})
+    for (Algo a : {Algo::kOneShot, Algo::kRings, Algo::kHier, Algo::kPairwise, Algo::kChain, Algo::kDirect,
+                   Algo::kRing, Algo::kTree})
       if (name == algoName(a)) {
         out.push_back(a);
         found = true;
       }
+    if (name == "ring") out.push_back(Algo::kChain);  // NCCL's ring broadcasts along a pipelined ring
     if (found) continue;
-    if (name == "ring") {
-      out.push_back(Algo::kPairwise);
-      out.push_back(Algo::kChain);
-    } else if (name == "tree" || name.rfind("collnet", 0) == 0 || name.rfind("nvls", 0) == 0 || name == "pat") {
+    if (name.rfind("collnet", 0) == 0 || name.rfind("nvls", 0) == 0 || name == "pat") {
       if (ignored) *ignored += (ignored->empty() ? "" : ", ") + name;
     } else {
       RAILCC_THROW(kInvalidUsage, "RAILCC_ALGO/NCCL_ALGO='", spec, "': unknown algorithm '", name,
-                   "'; railcc has oneshot, rings, hier, pairwise, chain and direct (NCCL's ring means pairwise and chain)");
+                   "'; railcc has oneshot, rings, hier, pairwise, ring, tree, chain and direct");
     }
   }
   return out;

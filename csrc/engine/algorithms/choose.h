@@ -20,6 +20,8 @@ enum class Algo : uint8_t {
   kPairwise,  // reduce-scatter then all-gather by pairwise exchanges (NCCL's "ring" family)
   kChain,     // pipelined chain from the root (broadcast)
   kDirect,    // every peer at once, nothing reduced (all-gather)
+  kRing,      // around a ring of all ranks, host by host: two peers per rank (all-reduce, all-gather)
+  kTree,      // recursive doubling: log2(n) + 2 steps, whole buffers (small all-reduces)
 };
 
 const char* algoName(Algo a);
@@ -56,10 +58,10 @@ const char* devicePathName(DevicePath d);
 /// device (known only at the group's first device op; all ranks learn the same answer).
 DevicePath chooseDevicePath(const AlgoPlace& place, bool peersMapped, const char** why);
 
-/// Parses RAILCC_ALGO / NCCL_ALGO: comma-separated names, case-insensitive. NCCL's names map
-/// to railcc's ("ring" -> pairwise and chain); NCCL algorithms railcc lacks (tree, collnet*,
-/// nvls*, pat) are skipped and named in `ignored`. Anything else throws kInvalidUsage listing
-/// the valid names.
+/// Parses RAILCC_ALGO / NCCL_ALGO: comma-separated names, case-insensitive. NCCL's "ring" and
+/// "tree" are railcc's (ring also takes the chain broadcast, a pipelined ring from the root);
+/// NCCL algorithms railcc lacks (collnet*, nvls*, pat) are skipped and named in `ignored`.
+/// Anything else throws kInvalidUsage listing the valid names.
 std::vector<Algo> parseAlgos(const std::string& spec, std::string* ignored);
 
 /// The algorithm for one op of `bytes` bytes; `why` says which rule (or preference) chose it.

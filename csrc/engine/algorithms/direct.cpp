@@ -59,8 +59,9 @@ void CommImpl::runReduce(char* buf, size_t count, DataType dt, ReduceOp op, doub
 void CommImpl::runAllgather(const char* in, size_t bytes, const std::vector<char*>& outs) {
   int n = size_, r = rank_;
   if (outs[static_cast<size_t>(r)] != in && bytes) transport::moveBytes(outs[static_cast<size_t>(r)], in, bytes);
-  if (algoFor(AlgoOp::kAllgather, bytes) == Algo::kRings)
-    return runAllgatherRing(in, std::vector<size_t>(outs.size(), bytes), outs, true);
+  const Algo algo = algoFor(AlgoOp::kAllgather, bytes);
+  if (algo == Algo::kRings) return runAllgatherRing(in, std::vector<size_t>(outs.size(), bytes), outs, true);
+  if (algo == Algo::kRing) return runAllgatherRingOrder(bytes, outs);
   // Every peer at once: one synchronization instead of n-1, and nothing is reduced, so the
   // order in which the pieces land does not matter.
   std::vector<Transfer> xs;

@@ -126,6 +126,8 @@ void CommImpl::runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, d
     case Algo::kOneShot: return oneshotReduce([buf](int) { return buf; }, buf, count, dt, op, scale);
     case Algo::kRings: return runAllreduceRings(buf, count, dt, op, scale);
     case Algo::kHier: return runAllreduceHosts(buf, count, dt, op, scale);
+    case Algo::kRing: return runAllreduceRing(buf, count, dt, op, scale);
+    case Algo::kTree: return runAllreduceTree(buf, count, dt, op, scale);
     default: break;  // pairwise
   }
   std::vector<int> all(static_cast<size_t>(n));

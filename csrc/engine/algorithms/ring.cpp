@@ -1,0 +1,85 @@
+#include <numeric>
+
+#include "engine/comm_impl.h"
+
+namespace railcc::engine {
+
+// ---------------------------------------------------------------------------------------
+// Rings: every rank talks to its two neighbours only, whatever the group's size, so a rank
+// needs two peers' connections and buffers, not n-1. An all-reduce is a reduce-scatter and an
+// all-gather around the ring, 2(n-1) steps, each moving 1/n of the buffer: every rank sends
+// 2(n-1)/n of it in all, the least any all-reduce can. The ring runs through the ranks host
+// by host (ringOrder), so only one hop per host boundary crosses the network.
+
+std::vector<int> CommImpl::ringOrder() const {
+  std::vector<int> order;
+  order.reserve(static_cast<size_t>(size_));
+  std::vector<bool> placed(static_cast<size_t>(size_), false);
+  for (int r = 0; r < size_; ++r) {
+    if (placed[static_cast<size_t>(r)]) continue;
+    const std::string& host = peers_[static_cast<size_t>(r)].hostId;
+    for (int q = r; q < size_; ++q)
+      if (!placed[static_cast<size_t>(q)] && peers_[static_cast<size_t>(q)].hostId == host) {
+        placed[static_cast<size_t>(q)] = true;
+        order.push_back(q);
+      }
+  }
+  return order;
+}
+
+// Block j ends reduced at g[j]. At step s a rank sends block i-1-s, which it reduced in the
+// step before (its own input at s = 0), and reduces block i-2-s from its predecessor: each
+// block's sum is built along the ring in one order, by one rank per term.
+void CommImpl::ringReduceScatter(const std::vector<int>& g, char* buf, size_t count, DataType dt, ReduceOp op) {
+  const int m = static_cast<int>(g.size()), i = positionIn(g, rank_);
+  const size_t es = dtypeSize(dt);
+  Blocks b(count, m, es);
+  const int next = g[static_cast<size_t>((i + 1) % m)], prev = g[static_cast<size_t>((i + m - 1) % m)];
+  for (int s = 0; s < m - 1; ++s) {
+    const int sb = (i - 1 - s + 2 * m) % m, rb = (i - 2 - s + 2 * m) % m;
+    std::vector<Transfer> xs{ch_.sendTo(next, buf + b.offset(sb), b.count(sb) * es),
+                             ch_.recvReduce(prev, buf + b.offset(rb), b.count(rb), dt, op, 1.0)};
+    ch_.exchange(xs);
+  }
+}
+
+// Each block travels once around the ring from the rank that holds it.
+void CommImpl::ringAllgather(const std::vector<int>& g, const std::vector<char*>& blocks, const std::vector<size_t>& sizes) {
+  const int m = static_cast<int>(g.size()), i = positionIn(g, rank_);
+  const int next = g[static_cast<size_t>((i + 1) % m)], prev = g[static_cast<size_t>((i + m - 1) % m)];
+  for (int s = 0; s < m - 1; ++s) {
+    const size_t sb = static_cast<size_t>((i - s + m) % m), rb = static_cast<size_t>((i - 1 - s + 2 * m) % m);
+    std::vector<Transfer> xs{ch_.sendTo(next, blocks[sb], sizes[sb]), ch_.recvFrom(prev, blocks[rb], sizes[rb])};
+    ch_.exchange(xs);
+  }
+}
+
+void CommImpl::runAllreduceRing(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
+  const size_t es = dtypeSize(dt);
+  // Partial sums travel, so a factor is applied once, up front, and an average divides once.
+  if (op == ReduceOp::kPremulSum) scaleCopy(buf, buf, count, dt, scale);
+  const ReduceOp across = op == ReduceOp::kPremulSum || op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  const std::vector<int> g = ringOrder();
+  const int m = static_cast<int>(g.size()), i = positionIn(g, rank_);
+  ringReduceScatter(g, buf, count, dt, across);
+  Blocks b(count, m, es);
+  if (op == ReduceOp::kAvg) divideBy(buf + b.offset(i), b.count(i), dt, size_);
+  std::vector<char*> blocks(static_cast<size_t>(m));
+  std::vector<size_t> sizes(static_cast<size_t>(m));
+  for (int j = 0; j < m; ++j) {
+    blocks[static_cast<size_t>(j)] = buf + b.offset(j);
+    sizes[static_cast<size_t>(j)] = b.count(j) * es;
+  }
+  ringAllgather(g, blocks, sizes);
+}
+
+// outs[r] receives rank r's `bytes` (ours is already in place).
+void CommImpl::runAllgatherRingOrder(size_t bytes, const std::vector<char*>& outs) {
+  const std::vector<int> g = ringOrder();
+  std::vector<char*> blocks;
+  blocks.reserve(g.size());
+  for (int r : g) blocks.push_back(outs[static_cast<size_t>(r)]);
+  ringAllgather(g, blocks, std::vector<size_t>(g.size(), bytes));
+}
+
+}  // namespace railcc::engine

@@ -1,0 +1,46 @@
+#include "engine/comm_impl.h"
+
+namespace railcc::engine {
+
+// ---------------------------------------------------------------------------------------
+// Recursive doubling: for small all-reduces, ceil(log2 n) + 2 steps at most instead of the
+// ring's 2(n-1), each exchanging the whole buffer with one partner. With p the largest power
+// of two up to n, the first 2(n-p) ranks pair up: each even one hands its buffer to the odd
+// one after it and waits for the result. The p ranks left exchange with the rank whose
+// virtual index differs in one bit, one bit per step. A rank talks to at most log2(p) + 1
+// peers. Both sides of an exchange compute a op b and b op a, which are equal bit for bit for
+// every reduction railcc has, so every rank ends with the same bits.
+
+void CommImpl::runAllreduceTree(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
+  const int n = size_, r = rank_;
+  const size_t bytes = count * dtypeSize(dt);
+  if (op == ReduceOp::kPremulSum) scaleCopy(buf, buf, count, dt, scale);
+  const ReduceOp across = op == ReduceOp::kPremulSum || op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  const int folded = n - p;
+  int v = r - folded;  // virtual index among the p; -1 for a rank that handed its buffer on
+  if (r < 2 * folded) {
+    v = r % 2 == 0 ? -1 : r / 2;
+    std::vector<Transfer> xs{r % 2 == 0 ? ch_.sendTo(r + 1, buf, bytes) : ch_.recvReduce(r - 1, buf, count, dt, across, 1.0)};
+    ch_.exchange(xs);
+  }
+  if (v >= 0) {
+    // The partner reads what we send while we reduce its data into buf: send from a copy.
+    if (treeScratch_.size() < bytes) treeScratch_.resize(bytes);
+    for (int bit = 1; bit < p; bit <<= 1) {
+      const int pv = v ^ bit, partner = pv < folded ? 2 * pv + 1 : pv + folded;
+      if (bytes) transport::copyBytes(treeScratch_.data(), buf, bytes);
+      std::vector<Transfer> xs{ch_.sendTo(partner, treeScratch_.data(), bytes),
+                               ch_.recvReduce(partner, buf, count, dt, across, 1.0)};
+      ch_.exchange(xs);
+    }
+  }
+  if (r < 2 * folded) {
+    std::vector<Transfer> xs{r % 2 == 0 ? ch_.recvFrom(r + 1, buf, bytes) : ch_.sendTo(r - 1, buf, bytes)};
+    ch_.exchange(xs);
+  }
+  if (op == ReduceOp::kAvg) divideBy(buf, count, dt, n);
+}
+
+}  // namespace railcc::engine
