@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "engine/store.h"
+#include "engine/communicator.h"  // engine::Store
 
 namespace railcc {
 
