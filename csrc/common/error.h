@@ -36,6 +36,9 @@ class Error : public std::runtime_error {
   std::string op;                   // e.g. "allreduce"
   bool ranksGlobal = false;         // `ranks` are already ranks of the default group
   bool ranksDead = false;           // seen gone (process exited, connection dropped), not merely silent
+  // A set-up failure that names a peer but that the peers must still hear of, or they wait for
+  // this rank until RAILCC_INIT_TIMEOUT: a handshake that failed authentication (keys differ).
+  bool tellPeers = false;
 
  private:
   ErrorCode code_;

@@ -380,7 +380,8 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
 
   if (rank_ == 0 && !place.line.empty()) checkRails(railLines);
 
-  // Drive every transport's connections until all are up.
+  // Drive every transport's connections until all are up. A peer that failed its own set-up
+  // (its handshake with another rank failed authentication, say) ends the wait for it now.
   try {
     while (true) {
       bool all = true;
@@ -389,10 +390,13 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
         all = all && o.done;
       }
       if (all) break;
+      checkPeerInitFailure(store);
     }
   } catch (const Error& e) {
+    if (health_.initFailSeen) throw;  // checkPeerInitFailure's, worded already
     Error err(e.code(), "railcc init of group '" + opts_.name + "': " + e.what());
     err.ranks = e.ranks;
+    err.tellPeers = e.tellPeers;
     for (int r : e.ranks) err.hosts.push_back(peers_[static_cast<size_t>(r)].hostname);
     throw err;
   }

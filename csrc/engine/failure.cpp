@@ -283,9 +283,12 @@ std::exception_ptr CommImpl::brokenError() const {
 // peers waiting for it end their wait with that reason.
 
 void CommImpl::publishInitFailure(Store& store, const Error& e) {
-  // Only this rank's own failures (bad settings, a system call, a device): a timeout or a
-  // peer's failure names its culprit already, and re-publishing it would blame us.
-  if (health_.initFailSeen || size_ < 2 || e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kPeerFailure) return;
+  // Only this rank's own failures (bad settings, a system call, a device, a handshake that
+  // failed authentication): a timeout or a peer's failure names its culprit already, and
+  // re-publishing it would blame us.
+  if (health_.initFailSeen || size_ < 2 || e.code() == ErrorCode::kTimeout ||
+      (e.code() == ErrorCode::kPeerFailure && !e.tellPeers))
+    return;
   char hn[256] = {0};
   gethostname(hn, sizeof(hn) - 1);
   try {

@@ -42,6 +42,22 @@ TEST(AlgoRule, SizeAndPlacementDecide) {
   hosts.oneshotBytes = 65536;
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 1 << 20, hosts, {}, nullptr), Algo::kHier);
   EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 1 << 20, hosts, {}, nullptr), Algo::kPairwise);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 8, hosts, {}, nullptr), Algo::kOneShot);
+  // One rank per host: the ring above the one-shot's limit; from 16 ranks the tree below it.
+  AlgoPlace spread;
+  spread.size = 15;
+  spread.oneshotBytes = 65536;
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 8, spread, {}, nullptr), Algo::kOneShot);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 65537, spread, {}, nullptr), Algo::kRing);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 65537, spread, {}, nullptr), Algo::kPairwise);
+  spread.size = 16;
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 8, spread, {}, nullptr), Algo::kTree);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 65536, spread, {}, nullptr), Algo::kTree);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 8, spread, {}, nullptr), Algo::kOneShot);
+  EXPECT_NE(describeRule(spread, {}).find("all_reduce: tree"), std::string::npos) << describeRule(spread, {});
+  hosts.size = 16;
+  hosts.localRanks = 8;
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 8, hosts, {}, nullptr), Algo::kTree);
   // The printable rule names each op and where it changes.
   std::string rule = describeRule(p, {});
   EXPECT_NE(rule.find("all_reduce: oneshot"), std::string::npos) << rule;

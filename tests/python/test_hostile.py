@@ -508,3 +508,7 @@ def test_a_key_file_outside_the_store_must_match_to_connect(tmp_path):
     for out, err in outs:
         assert not out["ok"], out
     assert any("auth" in out["error"].lower() or "handshake" in out["error"].lower() for out, _ in outs), outs
+    # The rank that found the handshake failing says so in the store, so the other one learns
+    # why at once instead of waiting out RAILCC_INIT_TIMEOUT for a connection that never comes.
+    for out, _ in outs:
+        assert "failed authentication" in out["error"], outs

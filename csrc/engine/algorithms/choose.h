@@ -32,6 +32,14 @@ const char* algoName(Algo a);
 /// 4-rank all-reduce on 2 cores was about twice as fast through the rings.
 constexpr int64_t kSharedCoresOneshotBytes = 16384;
 
+/// Across hosts, an all-reduce small enough for the one-shot runs by recursive doubling (tree)
+/// from this many ranks: every rank of the one-shot sends its buffer to each of n-1 peers. On
+/// ranks of fake hosts on one machine (scripts/scale_harness.py, docs/benchmarks.md), 8 bytes:
+/// tree 0.98x the one-shot's time at 4 ranks, 0.82x at 8, 0.70x at 16 and 0.55x at 32. Those
+/// ranks share 2 cores, so the count of messages weighs more than on a real network, where the
+/// one-shot's single step may win at 8: the switch is at 16, where the gain was clear.
+constexpr int kTreeMinRanks = 16;
+
 enum class AlgoOp : uint8_t { kAllreduce, kReduceScatter, kBroadcast, kAllgather };
 
 struct AlgoPlace {

@@ -231,6 +231,7 @@ void Rendezvous::finishServerHello(Conn& c) {
   if (get(c.in, 0, 8) != kAnswerMagic) {
     Error e(ErrorCode::kPeerFailure, who + " did not answer with railcc's handshake (another program at this address?)");
     e.ranks = {c.peer};
+    e.tellPeers = true;
     throw e;
   }
   c.nonce.assign(c.in.begin() + 8, c.in.begin() + 8 + kNonce);
@@ -240,6 +241,7 @@ void Rendezvous::finishServerHello(Conn& c) {
     Error e(ErrorCode::kPeerFailure, who + " failed authentication: it does not hold this group's secret "
                                            "(a process of another job listening at this address?)");
     e.ranks = {c.peer};
+    e.tellPeers = true;
     throw e;
   }
   Digest proof = macOf(secret_, "railcc client", c.hello, c.nonce);
