@@ -43,12 +43,12 @@ TEST(AlgoRule, SizeAndPlacementDecide) {
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 1 << 20, hosts, {}, nullptr), Algo::kHier);
   EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 1 << 20, hosts, {}, nullptr), Algo::kPairwise);
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 8, hosts, {}, nullptr), Algo::kOneShot);
-  // One rank per host: the ring above the one-shot's limit; from 16 ranks the tree below it.
+  // One rank per host: pairwise above the one-shot's limit; from 16 ranks the tree below it.
   AlgoPlace spread;
   spread.size = 15;
   spread.oneshotBytes = 65536;
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 8, spread, {}, nullptr), Algo::kOneShot);
-  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 65537, spread, {}, nullptr), Algo::kRing);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 65537, spread, {}, nullptr), Algo::kPairwise);
   EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 65537, spread, {}, nullptr), Algo::kPairwise);
   spread.size = 16;
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 8, spread, {}, nullptr), Algo::kTree);

@@ -100,10 +100,10 @@ Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& p, const std::vector<A
         return pick(Algo::kOneShot, "ranks share cores: at most 16384 B");
       if (fits(Algo::kRings, op, bytes, p)) return pick(Algo::kRings, "every rank on this host");
       if (fits(Algo::kHier, op, bytes, p)) return pick(Algo::kHier, "hosts with equal rank counts");
-      // Around a ring, every rank sends 2(n-1)/n of the buffer to one peer; pairwise it sends
-      // as much, but to every peer in turn. On fake hosts (one rank each) a 1 MiB all-reduce
-      // took 0.93x pairwise's time at 4 ranks, 0.83x at 8, 0.75x at 16 and 0.44x at 32.
-      if (op == AlgoOp::kAllreduce && acrossHosts) return pick(Algo::kRing, "ranks on several hosts, unequal or one each");
+      // Not the ring (RAILCC_ALGO=ring), though on fake hosts (one rank each) a 1 MiB all-reduce
+      // took 0.93x pairwise's time at 4 ranks, 0.83x at 8, 0.75x at 16 and 0.44x at 32: around
+      // a ring a rank sends over one link and receives over one, and the watchdog finds a slow
+      // link by comparing a rank's links with each other, so a slow cable would go unnamed.
       // The pairwise all-reduce's all-gather half goes through the broadcast rings wherever
       // they cover the group (the reduce-scatter half already checked every fingerprint).
       return pick(Algo::kPairwise, op == AlgoOp::kAllreduce && p.rings
