@@ -18,11 +18,12 @@ inline float val(int rank, size_t i, int salt) {
 
 /// Runs every collective on `c` (one of `n` ranks) and checks each result; `transport` is the
 /// start of the description every peer's connection must have ("pipe ", "verbs ").
-inline void everyCollectiveIsBitExact(Communicator& c, int n, const std::string& transport) {
+inline void everyCollectiveIsBitExact(Communicator& c, int n, const std::string& transport, size_t maxCount = 300001) {
   const int r = c.rank();
   EXPECT_EQ(c.peers()[static_cast<size_t>((r + 1) % n)].transport.rfind(transport, 0), 0u)
       << c.peers()[static_cast<size_t>((r + 1) % n)].transport;
   for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(4099), size_t(300001)}) {
+    if (count > maxCount) continue;
     int salt = static_cast<int>(count % 13);
     auto ref = [&](size_t i, ReduceOp op) {
       float acc = val(0, i, salt);

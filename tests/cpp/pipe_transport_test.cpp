@@ -199,7 +199,9 @@ class Pipes : public testing::TestWithParam<int> {};
 
 TEST_P(Pipes, EveryCollectiveIsBitExact) {
   const int n = GetParam();
-  runOverPipes(n, [n](Communicator& c) { testing_util::everyCollectiveIsBitExact(c, n, "pipe "); });
+  // Large messages at 2 ranks only: three threads polling the toy's pipes on this 2-core
+  // machine took 11 s for the 300001-element round alone (the real transports: under 1 s).
+  runOverPipes(n, [n](Communicator& c) { testing_util::everyCollectiveIsBitExact(c, n, "pipe ", n == 2 ? 300001 : 4099); });
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Pipes, testing::Values(2, 3), [](const testing::TestParamInfo<int>& p) {

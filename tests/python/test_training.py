@@ -268,7 +268,9 @@ HOOK_TOL = {"allreduce": (RTOL, ATOL), "fp16": (1e-3, 1e-4), "powersgd": (1e-4, 
 
 
 @pytest.mark.skipif(RAILCC_PATH is None, reason="railcc extension not built")
-@pytest.mark.parametrize("hook", list(HOOK_TOL))
+# The plain allreduce hook is left out: it is the default path, which the reference and torchrun
+# tests train through already, and CI's time is better spent on the hooks that change the bytes.
+@pytest.mark.parametrize("hook", [h for h in HOOK_TOL if h != "allreduce"])
 def test_ddp_builtin_comm_hooks_train_as_with_gloo(hook, cache, tmp_path):
     global RTOL, ATOL
     args = [*STEPS, "--comm-hook", hook]
