@@ -438,13 +438,13 @@ os.environ["RAILCC_INIT_TIMEOUT"] = "2"
 t = torch.ones(8); t.add_(1)  # torch's own threads start before the baseline
 before = res()
 errors = []
-for i in range(5):  # nobody else ever comes
+for i in range(3):  # nobody else ever comes
     try:
         dist.init_process_group("railcc", store=dist.FileStore(f"{tmp}/lonely{i}", 2), rank=0, world_size=2)
     except Exception as e:
         errors.append(type(e).__name__)
 os.environ["RAILCC_INIT_TIMEOUT"] = "60"  # wait for the peer's python to start
-for i in range(3):  # the peer fails after rank 0 made its shared memory
+for i in range(2):  # the peer fails after rank 0 made its shared memory
     env = dict(os.environ, RAILCC_BUFFSIZE=str(64 << 30))
     dist.distributed_c10d._world.group_count = 0  # the fresh peer's keys are group 0's
     peer = subprocess.Popen([sys.executable, worker, "1", "2", f"{tmp}/shm{i}"], env=env,
@@ -476,7 +476,7 @@ def test_failed_inits_and_destroy_leave_no_fd_thread_mapping_or_segment(tmp_path
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     assert lines, r.stderr[-3000:]
     got = json.loads(lines[-1])
-    assert got["errors"] == ["CollectiveTimeoutError"] * 5 + ["PeerFailureError"] * 3, got
+    assert got["errors"] == ["CollectiveTimeoutError"] * 3 + ["PeerFailureError"] * 2, got
     assert got["after"] == got["before"], got
 
 
