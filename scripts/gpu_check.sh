@@ -213,7 +213,7 @@ sed 's/^- //; s/|/\//g; s/^/| bench target | INFO | 0 | /; s/$/ |/' "$WORK/targe
 # session's device time), every kind of test once: 2 ranks over CUDA IPC, 3 staged through
 # host memory, TCP, DDP and FSDP2. RAILCC_GPU_CHECK_K="not watchdog_times_out" runs them all.
 # -v lists each case as it ends, so a run cut short still says which passed.
-K_DEFAULT="plugin or info or 2-ipc or 3-staged or [2] or shrunk"
+K_DEFAULT="plugin or info or 2-ipc or 3-staged or [2] or shrunk or split"
 run_step test_cuda 250 "$OUT/test_cuda.log" "${PYTEST[@]}" tests/python/test_cuda.py -v -rfEs --durations=15 -k "${RAILCC_GPU_CHECK_K:-$K_DEFAULT}"
 
 echo "$(ls "$OUT" | wc -l) files in \$OUT; $(( $(date +%s) - START )) s in all; exit status $FAILED" >> "$SUMMARY"

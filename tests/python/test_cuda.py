@@ -222,6 +222,27 @@ def rk_cuda_shrink(rank, n):
     return bad
 
 
+def rk_cuda_split(rank, n):
+    """ProcessGroup.split_group (what dist.split_group calls once the default group is bound to
+    a device): the child of ranks [0, n-1) serves CUDA tensors with the same backend as CPU."""
+    dev = _dev(rank)
+    bad = []
+    members = list(range(n - 1))
+    child = dist.group.WORLD.split_group(members)
+    if (child is None) != (rank not in members):
+        return [f"split_group({members}) gave {child} on rank {rank}"]
+    if child is not None:
+        x = torch.full((20011,), float(rank + 1), device=dev)
+        child.allreduce([x]).wait()
+        torch.cuda.synchronize(dev)
+        want = float(sum(r + 1 for r in members))
+        if not torch.all(x.cpu() == want):
+            bad.append(f"split all_reduce on cuda: {x[:3].tolist()} != {want}")
+        child.shutdown()
+    dist.barrier()
+    return bad
+
+
 def rk_cuda_gpu_hang(rank, n):
     """A kernel that sleeps past the op's timeout on the caller's stream, then an all_reduce:
     the call returns (through CUDA IPC it completes once its GPU work is queued), the watchdog
@@ -311,6 +332,11 @@ def test_cuda_over_tcp(pools, n):
 @needs_gpu
 def test_cuda_tensors_on_a_shrunk_group(pools):
     run_all(pools(3), rk_cuda_shrink, timeout=120)
+
+
+@needs_gpu
+def test_cuda_tensors_on_a_split_group(pools):
+    run_all(pools(3), rk_cuda_split, timeout=120)
 
 
 @needs_gpu
