@@ -217,6 +217,12 @@ TEST_P(RingTree, ExactAndAlikeOnEveryRank) {
           for (int q = 0; q < n; ++q)
             for (size_t i = 0; i < count; ++i) ASSERT_EQ(outs[static_cast<size_t>(q)][i], q + 10) << "all_gather from " << q;
         }
+        // Above the 1 MiB the tree keeps for its copy, twice: the copy is let go and made again.
+        for (int round = 0; round < 2; ++round) {
+          std::vector<int32_t> big(300001, r + round);
+          testing_util::waitOk(c.allreduce(big.data(), big.size(), DataType::kInt32, ReduceOp::kSum));
+          for (int32_t v : big) ASSERT_EQ(v, n * (n - 1) / 2 + n * round);
+        }
       },
       [](int r, Config& c) { c.hostId = "h" + std::to_string(r % 2); });
   for (size_t k = 0; k < counts.size(); ++k)

@@ -2,6 +2,10 @@
 
 namespace railcc::engine {
 
+namespace {
+constexpr size_t kTreeScratchKeep = 1u << 20;
+}  // namespace
+
 // ---------------------------------------------------------------------------------------
 // Recursive doubling: for small all-reduces, ceil(log2 n) + 2 steps at most instead of the
 // ring's 2(n-1), each exchanging the whole buffer with one partner. With p the largest power
@@ -41,6 +45,9 @@ void CommImpl::runAllreduceTree(char* buf, size_t count, DataType dt, ReduceOp o
     ch_.exchange(xs);
   }
   if (op == ReduceOp::kAvg) divideBy(buf, count, dt, n);
+  // The rule runs the tree on small buffers; one forced onto a large one (RAILCC_ALGO=tree)
+  // does not keep a copy of its size for the life of the group.
+  if (treeScratch_.size() > kTreeScratchKeep) std::vector<char>().swap(treeScratch_);
 }
 
 }  // namespace railcc::engine
