@@ -104,13 +104,13 @@ PYBIND11_MODULE(_C, m) {
       }, py::arg("why") = "", py::call_guard<py::gil_scoped_release>())
       // shrink (railcc/_shrink.py): torch.distributed.shrink_group asks the backend object.
       .def_property_readonly("supports_shrinking", [](railcc::ProcessGroupRailcc&) { return true; })
-      // new_group on a rank left out of the new group, when the default group is bound to a
-      // device and its backend splits: torch asks the split source to take part, as NCCL's
-      // split is collective over the parent. railcc's child groups form among their own ranks.
       // dist.split_group deep-copies the parent's `options` for the child, and c10d's base
       // Options cannot be copied from Python. None makes it pass none, and the C++ split
       // (ProcessGroup::splitGroup) then clones getBackendOptions() itself.
       .def_property_readonly("options", [](railcc::ProcessGroupRailcc&) { return py::none(); })
+      // new_group on a rank left out of the new group, when the default group is bound to a
+      // device and its backend splits: torch asks the split source to take part, as NCCL's
+      // split is collective over the parent. railcc's child groups form among their own ranks.
       .def("perform_nocolor_split", [](railcc::ProcessGroupRailcc&, const py::object&) {}, py::arg("device") = py::none())
       .def("_c10d_store", [](railcc::ProcessGroupRailcc& self) { return self.c10dStore(); })
       .def("_timeout", [](railcc::ProcessGroupRailcc& self) { return self.timeout(); })

@@ -113,7 +113,7 @@ class CommImpl : private ChannelHost {
                              double scale);
   void pairwiseAllgather(const std::vector<int>& g, char* buf, size_t count, size_t es);
   // algorithms/ring.cpp: neighbours only, host by host; algorithms/tree.cpp: recursive doubling
-  std::vector<int> ringOrder() const;
+  const std::vector<int>& ringOrder();
   void ringReduceScatter(const std::vector<int>& g, char* buf, size_t count, DataType dt, ReduceOp op);
   void ringAllgather(const std::vector<int>& g, const std::vector<char*>& blocks, const std::vector<size_t>& sizes);
   void runAllreduceRing(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
@@ -350,6 +350,7 @@ class CommImpl : private ChannelHost {
   // number of ranks (two or more) sharing memory, else empty.
   std::vector<int> rail_;
   std::vector<char> bucket_;
+  std::vector<int> ring_;  // ringOrder(), once known
   std::vector<char> treeScratch_;  // what a recursive-doubling step sends while buf is reduced into
   std::vector<char> scratch_;  // one-shot receive area, n blocks of at most RAILCC_ONESHOT_BYTES
 

@@ -1,4 +1,4 @@
-#include <numeric>
+#include <map>
 
 #include "engine/comm_impl.h"
 
@@ -11,20 +11,20 @@ namespace railcc::engine {
 // 2(n-1)/n of it in all, the least any all-reduce can. The ring runs through the ranks host
 // by host (ringOrder), so only one hop per host boundary crosses the network.
 
-std::vector<int> CommImpl::ringOrder() const {
-  std::vector<int> order;
-  order.reserve(static_cast<size_t>(size_));
-  std::vector<bool> placed(static_cast<size_t>(size_), false);
+// Hosts in the order of their lowest rank, each host's ranks in rank order. The placement is
+// fixed once the group is set up: worked out at the first ring op, kept for the rest.
+const std::vector<int>& CommImpl::ringOrder() {
+  if (!ring_.empty()) return ring_;
+  std::map<std::string, size_t> slot;
+  std::vector<std::vector<int>> byHost;
   for (int r = 0; r < size_; ++r) {
-    if (placed[static_cast<size_t>(r)]) continue;
-    const std::string& host = peers_[static_cast<size_t>(r)].hostId;
-    for (int q = r; q < size_; ++q)
-      if (!placed[static_cast<size_t>(q)] && peers_[static_cast<size_t>(q)].hostId == host) {
-        placed[static_cast<size_t>(q)] = true;
-        order.push_back(q);
-      }
+    auto [it, fresh] = slot.emplace(peers_[static_cast<size_t>(r)].hostId, byHost.size());
+    if (fresh) byHost.emplace_back();
+    byHost[it->second].push_back(r);
   }
-  return order;
+  ring_.reserve(static_cast<size_t>(size_));
+  for (const auto& h : byHost) ring_.insert(ring_.end(), h.begin(), h.end());
+  return ring_;
 }
 
 // Block j ends reduced at g[j]. At step s a rank sends block i-1-s, which it reduced in the
@@ -59,7 +59,7 @@ void CommImpl::runAllreduceRing(char* buf, size_t count, DataType dt, ReduceOp o
   // Partial sums travel, so a factor is applied once, up front, and an average divides once.
   if (op == ReduceOp::kPremulSum) scaleCopy(buf, buf, count, dt, scale);
   const ReduceOp across = op == ReduceOp::kPremulSum || op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-  const std::vector<int> g = ringOrder();
+  const std::vector<int>& g = ringOrder();
   const int m = static_cast<int>(g.size()), i = positionIn(g, rank_);
   ringReduceScatter(g, buf, count, dt, across);
   Blocks b(count, m, es);
@@ -75,7 +75,7 @@ void CommImpl::runAllreduceRing(char* buf, size_t count, DataType dt, ReduceOp o
 
 // outs[r] receives rank r's `bytes` (ours is already in place).
 void CommImpl::runAllgatherRingOrder(size_t bytes, const std::vector<char*>& outs) {
-  const std::vector<int> g = ringOrder();
+  const std::vector<int>& g = ringOrder();
   std::vector<char*> blocks;
   blocks.reserve(g.size());
   for (int r : g) blocks.push_back(outs[static_cast<size_t>(r)]);
