@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -156,7 +157,7 @@ class WorkRailcc : public c10d::Work {
       if (!finished_) return future_;
       fut = future_;
     }
-    completeFuture(fut, outputs(), error_);  // the op ended before anybody asked
+    completeFuture(fut, outputs(), error_, stream());  // the op ended before anybody asked
     return fut;
   }
 
@@ -199,15 +200,24 @@ class WorkRailcc : public c10d::Work {
         c10::ListType::ofTensors(), dev_ ? std::vector<c10::Device>{dev_->device} : std::vector<c10::Device>{});
   }
 
+  // The group's stream on CUDA tensors (the results are ready where it has come to).
+  std::optional<c10::Stream> stream() const {
+    return dev_ ? std::optional<c10::Stream>(dev_->comm) : std::nullopt;
+  }
+
   static void completeFuture(const c10::intrusive_ptr<c10::ivalue::Future>& fut, const std::vector<at::Tensor>& outputs,
-                             std::exception_ptr err) {
+                             std::exception_ptr err, std::optional<c10::Stream> stream) {
     if (err) {
       fut->setError(err);
       return;
     }
     // markCompleted records the future's events and checks the tensors' devices; should it
-    // throw, the future still ends (with that error), or its waiters would hang.
+    // throw, the future still ends (with that error), or its waiters would hang. It records
+    // them on the calling thread's current stream: that must be the group's stream, or a
+    // then() callback or DDP's reducer reads the results while the GPU still writes them
+    // (this thread is a callback thread or the caller's, whose current stream is another).
     try {
+      c10::OptionalStreamGuard onStream(stream);
       fut->markCompleted(c10::IValue(outputs));
     } catch (const std::exception&) {
       if (!fut->completed()) fut->setError(std::current_exception());
@@ -228,7 +238,7 @@ class WorkRailcc : public c10d::Work {
     if (!fut) return;  // getFuture() will make it complete
     // Completing the future runs the user's then() callbacks and comm hooks, which may wait on
     // other ops of this group (PowerSGD does): never on the engine's progress thread.
-    auto complete = [fut, outputs = outputs(), err] { completeFuture(fut, outputs, err); };
+    auto complete = [fut, outputs = outputs(), err, s = stream()] { completeFuture(fut, outputs, err, s); };
     if (reqs_.empty()) complete();
     else reqs_.front()->runUserCode(std::move(complete));
   }

@@ -177,6 +177,22 @@ def rk_cuda_streams(rank, n):
             got = fut.then(lambda f: f.value()[0] * 2).wait()
             if not torch.all(got == 2 * total).item():
                 bad.append(f"future.then (side stream={side})")
+            # 4b. the same with the op's GPU work held back behind the caller's stream: the
+            # future completes once the op is queued, and its events must be on the group's
+            # stream (they once were on the completing thread's, and DDP trained on stale
+            # gradients over CUDA IPC)
+            x = torch.zeros(1 << 16, device=dev)
+            torch.cuda._sleep(50_000_000)
+            x.fill_(rank + 1)
+            fut = dist.all_reduce(x, async_op=True).get_future()
+            got = fut.then(lambda f: f.value()[0] * 2).wait()
+            if not torch.all(got == 2 * total).item():
+                bad.append(f"future.then on a late GPU (side stream={side})")
+            torch.cuda._sleep(50_000_000)
+            fut = dist.all_reduce(x, async_op=True).get_future()
+            fut.wait()
+            if not torch.all((x + 0) == total * n).item():
+                bad.append(f"future.wait then use on a late GPU (side stream={side})")
             # 5. FSDP2-style synchronous all-gather into a fresh buffer, consumed at once
             shard = torch.full((1000,), float(rank), device=dev)
             out = torch.empty(1000 * n, device=dev)
