@@ -271,7 +271,7 @@ c10d::ErrorType ProcessGroupRailcc::getError() {
 
 std::vector<std::string> ProcessGroupRailcc::peerTransports() const {
   std::vector<std::string> out;
-  for (auto& p : comm_->peers()) out.push_back(p.transport.empty() ? "self" : p.transport);
+  for (int r = 0; r < comm_->size(); ++r) out.push_back(comm_->transportTo(r));
   return out;
 }
 

@@ -1,8 +1,5 @@
 #include "engine/comm_impl.h"
 
-#include <dirent.h>
-#include <sys/resource.h>
-
 #include "common/crypto.h"
 
 namespace railcc::engine {
@@ -208,36 +205,6 @@ std::vector<std::string> parsePeerRecord(const std::string& v, const std::string
   return f;
 }
 
-// Said at init, with the number needed, rather than as an EMFILE from deep inside a transport:
-// raises the soft limit of open files where the hard limit allows (logged), else fails.
-void checkFdLimit(size_t conns, const std::string& group) {
-  if (conns == 0) return;
-  rlimit rl{};
-  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
-  size_t open = 0;
-  if (DIR* d = opendir("/proc/self/fd")) {
-    while (readdir(d) != nullptr) ++open;
-    closedir(d);
-  }
-  constexpr size_t kSpare = 64;  // listeners, eventfds, and what torch and the program open later
-  const size_t need = open + conns + kSpare;
-  if (need <= rl.rlim_cur) return;
-  if (rl.rlim_max == RLIM_INFINITY || need <= rl.rlim_max) {
-    rlimit up = rl;
-    up.rlim_cur = rl.rlim_max == RLIM_INFINITY ? static_cast<rlim_t>(2 * need)
-                                                : std::min<rlim_t>(rl.rlim_max, static_cast<rlim_t>(2 * need));
-    if (setrlimit(RLIMIT_NOFILE, &up) == 0) {
-      RAILCC_INFO(INIT, "raised the soft limit of open files (ulimit -n) from ", rl.rlim_cur, " to ", up.rlim_cur,
-                  ": this rank holds ", conns, " connections to ranks on other hosts");
-      return;
-    }
-  }
-  RAILCC_THROW(kInvalidUsage, "railcc init of group '", group, "': this rank needs about ", need,
-               " open files (", conns, " connections to ranks on other hosts, ", open, " files open now, ", kSpare,
-               " to spare) but ulimit -n allows ", rl.rlim_cur, " (hard limit ", rl.rlim_max, "): raise it to at least ",
-               need, " (ulimit -n ", need, " in the job's shell, or LimitNOFILE= for a systemd service)");
-}
-
 }  // namespace
 
 void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::time_point deadline,
@@ -368,9 +335,15 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   for (int r : others)
     if (choice[static_cast<size_t>(r)].via->interHost) fdConns += kLanes * static_cast<size_t>(choice[static_cast<size_t>(r)].channels);
   checkFdLimit(fdConns, opts_.name);
-  // The lower rank connects, the higher accepts.
+  // The lower rank connects, the higher accepts: now, or at the pair's first op where the
+  // transport makes connections at first use.
+  links_.peers.assign(static_cast<size_t>(size_), LazyPeer{});
   for (int r : others) {
     Choice& c = choice[static_cast<size_t>(r)];
+    if (c.via->setup->lazy()) {
+      links_.peers[static_cast<size_t>(r)] = {c.via->setup.get(), c.rec, c.channels, {}};
+      continue;
+    }
     for (int lane = 0; lane < kLanes; ++lane)
       for (int ch = 0; ch < c.channels; ++ch) {
         if (r > rank_) c.via->setup->connect(c.rec, lane, ch);
@@ -386,7 +359,7 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     while (true) {
       bool all = true;
       for (auto& o : open) {
-        if (!o.done) o.done = o.setup->progress(deadline, Millis(open.size() > 1 ? 5 : 100));
+        if (!o.done) o.done = o.setup->lazy() || o.setup->progress(deadline, Millis(open.size() > 1 ? 5 : 100));
         all = all && o.done;
       }
       if (all) break;
@@ -404,6 +377,15 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     Choice& c = choice[static_cast<size_t>(r)];
     if (!c.via) continue;
     std::string desc;
+    if (links_.peers[static_cast<size_t>(r)].setup) {
+      for (int lane = 0; lane < kLanes; ++lane) ch_.pair(lane, r).resize(static_cast<size_t>(c.channels));
+      // Until the first lane is up; then its connection's description (linkOf, under links_.mu).
+      peers_[static_cast<size_t>(r)].transport = c.via->name + " (connected at first use)";
+      RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", r, " (", peers_[static_cast<size_t>(r)].hostname, ") via ",
+                  c.via->name, " at first use (", c.why,
+                  c.channels > 1 ? "; " + std::to_string(c.channels) + " channels" : std::string(), ")");
+      continue;
+    }
     for (int lane = 0; lane < kLanes; ++lane) {
       auto& chs = ch_.pair(lane, r);
       chs.resize(static_cast<size_t>(c.channels));
@@ -433,8 +415,10 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     if (!waitFor.empty()) getAll("ready/", waitFor, "connection set-up");
   }
   for (auto& o : open) {
-    o.setup->finish();
     if (auto d = o.setup->localDomain()) ch_.setLocal(d);
+    bool serves = std::any_of(links_.peers.begin(), links_.peers.end(), [&](const LazyPeer& l) { return l.setup == o.setup.get(); });
+    if (serves) links_.setups.push_back(std::move(o.setup));  // it makes connections for the group's life
+    else o.setup->finish();
   }
 }
 
@@ -528,6 +512,9 @@ void CommImpl::bootstrap(Store& store) {
     secret = getFrom("secret", 0, "group secret");
   }
 
+  auto since = [](Clock::time_point t) { return std::chrono::duration_cast<Millis>(Clock::now() - t).count(); };
+  const long long secretMs = since(t0);
+  const Clock::time_point tPeers = Clock::now();  // then the topology, then the connections
   peers_.resize(static_cast<size_t>(size_));
   char hn[256] = {0};
   gethostname(hn, sizeof(hn) - 1);
@@ -569,11 +556,17 @@ void CommImpl::bootstrap(Store& store) {
   }
   if (opts_.config.spinUs < 0) RAILCC_THROW(kInvalidUsage, "RAILCC_SPIN_US must be 0 or more, got ", opts_.config.spinUs);
 
+  const long long peersMs = since(tPeers);
+  const Clock::time_point tTopo = Clock::now();
   RailPlace place = placeRank();
+  const long long topoMs = since(tTopo);
+  const Clock::time_point tConn = Clock::now();
   if (size_ > 1) connectPeers(store, secret, deadline, getAll, place);
 
-  RAILCC_INFO(INIT, "group '", opts_.name, "' rank ", rank_, "/", size_, " ready in ",
-              std::chrono::duration_cast<Millis>(Clock::now() - t0).count(), " ms");
+  // Where set-up time went: the waits include the slowest rank's lateness.
+  RAILCC_INFO(INIT, "group '", opts_.name, "' rank ", rank_, "/", size_, " ready in ", since(t0),
+              " ms (group secret ", secretMs, " ms, peer records ", peersMs, ", topology ", topoMs,
+              ", endpoints and connections ", since(tConn), ")");
 }
 
 }  // namespace railcc::engine

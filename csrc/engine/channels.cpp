@@ -252,6 +252,8 @@ size_t Channels::progressRecv(Channel& ch, Transfer& t) {
 }
 
 size_t Channels::progress(int lane, int peer) {
+  // A peer on another host may be met for the first time: connect, then move bytes.
+  if (!pair(lane, peer)[0].conn && !host_.connectPeer(peer, lane)) return 0;
   try {
     size_t moved = 0;
     for (Channel& ch : pair(lane, peer))
@@ -502,11 +504,14 @@ void Channels::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
     host_.stalled(pending, timeout);
   }
   // Dead peers on shared memory cannot close anything: look for them a few times a second.
+  // Every lane of the pair: one still being connected hears of a cut cable through the other.
   if (now - lastAliveCheck_ > Millis(200)) {
     lastAliveCheck_ = now;
     for (auto& [lane, peer] : waitOn) {
       try {
-        for (Channel& ch : pair(lane, peer)) ch.conn->checkAlive();
+        for (auto& l : chans_)
+          for (Channel& ch : l[static_cast<size_t>(peer)])
+            if (ch.conn) ch.conn->checkAlive();
       } catch (const Error& e) {
         host_.peerFailed(peer, e.what());
       }
@@ -518,7 +523,7 @@ void Channels::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
     if (alsoReady && alsoReady()) return true;
     for (auto& [lane, peer] : waitOn)
       for (Channel& ch : pair(lane, peer)) {
-        if (ch.conn->pollFd() >= 0) continue;
+        if (!ch.conn || ch.conn->pollFd() >= 0) continue;
         if (!ch.recvq.empty() && ch.conn->peek().second > 0) return true;
         if (!ch.sendq.empty() && hasBytesToSend(*ch.sendq.front()) && ch.conn->canSend()) return true;
         if (!ch.sendq.empty() && ch.sendq.front()->byAddress == Transfer::ByAddress::kAwaitingAck &&
@@ -529,9 +534,13 @@ void Channels::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
   };
   if (pollFor(config_.spinUs, anyReady, busyFor(waitOn))) return;
   std::vector<pollfd> fds;
-  bool hasDoorbell = false;
+  bool hasDoorbell = false, connecting = false;
   for (auto& [lane, peer] : waitOn)
     for (Channel& ch : pair(lane, peer)) {
+      if (!ch.conn) {  // still being connected (at first use): look again in a millisecond
+        connecting = true;
+        continue;
+      }
       int fd = ch.conn->pollFd();
       if (fd < 0) {
         hasDoorbell = true;
@@ -543,9 +552,9 @@ void Channels::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
       fds.push_back({fd, ev, 0});
     }
   sleeping_.store(true);
-  if (!fds.empty()) {
+  if (!fds.empty() || connecting) {
     fds.push_back({wakeFd_, POLLIN, 0});
-    if (!host_.opsQueued()) poll(fds.data(), fds.size(), hasDoorbell ? 1 : 100);
+    if (!host_.opsQueued()) poll(fds.data(), fds.size(), hasDoorbell || connecting ? 1 : 100);
     uint64_t v;
     if (read(wakeFd_, &v, sizeof(v)) < 0) { /* nothing pending */ }
   } else if (local_) {

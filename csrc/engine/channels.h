@@ -57,6 +57,9 @@ class ChannelHost {
   virtual bool shuttingDown() const = 0;
   /// Ops are queued that the progress thread has not taken yet: stop waiting, go take them.
   virtual bool opsQueued() const = 0;
+  /// Starts, or moves on, the connections to `peer` on `lane` that are made at first use;
+  /// true once they are up (the pair's channels then have them). Never blocks.
+  virtual bool connectPeer(int peer, int lane) = 0;
   /// Fails the group naming `peer`, which a connection found dead.
   [[noreturn]] virtual void peerFailed(int peer, const std::string& detail) = 0;
   /// Fails the op that moved nothing for `timeout`, naming the transfers it waits on.
@@ -80,6 +83,11 @@ class Channels {
   // ---- set-up (bootstrap)
   std::vector<Channel>& pair(int lane, int peer) { return chans_[static_cast<size_t>(lane)][static_cast<size_t>(peer)]; }
   Channel& chan(int lane, int peer, int c = 0) { return pair(lane, peer)[static_cast<size_t>(c)]; }
+  /// A connection made after set-up (at first use) joins its channel.
+  void adopt(int lane, int peer, int c, std::unique_ptr<transport::Connection> conn) {
+    std::lock_guard<std::mutex> g(connMu_);
+    chan(lane, peer, c).conn = std::move(conn);
+  }
   void setLocal(std::shared_ptr<transport::LocalDomain> d) {
     std::lock_guard<std::mutex> g(connMu_);
     local_ = std::move(d);

@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -68,6 +69,11 @@ class LiveOps {
  private:
   std::atomic<int64_t>* n_ = nullptr;
 };
+
+// Said at init, with the number needed, rather than as an EMFILE from deep inside a
+// transport (connections.cpp): raises the soft limit of open files where the hard limit
+// allows (logged), else fails naming the group.
+void checkFdLimit(size_t conns, const std::string& group);
 
 // One queued op: what every layer may know of it (OpStamp), its body, and its request.
 struct Op : OpStamp {
@@ -290,6 +296,7 @@ class CommImpl : private ChannelHost {
 
   // ChannelHost: what the channel layer asks of the engine while a step waits.
   size_t pumpBeside() override { return pumpP2P(); }
+  bool connectPeer(int peer, int lane) override;
   void checkInterrupted() override {
     if (health_.aborted) RAILCC_THROW(kAborted, health_.abortWhy);
     if (health_.memberDown) std::rethrow_exception(brokenError());
@@ -327,7 +334,14 @@ class CommImpl : private ChannelHost {
   }
   std::string peerName(int r) const override {
     const PeerInfo& p = peers_[static_cast<size_t>(r)];
-    return rankName(r) + " (host " + p.hostname + ", " + (p.transport.empty() ? "self" : p.transport) + ")";
+    return rankName(r) + " (host " + p.hostname + ", " + linkOf(r) + ")";
+  }
+  // How this rank reaches `r` ("shm", "socket 10.0.0.2:5000 from eth1", "self"): fixed at
+  // init, except for a connection made at first use, named once it is up; any thread.
+  std::string linkOf(int r) const {
+    std::lock_guard<std::mutex> g(links_.mu);
+    const std::string& t = peers_[static_cast<size_t>(r)].transport;
+    return t.empty() ? "self" : t;
   }
 
   void abort(const std::string& why);
@@ -452,7 +466,7 @@ class CommImpl : private ChannelHost {
   // Links are compared with others of the same transport and direction: a send into a shm
   // FIFO with room is a memcpy, a receive waits for the sender's copy.
   std::string linkClass(const Telemetry::LinkStats& l) const {
-    std::string t = peers_[static_cast<size_t>(l.peer)].transport;
+    std::string t = linkOf(l.peer);
     return t.substr(0, t.find(' ')) + (l.send ? " send" : " receive");
   }
   static constexpr int kMinLinkSamples = 3;  // fewer timed transfers say nothing about a link
@@ -488,6 +502,24 @@ class CommImpl : private ChannelHost {
   std::function<void()> pump_;  // run between store waits during connectPeers
   void connectPeers(Store& store, const std::string& secretHex, Clock::time_point deadline,
                     const GetAll& getAll, const RailPlace& place);
+  // Connections made at first use (RAILCC_LAZY_CONNECT): the transports' set-ups that make
+  // them, kept for the group's life, and per peer the one that reaches it (null: connected
+  // at init, or ourselves).
+  // Also what names each peer's link (peers_[r].transport), which such a connection fills in
+  // later: `mu` guards it from then on (linkOf).
+  struct LazyPeer {
+    transport::Setup* setup = nullptr;
+    transport::PeerRecord rec;
+    int channels = 1;
+    std::array<bool, kLanes> started{};  // per lane: connect()/accept() called
+    bool named = false;                   // peers_[peer].transport names a real connection
+  };
+  struct Links {
+    mutable std::mutex mu;
+    std::vector<std::unique_ptr<transport::Setup>> setups;  // engine thread (bootstrap) writes, then fixed
+    std::vector<LazyPeer> peers;                              // engine thread
+    std::atomic<int> connected{0};                            // (peer, lane) pairs connected at first use
+  } links_;
   void progressLoop();
   // Takes the engine token; with `drain`, also moves the queued ops on (drainQueue) under the same lock.
   bool tryAcquire(bool drain = false);

@@ -19,6 +19,7 @@ bool Communicator::forked() const { return static_cast<int>(thisPid()) != ownerP
 int Communicator::rank() const { return impl_->rank_; }
 int Communicator::size() const { return impl_->size_; }
 const std::vector<PeerInfo>& Communicator::peers() const { return impl_->peers_; }
+std::string Communicator::transportTo(int r) const { return impl_->linkOf(r); }
 const Config& Communicator::config() const { return impl_->opts_.config; }
 void Communicator::abort(const std::string& why) {
   if (!forked()) impl_->abort(why);

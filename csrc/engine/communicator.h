@@ -90,7 +90,7 @@ struct PeerInfo {
   int pid = 0;
   std::string pidNs;      // its pid namespace: pids of another mean nothing here
   std::string addr;       // its inter-host endpoint during set-up (TCP: "ip:port[,ip:port]"), "-" if none
-  std::string transport;  // "shm" or "socket ip:port", filled after connecting
+  std::string transport;  // "shm" or "socket ip:port": read it through Communicator::transportTo
 };
 
 class CommImpl;
@@ -134,6 +134,9 @@ class Communicator {
   int rank() const;
   int size() const;
   const std::vector<PeerInfo>& peers() const;
+  /// How this rank reaches rank `r` (PeerInfo::transport, which a connection made at first
+  /// use fills in later): safe on any thread, unlike reading peers()[r].transport.
+  std::string transportTo(int r) const;
   const Config& config() const;
 
   // `scale` is PREMUL_SUM's factor; `timeout` of 0 means the communicator's.

@@ -40,6 +40,9 @@ void CommImpl::fail(std::exception_ptr err) {
     wd_->cv.notify_all();
   }
   ch_.markFailed();
+  // A peer dialing us for a connection made at first use is refused from now on, instead of
+  // waiting for a handshake nobody will answer.
+  for (auto& s : links_.setups) s->markFailed();
   try {
     std::rethrow_exception(err);
   } catch (const Error& e) {
@@ -92,13 +95,13 @@ void CommImpl::peerFailed(int peer, const std::string& detail) {
     code = ErrorCode::kMismatch;  // the peer saw both calls; repeat them here
     msg = rankName(peer) + " (host " + p.hostname + ") detected a " + reason;
   } else if (!reason.empty()) {
-    msg = rankName(peer) + " (host " + p.hostname + ", " + p.transport + ") failed: " + reason;
+    msg = rankName(peer) + " (host " + p.hostname + ", " + linkOf(peer) + ") failed: " + reason;
   } else if (detail.find("reported a failure") != std::string::npos) {
-    msg = rankName(peer) + " (host " + p.hostname + ", pid " + std::to_string(p.pid) + ", " + p.transport +
+    msg = rankName(peer) + " (host " + p.hostname + ", pid " + std::to_string(p.pid) + ", " + linkOf(peer) +
           ") failed earlier; its reason is no longer readable from the store (see that rank's log or trace dump)";
   } else {
     msg = rankName(peer) + " (host " + p.hostname + ", pid " + std::to_string(p.pid) + ", " +
-          p.transport + ") is gone: " + detail + "; it left no report, so it most likely died (killed, OOM or crash)";
+          linkOf(peer) + ") is gone: " + detail + "; it left no report, so it most likely died (killed, OOM or crash)";
   }
   Error err(code, msg);
   err.ranks = {globalRank(peer)};
@@ -136,6 +139,9 @@ void CommImpl::failStalled(const std::vector<Transfer*>& pending, Millis timeout
   for (Transfer* t : pending) {
     os << "\n  " << (t->kind == Transfer::kSend ? "sending to " : "receiving from ") << peerName(t->peer) << ", "
        << t->done << " of " << t->bytes << " bytes moved";
+    if (t->lane >= 0 && t->lane < kLanes && !ch_.chan(t->lane, t->peer).conn)
+      os << " (the connection, made at first use, is not up yet: that rank has not reached this op, or "
+            "cannot be reached)";
     ranks.push_back(t->peer);
     hosts.push_back(peers_[static_cast<size_t>(t->peer)].hostname);
   }
@@ -238,7 +244,7 @@ void CommImpl::memberDied(const std::vector<int>& ranks, const std::string& grou
   std::ostringstream os;
   for (size_t i = 0; i < ranks.size(); ++i) {
     const PeerInfo& p = peers_[static_cast<size_t>(ranks[i])];
-    os << (i ? ", " : "") << rankName(ranks[i]) << " (host " << p.hostname << ", pid " << p.pid << ", " << p.transport << ")";
+    os << (i ? ", " : "") << rankName(ranks[i]) << " (host " << p.hostname << ", pid " << p.pid << ", " << linkOf(ranks[i]) << ")";
   }
   os << " failed, as group '" << group << "' on this rank found: " << why;
   Error err(ErrorCode::kPeerFailure, os.str());

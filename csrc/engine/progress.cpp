@@ -252,7 +252,7 @@ void CommImpl::progressLoop() {
           std::vector<std::pair<int, int>> on;
           for (int r = 0; r < size_; ++r) {
             auto& ch = ch_.chan(kP2PLane, r);
-            if (!ch.sendq.empty() || !ch.recvq.empty() || (!q_.anySource.empty() && ch.conn)) on.push_back({kP2PLane, r});
+            if (!ch.sendq.empty() || !ch.recvq.empty() || (!q_.anySource.empty() && r != rank_)) on.push_back({kP2PLane, r});
           }
           Millis to = !q_.p2p.empty() ? q_.p2p.front()->timeout : q_.anySource.front()->timeout;
           ch_.idle(on, to, "send/recv");
@@ -305,6 +305,8 @@ size_t CommImpl::progressP2P() {
       if (r == rank_) continue;
       Channel& ch = ch_.chan(kP2PLane, r);
       if (!ch.recvq.empty()) continue;
+      // Any peer may be the sender: one not connected yet is connected now.
+      if (!ch.conn && !connectPeer(r, kP2PLane)) continue;
       try {
         if (ch_.readHeader(ch, moved) && ch.inHdr.tag == op.xfer.hdr.tag) got = r;
       } catch (const Error& e) {

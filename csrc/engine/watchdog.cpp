@@ -220,7 +220,7 @@ void CommImpl::checkStragglers() {
     if (strag_.linkFlagged.count({l.peer, l.send})) continue;
     int src = l.send ? rank_ : l.peer, dst = l.send ? l.peer : rank_;
     news.push_back("slow link: rank " + std::to_string(src) + " -> rank " + std::to_string(dst) + " (" +
-                   peers_[src].hostname + " -> " + peers_[dst].hostname + ", " + peers_[l.peer].transport + ") moves " +
+                   peers_[src].hostname + " -> " + peers_[dst].hostname + ", " + linkOf(static_cast<int>(l.peer)) + ") moves " +
                    fmt("%.3f", l.gbps()) + " GB/s against a median of " + fmt("%.3f", m) + " GB/s over the " +
                    std::to_string(all.size()) + " " + linkClass(l) + " links of rank " + std::to_string(rank_));
     newRanks.push_back(l.peer);
@@ -254,7 +254,7 @@ std::string CommImpl::stragglerReport() {
   std::set<std::pair<int, int>> slow;
   bool first = true;
   for (auto& l : links) {
-    std::string kind = transportKind(peers_[l.peer].transport);
+    std::string kind = transportKind(linkOf(static_cast<int>(l.peer)));
     double m = median(byKind[linkClass(l)]);
     int src = l.send ? rank_ : l.peer, dst = l.send ? l.peer : rank_;
     bool isSlow;
@@ -265,7 +265,7 @@ std::string CommImpl::stragglerReport() {
     if (isSlow) slow.insert({src, dst});
     os << (first ? "" : ", ") << "{\"src\": " << src << ", \"dst\": " << dst << ", \"src_host\": "
        << jsonString(peers_[src].hostname) << ", \"dst_host\": " << jsonString(peers_[dst].hostname)
-       << ", \"transport\": " << jsonString(kind) << ", \"link\": " << jsonString(peers_[l.peer].transport) << ", \"bytes\": " << l.bytes << ", \"samples\": " << l.samples << ", \"gbps\": " << fmt("%.4f", l.gbps())
+       << ", \"transport\": " << jsonString(kind) << ", \"link\": " << jsonString(linkOf(static_cast<int>(l.peer))) << ", \"bytes\": " << l.bytes << ", \"samples\": " << l.samples << ", \"gbps\": " << fmt("%.4f", l.gbps())
        << ", \"median_gbps\": " << fmt("%.4f", m) << ", \"slow\": " << (isSlow ? "true" : "false") << "}";
     first = false;
   }
@@ -406,7 +406,7 @@ std::string CommImpl::traceJson(const std::string& reason) const {
      << ", \"completed\": " << p.completed << "},\n  \"peers\": [";
   for (size_t r = 0; r < peers_.size(); ++r)
     os << (r ? ", " : "") << "{\"rank\": " << r << ", \"host\": " << jsonString(peers_[r].hostname)
-       << ", \"transport\": " << jsonString(static_cast<int>(r) == rank_ ? "self" : peers_[r].transport) << "}";
+       << ", \"transport\": " << jsonString(linkOf(static_cast<int>(r))) << "}";
   auto lags = tele_->lags();
   const auto& mine = lags[static_cast<size_t>(rank_)];
   os << "],\n  \"ops\": " << tele_->opsJson() << ",\n  \"links\": " << tele_->linksJson()

@@ -85,6 +85,16 @@ class Setup {
   /// something to happen (a poll), never longer. Throws railcc::Error with the peer in
   /// `ranks` (kPeerFailure, kTimeout at `deadline`).
   virtual bool progress(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds budget) = 0;
+  /// Connections made at their first use (RAILCC_LAZY_CONNECT): connect()/accept() may come
+  /// at any time during the group's life, progress() serves them (and peers that dial early)
+  /// and never reports done, ready() says which are up, and finish() is never called: the
+  /// setup lives as long as the group.
+  virtual bool lazy() const { return false; }
+  /// (peer, lane, channel) is up and may be taken. Lazy setups only.
+  virtual bool ready(int peer, int lane, int channel) { return false; }
+  /// This rank has failed (lazy setups): peers that dial it from now on, or wait in its
+  /// backlog, are refused. Thread-safe (may run on an aborting thread).
+  virtual void markFailed() {}
   /// The finished connection (once progress() returned true); the caller owns it.
   virtual std::unique_ptr<Connection> take(int peer, int lane, int channel) = 0;
   /// Every peer has taken its connections (a store round-trip after progress() ended):

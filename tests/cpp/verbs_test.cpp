@@ -185,7 +185,7 @@ TEST_P(Verbs, EveryCollectiveIsBitExact) {
   auto [n, qps] = GetParam();
   size_t channels = devs.size() * static_cast<size_t>(qps);
   runOverVerbs(n, qps, [n, channels](Communicator& c) {
-    std::string desc = c.peers()[static_cast<size_t>((c.rank() + 1) % n)].transport;
+    std::string desc = c.transportTo((c.rank() + 1) % n);
     EXPECT_EQ(static_cast<size_t>(std::count(desc.begin(), desc.end(), ',')) + 1, channels) << desc;
     testing_util::everyCollectiveIsBitExact(c, n, "verbs ");
   });

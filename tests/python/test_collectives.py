@@ -8,6 +8,7 @@ RAILCC_SHM_DISABLE=1).
 """
 
 import copy
+import os
 import datetime
 
 import pytest
@@ -646,6 +647,81 @@ def rk_seqnum(rank, n):
     return [] if after - before == 3 else [f"sequence number moved {before}->{after}"]
 
 
+def _sockets():
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return n
+
+
+def _store_barrier(key, n):
+    """Every rank here, through the store alone (no connection of the group is made)."""
+    import time
+
+    store = dist.distributed_c10d._get_default_store()
+    store.add(key, 1)
+    while store.add(key, 0) < n:
+        time.sleep(0.005)
+
+
+_LAZY_RUNS = [0]  # store keys of their own per run: a pool's store outlives a test
+
+
+def rk_lazy_connections(rank, n):
+    """Connections between hosts made at first use (RAILCC_LAZY_CONNECT=1, TCP for every
+    peer): a ring all-reduce connects the two neighbours only, an all-to-all then everyone,
+    send/recv its own lane, a receive from any source whoever sends."""
+    bad = []
+    _LAZY_RUNS[0] += 1
+    run = _LAZY_RUNS[0]
+    g = dist.new_group(list(range(n)))  # a group of its own: nothing connected yet
+    before = _sockets()
+    x = make_input(rank, torch.float32, 300_001)
+    dist.all_reduce(x, group=g)
+    _store_barrier(f"lazy/{run}/ring", n)  # counted before a faster rank dials for the next op
+    if not close(x, reduce_ref([make_input(r, torch.float32, 300_001) for r in range(n)], "SUM", n)):
+        bad.append("ring all_reduce result")
+    ring = _sockets() - before
+    _store_barrier(f"lazy/{run}/ring-counted", n)
+    if ring != min(2, n - 1):
+        bad.append(f"a ring all_reduce made {ring} connections, not {min(2, n - 1)} (its neighbours)")
+    ins = [torch.full((7,), float(rank * 100 + j)) for j in range(n)]
+    outs = [torch.empty(7) for _ in range(n)]
+    dist.all_to_all(outs, ins, group=g)
+    _store_barrier(f"lazy/{run}/a2a", n)
+    if any(not torch.equal(outs[j], torch.full((7,), float(j * 100 + rank))) for j in range(n)):
+        bad.append("all_to_all result")
+    if _sockets() - before != n - 1:
+        bad.append(f"after an all_to_all {_sockets() - before} connections, not {n - 1}")
+    _store_barrier(f"lazy/{run}/a2a-counted", n)
+    # send/recv on its own lane: a ring, then everyone to rank 0 from any source
+    right, left = (rank + 1) % n, (rank - 1) % n
+    r = torch.empty(5)
+    for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((5,), float(rank)), right, group=g),
+                                     dist.P2POp(dist.irecv, r, left, group=g)]):
+        w.wait()
+    if not torch.equal(r, torch.full((5,), float(left))):
+        bad.append("send/recv ring")
+    if rank == 0:
+        got = set()
+        for _ in range(n - 1):
+            t = torch.empty(2, dtype=torch.int64)
+            src = dist.recv(t, group=g)
+            got.add(src)
+            if not torch.equal(t, torch.full((2,), src, dtype=torch.int64)):
+                bad.append(f"recv from any source: payload from {src}")
+        if got != set(range(1, n)):
+            bad.append(f"recv from any source heard {sorted(got)}")
+    else:
+        dist.send(torch.full((2,), rank, dtype=torch.int64), 0, group=g)
+    dist.barrier(group=g)
+    dist.destroy_process_group(g)
+    return bad
+
+
 # ----------------------------------------------------------------------------- tests
 
 SIZES = [1, 2, 3, 4]
@@ -682,6 +758,11 @@ def test_ring_and_tree_over_tcp(pools, algo, n):
     pool = pools(n, RAILCC_ALGO=algo, RAILCC_SHM_DISABLE="1")
     for fn in (rk_allreduce, rk_allgather):
         check(pool, fn)
+
+
+@pytest.mark.parametrize("n", [2, 5])
+def test_lazy_connections(pools, n):
+    check(pools(n, RAILCC_ALGO="ring", RAILCC_SHM_DISABLE="1", RAILCC_LAZY_CONNECT="1"), rk_lazy_connections)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

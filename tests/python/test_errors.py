@@ -179,9 +179,10 @@ def rk_allreduce_check(rank, n):
 
 
 def test_railcc_port_is_closed_once_set_up_is_done(pools):
-    # The listener serves set-up only: afterwards nothing of railcc's accepts a connection, and
-    # a stranger knocking on the old port changes nothing for the group.
-    pool = pools(2, RAILCC_SHM_DISABLE="1", RAILCC_SOCKET_IFNAME="lo")
+    # Connecting at init (RAILCC_LAZY_CONNECT=0), the listener serves set-up only: afterwards
+    # nothing of railcc's accepts a connection, and a stranger knocking on the old port changes
+    # nothing for the group.
+    pool = pools(2, RAILCC_SHM_DISABLE="1", RAILCC_SOCKET_IFNAME="lo", RAILCC_LAZY_CONNECT="0")
     addrs = pool.run(rk_listen_address)
     assert addrs[0] == "-", addrs  # rank 0 dials; nobody dials it, so it never listened
     host, port = addrs[1].rsplit(":", 1)
@@ -189,6 +190,25 @@ def test_railcc_port_is_closed_once_set_up_is_done(pools):
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection((host, int(port)), timeout=5).close()
     assert pool.run(rk_allreduce_check) == [True, True]
+
+
+def test_stranger_on_the_port_of_a_group_that_connects_at_first_use(pools):
+    # Connecting at first use, the listener stays for the group's life. A stranger that connects
+    # and sends junk, or says nothing, is dropped by the handshake; the group's own connections
+    # (made after it knocked) work, and so does the group.
+    pool = pools(2, RAILCC_SHM_DISABLE="1", RAILCC_SOCKET_IFNAME="lo", RAILCC_LAZY_CONNECT="1")
+    addrs = pool.run(rk_listen_address)
+    assert addrs[0] == "-", addrs
+    host, port = addrs[1].rsplit(":", 1)
+    quiet = socket.create_connection((host, int(port)), timeout=5)
+    noisy = socket.create_connection((host, int(port)), timeout=5)
+    noisy.sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(range(256)) * 64)
+    try:
+        assert pool.run(rk_allreduce_check) == [True, True]
+        assert pool.run(rk_allreduce_check) == [True, True]
+    finally:
+        quiet.close()
+        noisy.close()
 
 
 def rk_peer_dies(rank, n):

@@ -56,6 +56,12 @@ class Rendezvous {
   /// all are done (then strangers are closed, once). Throws as run() does.
   bool step(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds budget);
 
+  /// (peer, lane) has finished its handshake: take() may be called (as soon as a step() has
+  /// moved it to the finished ones).
+  bool ready(int peer, int lane) const {
+    auto it = done_.find({peer, lane});
+    return it != done_.end() && it->second.first >= 0;
+  }
   /// The connected fd of (peer, lane) once run() returned; the caller owns it from then on.
   int take(int peer, int lane);
   /// The address at the other end of (peer, lane), "ip:port".

@@ -93,6 +93,14 @@ class SocketConnection : public Connection {
 
   int pollFd() const override { return fd_; }
   std::string describe() const override { return "socket " + desc_; }
+  // A connection nothing reads from now (the other lane of a pair whose op waits to connect)
+  // still learns of a vanished peer: keepalive leaves its verdict in SO_ERROR.
+  void checkAlive() override {
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err != 0)
+      RAILCC_THROW(kPeerFailure, "connection to ", desc_, " failed: ", std::strerror(err));
+  }
   void markFailed() override { ::shutdown(fd_, SHUT_RDWR); }
 
  private:

@@ -135,8 +135,18 @@ class SocketSetup : public Setup {
 
   bool progress(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds budget) override {
     if (!rv_) return true;
-    rv_->keepOpen(false);
+    rv_->keepOpen(lazy());
     return rv_->step(deadline, budget);
+  }
+
+  bool lazy() const override { return ctx_.config.lazyConnect; }
+  void markFailed() override {
+    // shutdown() of a listening socket resets the connections in its backlog and refuses new
+    // ones; the fd stays ours (closed with the setup), so the engine thread's poll is safe.
+    for (auto& l : listeners_) ::shutdown(l->fd(), SHUT_RDWR);
+  }
+  bool ready(int peer, int lane, int channel) override {
+    return rv_ && rv_->ready(peer, lane * kMaxChannels + channel);
   }
 
   std::unique_ptr<Connection> take(int peer, int lane, int channel) override {

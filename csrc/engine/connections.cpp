@@ -1,0 +1,83 @@
+// Connections to peers beyond the set-up's rendezvous: the open files they need (checked at
+// init), and those made at first use (RAILCC_LAZY_CONNECT): the channel layer asks for a
+// (peer, lane) it meets without a connection; bootstrap kept the set-up that reaches the peer.
+#include <dirent.h>
+#include <sys/resource.h>
+
+#include "engine/comm_impl.h"
+
+namespace railcc::engine {
+
+// Said at init, with the number needed, rather than as an EMFILE from deep inside a transport:
+// raises the soft limit of open files where the hard limit allows (logged), else fails.
+void checkFdLimit(size_t conns, const std::string& group) {
+  if (conns == 0) return;
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
+  size_t open = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (readdir(d) != nullptr) ++open;
+    closedir(d);
+  }
+  constexpr size_t kSpare = 64;  // listeners, eventfds, and what torch and the program open later
+  const size_t need = open + conns + kSpare;
+  if (need <= rl.rlim_cur) return;
+  if (rl.rlim_max == RLIM_INFINITY || need <= rl.rlim_max) {
+    rlimit up = rl;
+    up.rlim_cur = rl.rlim_max == RLIM_INFINITY ? static_cast<rlim_t>(2 * need)
+                                                : std::min<rlim_t>(rl.rlim_max, static_cast<rlim_t>(2 * need));
+    if (setrlimit(RLIMIT_NOFILE, &up) == 0) {
+      RAILCC_INFO(INIT, "raised the soft limit of open files (ulimit -n) from ", rl.rlim_cur, " to ", up.rlim_cur,
+                  ": this rank holds ", conns, " connections to ranks on other hosts");
+      return;
+    }
+  }
+  RAILCC_THROW(kInvalidUsage, "railcc init of group '", group, "': this rank needs about ", need,
+               " open files (", conns, " connections to ranks on other hosts, ", open, " files open now, ", kSpare,
+               " to spare) but ulimit -n allows ", rl.rlim_cur, " (hard limit ", rl.rlim_max, "): raise it to at least ",
+               need, " (ulimit -n ", need, " in the job's shell, or LimitNOFILE= for a systemd service)");
+}
+
+
+bool CommImpl::connectPeer(int peer, int lane) {
+  LazyPeer& l = links_.peers.at(static_cast<size_t>(peer));
+  if (!l.setup) RAILCC_THROW(kInternal, "no connection to ", rankName(peer), ", and none to make at first use");
+  const size_t ln = static_cast<size_t>(lane);
+  try {
+    if (!l.started[ln]) {
+      l.started[ln] = true;
+      for (int ch = 0; ch < l.channels; ++ch) {
+        if (peer > rank_) l.setup->connect(l.rec, lane, ch);
+        else l.setup->accept(l.rec, lane, ch);
+      }
+    }
+    // Moves every handshake of the set-up on (and answers peers that dialed early); the op's
+    // own timeout bounds the wait, not this deadline.
+    l.setup->progress(Clock::now() + std::chrono::hours(24), Millis(0));
+    for (int ch = 0; ch < l.channels; ++ch)
+      if (!l.setup->ready(peer, lane, ch)) return false;
+  } catch (const Error& e) {
+    // The handshake that failed may be another peer's: name that one.
+    int who = e.ranks.empty() ? peer : e.ranks.front();
+    if (e.code() == ErrorCode::kPeerFailure && who >= 0 && who < size_ && who != rank_)
+      peerFailed(who, std::string("connecting at first use: ") + e.what());
+    throw;
+  }
+  std::string desc;
+  for (int ch = 0; ch < l.channels; ++ch) {
+    ch_.adopt(lane, peer, ch, l.setup->take(peer, lane, ch));
+    std::string d = ch_.chan(lane, peer, ch).conn->describe();
+    desc += ch == 0 ? d : ", " + d.substr(d.find(' ') + 1);
+  }
+  links_.connected.fetch_add(1, std::memory_order_relaxed);
+  if (lane == kCollLane || !l.named) {  // links are named after the collective lane's connection
+    std::lock_guard<std::mutex> g(links_.mu);
+    peers_[static_cast<size_t>(peer)].transport = desc;
+    l.named = true;
+  }
+  RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", peer, " (", peers_[static_cast<size_t>(peer)].hostname, ") lane ",
+              lane, " connected at first use via ", desc);
+  return true;
+}
+
+}  // namespace railcc::engine
