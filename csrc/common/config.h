@@ -130,6 +130,11 @@ namespace railcc {
   X(topoFile, std::string, "RAILCC_TOPO_FILE", "", "", "",                                        \
     "An hwloc XML file (lstopo --of xml) read instead of this machine's topology, for VMs "    \
     "whose PCI tree is fake and for tests; also read by `railcc topo`.")                      \
+  X(topoShareSec, int64_t, "RAILCC_TOPO_SHARE_SEC", "", "60", "0..86400",                      \
+    "The ranks of one machine (and user) that start within this many seconds of each other " \
+    "share one topology discovery: the first leaves it as hwloc XML in $TMPDIR (else /tmp), " \
+    "railcc-topo-<uid>-<boot id>.xml, the rest load it in a fraction of the time. 0: every "  \
+    "process discovers its own.")                                                            \
   X(topoDumpFile, std::string, "RAILCC_TOPO_DUMP_FILE", "", "", "",                               \
     "Where the first rank of each host writes the topology it used, as hwloc XML (%h is "     \
     "replaced by the host name). Not written where hwloc is missing (sysfs has no XML).")     \

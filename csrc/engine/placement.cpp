@@ -2,6 +2,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -27,7 +28,7 @@ struct Discovered {
   std::string error;
 };
 
-Discovered discoverOnce(const std::string& file, const std::string& hwlocLib) {
+Discovered discoverOnce(const std::string& file, const std::string& hwlocLib, int64_t shareSec) {
   static std::mutex mu;
   static std::map<std::string, Discovered> cache;
   std::lock_guard<std::mutex> g(mu);
@@ -38,7 +39,9 @@ Discovered discoverOnce(const std::string& file, const std::string& hwlocLib) {
     topology::DiscoverOptions o;
     o.xmlFile = file;
     o.hwlocLib = hwlocLib;
-    d.topo = std::make_shared<const topology::Topology>(topology::discover(o));
+    const char* tmp = std::getenv("TMPDIR");
+    d.topo = std::make_shared<const topology::Topology>(
+        topology::discoverShared(o, tmp && *tmp ? tmp : "/tmp", shareSec));
   } catch (const std::exception& e) {
     d.error = e.what();
   }
@@ -99,7 +102,7 @@ CommImpl::RailPlace CommImpl::placeRank() {
     first = !logged;
     logged = true;
   }
-  Discovered d = discoverOnce(cfg.topoFile, cfg.hwlocLib);
+  Discovered d = discoverOnce(cfg.topoFile, cfg.hwlocLib, cfg.topoShareSec);
   if (!d.topo) {
     if (first) RAILCC_WARN(INIT, "topology unknown (", d.error, "); interfaces are picked without it");
     return place;

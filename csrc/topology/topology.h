@@ -70,6 +70,11 @@ struct DiscoverOptions {
 /// naming the file when an XML cannot be read (or hwloc, which reads it, cannot be loaded),
 /// Error(kSystem) when hwloc fails on the machine.
 Topology discover(const DiscoverOptions& opts);
+/// discover(), shared by the processes of one machine and user that start within `maxAgeSec`
+/// seconds of each other (shared.cpp): the first discovers and leaves the XML in `dir`
+/// (railcc-topo-<uid>-<boot id>.xml), the rest load it. An XML file named in `opts`, sysfs,
+/// `maxAgeSec` <= 0 or an empty `dir`: plain discover(). Throws as discover() does.
+Topology discoverShared(const DiscoverOptions& opts, const std::string& dir, int64_t maxAgeSec);
 /// Throws Error(kInvalidUsage) unless `path` is a readable regular file of a sane size for an
 /// hwloc XML file (a device or FIFO named by RAILCC_TOPO_FILE would be read without end).
 void checkTopologyFile(const std::string& path);

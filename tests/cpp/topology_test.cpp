@@ -2,6 +2,7 @@
 // (see make_topologies.py there) and against this machine.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -229,6 +230,58 @@ TEST(RailCheck, AHostileRailCountIsReportedNotAllocated) {
 namespace {
 
 // Without hwloc (the GPU images may lack it) the topology comes from sysfs, and says so.
+// discoverShared: the second process of a machine loads the first one's XML; a file that
+// is not XML, or too old, is discovered anew; 0 s shares nothing.
+TEST(Topology, ProcessesOfOneMachineShareOneDiscovery) {
+  char tmpl[] = "/tmp/railcc-topo-test-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  DiscoverOptions o;
+  Topology first = discoverShared(o, dir, 60);
+  if (first.method != "hwloc") {
+    GTEST_SKIP() << "hwloc does not load here: " << first.source;
+  }
+  EXPECT_EQ(first.source.find("shared"), std::string::npos) << first.source;
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(boot, id);
+  const std::string xmlPath = dir + "/railcc-topo-" + std::to_string(getuid()) + "-" + id + ".xml";
+  struct stat st {};
+  ASSERT_EQ(stat(xmlPath.c_str(), &st), 0) << xmlPath;
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+
+  Topology second = discoverShared(o, dir, 60);
+  EXPECT_NE(second.source.find("shared through " + xmlPath), std::string::npos) << second.source;
+  EXPECT_EQ(second.method, "hwloc");
+  EXPECT_EQ(second.numaNodes, first.numaNodes);
+  ASSERT_EQ(second.nics.size(), first.nics.size());
+  for (size_t i = 0; i < first.nics.size(); ++i) {
+    EXPECT_EQ(second.nics[i].name, first.nics[i].name);
+    EXPECT_EQ(second.nics[i].pci.busId, first.nics[i].pci.busId);
+  }
+  EXPECT_EQ(second.gpus.size(), first.gpus.size());
+
+  {  // not XML: discovered anew, and the file replaced by one that is
+    std::ofstream junk(xmlPath, std::ios::trunc);
+    junk << "not hwloc xml";
+  }
+  Topology third = discoverShared(o, dir, 60);
+  EXPECT_EQ(third.source.find("shared"), std::string::npos) << third.source;
+  EXPECT_NE(discoverShared(o, dir, 60).source.find("shared"), std::string::npos);
+
+  // Older than the limit: discovered anew.
+  timespec old[2] = {{time(nullptr) - 120, 0}, {time(nullptr) - 120, 0}};
+  ASSERT_EQ(utimensat(AT_FDCWD, xmlPath.c_str(), old, 0), 0);
+  EXPECT_EQ(discoverShared(o, dir, 60).source.find("shared"), std::string::npos);
+
+  // 0 s: nothing shared, nothing written.
+  std::remove(xmlPath.c_str());
+  EXPECT_EQ(discoverShared(o, dir, 0).source.find("shared"), std::string::npos);
+  EXPECT_NE(stat(xmlPath.c_str(), &st), 0);
+
+  EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+}
+
 TEST(Topology, SysfsGivesThisMachineAsHwlocDoes) {
   Topology viaHwloc = discover({});
   DiscoverOptions o;
