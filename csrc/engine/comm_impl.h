@@ -518,7 +518,6 @@ class CommImpl : private ChannelHost {
     mutable std::mutex mu;
     std::vector<std::unique_ptr<transport::Setup>> setups;  // engine thread (bootstrap) writes, then fixed
     std::vector<LazyPeer> peers;                              // engine thread
-    std::atomic<int> connected{0};                            // (peer, lane) pairs connected at first use
   } links_;
   void progressLoop();
   // Takes the engine token; with `drain`, also moves the queued ops on (drainQueue) under the same lock.

@@ -38,7 +38,6 @@ void checkFdLimit(size_t conns, const std::string& group) {
                need, " (ulimit -n ", need, " in the job's shell, or LimitNOFILE= for a systemd service)");
 }
 
-
 bool CommImpl::connectPeer(int peer, int lane) {
   LazyPeer& l = links_.peers.at(static_cast<size_t>(peer));
   if (!l.setup) RAILCC_THROW(kInternal, "no connection to ", rankName(peer), ", and none to make at first use");
@@ -69,7 +68,6 @@ bool CommImpl::connectPeer(int peer, int lane) {
     std::string d = ch_.chan(lane, peer, ch).conn->describe();
     desc += ch == 0 ? d : ", " + d.substr(d.find(' ') + 1);
   }
-  links_.connected.fetch_add(1, std::memory_order_relaxed);
   if (lane == kCollLane || !l.named) {  // links are named after the collective lane's connection
     std::lock_guard<std::mutex> g(links_.mu);
     peers_[static_cast<size_t>(peer)].transport = desc;
