@@ -86,12 +86,12 @@ namespace railcc {
   X(channelMinBytes, int64_t, "RAILCC_CHANNEL_MIN_BYTES", "", "262144", "4096..1073741824",  \
     "A message is split across a pair's channels only into shares of at least this many "    \
     "bytes. Must be equal on all ranks.")                                                    \
-  X(lazyConnect, bool, "RAILCC_LAZY_CONNECT", "", "0", "",                                      \
+  X(runtimeConnect, bool, "RAILCC_RUNTIME_CONNECT", "NCCL_RUNTIME_CONNECT", "1", "",             \
     "1: a TCP connection (per peer, lane and channel) is made at the first op that moves "    \
     "bytes over it: a ring or tree all-reduce meets a few peers, not all, and init connects " \
-    "none. The price: a peer killed before its pair ever connected is named at the op's "     \
-    "timeout, not at once. 0: every one at init. Shared memory and RDMA verbs always connect " \
-    "at init. Should be equal on all ranks.")                                                 \
+    "none; a rank waiting for a peer to dial knocks on that peer's listener, so a peer that "  \
+    "died first is still named within seconds. 0: every one at init. Shared memory and RDMA " \
+    "verbs always connect at init. Should be equal on all ranks.")                            \
   X(ibDisable, bool, "RAILCC_IB_DISABLE", "NCCL_IB_DISABLE", "0", "",                            \
     "1: never use RDMA verbs between hosts (TCP instead); logged once at INFO.")            \
   X(ibverbsLib, std::string, "RAILCC_IBVERBS_LIB", "", "", "",                                  \

@@ -502,7 +502,7 @@ class CommImpl : private ChannelHost {
   std::function<void()> pump_;  // run between store waits during connectPeers
   void connectPeers(Store& store, const std::string& secretHex, Clock::time_point deadline,
                     const GetAll& getAll, const RailPlace& place);
-  // Connections made at first use (RAILCC_LAZY_CONNECT): the transports' set-ups that make
+  // Connections made at first use (RAILCC_RUNTIME_CONNECT): the transports' set-ups that make
   // them, kept for the group's life, and per peer the one that reaches it (null: connected
   // at init, or ourselves).
   // Also what names each peer's link (peers_[r].transport), which such a connection fills in

@@ -1,5 +1,5 @@
 // Connections to peers beyond the set-up's rendezvous: the open files they need (checked at
-// init), and those made at first use (RAILCC_LAZY_CONNECT): the channel layer asks for a
+// init), and those made at first use (RAILCC_RUNTIME_CONNECT): the channel layer asks for a
 // (peer, lane) it meets without a connection; bootstrap kept the set-up that reaches the peer.
 #include <dirent.h>
 #include <sys/resource.h>

@@ -85,7 +85,7 @@ class Setup {
   /// something to happen (a poll), never longer. Throws railcc::Error with the peer in
   /// `ranks` (kPeerFailure, kTimeout at `deadline`).
   virtual bool progress(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds budget) = 0;
-  /// Connections made at their first use (RAILCC_LAZY_CONNECT): connect()/accept() may come
+  /// Connections made at their first use (RAILCC_RUNTIME_CONNECT): connect()/accept() may come
   /// at any time during the group's life, progress() serves them (and peers that dial early)
   /// and never reports done, ready() says which are up, and finish() is never called: the
   /// setup lives as long as the group.

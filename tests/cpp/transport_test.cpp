@@ -346,6 +346,41 @@ TEST(Rendezvous, ImpostorListenerLearnsNothingAndIsRefused) {
       << "secret bytes on the wire";
 }
 
+TEST(Rendezvous, AWaitingRankKnocksOnItsPeerAndNamesItOnceNothingListens) {
+  // Connections made at first use: rank 1 waits for rank 0 to dial. While rank 0's listener
+  // is there, rank 1's knocks cost rank 0 nothing (no log line, no drop) and rank 1 waits on;
+  // once it is closed (the process exited), rank 1's wait ends within a second, naming rank 0.
+  sockaddr_in lo{};
+  socket::pickInterface("=lo", lo);
+  auto peerListener = std::make_unique<socket::Listener>(lo);
+  sockaddr_in peerAddr = peerListener->addr();
+  socket::Rendezvous peer(secretOf(3), 0, peerListener.get());
+  peer.keepOpen(true);
+  socket::Listener mine(lo);
+  socket::Rendezvous waiting(secretOf(3), 1, &mine);
+  waiting.keepOpen(true);
+  waiting.expect(0, 0);
+  waiting.watch(0, peerAddr);
+  auto until = Clock::now() + std::chrono::milliseconds(1500);
+  auto far = Clock::now() + std::chrono::hours(1);
+  while (Clock::now() < until) {
+    EXPECT_FALSE(waiting.step(far, std::chrono::milliseconds(5)));
+    peer.step(far, std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(peer.dropped().empty()) << peer.dropped().front();
+  peerListener.reset();  // what an exiting process leaves behind: nothing listening
+  auto gone = Clock::now();
+  try {
+    while (Clock::now() - gone < std::chrono::seconds(10)) waiting.step(far, std::chrono::milliseconds(5));
+    ADD_FAILURE() << "the waiting rank never noticed its peer's listener was gone";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kPeerFailure);
+    EXPECT_EQ(e.ranks, std::vector<int>{0});
+    EXPECT_NE(std::string(e.what()).find("has not connected to this rank yet"), std::string::npos) << e.what();
+    EXPECT_LT(Clock::now() - gone, std::chrono::seconds(3)) << "promise: about 0.5 s";
+  }
+}
+
 TEST(Socket, InterfaceSpecSyntax) {
   sockaddr_in a{};
   EXPECT_EQ(socket::pickInterface("=lo", a), "lo");

@@ -671,7 +671,7 @@ _LAZY_RUNS = [0]  # store keys of their own per run: a pool's store outlives a t
 
 
 def rk_lazy_connections(rank, n):
-    """Connections between hosts made at first use (RAILCC_LAZY_CONNECT=1, TCP for every
+    """Connections between hosts made at first use (RAILCC_RUNTIME_CONNECT=1, TCP for every
     peer): a ring all-reduce connects the two neighbours only, an all-to-all then everyone,
     send/recv its own lane, a receive from any source whoever sends."""
     bad = []
@@ -762,7 +762,7 @@ def test_ring_and_tree_over_tcp(pools, algo, n):
 
 @pytest.mark.parametrize("n", [2, 5])
 def test_lazy_connections(pools, n):
-    check(pools(n, RAILCC_ALGO="ring", RAILCC_SHM_DISABLE="1", RAILCC_LAZY_CONNECT="1"), rk_lazy_connections)
+    check(pools(n, RAILCC_ALGO="ring", RAILCC_SHM_DISABLE="1", RAILCC_RUNTIME_CONNECT="1"), rk_lazy_connections)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

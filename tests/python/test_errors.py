@@ -179,10 +179,10 @@ def rk_allreduce_check(rank, n):
 
 
 def test_railcc_port_is_closed_once_set_up_is_done(pools):
-    # Connecting at init (RAILCC_LAZY_CONNECT=0), the listener serves set-up only: afterwards
+    # Connecting at init (RAILCC_RUNTIME_CONNECT=0), the listener serves set-up only: afterwards
     # nothing of railcc's accepts a connection, and a stranger knocking on the old port changes
     # nothing for the group.
-    pool = pools(2, RAILCC_SHM_DISABLE="1", RAILCC_SOCKET_IFNAME="lo", RAILCC_LAZY_CONNECT="0")
+    pool = pools(2, RAILCC_SHM_DISABLE="1", RAILCC_SOCKET_IFNAME="lo", RAILCC_RUNTIME_CONNECT="0")
     addrs = pool.run(rk_listen_address)
     assert addrs[0] == "-", addrs  # rank 0 dials; nobody dials it, so it never listened
     host, port = addrs[1].rsplit(":", 1)
@@ -196,9 +196,9 @@ def test_stranger_on_the_port_of_a_group_that_connects_at_first_use(pools):
     # Connecting at first use, the listener stays for the group's life. A stranger that connects
     # and sends junk, or says nothing, is dropped by the handshake; the group's own connections
     # (made after it knocked) work, and so does the group.
-    pool = pools(2, RAILCC_SHM_DISABLE="1", RAILCC_SOCKET_IFNAME="lo", RAILCC_LAZY_CONNECT="1")
+    pool = pools(2, RAILCC_SHM_DISABLE="1", RAILCC_SOCKET_IFNAME="lo", RAILCC_RUNTIME_CONNECT="1")
     addrs = pool.run(rk_listen_address)
-    assert addrs[0] == "-", addrs
+    assert addrs[0] != "-", addrs  # every rank listens: those it dials knock on it while they wait
     host, port = addrs[1].rsplit(":", 1)
     quiet = socket.create_connection((host, int(port)), timeout=5)
     noisy = socket.create_connection((host, int(port)), timeout=5)
@@ -252,6 +252,48 @@ def test_dead_peer_is_named_within_seconds(transport):
         assert g["destroy"] < 10, g
         print(f"\nmeasured ({transport}): rank {r} named the dead rank after {g['detect']:.2f} s, "
               f"destroy took {g['destroy'] * 1000:.1f} ms")
+
+
+def rk_dies_before_anyone_connected(rank, n):
+    # Connections are made at first use (the default): rank 1 dies before any pair of it was
+    # ever connected. Rank 0 then sends to it (rank 0 dials: its connect is refused), ranks 2
+    # and 3 receive from it (they wait for rank 1 to dial, and knock on its listener).
+    import railcc
+
+    store = dist.distributed_c10d._get_default_store()
+    store.add("unconnected-death", 1)
+    while store.add("unconnected-death", 0) < n:
+        time.sleep(0.005)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)
+    t = torch.ones(1000)
+    start = time.monotonic()
+    try:
+        if rank == 0:
+            dist.send(t, 1)
+        else:
+            dist.recv(t, 1)
+    except railcc.PeerFailureError as e:
+        return {"ok": True, "ranks": list(e.ranks), "msg": str(e), "detect": time.monotonic() - start}
+    except Exception as e:
+        return {"ok": False, "msg": f"{type(e).__name__}: {e}"}
+    return {"ok": False, "msg": "no error"}
+
+
+def test_peer_dead_before_its_pair_ever_connected_is_named_within_seconds():
+    pool = harness.RankPool(4, env={"RAILCC_SHM_DISABLE": "1"})
+    try:
+        got = pool.run_raw(rk_dies_before_anyone_connected, timeout=60, allow_dead=(1,))
+    finally:
+        pool.kill()
+    for r in (0, 2, 3):
+        status, g = got[r]
+        assert status == "ok" and g["ok"], (r, got[r])
+        assert g["ranks"] == [1], g
+        assert "rank 1 " in g["msg"] and "connect" in g["msg"], g["msg"]
+        assert g["detect"] < 10, g  # promise: 0.5 s waiting for a dial, 2 s dialing; margin for a loaded machine
+        print(f"\nmeasured: rank {r} named the dead rank after {g['detect']:.2f} s: {g['msg'][:200]}")
 
 
 def rk_death_seen_in_another_group(rank, n):

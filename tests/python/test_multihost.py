@@ -455,7 +455,7 @@ def test_each_rank_sends_over_its_own_rail_and_a_slow_rail_is_named(tmp_path):
             k = rank % 2
             peer = rank + 2 if rank < 2 else rank - 2  # the same local rank on the other host
             # The transport picked for the peer at init, and each lane's connection where it is
-            # made (at first use: RAILCC_LAZY_CONNECT): every one from the rank's rail.
+            # made (at first use: RAILCC_RUNTIME_CONNECT): every one from the rank's rail.
             lines = [ln for ln in res.logs[rank].splitlines() if f"rank {rank} -> peer {peer} " in ln]
             made = [ln for ln in lines if re.search(r" via socket \d", ln)]
             if not made or any(f"from {netdevs[placement[rank]][k]} (rail {k})" not in ln for ln in made) \

@@ -119,6 +119,7 @@ namespace {
 // Thrown inside advance() for an accepted connection that is not one of our peers'.
 struct Stranger {
   std::string why;
+  bool quiet = false;  // a peer's probe (probe.h), not worth a line in the log
 };
 
 Digest macOf(const std::vector<uint8_t>& secret, const char* label, const std::vector<uint8_t>& hello,
@@ -158,6 +159,28 @@ void Rendezvous::expect(int peer, int lane) {
   expected_[{peer, lane}] = false;
 }
 
+void Rendezvous::watch(int peer, const sockaddr_in& listener) {
+  // Every 250 ms. The peer listened before it published the address, and a Linux listener
+  // whose accept queue is full drops a connect rather than refusing it: refusals over half a
+  // second (two knocks at least) mean nothing listens there any more.
+  if (!probes_.count(peer))
+    probes_.emplace(peer, ListenerProbe(listener, std::chrono::milliseconds(250), std::chrono::milliseconds(500)));
+}
+
+void Rendezvous::knock(Clock::time_point now) {
+  for (auto& [peer, probe] : probes_) {
+    bool waiting = false;
+    for (auto it = expected_.lower_bound({peer, INT32_MIN}); it != expected_.end() && it->first.first == peer; ++it)
+      waiting = waiting || !it->second;
+    if (!waiting || !probe.refused(now)) continue;
+    Error e(ErrorCode::kPeerFailure, "rank " + std::to_string(peer) + " has not connected to this rank yet, and its " +
+                                         "listener at " + formatAddr(probe.address()) + " refused connections for 0.5 s (" +
+                                         probe.lastError() + "): the process has exited");
+    e.ranks = {peer};
+    throw e;
+  }
+}
+
 void Rendezvous::startConnect(Conn& c) {
   c.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   RAILCC_SYSCHECK(c.fd, "socket");
@@ -184,7 +207,11 @@ void Rendezvous::startConnect(Conn& c) {
   c.retryAt = Clock::now() + std::chrono::milliseconds(50);
 }
 
-void Rendezvous::drop(size_t i, const std::string& why) {
+void Rendezvous::drop(size_t i, const std::string& why, bool quiet) {
+  if (quiet) {
+    conns_.erase(conns_.begin() + static_cast<std::ptrdiff_t>(i));
+    return;
+  }
   Conn& c = *conns_[i];
   std::string line = c.where() + ": " + why;
   if (dropped_.size() < kMaxDroppedLogged)
@@ -279,12 +306,13 @@ bool Rendezvous::advance(Conn& c) {
           c.fd = -1;
           c.lastError = std::strerror(err);
           auto now = Clock::now();
-          // Peers publish their address only once they listen, so refusals that go on for 2 s
-          // mean the process (or its listener) is gone. A brief one can be a full accept queue.
+          // Peers publish their address only once they listen, and a Linux listener whose
+          // accept queue is full drops a connect rather than refusing it: refusals that go on
+          // for half a second (ten tries) mean the process (or its listener) is gone.
           if (err == ECONNREFUSED) {
             if (c.refusedSince == Clock::time_point{}) c.refusedSince = now;
-            if (now - c.refusedSince > std::chrono::seconds(2))
-              throw peerFailure("refused connections for 2 s: the process that published this address has exited");
+            if (now - c.refusedSince > std::chrono::milliseconds(500))
+              throw peerFailure("refused connections for 0.5 s: the process that published this address has exited");
           } else {
             c.refusedSince = {};
           }
@@ -316,6 +344,8 @@ bool Rendezvous::advance(Conn& c) {
     if (io == Io::kAgain) return true;
     if (io != Io::kDone) {
       std::string how = io == Io::kClosed ? "closed the connection" : "failed (" + c.lastError + ")";
+      if (!c.dialer && c.phase == Conn::kRecvHello && c.inGot >= 8 && get(c.in, 0, 8) == kProbeMagic)
+        throw Stranger{"a probe", true};
       if (!c.dialer) throw Stranger{how + " during the handshake"};
       throw peerFailure(how + " during railcc's handshake: it refused this rank's credentials "
                               "(does it belong to another job or group?)");
@@ -409,6 +439,7 @@ bool Rendezvous::step(Clock::time_point deadline, std::chrono::milliseconds budg
       e.ranks = ranks;
       throw e;
     }
+    if (open_) knock(now);
     // Accepted connections that stall are strangers (or frozen peers): out, whatever they hold.
     for (size_t i = 0; i < conns_.size();) {
       if (!conns_[i]->dialer && conns_[i]->phase != Conn::kParked && now - conns_[i]->since > kHandshakeWait)
@@ -449,7 +480,7 @@ bool Rendezvous::step(Clock::time_point deadline, std::chrono::milliseconds budg
       try {
         advance(*c);
       } catch (const Stranger& s) {
-        drop(static_cast<size_t>(it - conns_.begin()), s.why);
+        drop(static_cast<size_t>(it - conns_.begin()), s.why, s.quiet);
       }
     }
     for (size_t i = 0; i < nlisten; ++i)
@@ -482,7 +513,7 @@ void Rendezvous::adopt(int fd, const sockaddr_in& from) {
   try {
     advance(*conns_.back());  // its hello is often there already
   } catch (const Stranger& s) {
-    drop(conns_.size() - 1, s.why);
+    drop(conns_.size() - 1, s.why, s.quiet);
   }
 }
 

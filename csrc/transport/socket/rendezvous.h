@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "transport/socket/probe.h"
+
 namespace railcc::transport::socket {
 
 class Listener;
@@ -42,10 +44,14 @@ class Rendezvous {
   void dial(int peer, int lane, const sockaddr_in& to, const sockaddr_in* from = nullptr);
   /// `peer` connects to this rank for `lane`. Blocks: no.
   void expect(int peer, int lane);
+  /// While the rendezvous is open and `peer` has a connection expected that has not arrived,
+  /// knock on its listener at `listener` now and then (probe.h): once it has refused for 0.5 s,
+  /// step() throws kPeerFailure naming the peer (its process is gone). Blocks: no.
+  void watch(int peer, const sockaddr_in& listener);
 
   /// Drives every handshake until all are done. Blocks: yes, until then or `deadline`.
   /// Throws railcc::Error with the peer in `ranks`: kPeerFailure when a peer refuses or fails
-  /// authentication, or its address stays refused for 2 s (its process exited); kTimeout at
+  /// authentication, or its address stays refused for 0.5 s (its process exited); kTimeout at
   /// the deadline, naming the peers still missing and any strangers that were dropped.
   void run(std::chrono::steady_clock::time_point deadline);
   /// While open, more dial()/expect() calls may come: listeners are served, strangers judged,
@@ -72,7 +78,8 @@ class Rendezvous {
  private:
   struct Conn;
   void startConnect(Conn& c);
-  void drop(size_t i, const std::string& why);
+  void drop(size_t i, const std::string& why, bool quiet = false);
+  void knock(std::chrono::steady_clock::time_point now);  // the probes of watch()
   void adopt(int fd, const sockaddr_in& from);  // an accepted connection starts its handshake
   void closeStrangers();                        // set-up is done: name and close the rest
   bool advance(Conn& c);  // false: the connection is done for (dropped or failed)
@@ -89,6 +96,7 @@ class Rendezvous {
   std::map<std::pair<int, int>, bool> expected_;  // (peer, lane) -> arrived
   std::map<std::pair<int, int>, std::pair<int, std::string>> done_;  // (peer, lane) -> fd, address
   std::vector<std::string> dropped_;
+  std::map<int, ListenerProbe> probes_;  // peer -> its listener, while we wait for it to dial
 };
 
 }  // namespace railcc::transport::socket

@@ -75,11 +75,14 @@ class SocketSetup : public Setup {
   }
 
   std::string endpoint() override {
-    // Only a rank that some peer on another host dials (a lower rank) listens, and only until
-    // set-up is done.
+    // Connecting at init, only a rank that some peer on another host dials (a lower rank)
+    // listens, and only until set-up is done. Connecting at first use, every rank with a peer
+    // on another host listens for the group's life: the peers it dials knock on it (probe.h)
+    // while they wait, to learn whether it still exists.
     const auto& local = ctx_.localRanks;
     bool dialed = false;
-    for (int r = 0; r < ctx_.rank; ++r) dialed = dialed || std::find(local.begin(), local.end(), r) == local.end();
+    for (int r = 0; r < (lazy() ? ctx_.size : ctx_.rank); ++r)
+      dialed = dialed || std::find(local.begin(), local.end(), r) == local.end();
     if (!dialed) return "-";
     std::string blob, names;
     if (myRail_ >= 0) {  // a listener on every rail: a peer dials the one of the pair's rail
@@ -125,6 +128,10 @@ class SocketSetup : public Setup {
 
   void accept(const PeerRecord& peer, int lane, int channel) override {
     rv().expect(peer.rank, lane * kMaxChannels + channel);
+    if (lazy()) {  // nothing of the peer's to watch until it dials: knock on its listener
+      Blob b = parseBlob(peer.endpoint);
+      if (!b.addrs.empty()) rv().watch(peer.rank, parseAddr(b.addrs.front().first));
+    }
   }
 
   void idle(std::chrono::milliseconds budget) override {
@@ -139,7 +146,7 @@ class SocketSetup : public Setup {
     return rv_->step(deadline, budget);
   }
 
-  bool lazy() const override { return ctx_.config.lazyConnect; }
+  bool lazy() const override { return ctx_.config.runtimeConnect; }
   void markFailed() override {
     // shutdown() of a listening socket resets the connections in its backlog and refuses new
     // ones; the fd stays ours (closed with the setup), so the engine thread's poll is safe.
