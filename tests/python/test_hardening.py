@@ -260,8 +260,17 @@ def rk_listening_sockets(rank, n):
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_no_tcp_listener_survives_set_up(pools, transport):
+    # Connecting at init: nothing listens once set-up is done.
     env = {"RAILCC_SHM_DISABLE": "1", "RAILCC_SOCKET_IFNAME": "lo"} if transport == "tcp" else {}
-    assert pools(2, **env).run(rk_listening_sockets) == [[], []]
+    assert pools(2, RAILCC_RUNTIME_CONNECT="0", **env).run(rk_listening_sockets) == [[], []]
+
+
+def test_connecting_at_first_use_each_rank_keeps_one_listener(pools):
+    # Connecting at first use (the default): one listener per rank for the group's life, on the
+    # chosen interface only; between ranks of one host (shared memory) none at all.
+    listening = pools(2, RAILCC_SHM_DISABLE="1", RAILCC_SOCKET_IFNAME="lo").run(rk_listening_sockets)
+    assert [len(p) for p in listening] == [1, 1], listening
+    assert pools(2).run(rk_listening_sockets) == [[], []]
 
 
 # ----------------------------------------------------------- other pid namespaces (item 5)
