@@ -12,13 +12,17 @@
 namespace railcc::engine {
 
 std::shared_ptr<StoreWatch> StoreWatch::of(const std::string& host, uint16_t port) {
+  // Kept for the process's life, not only while a group holds it: a TCPStore server looks up
+  // the name of every connection it accepts (reverse DNS, in its one thread), so a watch made
+  // anew for each group made every new_group/init after the last group's end risk stalling
+  // the whole job for a slow resolver's timeout (5 s in 1 of ~200 set-ups here). One fd per
+  // store server. A watch that saw its server go is replaced: a new store may listen there.
   static std::mutex mu;
-  static std::map<std::string, std::weak_ptr<StoreWatch>> all;
+  static auto* all = new std::map<std::string, std::shared_ptr<StoreWatch>>;  // outlives exit-time groups
   std::lock_guard<std::mutex> g(mu);
   std::string key = host + ":" + std::to_string(port);
-  if (auto w = all[key].lock()) return w;
-  auto w = std::make_shared<StoreWatch>(host, port);
-  all[key] = w;
+  auto& w = (*all)[key];
+  if (!w || w->gone()) w = std::make_shared<StoreWatch>(host, port);
   return w;
 }
 

@@ -13,8 +13,9 @@ namespace railcc::engine {
 /// a C++ backtrace). The server never sees a byte from it.
 class StoreWatch {
  public:
-  /// The watch of host:port, shared by every group of this process that uses that server.
-  /// Connecting waits at most 1 s; a server that cannot be reached is never reported gone.
+  /// The watch of host:port, shared by every group of this process that uses that server and
+  /// kept for the process's life (a new one only once the server went). Connecting waits at
+  /// most 1 s; a server that cannot be reached is never reported gone.
   static std::shared_ptr<StoreWatch> of(const std::string& host, uint16_t port);
   StoreWatch(const std::string& host, uint16_t port);
   ~StoreWatch();

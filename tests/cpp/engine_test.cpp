@@ -2,6 +2,12 @@
 // the real shm and socket transports run without Python or torch.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <functional>
 #include <numeric>
@@ -9,6 +15,7 @@
 #include <vector>
 
 #include "engine/communicator.h"
+#include "engine/store_watch.h"
 #include "engine/telemetry.h"
 #include "common/error.h"
 #include "ranks.h"
@@ -250,3 +257,44 @@ TEST(TraceJson, BytesThatAreNotUtf8BecomeReplacementCharacters) {
 }
 
 }  // namespace
+
+// A store watch is one connection per store server for the process's life: a TCPStore server
+// looks up the name of every connection it accepts, which can stall it for a resolver's
+// timeout, so groups made one after another must not each dial it anew.
+TEST(StoreWatch, OneConnectionPerServerForTheProcessAndANewOneOnlyOnceItWent) {
+  int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(lfd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(lfd, 16), 0);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const uint16_t port = ntohs(a.sin_port);
+  auto accepted = [&](int waitMs) {
+    pollfd p{lfd, POLLIN, 0};
+    return poll(&p, 1, waitMs) == 1 ? ::accept(lfd, nullptr, nullptr) : -1;
+  };
+
+  auto w = railcc::engine::StoreWatch::of("127.0.0.1", port);
+  int server = accepted(2000);
+  ASSERT_GE(server, 0) << "the watch did not connect";
+  railcc::engine::StoreWatch* first = w.get();
+  w.reset();  // the last group using it is gone
+  w = railcc::engine::StoreWatch::of("127.0.0.1", port);
+  EXPECT_EQ(w.get(), first) << "a new group made a new connection to the store";
+  EXPECT_LT(accepted(200), 0) << "the store's server was dialed again";
+  EXPECT_FALSE(w->gone());
+
+  ::close(server);  // the store's process exits
+  for (int i = 0; i < 100 && !w->gone(); ++i) usleep(10000);
+  EXPECT_TRUE(w->gone());
+  auto again = railcc::engine::StoreWatch::of("127.0.0.1", port);  // a new store at that address
+  EXPECT_NE(again.get(), first);
+  int second = accepted(2000);
+  EXPECT_GE(second, 0) << "no watch of the new store";
+  EXPECT_FALSE(again->gone());
+  if (second >= 0) ::close(second);
+  ::close(lfd);
+}
