@@ -159,6 +159,15 @@ def close_all(pools, timeout=20):
         pool._dir.cleanup()
 
 
+def store_barrier(key, n):
+    """Every rank of the default group here, through the store alone (no connection of the
+    group is made). `key` must be new for each barrier: a pool's store outlives a test."""
+    import torch.distributed as dist
+    from railcc.bench_timing import StoreBarrier
+
+    StoreBarrier(dist.distributed_c10d._get_default_store(), n, prefix=key)()
+
+
 def free_port():
     """A TCP port free on 127.0.0.1 now (for a job's MASTER_PORT)."""
     with socket.socket() as s:

@@ -15,6 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import harness
+
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 INTS = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
 DTYPES = FLOATS + INTS + [torch.bool]
@@ -657,16 +659,6 @@ def _sockets():
     return n
 
 
-def _store_barrier(key, n):
-    """Every rank here, through the store alone (no connection of the group is made)."""
-    import time
-
-    store = dist.distributed_c10d._get_default_store()
-    store.add(key, 1)
-    while store.add(key, 0) < n:
-        time.sleep(0.005)
-
-
 _LAZY_RUNS = [0]  # store keys of their own per run: a pool's store outlives a test
 
 
@@ -681,22 +673,22 @@ def rk_lazy_connections(rank, n):
     before = _sockets()
     x = make_input(rank, torch.float32, 300_001)
     dist.all_reduce(x, group=g)
-    _store_barrier(f"lazy/{run}/ring", n)  # counted before a faster rank dials for the next op
+    harness.store_barrier(f"lazy/{run}/ring", n)  # counted before a faster rank dials for the next op
     if not close(x, reduce_ref([make_input(r, torch.float32, 300_001) for r in range(n)], "SUM", n)):
         bad.append("ring all_reduce result")
     ring = _sockets() - before
-    _store_barrier(f"lazy/{run}/ring-counted", n)
+    harness.store_barrier(f"lazy/{run}/ring-counted", n)
     if ring != min(2, n - 1):
         bad.append(f"a ring all_reduce made {ring} connections, not {min(2, n - 1)} (its neighbours)")
     ins = [torch.full((7,), float(rank * 100 + j)) for j in range(n)]
     outs = [torch.empty(7) for _ in range(n)]
     dist.all_to_all(outs, ins, group=g)
-    _store_barrier(f"lazy/{run}/a2a", n)
+    harness.store_barrier(f"lazy/{run}/a2a", n)
     if any(not torch.equal(outs[j], torch.full((7,), float(j * 100 + rank))) for j in range(n)):
         bad.append("all_to_all result")
     if _sockets() - before != n - 1:
         bad.append(f"after an all_to_all {_sockets() - before} connections, not {n - 1}")
-    _store_barrier(f"lazy/{run}/a2a-counted", n)
+    harness.store_barrier(f"lazy/{run}/a2a-counted", n)
     # send/recv on its own lane: a ring, then everyone to rank 0 from any source
     right, left = (rank + 1) % n, (rank - 1) % n
     r = torch.empty(5)

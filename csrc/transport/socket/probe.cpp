@@ -6,17 +6,11 @@
 
 #include <cerrno>
 #include <cstring>
-#include <utility>
 
 namespace railcc::transport::socket {
 
 ListenerProbe::ListenerProbe(const sockaddr_in& to, std::chrono::milliseconds every, std::chrono::milliseconds gone)
     : to_(to), every_(every), gone_(gone) {}
-
-ListenerProbe::ListenerProbe(ListenerProbe&& o) noexcept
-    : to_(o.to_), every_(o.every_), gone_(o.gone_), fd_(std::exchange(o.fd_, -1)), nextAt_(o.nextAt_),
-      startedAt_(o.startedAt_), refusedSince_(o.refusedSince_), refusing_(o.refusing_),
-      lastError_(std::move(o.lastError_)) {}
 
 ListenerProbe::~ListenerProbe() {
   if (fd_ >= 0) ::close(fd_);
@@ -49,7 +43,7 @@ void ListenerProbe::finish(int err, Clock::time_point now) {
   } else {  // unreachable, out of ports, ...: no answer either way
     lastError_ = std::strerror(err);
   }
-  if (fd_ >= 0) ::close(fd_);
+  ::close(fd_);
   fd_ = -1;
   nextAt_ = now + every_;
 }

@@ -25,7 +25,6 @@ class ListenerProbe {
   ~ListenerProbe();
   ListenerProbe(const ListenerProbe&) = delete;
   ListenerProbe& operator=(const ListenerProbe&) = delete;
-  ListenerProbe(ListenerProbe&& o) noexcept;
 
   /// Moves the probe on without blocking (starts a knock when one is due, reads the answer of
   /// the one under way). True once the address has refused every knock for `gone`.

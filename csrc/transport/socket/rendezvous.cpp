@@ -34,6 +34,10 @@ constexpr size_t kNonce = 16, kHello = 8 + 16 + kNonce, kAnswer = 8 + kNonce + 3
 constexpr auto kHandshakeWait = std::chrono::seconds(10);
 constexpr size_t kMaxPending = 256;      // accepted connections mid-handshake; the oldest goes first
 constexpr size_t kMaxDroppedLogged = 8;  // a flood of strangers must not flood the log
+// Peers publish their address only once they listen, and a Linux listener whose accept queue
+// is full drops a connect rather than refusing it: refusals that go on this long, to a dial
+// (every 50 ms) or a knock (probe.h, every 250 ms), mean the process (or its listener) is gone.
+constexpr auto kRefusedMeansGone = std::chrono::milliseconds(500);
 
 void put(std::vector<uint8_t>& v, uint64_t x, int bytes) {
   for (int i = 0; i < bytes; ++i) v.push_back(static_cast<uint8_t>(x >> (8 * i)));
@@ -160,24 +164,28 @@ void Rendezvous::expect(int peer, int lane) {
 }
 
 void Rendezvous::watch(int peer, const sockaddr_in& listener) {
-  // Every 250 ms. The peer listened before it published the address, and a Linux listener
-  // whose accept queue is full drops a connect rather than refusing it: refusals over half a
-  // second (two knocks at least) mean nothing listens there any more.
-  if (!probes_.count(peer))
-    probes_.emplace(peer, ListenerProbe(listener, std::chrono::milliseconds(250), std::chrono::milliseconds(500)));
+  probes_.try_emplace(peer, listener, std::chrono::milliseconds(250), kRefusedMeansGone);
 }
 
 void Rendezvous::knock(Clock::time_point now) {
-  for (auto& [peer, probe] : probes_) {
+  for (auto p = probes_.begin(); p != probes_.end();) {
+    const int peer = p->first;
     bool waiting = false;
     for (auto it = expected_.lower_bound({peer, INT32_MIN}); it != expected_.end() && it->first.first == peer; ++it)
       waiting = waiting || !it->second;
-    if (!waiting || !probe.refused(now)) continue;
-    Error e(ErrorCode::kPeerFailure, "rank " + std::to_string(peer) + " has not connected to this rank yet, and its " +
-                                         "listener at " + formatAddr(probe.address()) + " refused connections for 0.5 s (" +
-                                         probe.lastError() + "): the process has exited");
-    e.ranks = {peer};
-    throw e;
+    if (!waiting) {  // it dialed: nothing more to knock for (a later accept() watches anew)
+      p = probes_.erase(p);
+      continue;
+    }
+    if (p->second.refused(now)) {
+      Error e(ErrorCode::kPeerFailure, "rank " + std::to_string(peer) + " has not connected to this rank yet, and its " +
+                                           "listener at " + formatAddr(p->second.address()) + " refused connections for " +
+                                           std::to_string(kRefusedMeansGone.count()) + " ms (" + p->second.lastError() +
+                                           "): the process has exited");
+      e.ranks = {peer};
+      throw e;
+    }
+    ++p;
   }
 }
 
@@ -306,13 +314,11 @@ bool Rendezvous::advance(Conn& c) {
           c.fd = -1;
           c.lastError = std::strerror(err);
           auto now = Clock::now();
-          // Peers publish their address only once they listen, and a Linux listener whose
-          // accept queue is full drops a connect rather than refusing it: refusals that go on
-          // for half a second (ten tries) mean the process (or its listener) is gone.
           if (err == ECONNREFUSED) {
             if (c.refusedSince == Clock::time_point{}) c.refusedSince = now;
-            if (now - c.refusedSince > std::chrono::milliseconds(500))
-              throw peerFailure("refused connections for 0.5 s: the process that published this address has exited");
+            if (now - c.refusedSince > kRefusedMeansGone)
+              throw peerFailure("refused connections for " + std::to_string(kRefusedMeansGone.count()) +
+                                " ms: the process that published this address has exited");
           } else {
             c.refusedSince = {};
           }
