@@ -68,6 +68,7 @@ PR_SET_PDEATHSIG = 1
 # (key, column title, format) of the per-rank table, in order
 COLUMNS = [
     ("init_ms", "init ms", "{:.1f}"),
+    ("first_op_ms", "of it 1st op ms", "{:.1f}"),
     ("private_mib", "private +MiB", "{:.1f}"),
     ("rss_mib", "RSS +MiB", "{:.1f}"),
     ("fds", "fds", "{:d}"),
@@ -274,6 +275,7 @@ def rank_main(job, rank, go_fd):
         t_go = float(store.get("go"))
         t_wake = time.monotonic()
         dist.init_process_group(backend, store=store, rank=rank, world_size=n, timeout=timeout)
+        t_group = time.monotonic()
         t = torch.ones(1, dtype=torch.float32)  # 4 bytes
         dist.all_reduce(t)
         t_done = time.monotonic()
@@ -287,6 +289,7 @@ def rank_main(job, rank, go_fd):
         result.update({
             "init_ms": (t_done - t_go) * 1e3,
             "wake_ms": (t_wake - t_go) * 1e3,
+            "first_op_ms": (t_done - t_group) * 1e3,
             "private_mib": (mem1["private"] - mem0["private"]) / 1024,
             "rss_mib": (mem1["rss"] - mem0["rss"]) / 1024,
             "private_before_mib": mem0["private"] / 1024,

@@ -258,10 +258,10 @@ TEST(TraceJson, BytesThatAreNotUtf8BecomeReplacementCharacters) {
 
 }  // namespace
 
-// A store watch is one connection per store server for the process's life: a TCPStore server
-// looks up the name of every connection it accepts, which can stall it for a resolver's
-// timeout, so groups made one after another must not each dial it anew.
-TEST(StoreWatch, OneConnectionPerServerForTheProcessAndANewOneOnlyOnceItWent) {
+// A store watch never connects to the store's server: a TCPStore server looks up the name of
+// every connection it accepts, which can stall it (and every rank's store calls) for a
+// resolver's timeout. It watches the connection the process already has, without reading it.
+TEST(StoreWatch, WatchesTheProcesssOwnConnectionAndNeverDialsTheServer) {
   int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   ASSERT_GE(lfd, 0);
   sockaddr_in a{};
@@ -276,25 +276,49 @@ TEST(StoreWatch, OneConnectionPerServerForTheProcessAndANewOneOnlyOnceItWent) {
     pollfd p{lfd, POLLIN, 0};
     return poll(&p, 1, waitMs) == 1 ? ::accept(lfd, nullptr, nullptr) : -1;
   };
+  auto dial = [&]() {  // what torch's store client does
+    int c = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    EXPECT_EQ(::connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    return c;
+  };
 
+  // No client connection yet: nothing to watch, never reported gone, and no dial.
   auto w = railcc::engine::StoreWatch::of("127.0.0.1", port);
+  EXPECT_FALSE(w->gone());
+  EXPECT_EQ(w->watchedFd(), -1);
+  EXPECT_LT(accepted(200), 0) << "the watch dialed the store's server";
+
+  int client = dial();
   int server = accepted(2000);
-  ASSERT_GE(server, 0) << "the watch did not connect";
+  ASSERT_GE(server, 0);
+  EXPECT_EQ(w->watchedFd(), client) << "the watch did not find the process's connection to the server";
+  EXPECT_FALSE(w->gone());
+  ASSERT_EQ(::send(server, "x", 1, 0), 1);  // a reply torch has not read yet: still there, and unread
+  usleep(20000);
+  EXPECT_FALSE(w->gone());
+  char c = 0;
+  EXPECT_EQ(::recv(client, &c, 1, MSG_DONTWAIT), 1) << "the watch took a byte of torch's";
   railcc::engine::StoreWatch* first = w.get();
   w.reset();  // the last group using it is gone
   w = railcc::engine::StoreWatch::of("127.0.0.1", port);
-  EXPECT_EQ(w.get(), first) << "a new group made a new connection to the store";
-  EXPECT_LT(accepted(200), 0) << "the store's server was dialed again";
-  EXPECT_FALSE(w->gone());
+  EXPECT_EQ(w.get(), first) << "a new group made a new watch";
+  EXPECT_LT(accepted(200), 0) << "the store's server was dialed";
 
   ::close(server);  // the store's process exits
   for (int i = 0; i < 100 && !w->gone(); ++i) usleep(10000);
   EXPECT_TRUE(w->gone());
-  auto again = railcc::engine::StoreWatch::of("127.0.0.1", port);  // a new store at that address
+  ::close(client);
+
+  // A new store at that address, and a new client: a new watch, on the new connection.
+  int client2 = dial();
+  int server2 = accepted(2000);
+  ASSERT_GE(server2, 0);
+  auto again = railcc::engine::StoreWatch::of("127.0.0.1", port);
   EXPECT_NE(again.get(), first);
-  int second = accepted(2000);
-  EXPECT_GE(second, 0) << "no watch of the new store";
+  EXPECT_EQ(again->watchedFd(), client2);
   EXPECT_FALSE(again->gone());
-  if (second >= 0) ::close(second);
+  EXPECT_LT(accepted(200), 0) << "the store's server was dialed";
+  ::close(server2);
+  ::close(client2);
   ::close(lfd);
 }
