@@ -54,8 +54,10 @@ struct alignas(64) FifoHeader {
 /// (containers sharing /dev/shm), and a lock is seen by all of them.
 class Segment {
  public:
-  /// Creates a segment readable only by this user (0600). Blocks: no. Throws kSystem.
-  Segment(const std::string& name, size_t bytes);
+  /// Creates a segment readable only by this user (0600), sparse (pages are allocated as they
+  /// are first written). Throws kSystem when /dev/shm has less than `hostBytes` (what all
+  /// of this host's segments may come to) free. Blocks: no.
+  Segment(const std::string& name, size_t bytes, size_t hostBytes = 0);
   /// Maps an existing segment. Throws kSystem naming the segment.
   explicit Segment(const std::string& name);
   ~Segment();
@@ -88,8 +90,9 @@ class Domain : public LocalDomain {
   /// segment with a random name (/railcc-<uid>-<pid>-<random>). Stale segments of this user
   /// are removed first. Every rank of the host must use the same sizes (attach() checks).
   /// `singleCopy`: let same-host peers read this process's memory (prctl PR_SET_PTRACER, for
-  /// Yama) and test, at connect(), whether we can read theirs.
-  Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy = false);
+  /// Yama) and test, at connect(), whether we can read theirs. `hostRanks`: how many ranks of
+  /// the host make such a segment, for the check that /dev/shm can hold them all.
+  Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy = false, int hostRanks = 1);
   ~Domain() override;
 
   const std::string& segmentName() const { return own_->name(); }
