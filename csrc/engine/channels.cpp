@@ -551,10 +551,14 @@ void Channels::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
       if (!ch.recvq.empty() || lane == kP2PLane) ev |= POLLIN;
       fds.push_back({fd, ev, 0});
     }
+  // Connections still coming up: sleep on their handshakes' and listeners' fds too, not in
+  // 1 ms naps (64 ranks on 2 cores napping so spent the CPU the handshakes needed).
+  int waitMs = hasDoorbell ? 1 : 100;
+  if (connecting) waitMs = std::min(waitMs, host_.connectingFds(fds));
   sleeping_.store(true);
   if (!fds.empty() || connecting) {
     fds.push_back({wakeFd_, POLLIN, 0});
-    if (!host_.opsQueued()) poll(fds.data(), fds.size(), hasDoorbell || connecting ? 1 : 100);
+    if (!host_.opsQueued()) poll(fds.data(), fds.size(), waitMs);
     uint64_t v;
     if (read(wakeFd_, &v, sizeof(v)) < 0) { /* nothing pending */ }
   } else if (local_) {

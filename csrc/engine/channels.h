@@ -60,6 +60,9 @@ class ChannelHost {
   /// Starts, or moves on, the connections to `peer` on `lane` that are made at first use;
   /// true once they are up (the pair's channels then have them). Never blocks.
   virtual bool connectPeer(int peer, int lane) = 0;
+  /// While connections made at first use come up: appends the fds that move them on and
+  /// returns the ms a poll may sleep before connectPeer() must run anyway (Setup::pollFds).
+  virtual int connectingFds(std::vector<pollfd>& out) = 0;
   /// Fails the group naming `peer`, which a connection found dead.
   [[noreturn]] virtual void peerFailed(int peer, const std::string& detail) = 0;
   /// Fails the op that moved nothing for `timeout`, naming the transfers it waits on.

@@ -297,6 +297,7 @@ class CommImpl : private ChannelHost {
   // ChannelHost: what the channel layer asks of the engine while a step waits.
   size_t pumpBeside() override { return pumpP2P(); }
   bool connectPeer(int peer, int lane) override;
+  int connectingFds(std::vector<pollfd>& out) override;
   void checkInterrupted() override {
     if (health_.aborted) RAILCC_THROW(kAborted, health_.abortWhy);
     if (health_.memberDown) std::rethrow_exception(brokenError());

@@ -78,4 +78,10 @@ bool CommImpl::connectPeer(int peer, int lane) {
   return true;
 }
 
+int CommImpl::connectingFds(std::vector<pollfd>& out) {
+  int ms = 100;
+  for (auto& s : links_.setups) ms = std::min(ms, s->pollFds(out));
+  return ms;
+}
+
 }  // namespace railcc::engine

@@ -13,6 +13,8 @@
 // The lower rank of a pair connects, the higher accepts. A pair holds `channels` connections
 // per lane (the smaller of the two sides' offers), each bound to one local interface or NIC.
 
+#include <poll.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -90,6 +92,11 @@ class Setup {
   /// and never reports done, ready() says which are up, and finish() is never called: the
   /// setup lives as long as the group.
   virtual bool lazy() const { return false; }
+  /// Lazy setups, while a rank waits for connections to come up: appends the fds whose
+  /// readiness moves a handshake on (listeners, handshakes in flight) and returns how long the
+  /// caller may sleep in poll() before progress() must run anyway (a dial to retry, a knock
+  /// due), in ms. The default has no fds: look again in a millisecond.
+  virtual int pollFds(std::vector<pollfd>& out) { return 1; }
   /// (peer, lane, channel) is up and may be taken. Lazy setups only.
   virtual bool ready(int peer, int lane, int channel) { return false; }
   /// This rank has failed (lazy setups): peers that dial it from now on, or wait in its

@@ -499,6 +499,23 @@ bool Rendezvous::step(Clock::time_point deadline, std::chrono::milliseconds budg
   return false;
 }
 
+int Rendezvous::pollFds(std::vector<pollfd>& out) const {
+  auto now = Clock::now();
+  long long ms = 50;  // knocks (every 250 ms) and stalled handshakes are checked in step()
+  bool waiting = open_ || std::any_of(expected_.begin(), expected_.end(), [](auto& e) { return !e.second; });
+  if (waiting)
+    for (Listener* l : listeners_) out.push_back({l->fd(), POLLIN, 0});
+  for (auto& c : conns_) {
+    if (c->dialer && c->phase == Conn::kWaitRetry)
+      ms = std::min<long long>(ms, std::chrono::duration_cast<std::chrono::milliseconds>(c->retryAt - now).count());
+    else if (c->fd >= 0 && c->events())
+      out.push_back({c->fd, c->events(), 0});
+    else if (c->phase == Conn::kDone)
+      ms = 0;  // to be moved to the finished ones
+  }
+  return static_cast<int>(std::max<long long>(ms, 0));
+}
+
 void Rendezvous::adopt(int fd, const sockaddr_in& from) {
   size_t pending = 0;
   for (auto& c : conns_) pending += !c->dialer;

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <netinet/in.h>
+#include <poll.h>
 
 #include <chrono>
 #include <cstdint>
@@ -62,6 +63,10 @@ class Rendezvous {
   /// all are done (then strangers are closed, once). Throws as run() does.
   bool step(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds budget);
 
+  /// What step() would poll on, for a caller that sleeps in a poll of its own: appends the
+  /// listeners (while connections are awaited) and the handshakes' fds with their events, and
+  /// returns the ms until step() must run regardless (a dial's retry, a knock; at most 50).
+  int pollFds(std::vector<pollfd>& out) const;
   /// (peer, lane) has finished its handshake: take() may be called (as soon as a step() has
   /// moved it to the finished ones).
   bool ready(int peer, int lane) const {

@@ -147,6 +147,7 @@ class SocketSetup : public Setup {
   }
 
   bool lazy() const override { return ctx_.config.runtimeConnect; }
+  int pollFds(std::vector<pollfd>& out) override { return rv_ ? rv_->pollFds(out) : 100; }
   void markFailed() override {
     // shutdown() of a listening socket resets the connections in its backlog and refuses new
     // ones; the fd stays ours (closed with the setup), so the engine thread's poll is safe.
