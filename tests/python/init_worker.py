@@ -1,10 +1,11 @@
 """One rank of a railcc job, for tests that drive set-up from outside the rank (strangers on the
 port, other pid namespaces, failed inits):
 
-    python init_worker.py RANK WORLD STORE [--ops N] [--hold S] [--delay S] [--nofile SOFT:HARD]
+    python init_worker.py RANK WORLD STORE [--ops N] [--hold S] [--delay S] [--pause S] [--nofile SOFT:HARD]
 
 It joins over a FileStore (STORE a file) or a TCPStore (STORE "tcp:PORT" on 127.0.0.1, rank 0
-its server) after waiting `--delay` seconds, runs N all_reduces checked against the expected sum, optionally
+its server) after waiting `--delay` seconds, waits `--pause` seconds after init (connections
+made at first use are then made later), runs N all_reduces checked against the expected sum, optionally
 waits S seconds, destroys the group and prints one JSON line: {"rank", "ok", "init_s",
 "error"}. Exit status 0 when ok."""
 
@@ -22,6 +23,7 @@ def main():
     p.add_argument("--ops", type=int, default=3)
     p.add_argument("--hold", type=float, default=0.0)
     p.add_argument("--delay", type=float, default=0.0)
+    p.add_argument("--pause", type=float, default=0.0)
     p.add_argument("--nofile", help="SOFT:HARD limits of open files, set before torch is imported")
     a = p.parse_args()
     if a.nofile:
@@ -46,6 +48,7 @@ def main():
         t0 = time.monotonic()
         dist.init_process_group("railcc", store=store, rank=a.rank, world_size=a.world)
         out["init_s"] = time.monotonic() - t0
+        time.sleep(a.pause)
         for i in range(a.ops):
             t = torch.full((1000 + i,), float(a.rank + 1))
             dist.all_reduce(t)

@@ -146,11 +146,12 @@ _result = harness.worker_result
 
 
 def _idle_strangers_round(tmp_path, attempt):
-    # Ranks 0 and 1 share "host" A and set up large shared-memory FIFOs before they dial rank 2
-    # on "host" B, which listens meanwhile: strangers reach its port during set-up. One connects
-    # every 5 ms and never speaks; read one at a time (2 s each) they would pass the 12 s limit.
+    # Rank 2 on "host" B listens from its set-up on; ranks 0 and 1 on "host" A dial it at their
+    # first op, 1.5 s after their init: strangers reach the port while rank 2 waits for them.
+    # One connects every 5 ms and never speaks; read one at a time (2 s each) they would pass
+    # the 12 s limit.
     store = str(tmp_path / f"store{attempt}")
-    common = {"RAILCC_SOCKET_IFNAME": "lo", "RAILCC_INIT_TIMEOUT": "12", "RAILCC_BUFFSIZE": str(64 << 20)}
+    common = {"RAILCC_SOCKET_IFNAME": "lo", "RAILCC_INIT_TIMEOUT": "12"}
     acceptor = _spawn(2, 3, store, dict(common, RAILCC_HOST_ID="b"))
     stop = threading.Event()
     strangers = []
@@ -166,8 +167,7 @@ def _idle_strangers_round(tmp_path, attempt):
 
     t = threading.Thread(target=knock, daemon=True)
     t.start()
-    time.sleep(1.0)  # the acceptor waits in the store for the others
-    dialers = [_spawn(r, 3, store, dict(common, RAILCC_HOST_ID="a")) for r in (0, 1)]
+    dialers = [_spawn(r, 3, store, dict(common, RAILCC_HOST_ID="a"), args=("--pause", "1.5")) for r in (0, 1)]
     try:
         results = [_result(p, 60) for p in (*dialers, acceptor)]
     finally:
@@ -190,13 +190,13 @@ def test_idle_strangers_do_not_stall_init_and_are_named(tmp_path):
             break
     assert strangers, "in three tries no stranger reached the acceptor's port during set-up"
     print(f"\nmeasured: {strangers} idle strangers during set-up; init took "
-          f"{', '.join(str(round(r['init_s'], 2)) for r, _ in results)} s (ranks 0, 1, 2; rank 2 started 1 s earlier)")
+          f"{', '.join(str(round(r['init_s'], 2)) for r, _ in results)} s (ranks 0, 1, 2; ranks 0 and 1 then paused 1.5 s before their first op)")
 
 
 def _wrong_handshake_round(tmp_path, attempt):
-    # The layout of the idle-strangers test: rank 2 on "host" B listens while ranks 0 and 1 set
-    # up shared memory on "host" A. As soon as its port shows, ranks 0 and 1 are stopped, so
-    # set-up cannot end while the stranger speaks; they go on once the acceptor has judged it.
+    # The layout of the idle-strangers test: rank 2 on "host" B listens; ranks 0 and 1 on "host" A
+    # are stopped as soon as its port shows, so set-up cannot end while the stranger speaks;
+    # they go on once the acceptor has judged it.
     # Returns None when the stop came too late (set-up was already over), to try again.
     store = str(tmp_path / f"store{attempt}")
     common = {"RAILCC_SOCKET_IFNAME": "lo", "RAILCC_INIT_TIMEOUT": "30", "RAILCC_BUFFSIZE": str(64 << 20)}
@@ -205,7 +205,8 @@ def _wrong_handshake_round(tmp_path, attempt):
         e = dict(os.environ, RAILCC_HOST_ID="b", **common)
         acceptor = subprocess.Popen([sys.executable, WORKER, "2", "3", store], env=e, stdout=subprocess.PIPE,
                                     stderr=log, text=True)
-    dialers = [_spawn(r, 3, store, dict(common, RAILCC_HOST_ID="a")) for r in (0, 1)]
+    # Ranks 0 and 1 dial rank 2 at their first op, 2 s after init: the stop comes before that.
+    dialers = [_spawn(r, 3, store, dict(common, RAILCC_HOST_ID="a"), args=("--pause", "2")) for r in (0, 1)]
     try:
         ports, t_end = [], time.monotonic() + 60
         while not ports and time.monotonic() < t_end and acceptor.poll() is None:

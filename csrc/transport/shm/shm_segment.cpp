@@ -81,7 +81,7 @@ Segment::Segment(const std::string& name, size_t bytes, size_t hostBytes) : name
   base_ = static_cast<char*>(p);
 }
 
-Segment::Segment(const std::string& name) : name_(name) {
+Segment::Segment(const std::string& name, bool keepFd) : name_(name) {
   int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   RAILCC_SYSCHECK(fd, "shm_open(" + name + ") of a peer's segment");
   struct stat st {};
@@ -96,8 +96,10 @@ Segment::Segment(const std::string& name) : name_(name) {
     close(fd);
     RAILCC_THROW(kSystem, "mmap of ", name, ": ", err);
   }
-  fd_ = fd;  // kept open: ownerAlive() probes the creator's lock through it
   base_ = static_cast<char*>(p);
+  if (keepFd) fd_ = fd;  // ownerAlive() probes the creator's lock through it
+  else close(fd);        // the mapping stays
+
 }
 
 Segment::~Segment() {
@@ -108,6 +110,7 @@ Segment::~Segment() {
 }
 
 bool Segment::ownerAlive() const {
+  if (fd_ < 0) return true;  // mapped without its fd: the creator's pid tells (samePidNamespace)
   // A shared lock is refused only while the creator holds its exclusive one. Several peers may
   // probe at once: shared locks do not refuse each other.
   if (flock(fd_, LOCK_SH | LOCK_NB) == 0) {
@@ -219,8 +222,8 @@ bool Domain::canReadPeer(int index, std::string* why) {
 
 Domain::~Domain() = default;
 
-void Domain::attach(int localIndex, const std::string& name) {
-  auto seg = std::make_unique<Segment>(name);
+void Domain::attach(int localIndex, const std::string& name, bool samePidNamespace) {
+  auto seg = std::make_unique<Segment>(name, !samePidNamespace);
   auto* h = reinterpret_cast<SegmentHeader*>(seg->data());
   if (seg->size() < sizeof(SegmentHeader) || h->magic != kMagic)
     RAILCC_THROW(kSystem, "shared memory segment ", name, " is not a railcc segment");

@@ -58,8 +58,10 @@ class Segment {
   /// are first written). Throws kSystem when /dev/shm has less than `hostBytes` (what all
   /// of this host's segments may come to) free. Blocks: no.
   Segment(const std::string& name, size_t bytes, size_t hostBytes = 0);
-  /// Maps an existing segment. Throws kSystem naming the segment.
-  explicit Segment(const std::string& name);
+  /// Maps an existing segment. Throws kSystem naming the segment. `keepFd`: keep its fd open for
+  /// ownerAlive() (a creator in another pid namespace); else it is closed once mapped, one fd
+  /// less per same-host peer (such a creator's life is told by its pid).
+  explicit Segment(const std::string& name, bool keepFd = true);
   ~Segment();
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
@@ -68,8 +70,8 @@ class Segment {
   char* data() const { return base_; }
   size_t size() const { return size_; }
   const std::string& name() const { return name_; }
-  /// For a mapped peer's segment: whether its creator still holds it (is alive). One
-  /// non-blocking flock() pair; cheap enough a few times a second.
+  /// For a mapped peer's segment kept with its fd: whether its creator still holds it (is
+  /// alive). One non-blocking flock() pair; cheap enough a few times a second.
   bool ownerAlive() const;
 
  private:
@@ -97,8 +99,9 @@ class Domain : public LocalDomain {
 
   const std::string& segmentName() const { return own_->name(); }
   /// Maps a peer's segment (by the name it published). Blocks: no. Throws kInvalidUsage when
-  /// its header says it was laid out with other sizes (checkLayout).
-  void attach(int localIndex, const std::string& name);
+  /// its header says it was laid out with other sizes (checkLayout). `samePidNamespace`: the
+  /// peer's pid tells whether it lives, so its segment's fd need not stay open.
+  void attach(int localIndex, const std::string& name, bool samePidNamespace = false);
   /// Throws kInvalidUsage, naming `who` and both sets of sizes, unless a peer's segment with
   /// these sizes is laid out as ours.
   void checkLayout(const std::string& who, uint64_t nslots, uint64_t fifoBytes, uint64_t ringBytes) const;

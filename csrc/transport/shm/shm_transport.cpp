@@ -58,15 +58,15 @@ class ShmSetup : public Setup {
     return static_cast<int>(std::find(l.begin(), l.end(), r) - l.begin());
   }
   void open(const PeerRecord& peer, int lane) {
+    bool samePidNs = peer.pidNs == ctx_.peers[static_cast<size_t>(ctx_.rank)].pidNs;
     if (attached_.insert(peer.rank).second) {
       std::istringstream is(peer.endpoint);
       std::string name;
       uint64_t slots = 0, fifo = 0, ring = 0;
       is >> name >> slots >> fifo >> ring;
       domain_->checkLayout("rank " + std::to_string(peer.rank), slots, fifo, ring);
-      domain_->attach(localIndex(peer.rank), name);
+      domain_->attach(localIndex(peer.rank), name, samePidNs);
     }
-    bool samePidNs = peer.pidNs == ctx_.peers[static_cast<size_t>(ctx_.rank)].pidNs;
     conns_[{peer.rank, lane}] = domain_->connect(localIndex(ctx_.rank), localIndex(peer.rank), lane, ctx_.lanes, samePidNs);
   }
 
