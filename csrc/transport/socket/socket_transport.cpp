@@ -101,7 +101,8 @@ class SocketSetup : public Setup {
         names += (i ? ", " : "") + ifs_[i].name + " " + formatAddr(listeners_.back()->addr());
       }
     }
-    RAILCC_INFO(INIT, "listening on ", names, " until the peers on other hosts have connected");
+    RAILCC_INFO(INIT, "listening on ", names,
+                lazy() ? " for the group's life (connections at first use)" : " until the peers on other hosts have connected");
     return blob;
   }
 
