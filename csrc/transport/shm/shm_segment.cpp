@@ -9,7 +9,6 @@
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -37,18 +36,7 @@ size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 
 
-Segment::Segment(const std::string& name, size_t bytes, size_t hostBytes) : name_(name), size_(bytes), owner_(true) {
-  // /dev/shm must hold what every rank of the host will write into its segment: checked before
-  // anything is made, as the pages are not reserved (below). A /dev/shm too small (64 MiB in a
-  // default container) then fails here with a message, not with a SIGBUS at a write later.
-  struct statvfs fs {};
-  if (statvfs("/dev/shm", &fs) == 0) {
-    uint64_t avail = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
-    if (avail < std::max(bytes, hostBytes))
-      RAILCC_THROW(kSystem, "shared memory for ", name, ": this host's ranks need ", std::max(bytes, hostBytes) >> 20,
-                   " MiB of /dev/shm (", bytes >> 20, " MiB each) and ", avail >> 20,
-                   " MiB are free (is /dev/shm large enough? docker: --shm-size; or lower RAILCC_BUFFSIZE)");
-  }
+Segment::Segment(const std::string& name, size_t bytes) : name_(name), size_(bytes), owner_(true) {
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   RAILCC_SYSCHECK(fd, "shm_open(" + name + ")");
   linked_ = true;
@@ -60,16 +48,19 @@ Segment::Segment(const std::string& name, size_t bytes, size_t hostBytes) : name
     shm_unlink(name.c_str());
     RAILCC_THROW(kSystem, "flock of shared memory ", name, ": ", err);
   }
-  // Sparse: a page is allocated (and zeroed) when it is first written, so a FIFO costs memory
-  // and time only once its pair talks. Reserving every page here (posix_fallocate, MAP_POPULATE)
-  // made 64 ranks on 8 fake hosts zero 545 MiB per host before any could publish its endpoint.
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    int rc = errno;
+  // Reserve the pages now: a /dev/shm too small for them (64 MiB in a default container, or
+  // filled later by another process) then fails here with a message, instead of a SIGBUS at a
+  // write into a hole later. (Left sparse, 64 ranks on 8 fake hosts set up 2-3x faster here,
+  // but a full /dev/shm would then crash a rank mid-job.)
+  int rc = ftruncate(fd, static_cast<off_t>(bytes)) != 0 ? errno : posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (rc != 0) {
     close(fd);
     shm_unlink(name.c_str());
-    RAILCC_THROW(kSystem, "sizing ", bytes, " bytes of shared memory for ", name, ": ", std::strerror(rc),
+    RAILCC_THROW(kSystem, "reserving ", bytes, " bytes of shared memory for ", name, ": ", std::strerror(rc),
                  " (is /dev/shm large enough? docker: --shm-size; or lower RAILCC_BUFFSIZE)");
   }
+  // Not MAP_POPULATE: the pages exist; mapping them as they are first touched costs a minor fault
+  // each, where populating mapped every FIFO of the host into every rank at set-up.
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     std::string err = detail::errnoString();
@@ -99,7 +90,6 @@ Segment::Segment(const std::string& name, bool keepFd) : name_(name) {
   base_ = static_cast<char*>(p);
   if (keepFd) fd_ = fd;  // ownerAlive() probes the creator's lock through it
   else close(fd);        // the mapping stays
-
 }
 
 Segment::~Segment() {
@@ -170,7 +160,7 @@ std::string randomToken() {
 }
 }  // namespace
 
-Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy, int hostRanks)
+Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy)
     : nslots_(nslots), fifoBytes_(fifoBytes), ringBytes_(ringBytes), singleCopy_(singleCopy) {
   // Under Yama's ptrace_scope 1 only a declared tracer may read this process's memory: every
   // process of this user is declared (as Open MPI's CMA path does). EINVAL: no Yama, nothing
@@ -179,8 +169,7 @@ Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy, 
   cleanStale();
   // The pid is for people reading /dev/shm; nothing decides by it.
   std::string name = "/railcc-" + std::to_string(getuid()) + "-" + std::to_string(getpid()) + "-" + randomToken();
-  const size_t bytes = segmentBytes(nslots, fifoBytes, ringBytes);
-  own_ = std::make_unique<Segment>(name, bytes, bytes * static_cast<size_t>(std::max(1, hostRanks)));
+  own_ = std::make_unique<Segment>(name, segmentBytes(nslots, fifoBytes, ringBytes));
   auto* h = header();
   h->door.bell.store(0);
   h->door.sleeping.store(0);

@@ -54,10 +54,9 @@ struct alignas(64) FifoHeader {
 /// (containers sharing /dev/shm), and a lock is seen by all of them.
 class Segment {
  public:
-  /// Creates a segment readable only by this user (0600), sparse (pages are allocated as they
-  /// are first written). Throws kSystem when /dev/shm has less than `hostBytes` (what all
-  /// of this host's segments may come to) free. Blocks: no.
-  Segment(const std::string& name, size_t bytes, size_t hostBytes = 0);
+  /// Creates a segment readable only by this user (0600), its pages reserved. Blocks: no.
+  /// Throws kSystem (naming /dev/shm's size as the likely cause) when they cannot be.
+  Segment(const std::string& name, size_t bytes);
   /// Maps an existing segment. Throws kSystem naming the segment. `keepFd`: keep its fd open for
   /// ownerAlive() (a creator in another pid namespace); else it is closed once mapped, one fd
   /// less per same-host peer (such a creator's life is told by its pid).
@@ -92,9 +91,8 @@ class Domain : public LocalDomain {
   /// segment with a random name (/railcc-<uid>-<pid>-<random>). Stale segments of this user
   /// are removed first. Every rank of the host must use the same sizes (attach() checks).
   /// `singleCopy`: let same-host peers read this process's memory (prctl PR_SET_PTRACER, for
-  /// Yama) and test, at connect(), whether we can read theirs. `hostRanks`: how many ranks of
-  /// the host make such a segment, for the check that /dev/shm can hold them all.
-  Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy = false, int hostRanks = 1);
+  /// Yama) and test, at connect(), whether we can read theirs.
+  Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy = false);
   ~Domain() override;
 
   const std::string& segmentName() const { return own_->name(); }
