@@ -56,7 +56,7 @@ std::shared_ptr<StoreWatch> StoreWatch::of(const std::string& host, uint16_t por
   return w;
 }
 
-StoreWatch::StoreWatch(const std::string& host, uint16_t port) : port_(port) {
+StoreWatch::StoreWatch(const std::string& host, uint16_t port) {
   // Resolved as torch's client resolved it when it connected (a numeric address asks no one).
   addrinfo hints{}, *res = nullptr;
   hints.ai_socktype = SOCK_STREAM;

@@ -43,8 +43,7 @@ class StoreWatch {
   bool find();          // looks for a socket connected to the server; mu_ held
   bool stillOurs() const;  // the fd still is the socket found; mu_ held
 
-  std::vector<sockaddr_storage> addrs_;  // the server's addresses, resolved once
-  uint16_t port_;
+  std::vector<sockaddr_storage> addrs_;  // the server's addresses (and port), resolved once
   std::mutex mu_;
   int fd_ = -1;
   ino_t ino_ = 0;

@@ -411,7 +411,7 @@ bool Rendezvous::step(Clock::time_point deadline, std::chrono::milliseconds budg
       }
       ++i;
     }
-    bool waiting = open_ || std::any_of(expected_.begin(), expected_.end(), [](auto& e) { return !e.second; });
+    bool waiting = awaiting();
     bool dialing = std::any_of(conns_.begin(), conns_.end(), [](auto& c) { return c->dialer; });
     if (!waiting && !dialing) {
       if (!finished_) closeStrangers();
@@ -462,18 +462,7 @@ bool Rendezvous::step(Clock::time_point deadline, std::chrono::milliseconds budg
     }
     std::vector<pollfd> fds;
     std::vector<Conn*> who;
-    size_t nlisten = 0;
-    if (waiting)
-      for (Listener* l : listeners_) {
-        fds.push_back({l->fd(), POLLIN, 0});
-        who.push_back(nullptr);
-        ++nlisten;
-      }
-    for (auto& c : conns_)
-      if (c->fd >= 0 && c->events()) {
-        fds.push_back({c->fd, c->events(), 0});
-        who.push_back(c.get());
-      }
+    const size_t nlisten = pollSet(fds, &who);
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count();
     if (poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(ms, 0))) < 0 && errno != EINTR)
       RAILCC_THROW(kSystem, "poll: ", detail::errnoString());
@@ -499,17 +488,33 @@ bool Rendezvous::step(Clock::time_point deadline, std::chrono::milliseconds budg
   return false;
 }
 
+bool Rendezvous::awaiting() const {
+  return open_ || std::any_of(expected_.begin(), expected_.end(), [](auto& e) { return !e.second; });
+}
+
+size_t Rendezvous::pollSet(std::vector<pollfd>& fds, std::vector<Conn*>* who) const {
+  size_t nlisten = 0;
+  if (awaiting())
+    for (Listener* l : listeners_) {
+      fds.push_back({l->fd(), POLLIN, 0});
+      if (who) who->push_back(nullptr);
+      ++nlisten;
+    }
+  for (auto& c : conns_)
+    if (c->fd >= 0 && c->events()) {
+      fds.push_back({c->fd, c->events(), 0});
+      if (who) who->push_back(c.get());
+    }
+  return nlisten;
+}
+
 int Rendezvous::pollFds(std::vector<pollfd>& out) const {
+  pollSet(out, nullptr);
   auto now = Clock::now();
   long long ms = 50;  // knocks (every 250 ms) and stalled handshakes are checked in step()
-  bool waiting = open_ || std::any_of(expected_.begin(), expected_.end(), [](auto& e) { return !e.second; });
-  if (waiting)
-    for (Listener* l : listeners_) out.push_back({l->fd(), POLLIN, 0});
   for (auto& c : conns_) {
     if (c->dialer && c->phase == Conn::kWaitRetry)
       ms = std::min<long long>(ms, std::chrono::duration_cast<std::chrono::milliseconds>(c->retryAt - now).count());
-    else if (c->fd >= 0 && c->events())
-      out.push_back({c->fd, c->events(), 0});
     else if (c->phase == Conn::kDone)
       ms = 0;  // to be moved to the finished ones
   }

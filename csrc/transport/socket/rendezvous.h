@@ -87,6 +87,11 @@ class Rendezvous {
   void knock(std::chrono::steady_clock::time_point now);  // the probes of watch()
   void adopt(int fd, const sockaddr_in& from);  // an accepted connection starts its handshake
   void closeStrangers();                        // set-up is done: name and close the rest
+  bool awaiting() const;  // connections may still arrive (open, or one expected has not)
+  // Appends what step() polls: the listeners while awaiting(), then every handshake's fd with
+  // its events; `who` (when given) gets the Conn of each (null for a listener). Returns how
+  // many listeners lead the list.
+  size_t pollSet(std::vector<pollfd>& fds, std::vector<Conn*>* who) const;
   bool advance(Conn& c);  // false: the connection is done for (dropped or failed)
   void finishClientHello(Conn& c);
   void finishServerHello(Conn& c);
