@@ -53,7 +53,7 @@ TEST(AlgoRule, SizeAndPlacementDecide) {
   spread.size = 16;
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 8, spread, {}, nullptr), Algo::kTree);
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 65536, spread, {}, nullptr), Algo::kTree);
-  EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 8, spread, {}, nullptr), Algo::kOneShot);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 8, spread, {}, nullptr), Algo::kRing);
   EXPECT_NE(describeRule(spread, {}).find("all_reduce: tree"), std::string::npos) << describeRule(spread, {});
   hosts.size = 16;
   hosts.localRanks = 8;
@@ -63,6 +63,36 @@ TEST(AlgoRule, SizeAndPlacementDecide) {
   EXPECT_NE(rule.find("all_reduce: oneshot"), std::string::npos) << rule;
   EXPECT_NE(rule.find("from 65537 B rings"), std::string::npos) << rule;
   EXPECT_NE(rule.find("GPU buffers: staged"), std::string::npos) << rule;
+}
+
+// From 16 ranks across hosts every op but broadcast meets two peers per rank (small
+// all-reduces: the tree's log2 n); hier's network stage becomes a ring from 16 hosts.
+TEST(AlgoRule, AcrossHostsFrom16RanksTheRingBoundsThePeers) {
+  AlgoPlace spread;
+  spread.size = 16;
+  spread.oneshotBytes = 65536;
+  for (size_t b : {size_t(8), size_t(65537), size_t(1) << 28}) {
+    EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, b, spread, {}, nullptr), Algo::kRing) << b;
+    EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, b, spread, {}, nullptr), Algo::kRing) << b;
+    EXPECT_EQ(chooseAlgo(AlgoOp::kBroadcast, b, spread, {}, nullptr), Algo::kChain) << b;
+  }
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 65537, spread, {}, nullptr), Algo::kRing);
+  spread.size = 15;
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, 1 << 20, spread, {}, nullptr), Algo::kDirect);
+  AlgoPlace hosts;  // 4,096 ranks, 8 per host: hier, its 512-rank rails rings
+  hosts.size = 4096;
+  hosts.localRanks = 8;
+  hosts.hostsEven = true;
+  hosts.oneshotBytes = 65536;
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 1 << 28, hosts, {}, nullptr), Algo::kHier);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 1 << 28, hosts, {}, nullptr), Algo::kRing);
+  EXPECT_TRUE(railRing(512, {}));
+  EXPECT_TRUE(railRing(16, {}));
+  EXPECT_FALSE(railRing(15, {}));
+  EXPECT_TRUE(railRing(2, parseAlgos("hier,ring", nullptr)));
+  std::string rule = describeRule(hosts, {});
+  EXPECT_NE(rule.find("hier between hosts (512 ranks per rail): ring"), std::string::npos) << rule;
+  EXPECT_NE(rule.find("all_gather: ring"), std::string::npos) << rule;
 }
 
 TEST(AlgoRule, RanksSharingCoresReduceThroughTheRingsFrom16KiB) {
@@ -112,9 +142,10 @@ TEST(AlgoRule, PreferencesApplyWhereTheyFitAndNcclNamesMap) {
   EXPECT_STREQ(why, "RAILCC_ALGO");
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, 8, p, pref, nullptr), Algo::kRing);
   EXPECT_EQ(chooseAlgo(AlgoOp::kBroadcast, 1 << 20, p, pref, nullptr), Algo::kChain);
-  // The ring does not run a reduce-scatter of separate buffers: the rule decides.
-  EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 1 << 20, p, pref, nullptr), Algo::kRings);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 1 << 20, p, pref, nullptr), Algo::kRing);
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 8, p, parseAlgos("tree", nullptr), nullptr), Algo::kTree);
+  // The tree runs no reduce-scatter: the rule decides.
+  EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 1 << 20, p, parseAlgos("tree", nullptr), nullptr), Algo::kRings);
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, 8, p, parseAlgos("tree", nullptr), nullptr), Algo::kDirect);
   // Preferred but unable to run here: the rule decides.
   auto hier = parseAlgos("hier", nullptr);
@@ -216,6 +247,31 @@ TEST_P(RingTree, ExactAndAlikeOnEveryRank) {
           testing_util::waitOk(c.allgather(mine.data(), count, DataType::kInt32, po));
           for (int q = 0; q < n; ++q)
             for (size_t i = 0; i < count; ++i) ASSERT_EQ(outs[static_cast<size_t>(q)][i], q + 10) << "all_gather from " << q;
+          // Reduce-scatter of separate inputs: block q of rank p holds p - 2q + i % 3.
+          std::vector<std::vector<int32_t>> rin(static_cast<size_t>(n), std::vector<int32_t>(count));
+          std::vector<const void*> pin;
+          for (int q = 0; q < n; ++q) {
+            for (size_t i = 0; i < count; ++i) rin[static_cast<size_t>(q)][i] = r - 2 * q + static_cast<int32_t>(i % 3);
+            pin.push_back(rin[static_cast<size_t>(q)].data());
+          }
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+            std::vector<int32_t> rout(count, -99);
+            testing_util::waitOk(c.reduceScatter(pin, rout.data(), count, DataType::kInt32, op));
+            for (size_t i = 0; i < count; ++i) {
+              const int32_t base = -2 * r + static_cast<int32_t>(i % 3);
+              const int32_t want = op == ReduceOp::kSum ? n * base + n * (n - 1) / 2 : op == ReduceOp::kMax ? base + n - 1 : base;
+              ASSERT_EQ(rout[i], want) << "reduce_scatter op " << static_cast<int>(op) << " count " << count << " element " << i;
+            }
+            for (size_t i = 0; i < count; ++i) ASSERT_EQ(rin[static_cast<size_t>(r)][i], -r + static_cast<int32_t>(i % 3)) << "input changed";
+          }
+          std::vector<std::vector<double>> din(static_cast<size_t>(n), std::vector<double>(count, 2.0 * (r + 1)));
+          std::vector<const void*> pdin;
+          for (auto& d : din) pdin.push_back(d.data());
+          std::vector<double> dout(count);
+          testing_util::waitOk(c.reduceScatter(pdin, dout.data(), count, DataType::kFloat64, ReduceOp::kPremulSum, 0.5));
+          for (double v : dout) ASSERT_EQ(v, n * (n + 1) / 2.0);
+          testing_util::waitOk(c.reduceScatter(pdin, dout.data(), count, DataType::kFloat64, ReduceOp::kAvg));
+          for (double v : dout) ASSERT_DOUBLE_EQ(v, n + 1.0);
         }
         // Above the 1 MiB the tree keeps for its copy, twice: the copy is let go and made again.
         for (int round = 0; round < 2; ++round) {
@@ -232,9 +288,11 @@ TEST_P(RingTree, ExactAndAlikeOnEveryRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Algos, RingTree,
-                         testing::Combine(testing::Values("ring", "tree"), testing::Values(2, 3, 5, 6, 8)),
+                         testing::Combine(testing::Values("ring", "tree", "hier,ring"), testing::Values(2, 3, 5, 6, 8)),
                          [](const testing::TestParamInfo<std::tuple<const char*, int>>& p) {
-                           return std::string(std::get<0>(p.param)) + std::to_string(std::get<1>(p.param));
+                           std::string name = std::string(std::get<0>(p.param)) + std::to_string(std::get<1>(p.param));
+                           std::replace(name.begin(), name.end(), ',', '_');
+                           return name;
                          });
 
 }  // namespace

@@ -43,7 +43,7 @@ bool fits(Algo a, AlgoOp op, size_t bytes, const AlgoPlace& p) {
     case Algo::kPairwise: return reducing;
     case Algo::kChain: return op == AlgoOp::kBroadcast;
     case Algo::kDirect: return op == AlgoOp::kAllgather;
-    case Algo::kRing: return p.size > 1 && (op == AlgoOp::kAllreduce || op == AlgoOp::kAllgather);
+    case Algo::kRing: return p.size > 1 && op != AlgoOp::kBroadcast;
     case Algo::kTree: return p.size > 1 && op == AlgoOp::kAllreduce;
   }
   return false;
@@ -94,17 +94,19 @@ Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& p, const std::vector<A
     case AlgoOp::kReduceScatter:
       if (op == AlgoOp::kAllreduce && acrossHosts && p.size >= kTreeMinRanks && fits(Algo::kOneShot, op, bytes, p))
         return pick(Algo::kTree, "16 or more ranks across hosts, at most RAILCC_ONESHOT_BYTES");
+      // A one-shot reduce-scatter would meet every peer: across hosts from 16 ranks the ring.
+      if (op == AlgoOp::kReduceScatter && acrossHosts && p.size >= kRingMinRanks)
+        return pick(Algo::kRing, "16 or more ranks across hosts: two peers per rank");
       if (fits(Algo::kOneShot, op, bytes, p) && !(p.sharedCores && fits(Algo::kRings, op, bytes, p)))
         return pick(Algo::kOneShot, "at most RAILCC_ONESHOT_BYTES");
       if (fits(Algo::kOneShot, op, bytes, p) && static_cast<int64_t>(bytes) <= kSharedCoresOneshotBytes)
         return pick(Algo::kOneShot, "ranks share cores: at most 16384 B");
       if (fits(Algo::kRings, op, bytes, p)) return pick(Algo::kRings, "every rank on this host");
       if (fits(Algo::kHier, op, bytes, p)) return pick(Algo::kHier, "hosts with equal rank counts");
-      // Not the ring (RAILCC_ALGO=ring), though on fake hosts (one rank each) a 1 MiB all-reduce
-      // took 0.93x pairwise's time at 4 ranks, 0.83x at 8, 0.75x at 16 and 0.44x at 32: around
-      // a ring a rank sends over one link and receives over one, and the watchdog finds a slow
-      // link by comparing a rank's links with each other, so a slow cable would go unnamed.
-      // The pairwise all-reduce's all-gather half goes through the broadcast rings wherever
+      if (acrossHosts && p.size >= kRingMinRanks)
+        return pick(Algo::kRing, "16 or more ranks across hosts: two peers per rank");
+      // Below kRingMinRanks not the ring (see there: a slow cable is named more reliably when
+      // a rank's links are not paced alike). The pairwise all-reduce's all-gather half goes through the broadcast rings wherever
       // they cover the group (the reduce-scatter half already checked every fingerprint).
       return pick(Algo::kPairwise, op == AlgoOp::kAllreduce && p.rings
                                        ? "otherwise; its all-gather half through the broadcast rings"
@@ -113,9 +115,15 @@ Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& p, const std::vector<A
     case AlgoOp::kAllgather:
       if (fits(Algo::kRings, op, bytes, p) && static_cast<int64_t>(bytes) > p.oneshotBytes)
         return pick(Algo::kRings, "every rank on this host, above RAILCC_ONESHOT_BYTES");
+      if (op == AlgoOp::kAllgather && acrossHosts && p.size >= kRingMinRanks)
+        return pick(Algo::kRing, "16 or more ranks across hosts: two peers per rank");
       return op == AlgoOp::kBroadcast ? pick(Algo::kChain, "otherwise") : pick(Algo::kDirect, "otherwise");
   }
   return Algo::kPairwise;
+}
+
+bool railRing(int railRanks, const std::vector<Algo>& prefer) {
+  return railRanks >= kRingMinRanks || std::find(prefer.begin(), prefer.end(), Algo::kRing) != prefer.end();
 }
 
 const char* devicePathName(DevicePath d) { return d == DevicePath::kCudaIpc ? "cuda-ipc" : "staged"; }
@@ -159,6 +167,12 @@ std::string describeRule(const AlgoPlace& p, const std::vector<Algo>& prefer) {
       last = a;
       first = false;
     }
+  }
+  if (p.hostsEven && p.localRanks > 1) {
+    const int rail = p.size / p.localRanks;
+    os << "\n  hier between hosts (" << rail << " ranks per rail): "
+       << (railRing(rail, prefer) ? "ring" : "pairwise") << " (ring from " << kRingMinRanks
+       << " ranks per rail, or where RAILCC_ALGO lists ring)";
   }
   if (p.localRanks > 1) {
     os << "\n  between ranks of this host, messages ";

@@ -20,7 +20,8 @@ enum class Algo : uint8_t {
   kPairwise,  // reduce-scatter then all-gather by pairwise exchanges (NCCL's "ring" family)
   kChain,     // pipelined chain from the root (broadcast)
   kDirect,    // every peer at once, nothing reduced (all-gather)
-  kRing,      // around a ring of all ranks, host by host: two peers per rank (all-reduce, all-gather)
+  kRing,      // around a ring of all ranks, host by host: two peers per rank (all-reduce,
+              // reduce-scatter, all-gather)
   kTree,      // recursive doubling: log2(n) + 2 steps, whole buffers (small all-reduces)
 };
 
@@ -39,6 +40,16 @@ constexpr int64_t kSharedCoresOneshotBytes = 16384;
 /// ranks share 2 cores, so the count of messages weighs more than on a real network, where the
 /// one-shot's single step may win at 8: the switch is at 16, where the gain was clear.
 constexpr int kTreeMinRanks = 16;
+
+/// Across hosts, from this many ranks taking part in a network stage (the whole group, or the
+/// ranks of one rail under `hier`), large reductions and every all-gather run around a ring:
+/// two peers per rank whatever the job's size, where the pairwise schedule meets n-1 peers
+/// (each a lazy connection, with its buffers) and the direct all-gather sends n-1 messages at
+/// once. On ranks of fake hosts on one machine, 1 MiB all-reduce: ring 0.93x pairwise's time
+/// at 4 ranks, 0.83x at 8, 0.75x at 16, 0.44x at 32 (docs/benchmarks.md). Below 16 pairwise
+/// stays: with one send link and one receive link per rank a ring paces every link to the
+/// slowest, so the watchdog's comparison of a rank's links names a slow cable less often.
+constexpr int kRingMinRanks = 16;
 
 enum class AlgoOp : uint8_t { kAllreduce, kReduceScatter, kBroadcast, kAllgather };
 
@@ -74,6 +85,10 @@ std::vector<Algo> parseAlgos(const std::string& spec, std::string* ignored);
 
 /// The algorithm for one op of `bytes` bytes; `why` says which rule (or preference) chose it.
 Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& place, const std::vector<Algo>& prefer, const char** why);
+
+/// Whether `hier`'s stage between hosts (the ranks of one rail, `railRanks` of them) runs
+/// around a ring instead of pairwise: from kRingMinRanks, or wherever RAILCC_ALGO lists ring.
+bool railRing(int railRanks, const std::vector<Algo>& prefer);
 
 /// The rule as it applies to this group, one line per op: logged by rank 0 at INFO (COLL).
 std::string describeRule(const AlgoPlace& place, const std::vector<Algo>& prefer);

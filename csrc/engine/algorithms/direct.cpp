@@ -87,6 +87,7 @@ void CommImpl::runReduceScatter(const std::vector<char*>& ins, char* out, size_t
     return oneshotReduce(blockOf, out, count, dt, op, scale);
   }
   if (algo == Algo::kRings) return runReduceScatterRings(ins, out, count, dt, op, scale);
+  if (algo == Algo::kRing) return runReduceScatterRing(ins, out, count, dt, op, scale);
   // Pairwise over separate input buffers (pairwiseReduceScatter works on one buffer in blocks).
   if (op == ReduceOp::kPremulSum) scaleCopy(out, mine, count, dt, scale);
   else if (out != mine && bytes) transport::moveBytes(out, mine, bytes);

@@ -73,6 +73,38 @@ void CommImpl::runAllreduceRing(char* buf, size_t count, DataType dt, ReduceOp o
   ringAllgather(g, blocks, sizes);
 }
 
+// Reduce-scatter of separate inputs (ins[j] is our term of block j, `count` elements each)
+// around the ring: the partial sum of a block travels and grows by one term per hop, as in
+// ringReduceScatter, and ends at its owner in `out`. The inputs are the caller's and stay
+// untouched, so partial sums live in two scratch blocks, one sent while the other fills: the
+// block a rank reduces at step s is the one it sends at step s + 1.
+void CommImpl::runReduceScatterRing(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
+                                    double scale) {
+  const std::vector<int>& g = ringOrder();
+  const int m = static_cast<int>(g.size()), i = positionIn(g, rank_);
+  const size_t bytes = count * dtypeSize(dt);
+  const ReduceOp across = op == ReduceOp::kPremulSum || op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  const int next = g[static_cast<size_t>((i + 1) % m)], prev = g[static_cast<size_t>((i + m - 1) % m)];
+  // Our term of a block, scaled once where the op says so, into `dst`.
+  auto own = [&](char* dst, int block) {
+    const char* src = ins[static_cast<size_t>(g[static_cast<size_t>(block)])];
+    if (op == ReduceOp::kPremulSum) scaleCopy(dst, src, count, dt, scale);
+    else if (dst != src && bytes) transport::moveBytes(dst, src, bytes);
+  };
+  if (m == 1) return own(out, i);
+  if (scratch_.size() < 2 * bytes) scratch_.resize(2 * bytes);
+  char* acc[2] = {scratch_.data(), scratch_.data() + bytes};
+  own(acc[0], (i - 1 + m) % m);  // what step 0 sends
+  for (int s = 0; s < m - 1; ++s) {
+    const int rb = (i - 2 - s + 2 * m) % m;
+    char* into = s == m - 2 ? out : acc[(s + 1) % 2];
+    own(into, rb);
+    std::vector<Transfer> xs{ch_.sendTo(next, acc[s % 2], bytes), ch_.recvReduce(prev, into, count, dt, across, 1.0)};
+    ch_.exchange(xs);
+  }
+  if (op == ReduceOp::kAvg) divideBy(out, count, dt, size_);
+}
+
 // outs[r] receives rank r's `bytes` (ours is already in place).
 void CommImpl::runAllgatherRingOrder(size_t bytes, const std::vector<char*>& outs) {
   const std::vector<int>& g = ringOrder();
