@@ -15,6 +15,7 @@
 
 #include "common/config.h"
 #include "common/error.h"
+#include "engine/simulate.h"
 #include "topology/topology.h"
 #include "transport/shm/shm_segment.h"
 #include "transport/socket/socket_transport.h"
@@ -140,4 +141,32 @@ void registerRules(py::module_& parent) {
   m.def("verbs_connection_bytes", &verbs::connectionPinnedBytes, py::arg("buffsize"),
         "Bytes a verbs connection pins (its ring and its staging area) for RAILCC_BUFFSIZE");
   m.attr("VERBS_MAX_RING_BYTES") = verbs::kMaxRingBytes;
+
+  m.def("simulate", [](int size, int perHost, const std::string& op, size_t bytes, size_t elemSize,
+                       int64_t oneshotBytes, const std::string& algo, bool perRank) {
+    railcc::engine::SimJob job;
+    job.size = size;
+    job.perHost = perHost;
+    job.oneshotBytes = oneshotBytes;
+    job.algo = algo;
+    railcc::engine::SimResult r;
+    {
+      py::gil_scoped_release nogil;
+      r = railcc::engine::simulateOp(job, op, bytes, elemSize, perRank);
+    }
+    py::dict d;
+    d["algo"] = r.algo;
+    d["steps"] = r.steps;
+    d["net_peers"] = r.netPeers;
+    d["local_peers"] = r.localPeers;
+    d["messages"] = r.messages;
+    d["bytes_sent"] = r.bytesSent;
+    d["net_bytes_sent"] = r.netBytesSent;
+    if (perRank) d["sent"] = r.sent;
+    return d;
+  }, py::arg("size"), py::arg("per_host"), py::arg("op"), py::arg("bytes"), py::arg("elem_size") = 4,
+        py::arg("oneshot_bytes") = 65536, py::arg("algo") = "", py::arg("per_rank") = false,
+        "The scale simulation of one op (engine/simulate.h): the algorithm the rule picks, the critical path in "
+        "steps, and per rank (the largest over ranks) peers, messages and bytes sent; with per_rank, every "
+        "rank's [(peer, bytes sent)]");
 }

@@ -4,7 +4,9 @@ python -m railcc trace DIR [--json]  merge the flight-recorder dumps of all rank
 python -m railcc doctor [--json]     check this host's GPU/RDMA/network/shm/NUMA set-up, with fixes
                                      (railcc doctor --help; --all-ranks under torchrun compares hosts)
 python -m railcc topo [--json]       GPUs, NICs, PCI paths (PIX/PXB/PHB/SYS), NUMA, each local rank's
-                                     NIC and rail, GPUDirect RDMA verdicts (--topo-file FILE: hwloc XML)"""
+                                     NIC and rail, GPUDirect RDMA verdicts (--topo-file FILE: hwloc XML)
+python -m railcc sim [-n 1024,4096]  simulate the schedules at any job size: algorithm, critical path,
+                                     peers, messages and bytes per rank, set-up store reads and memory"""
 
 import sys
 
@@ -56,6 +58,10 @@ def main(argv=None):
         from .topo import main as topo_main
 
         return topo_main(argv[1:])
+    if argv[0] == "sim":
+        from .sim import main as sim_main
+
+        return sim_main(argv[1:])
     if argv[0] == "bench":
         from .bench import main as bench_main
 

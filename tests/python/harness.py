@@ -62,7 +62,7 @@ class TaskError(AssertionError):
 
 
 class RankPool:
-    def __init__(self, world_size, backend="railcc", env=None, init_timeout=60):
+    def __init__(self, world_size, backend="railcc", env=None, init_timeout=60, rank_env=None):
         self.world_size = world_size
         self.backend = backend
         ctx = mp.get_context("spawn")
@@ -73,7 +73,8 @@ class RankPool:
         self._procs = [
             ctx.Process(
                 target=_worker,
-                args=(r, world_size, backend, store_path, self._tasks[r], self._results, dict(env or {})),
+                args=(r, world_size, backend, store_path, self._tasks[r], self._results,
+                      {**(env or {}), **(rank_env(r) if rank_env else {})}),
                 daemon=True,
             )
             for r in range(world_size)

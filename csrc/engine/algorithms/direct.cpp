@@ -1,3 +1,4 @@
+#include "engine/algorithms/schedule.h"
 #include "engine/comm_impl.h"
 
 namespace railcc::engine {
@@ -92,7 +93,7 @@ void CommImpl::runReduceScatter(const std::vector<char*>& ins, char* out, size_t
   if (op == ReduceOp::kPremulSum) scaleCopy(out, mine, count, dt, scale);
   else if (out != mine && bytes) transport::moveBytes(out, mine, bytes);
   for (int s = 1; s < n; ++s) {
-    int to = (r + s) % n, from = (r - s + n) % n;
+    const auto [to, from] = schedule::pairwiseStep(n, r, s);
     std::vector<Transfer> xs{ch_.sendTo(to, ins[static_cast<size_t>(to)], bytes), ch_.recvReduce(from, out, count, dt, op, scale)};
     ch_.exchange(xs);
   }

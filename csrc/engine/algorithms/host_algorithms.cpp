@@ -1,3 +1,4 @@
+#include "engine/algorithms/schedule.h"
 #include "engine/comm_impl.h"
 
 namespace railcc::engine {
@@ -70,7 +71,7 @@ void CommImpl::pairwiseReduceScatter(const std::vector<int>& g, char* buf, size_
   char* mine = buf + b.offset(i);
   if (op == ReduceOp::kPremulSum) scaleCopy(mine, mine, b.count(i), dt, scale);
   for (int s = 1; s < m; ++s) {
-    int to = (i + s) % m, from = (i - s + m) % m;
+    const auto [to, from] = schedule::pairwiseStep(m, i, s);
     std::vector<Transfer> xs{ch_.sendTo(g[static_cast<size_t>(to)], buf + b.offset(to), b.count(to) * es),
                              ch_.recvReduce(g[static_cast<size_t>(from)], mine, b.count(i), dt, op, scale)};
     ch_.exchange(xs);
@@ -81,7 +82,7 @@ void CommImpl::pairwiseAllgather(const std::vector<int>& g, char* buf, size_t co
   const int m = static_cast<int>(g.size()), i = positionIn(g, rank_);
   Blocks b(count, m, es);
   for (int s = 1; s < m; ++s) {
-    int to = (i + s) % m, from = (i - s + m) % m;
+    const auto [to, from] = schedule::pairwiseStep(m, i, s);
     std::vector<Transfer> xs{ch_.sendTo(g[static_cast<size_t>(to)], buf + b.offset(i), b.count(i) * es),
                              ch_.recvFrom(g[static_cast<size_t>(from)], buf + b.offset(from), b.count(from) * es)};
     ch_.singleCopy(xs);

@@ -1,5 +1,6 @@
 #include <map>
 
+#include "engine/algorithms/schedule.h"
 #include "engine/comm_impl.h"
 
 namespace railcc::engine {
@@ -36,7 +37,7 @@ void CommImpl::ringReduceScatter(const std::vector<int>& g, char* buf, size_t co
   Blocks b(count, m, es);
   const int next = g[static_cast<size_t>((i + 1) % m)], prev = g[static_cast<size_t>((i + m - 1) % m)];
   for (int s = 0; s < m - 1; ++s) {
-    const int sb = (i - 1 - s + 2 * m) % m, rb = (i - 2 - s + 2 * m) % m;
+    const auto [sb, rb] = schedule::ringReduceStep(m, i, s);
     std::vector<Transfer> xs{ch_.sendTo(next, buf + b.offset(sb), b.count(sb) * es),
                              ch_.recvReduce(prev, buf + b.offset(rb), b.count(rb), dt, op, 1.0)};
     ch_.exchange(xs);
@@ -48,7 +49,8 @@ void CommImpl::ringAllgather(const std::vector<int>& g, const std::vector<char*>
   const int m = static_cast<int>(g.size()), i = positionIn(g, rank_);
   const int next = g[static_cast<size_t>((i + 1) % m)], prev = g[static_cast<size_t>((i + m - 1) % m)];
   for (int s = 0; s < m - 1; ++s) {
-    const size_t sb = static_cast<size_t>((i - s + m) % m), rb = static_cast<size_t>((i - 1 - s + 2 * m) % m);
+    const auto [send, recv] = schedule::ringGatherStep(m, i, s);
+    const size_t sb = static_cast<size_t>(send), rb = static_cast<size_t>(recv);
     std::vector<Transfer> xs{ch_.sendTo(next, blocks[sb], sizes[sb]), ch_.recvFrom(prev, blocks[rb], sizes[rb])};
     ch_.exchange(xs);
   }
@@ -94,9 +96,9 @@ void CommImpl::runReduceScatterRing(const std::vector<char*>& ins, char* out, si
   if (m == 1) return own(out, i);
   if (scratch_.size() < 2 * bytes) scratch_.resize(2 * bytes);
   char* acc[2] = {scratch_.data(), scratch_.data() + bytes};
-  own(acc[0], (i - 1 + m) % m);  // what step 0 sends
+  own(acc[0], schedule::ringReduceStep(m, i, 0).send);
   for (int s = 0; s < m - 1; ++s) {
-    const int rb = (i - 2 - s + 2 * m) % m;
+    const int rb = schedule::ringReduceStep(m, i, s).recv;
     char* into = s == m - 2 ? out : acc[(s + 1) % 2];
     own(into, rb);
     std::vector<Transfer> xs{ch_.sendTo(next, acc[s % 2], bytes), ch_.recvReduce(prev, into, count, dt, across, 1.0)};

@@ -1,3 +1,4 @@
+#include "engine/algorithms/schedule.h"
 #include "engine/comm_impl.h"
 
 namespace railcc::engine {
@@ -20,28 +21,24 @@ void CommImpl::runAllreduceTree(char* buf, size_t count, DataType dt, ReduceOp o
   const size_t bytes = count * dtypeSize(dt);
   if (op == ReduceOp::kPremulSum) scaleCopy(buf, buf, count, dt, scale);
   const ReduceOp across = op == ReduceOp::kPremulSum || op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  const int folded = n - p;
-  int v = r - folded;  // virtual index among the p; -1 for a rank that handed its buffer on
-  if (r < 2 * folded) {
-    v = r % 2 == 0 ? -1 : r / 2;
-    std::vector<Transfer> xs{r % 2 == 0 ? ch_.sendTo(r + 1, buf, bytes) : ch_.recvReduce(r - 1, buf, count, dt, across, 1.0)};
+  const schedule::Doubling d = schedule::doubling(n, r);
+  if (d.foldPeer >= 0) {
+    std::vector<Transfer> xs{d.hands ? ch_.sendTo(d.foldPeer, buf, bytes) : ch_.recvReduce(d.foldPeer, buf, count, dt, across, 1.0)};
     ch_.exchange(xs);
   }
-  if (v >= 0) {
+  if (d.v >= 0) {
     // The partner reads what we send while we reduce its data into buf: send from a copy.
     if (treeScratch_.size() < bytes) treeScratch_.resize(bytes);
-    for (int bit = 1; bit < p; bit <<= 1) {
-      const int pv = v ^ bit, partner = pv < folded ? 2 * pv + 1 : pv + folded;
+    for (int bit = 1; bit < d.p; bit <<= 1) {
+      const int partner = schedule::doublingPartner(d, bit);
       if (bytes) transport::copyBytes(treeScratch_.data(), buf, bytes);
       std::vector<Transfer> xs{ch_.sendTo(partner, treeScratch_.data(), bytes),
                                ch_.recvReduce(partner, buf, count, dt, across, 1.0)};
       ch_.exchange(xs);
     }
   }
-  if (r < 2 * folded) {
-    std::vector<Transfer> xs{r % 2 == 0 ? ch_.recvFrom(r + 1, buf, bytes) : ch_.sendTo(r - 1, buf, bytes)};
+  if (d.foldPeer >= 0) {
+    std::vector<Transfer> xs{d.hands ? ch_.recvFrom(d.foldPeer, buf, bytes) : ch_.sendTo(d.foldPeer, buf, bytes)};
     ch_.exchange(xs);
   }
   if (op == ReduceOp::kAvg) divideBy(buf, count, dt, n);

@@ -1,0 +1,60 @@
+#pragma once
+// Which peer and which block, step by step: the schedules of the engine's algorithms as pure
+// functions of (group size, position, step). The algorithms (ring.cpp, tree.cpp,
+// host_algorithms.cpp) move bytes by them, and the scale simulation (engine/simulate.h) counts
+// by them, so a simulated schedule is the one the engine runs.
+
+namespace railcc::engine::schedule {
+
+inline int mod(int a, int m) { return ((a % m) + m) % m; }
+
+/// One step of a ring of `m` at position `i`: the block sent to i+1, the block received from
+/// i-1.
+struct RingStep {
+  int send, recv;
+};
+
+/// Reduce-scatter around the ring, steps s = 0 .. m-2: block j ends reduced at position j.
+/// The block received (and reduced) at step s is the one sent at step s + 1.
+inline RingStep ringReduceStep(int m, int i, int s) { return {mod(i - 1 - s, m), mod(i - 2 - s, m)}; }
+
+/// All-gather around the ring, steps s = 0 .. m-2: block j starts at position j.
+inline RingStep ringGatherStep(int m, int i, int s) { return {mod(i - s, m), mod(i - 1 - s, m)}; }
+
+/// Pairwise exchange, steps s = 1 .. m-1: position i sends to i+s and receives from i-s.
+struct PairStep {
+  int to, from;
+};
+inline PairStep pairwiseStep(int m, int i, int s) { return {mod(i + s, m), mod(i - s, m)}; }
+
+/// Recursive doubling among n ranks (tree.cpp). With p the largest power of two up to n, the
+/// first 2(n - p) ranks fold in pairs (the even one hands its buffer to the odd one after it
+/// and gets the result back); the p ranks left exchange with the partner whose virtual index
+/// differs in one bit, one bit per step.
+struct Doubling {
+  int p = 1, folded = 0;
+  int v = -1;         // this rank's virtual index among the p; -1 for a rank that handed on
+  int foldPeer = -1;  // the rank it folds with, -1 when none
+  bool hands = false; // it hands its buffer on (and gets the result back)
+};
+
+inline Doubling doubling(int n, int r) {
+  Doubling d;
+  while (d.p * 2 <= n) d.p *= 2;
+  d.folded = n - d.p;
+  d.v = r - d.folded;
+  if (r < 2 * d.folded) {
+    d.hands = r % 2 == 0;
+    d.v = d.hands ? -1 : r / 2;
+    d.foldPeer = d.hands ? r + 1 : r - 1;
+  }
+  return d;
+}
+
+/// The rank this one exchanges with at the step of `bit` (1, 2, 4, ... below p).
+inline int doublingPartner(const Doubling& d, int bit) {
+  const int pv = d.v ^ bit;
+  return pv < d.folded ? 2 * pv + 1 : pv + d.folded;
+}
+
+}  // namespace railcc::engine::schedule

@@ -1,0 +1,303 @@
+#include "engine/simulate.h"
+
+#include <algorithm>
+#include <deque>
+
+#include "common/error.h"
+#include "engine/algorithms/choose.h"
+#include "engine/algorithms/schedule.h"
+
+namespace railcc::engine {
+
+namespace {
+
+// Ranks start, start + stride, ...: a host's ranks, a rail, or the whole job.
+struct Group {
+  int start = 0, stride = 1, m = 1;
+  int at(int j) const { return start + j * stride; }
+  int pos(int r) const { return (r - start) / stride; }
+};
+
+// The bytes of block j when `count` elements of `es` bytes are cut into m blocks (as the
+// engine's Blocks does: the first count % m blocks one element larger).
+uint64_t blockBytes(size_t count, int m, int j, size_t es) {
+  const size_t base = count / static_cast<size_t>(m), rem = count % static_cast<size_t>(m);
+  return (base + (static_cast<size_t>(j) < rem ? 1 : 0)) * es;
+}
+
+enum class Kind { kRingReduce, kRingGather, kPairReduce, kPairGather, kPairSeparate, kAll, kDoubling, kChain };
+
+// One stage of a rank's schedule: `count` elements over `g` (kAll, kPairSeparate, kChain:
+// `count` is a byte count per message).
+struct Phase {
+  Kind kind;
+  Group g;
+  size_t count;
+  int steps;
+};
+
+struct Step {
+  std::vector<std::pair<int, uint64_t>> sends;
+  std::vector<int> recvs;
+  void clear() {
+    sends.clear();
+    recvs.clear();
+  }
+};
+
+class Planner {
+ public:
+  Planner(const SimJob& job, size_t es) : job_(job), es_(es) {}
+
+  // The phases of rank r for one op of the chosen algorithm.
+  std::vector<Phase> plan(Algo a, const std::string& op, size_t bytes, int r) const {
+    const int n = job_.size, L = job_.perHost;
+    const Group all{0, 1, n}, host{r / L * L, 1, L}, rail{r % L, L, n / L};
+    const size_t count = bytes / es_;
+    std::vector<Phase> ph;
+    if (op == "all_reduce") {
+      switch (a) {
+        case Algo::kOneShot: ph.push_back({Kind::kAll, all, bytes, 1}); break;
+        case Algo::kTree: ph.push_back({Kind::kDoubling, all, bytes, 0}); break;
+        case Algo::kRing:
+          ph.push_back({Kind::kRingReduce, all, count, n - 1});
+          ph.push_back({Kind::kRingGather, all, count, n - 1});
+          break;
+        case Algo::kPairwise:
+          ph.push_back({Kind::kPairReduce, all, count, n - 1});
+          ph.push_back({Kind::kPairGather, all, count, n - 1});
+          break;
+        case Algo::kHier: {
+          const size_t piece = blockBytes(count, L, host.pos(r), 1);
+          ph.push_back({Kind::kPairReduce, host, count, L - 1});
+          if (railRing(rail.m, prefer_())) {
+            ph.push_back({Kind::kRingReduce, rail, piece, rail.m - 1});
+            ph.push_back({Kind::kRingGather, rail, piece, rail.m - 1});
+          } else {
+            ph.push_back({Kind::kPairReduce, rail, piece, rail.m - 1});
+            ph.push_back({Kind::kPairGather, rail, piece, rail.m - 1});
+          }
+          ph.push_back({Kind::kPairGather, host, count, L - 1});
+          break;
+        }
+        default: unsupported(a, op);
+      }
+    } else if (op == "reduce_scatter") {
+      if (a == Algo::kOneShot) ph.push_back({Kind::kAll, all, bytes, 1});
+      else if (a == Algo::kPairwise) ph.push_back({Kind::kPairSeparate, all, bytes, n - 1});
+      else if (a == Algo::kRing) ph.push_back({Kind::kRingReduce, all, count * static_cast<size_t>(n), n - 1});
+      else unsupported(a, op);
+    } else if (op == "all_gather") {
+      if (a == Algo::kDirect) ph.push_back({Kind::kAll, all, bytes, 1});
+      else if (a == Algo::kRing) ph.push_back({Kind::kRingGather, all, count * static_cast<size_t>(n), n - 1});
+      else unsupported(a, op);
+    } else if (op == "broadcast") {
+      if (a != Algo::kChain) unsupported(a, op);
+      ph.push_back({Kind::kChain, all, bytes, r == 0 ? 1 : 2});
+    }
+    return ph;
+  }
+
+  // Step k of phase p for rank r.
+  void step(const Phase& p, int r, int k, Step& out) const {
+    out.clear();
+    const Group& g = p.g;
+    const int m = g.m, i = g.pos(r);
+    switch (p.kind) {
+      case Kind::kRingReduce: {
+        const auto s = schedule::ringReduceStep(m, i, k);
+        out.sends.push_back({g.at(schedule::mod(i + 1, m)), blockBytes(p.count, m, s.send, es_)});
+        out.recvs.push_back(g.at(schedule::mod(i - 1, m)));
+        break;
+      }
+      case Kind::kRingGather: {
+        const auto s = schedule::ringGatherStep(m, i, k);
+        out.sends.push_back({g.at(schedule::mod(i + 1, m)), blockBytes(p.count, m, s.send, es_)});
+        out.recvs.push_back(g.at(schedule::mod(i - 1, m)));
+        break;
+      }
+      case Kind::kPairReduce:
+      case Kind::kPairGather:
+      case Kind::kPairSeparate: {
+        const auto s = schedule::pairwiseStep(m, i, k + 1);
+        const uint64_t b = p.kind == Kind::kPairSeparate ? p.count
+                           : blockBytes(p.count, m, p.kind == Kind::kPairReduce ? s.to : i, es_);
+        out.sends.push_back({g.at(s.to), b});
+        out.recvs.push_back(g.at(s.from));
+        break;
+      }
+      case Kind::kAll:
+        for (int j = 0; j < m; ++j)
+          if (j != i) {
+            out.sends.push_back({g.at(j), p.count});
+            out.recvs.push_back(g.at(j));
+          }
+        break;
+      case Kind::kDoubling: {
+        const schedule::Doubling d = schedule::doubling(m, i);
+        const bool fold = d.foldPeer >= 0;
+        int bits = 0;
+        for (int bit = 1; bit < d.p; bit <<= 1) ++bits;
+        const int last = (fold ? 1 : 0) + (d.v >= 0 ? bits : 0);
+        if (fold && (k == 0 || k == last)) {
+          const bool send = (k == 0) == d.hands;  // hands on first, takes the result back last
+          if (send) out.sends.push_back({g.at(d.foldPeer), p.count});
+          else out.recvs.push_back(g.at(d.foldPeer));
+        } else {
+          const int partner = schedule::doublingPartner(d, 1 << (k - (fold ? 1 : 0)));
+          out.sends.push_back({g.at(partner), p.count});
+          out.recvs.push_back(g.at(partner));
+        }
+        break;
+      }
+      case Kind::kChain:  // from position 0: receive, then forward; the tail tells the root
+        if (i == 0) {
+          if (m > 1) out.sends.push_back({g.at(1), p.count});
+          if (m > 1) out.recvs.push_back(g.at(m - 1));
+        } else if (k == 0) {
+          out.recvs.push_back(g.at(i - 1));
+        } else {
+          out.sends.push_back({g.at(i == m - 1 ? 0 : i + 1), i == m - 1 ? 0 : p.count});
+        }
+        break;
+    }
+  }
+
+  static int stepsOf(const Phase& p, int r) {
+    if (p.kind != Kind::kDoubling) return p.steps;
+    const schedule::Doubling d = schedule::doubling(p.g.m, p.g.pos(r));
+    int bits = 0;
+    for (int bit = 1; bit < d.p; bit <<= 1) ++bits;
+    return d.foldPeer >= 0 ? (d.v >= 0 ? bits + 2 : 2) : bits;
+  }
+
+ private:
+  std::vector<Algo> prefer_() const { return job_.algo.empty() ? std::vector<Algo>{} : parseAlgos(job_.algo, nullptr); }
+  [[noreturn]] static void unsupported(Algo a, const std::string& op) {
+    RAILCC_THROW(kInvalidUsage, "railcc sim: ", op, " by ", algoName(a),
+                 " is not simulated (the shared-memory rings of a one-host group are not modelled)");
+  }
+  const SimJob& job_;
+  size_t es_;
+};
+
+}  // namespace
+
+SimResult simulateOp(const SimJob& job, const std::string& op, size_t bytes, size_t elemSize, bool perRank) {
+  const int n = job.size, L = job.perHost;
+  if (n < 1 || L < 1 || n % L != 0)
+    RAILCC_THROW(kInvalidUsage, "railcc sim: ", n, " ranks at ", L, " per host: the ranks must fill whole hosts");
+  if (elemSize == 0 || bytes % elemSize != 0)
+    RAILCC_THROW(kInvalidUsage, "railcc sim: ", bytes, " bytes is not a whole number of ", elemSize, "-byte elements");
+  AlgoOp aop;
+  if (op == "all_reduce") aop = AlgoOp::kAllreduce;
+  else if (op == "reduce_scatter") aop = AlgoOp::kReduceScatter;
+  else if (op == "all_gather") aop = AlgoOp::kAllgather;
+  else if (op == "broadcast") aop = AlgoOp::kBroadcast;
+  else RAILCC_THROW(kInvalidUsage, "railcc sim: unknown op '", op, "' (all_reduce, reduce_scatter, all_gather, broadcast)");
+  AlgoPlace place;
+  place.size = n;
+  place.localRanks = L;
+  place.rings = L == n && n > 2;
+  place.ringSlices = place.rings;
+  place.hostsEven = L > 1 && L < n;
+  place.oneshotBytes = job.oneshotBytes;
+  const std::vector<Algo> prefer = job.algo.empty() ? std::vector<Algo>{} : parseAlgos(job.algo, nullptr);
+  const Algo a = n == 1 ? Algo::kPairwise : chooseAlgo(aop, bytes, place, prefer, nullptr);
+  SimResult res;
+  res.algo = algoName(a);
+  if (a == Algo::kHier) res.algo += railRing(n / L, prefer) ? " (rails: ring)" : " (rails: pairwise)";
+  if (perRank) res.sent.resize(static_cast<size_t>(n));
+  if (n == 1) return res;
+
+  Planner planner(job, elemSize);
+  struct Cursor {
+    std::vector<Phase> phases;
+    size_t phase = 0;
+    int k = 0, kEnd = 0;
+    int64_t t = 0;
+    bool posted = false;
+  };
+  std::vector<Cursor> cur(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    Cursor& c = cur[static_cast<size_t>(r)];
+    c.phases = planner.plan(a, op, bytes, r);
+    while (c.phase < c.phases.size() && (c.kEnd = Planner::stepsOf(c.phases[c.phase], r)) == 0) ++c.phase;
+  }
+  // inbox[r]: per sender, the start times of the steps whose messages r has not taken yet.
+  std::vector<std::vector<std::pair<int, std::deque<int64_t>>>> inbox(static_cast<size_t>(n));
+  auto queue = [&inbox](int to, int from) -> std::deque<int64_t>& {
+    auto& box = inbox[static_cast<size_t>(to)];
+    for (auto& [src, q] : box)
+      if (src == from) return q;
+    box.emplace_back(from, std::deque<int64_t>());
+    return box.back().second;
+  };
+  std::vector<std::vector<int>> peers(static_cast<size_t>(n));
+  std::vector<uint64_t> msgs(static_cast<size_t>(n)), sentB(static_cast<size_t>(n)), netB(static_cast<size_t>(n));
+  Step st;
+  int left = n;
+  for (int r = 0; r < n; ++r)
+    if (cur[static_cast<size_t>(r)].phase >= cur[static_cast<size_t>(r)].phases.size()) --left;
+  while (left > 0) {
+    bool moved = false;
+    for (int r = 0; r < n; ++r) {
+      Cursor& c = cur[static_cast<size_t>(r)];
+      while (c.phase < c.phases.size()) {
+        planner.step(c.phases[c.phase], r, c.k, st);
+        if (!c.posted) {
+          for (auto& [to, b] : st.sends) {
+            queue(to, r).push_back(c.t);
+            peers[static_cast<size_t>(r)].push_back(to);
+            ++msgs[static_cast<size_t>(r)];
+            sentB[static_cast<size_t>(r)] += b;
+            if (to / L != r / L) netB[static_cast<size_t>(r)] += b;
+            if (perRank && b) {
+              auto& v = res.sent[static_cast<size_t>(r)];
+              auto it = std::find_if(v.begin(), v.end(), [to = to](const auto& e) { return e.first == to; });
+              if (it == v.end()) v.push_back({to, b});
+              else it->second += b;
+            }
+          }
+          c.posted = true;
+        }
+        bool ready = true;
+        for (int from : st.recvs) ready = ready && !queue(r, from).empty();
+        if (!ready) break;
+        int64_t t = c.t;
+        for (int from : st.recvs) {
+          auto& q = queue(r, from);
+          t = std::max(t, q.front());
+          q.pop_front();
+          peers[static_cast<size_t>(r)].push_back(from);
+        }
+        c.t = t + 1;
+        c.posted = false;
+        moved = true;
+        if (++c.k == c.kEnd) {
+          c.k = 0;
+          ++c.phase;
+          while (c.phase < c.phases.size() && (c.kEnd = Planner::stepsOf(c.phases[c.phase], r)) == 0) ++c.phase;
+          if (c.phase >= c.phases.size()) --left;
+        }
+      }
+    }
+    if (!moved) RAILCC_THROW(kInternal, "railcc sim: the ", res.algo, " schedule of ", op, " at ", n, " ranks deadlocks");
+  }
+  for (int r = 0; r < n; ++r) {
+    auto& p = peers[static_cast<size_t>(r)];
+    std::sort(p.begin(), p.end());
+    p.erase(std::unique(p.begin(), p.end()), p.end());
+    const int local = static_cast<int>(std::count_if(p.begin(), p.end(), [&](int q) { return q / L == r / L; }));
+    res.localPeers = std::max(res.localPeers, local);
+    res.netPeers = std::max(res.netPeers, static_cast<int>(p.size()) - local);
+    res.messages = std::max(res.messages, msgs[static_cast<size_t>(r)]);
+    res.bytesSent = std::max(res.bytesSent, sentB[static_cast<size_t>(r)]);
+    res.netBytesSent = std::max(res.netBytesSent, netB[static_cast<size_t>(r)]);
+    res.steps = std::max(res.steps, static_cast<int>(cur[static_cast<size_t>(r)].t));
+    if (perRank) std::sort(res.sent[static_cast<size_t>(r)].begin(), res.sent[static_cast<size_t>(r)].end());
+  }
+  return res;
+}
+
+}  // namespace railcc::engine

@@ -1,0 +1,98 @@
+"""The scale simulation (engine/simulate.h, `python -m railcc sim`) against real ranks: for each
+op, the bytes every rank sent to every peer, as its flight recorder counted them, are what the
+simulation says for the same job. The simulation plays the engine's own rule and step
+functions; this checks that the way it strings an algorithm's stages together is the engine's."""
+
+import pytest
+
+import railcc
+
+from harness import RankPool
+
+pytestmark = pytest.mark.timeout(240)
+
+# (op, bytes of the op's whole buffer), float32: sizes where the rule picks each algorithm.
+OPS = [("all_reduce", 8), ("all_reduce", 1 << 20), ("reduce_scatter", 1 << 20), ("all_gather", 64 << 10),
+       ("broadcast", 1 << 20)]
+
+
+def _traffic(rank, world, ops):
+    import torch
+    import torch.distributed as dist
+
+    seen = []
+    for op, nbytes in ops:
+        n = nbytes // 4
+        if op == "all_reduce":
+            dist.all_reduce(torch.ones(n))
+        elif op == "reduce_scatter":
+            out = torch.empty(n // world)
+            dist.reduce_scatter_tensor(out, torch.ones(n))
+        elif op == "all_gather":
+            out = torch.empty(n)
+            dist.all_gather_into_tensor(out, torch.ones(n // world))
+        else:
+            dist.broadcast(torch.ones(n), 0)
+        last = railcc.dump_trace()["ops"][-1]
+        seen.append((last["op"], {int(p): b for p, b in last["bytes_sent"].items()}))
+    return seen
+
+
+def _block(op, nbytes, world):
+    return nbytes // world if op in ("reduce_scatter", "all_gather") else nbytes
+
+
+@pytest.mark.parametrize("world,per_host,algo", [(16, 1, ""), (8, 2, ""), (8, 2, "hier,ring")],
+                         ids=["16x1", "8x2", "8x2-hier-ring"])
+def test_simulation_sends_what_real_ranks_send(world, per_host, algo):
+    env = {"RAILCC_ALGO": algo} if algo else {}
+    pool = RankPool(world, env=env, rank_env=lambda r: {"RAILCC_HOST_ID": f"h{r // per_host}"})
+    try:
+        got = pool.run(_traffic, OPS, timeout=180)
+    finally:
+        pool.close()
+    rules = railcc._C.rules
+    for k, (op, nbytes) in enumerate(OPS):
+        sim = rules.simulate(world, per_host, op, _block(op, nbytes, world), 4, algo=algo, per_rank=True)
+        for r in range(world):
+            real_op, real = got[r][k]
+            want = dict(sim["sent"][r])
+            assert real == want, (f"{op} of {nbytes} B at {world} ranks, {per_host} per host ({sim['algo']}): rank {r} "
+                                  f"sent {real} (trace op {real_op}), the simulation says {want}")
+
+
+def test_simulation_at_4096_ranks_meets_the_scale_targets():
+    rules = railcc._C.rules
+    n, per_host = 4096, 8
+    small = rules.simulate(n, per_host, "all_reduce", 8, 4)
+    assert small["algo"] == "tree" and small["steps"] <= 2 * 12 + 4, small
+    big = rules.simulate(n, per_host, "all_reduce", 256 << 20, 4)
+    assert big["algo"] == "hier (rails: ring)" and big["net_peers"] == 2, big
+    assert big["bytes_sent"] <= 2 * (n - 1) / n * (256 << 20) * 1.05, big
+    for op in ("reduce_scatter", "all_gather", "broadcast"):
+        assert rules.simulate(n, per_host, op, (256 << 20) // n, 4)["net_peers"] <= 2, op
+
+
+def test_simulation_refuses_what_it_cannot_model():
+    rules = railcc._C.rules
+    with pytest.raises(Exception, match="whole hosts"):
+        rules.simulate(10, 4, "all_reduce", 8, 4)
+    with pytest.raises(Exception, match="unknown op"):
+        rules.simulate(8, 1, "all_to_all", 8, 4)
+    with pytest.raises(Exception, match="not simulated"):
+        rules.simulate(8, 8, "all_reduce", 1 << 20, 4)
+
+
+def test_the_sim_command_prints_tables_and_refuses_bad_input():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "railcc", "sim", "-n", "64", "--per-host", "8", "--ops", "all_reduce",
+                          "--sizes", "8,256M"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "## 64 ranks, 8 per host (8 hosts)" in out.stdout
+    assert "| all_reduce | 256 MiB | hier (rails: pairwise) |" in out.stdout, out.stdout
+    assert "store keys read" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "railcc", "sim", "-n", "60", "--per-host", "8"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "whole hosts" in bad.stderr, bad.stderr
