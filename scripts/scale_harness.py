@@ -31,6 +31,8 @@ What is measured, per rank:
             of connections made ("TCP conns"); the connections to the store after init (the
             rank's own client, plus any the backend opened); the listening sockets.
   threads   entries of /proc/self/task after the first all_reduce.
+  TCP conns after  the same count of connections made, after the 8 B and 1 MiB all_reduces
+            (a pairwise all-reduce meets every peer; a ring two).
   8 B, 1 MiB  the median over --iters calls of one all_reduce (float32), each call after a
             barrier of the backend, timed on the calling rank.
 
@@ -80,6 +82,7 @@ COLUMNS = [
     ("threads", "threads", "{:d}"),
     ("ar8_us", "8 B us", "{:.1f}"),
     ("ar1m_ms", "1 MiB ms", "{:.2f}"),
+    ("tcp_conns_ops", "TCP conns after", "{:d}"),
 ]
 METRICS = [c[0] for c in COLUMNS]
 
@@ -309,7 +312,8 @@ def rank_main(job, rank, go_fd):
         for name, last in (("8 B", last8), ("1 MiB", last1m)):
             if not bool((last == n).all()):
                 raise RuntimeError(f"the {name} all_reduce gave {last.unique().tolist()[:4]}, not {n}")
-        result.update({"ar8_us": s8 * 1e6, "ar1m_ms": s1m * 1e3})
+        result.update({"ar8_us": s8 * 1e6, "ar1m_ms": s1m * 1e3,
+                       "tcp_conns_ops": _descriptors(port)["tcp_peers"] - desc0["tcp_peers"]})
         _write_json(out_path, result)
         # Tear down together, once every rank has reported: no rank leaves while a peer still
         # reads its last bytes.
@@ -609,7 +613,8 @@ all ranks, after every rank's store client had connected. private/RSS = memory a
 (forked ranks: includes parent pages that init wrote to). TCP conns = established TCP
 connections, other than to the store, that the process gained across init: the measure of
 connections made; store conns = its connections to the store after init (its own client
-included); TCP listen = listening sockets after. 8 B / 1 MiB = median over the calls of one
+included); TCP listen = listening sockets after; TCP conns after = connections made by the end of
+the timed all_reduces. 8 B / 1 MiB = median over the calls of one
 all_reduce, each after a barrier. Ratios are railcc/gloo (below 1: railcc smaller or faster)."""
 
 

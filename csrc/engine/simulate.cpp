@@ -25,15 +25,16 @@ uint64_t blockBytes(size_t count, int m, int j, size_t es) {
   return (base + (static_cast<size_t>(j) < rem ? 1 : 0)) * es;
 }
 
-enum class Kind { kRingReduce, kRingGather, kPairReduce, kPairGather, kPairSeparate, kAll, kDoubling, kChain };
+enum class Kind { kRingReduce, kRingGather, kPairReduce, kPairGather, kPairSeparate, kPairBlocks, kAll, kDoubling, kChain };
 
-// One stage of a rank's schedule: `count` elements over `g` (kAll, kPairSeparate, kChain:
-// `count` is a byte count per message).
+// One stage of a rank's schedule: `count` elements over `g` (kAll, kPairSeparate, kChain,
+// kPairBlocks: `count` is a byte count per message; kPairBlocks sends `per` of them a step).
 struct Phase {
   Kind kind;
   Group g;
   size_t count;
   int steps;
+  int per = 1;
 };
 
 struct Step {
@@ -83,12 +84,18 @@ class Planner {
         default: unsupported(a, op);
       }
     } else if (op == "reduce_scatter") {
-      if (a == Algo::kOneShot) ph.push_back({Kind::kAll, all, bytes, 1});
+      if (a == Algo::kHier) {  // the host's terms for each rank of the rail, then the rail's ring
+        ph.push_back({Kind::kPairBlocks, host, bytes, L - 1, rail.m});
+        ph.push_back({Kind::kRingReduce, rail, count * static_cast<size_t>(rail.m), rail.m - 1});
+      } else if (a == Algo::kOneShot) ph.push_back({Kind::kAll, all, bytes, 1});
       else if (a == Algo::kPairwise) ph.push_back({Kind::kPairSeparate, all, bytes, n - 1});
       else if (a == Algo::kRing) ph.push_back({Kind::kRingReduce, all, count * static_cast<size_t>(n), n - 1});
       else unsupported(a, op);
     } else if (op == "all_gather") {
-      if (a == Algo::kDirect) ph.push_back({Kind::kAll, all, bytes, 1});
+      if (a == Algo::kHier) {  // the rail's ring, then the rail's blocks to each rank of the host
+        ph.push_back({Kind::kRingGather, rail, count * static_cast<size_t>(rail.m), rail.m - 1});
+        ph.push_back({Kind::kPairBlocks, host, bytes, L - 1, rail.m});
+      } else if (a == Algo::kDirect) ph.push_back({Kind::kAll, all, bytes, 1});
       else if (a == Algo::kRing) ph.push_back({Kind::kRingGather, all, count * static_cast<size_t>(n), n - 1});
       else unsupported(a, op);
     } else if (op == "broadcast") {
@@ -124,6 +131,12 @@ class Planner {
                            : blockBytes(p.count, m, p.kind == Kind::kPairReduce ? s.to : i, es_);
         out.sends.push_back({g.at(s.to), b});
         out.recvs.push_back(g.at(s.from));
+        break;
+      }
+      case Kind::kPairBlocks: {
+        const auto s = schedule::pairwiseStep(m, i, k + 1);
+        for (int j = 0; j < p.per; ++j) out.sends.push_back({g.at(s.to), p.count});
+        for (int j = 0; j < p.per; ++j) out.recvs.push_back(g.at(s.from));
         break;
       }
       case Kind::kAll:
@@ -236,6 +249,7 @@ SimResult simulateOp(const SimJob& job, const std::string& op, size_t bytes, siz
   std::vector<std::vector<int>> peers(static_cast<size_t>(n));
   std::vector<uint64_t> msgs(static_cast<size_t>(n)), sentB(static_cast<size_t>(n)), netB(static_cast<size_t>(n));
   Step st;
+  std::vector<int> need;
   int left = n;
   for (int r = 0; r < n; ++r)
     if (cur[static_cast<size_t>(r)].phase >= cur[static_cast<size_t>(r)].phases.size()) --left;
@@ -262,7 +276,14 @@ SimResult simulateOp(const SimJob& job, const std::string& op, size_t bytes, siz
           c.posted = true;
         }
         bool ready = true;
-        for (int from : st.recvs) ready = ready && !queue(r, from).empty();
+        need.assign(st.recvs.begin(), st.recvs.end());  // k receives from a peer need k messages
+        std::sort(need.begin(), need.end());
+        for (size_t x = 0; x < need.size() && ready;) {
+          size_t y = x;
+          while (y < need.size() && need[y] == need[x]) ++y;
+          ready = queue(r, need[x]).size() >= y - x;
+          x = y;
+        }
         if (!ready) break;
         int64_t t = c.t;
         for (int from : st.recvs) {

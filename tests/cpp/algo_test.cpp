@@ -85,14 +85,17 @@ TEST(AlgoRule, AcrossHostsFrom16RanksTheRingBoundsThePeers) {
   hosts.hostsEven = true;
   hosts.oneshotBytes = 65536;
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 1 << 28, hosts, {}, nullptr), Algo::kHier);
-  EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 1 << 28, hosts, {}, nullptr), Algo::kRing);
+  for (size_t b : {size_t(8), size_t(1) << 28}) {
+    EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, b, hosts, {}, nullptr), Algo::kHier) << b;
+    EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, b, hosts, {}, nullptr), Algo::kHier) << b;
+  }
   EXPECT_TRUE(railRing(512, {}));
   EXPECT_TRUE(railRing(16, {}));
   EXPECT_FALSE(railRing(15, {}));
   EXPECT_TRUE(railRing(2, parseAlgos("hier,ring", nullptr)));
   std::string rule = describeRule(hosts, {});
-  EXPECT_NE(rule.find("hier between hosts (512 ranks per rail): ring"), std::string::npos) << rule;
-  EXPECT_NE(rule.find("all_gather: ring"), std::string::npos) << rule;
+  EXPECT_NE(rule.find("hier between hosts (512 ranks per rail): all_reduce ring"), std::string::npos) << rule;
+  EXPECT_NE(rule.find("all_gather: hier"), std::string::npos) << rule;
 }
 
 TEST(AlgoRule, RanksSharingCoresReduceThroughTheRingsFrom16KiB) {

@@ -39,7 +39,7 @@ bool fits(Algo a, AlgoOp op, size_t bytes, const AlgoPlace& p) {
   switch (a) {
     case Algo::kOneShot: return reducing && p.size > 1 && static_cast<int64_t>(bytes) <= p.oneshotBytes;
     case Algo::kRings: return p.rings && (!reducing || p.ringSlices);
-    case Algo::kHier: return op == AlgoOp::kAllreduce && p.hostsEven;
+    case Algo::kHier: return op != AlgoOp::kBroadcast && p.hostsEven;
     case Algo::kPairwise: return reducing;
     case Algo::kChain: return op == AlgoOp::kBroadcast;
     case Algo::kDirect: return op == AlgoOp::kAllgather;
@@ -94,15 +94,18 @@ Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& p, const std::vector<A
     case AlgoOp::kReduceScatter:
       if (op == AlgoOp::kAllreduce && acrossHosts && p.size >= kTreeMinRanks && fits(Algo::kOneShot, op, bytes, p))
         return pick(Algo::kTree, "16 or more ranks across hosts, at most RAILCC_ONESHOT_BYTES");
-      // A one-shot reduce-scatter would meet every peer: across hosts from 16 ranks the ring.
+      // A one-shot reduce-scatter would meet every peer: across hosts from 16 ranks the rails
+      // (or the ring), whatever the size.
       if (op == AlgoOp::kReduceScatter && acrossHosts && p.size >= kRingMinRanks)
-        return pick(Algo::kRing, "16 or more ranks across hosts: two peers per rank");
+        return p.hostsEven ? pick(Algo::kHier, "16 or more ranks, hosts with equal rank counts: rings along rails")
+                           : pick(Algo::kRing, "16 or more ranks across hosts: two peers per rank");
       if (fits(Algo::kOneShot, op, bytes, p) && !(p.sharedCores && fits(Algo::kRings, op, bytes, p)))
         return pick(Algo::kOneShot, "at most RAILCC_ONESHOT_BYTES");
       if (fits(Algo::kOneShot, op, bytes, p) && static_cast<int64_t>(bytes) <= kSharedCoresOneshotBytes)
         return pick(Algo::kOneShot, "ranks share cores: at most 16384 B");
       if (fits(Algo::kRings, op, bytes, p)) return pick(Algo::kRings, "every rank on this host");
-      if (fits(Algo::kHier, op, bytes, p)) return pick(Algo::kHier, "hosts with equal rank counts");
+      if (op == AlgoOp::kAllreduce && fits(Algo::kHier, op, bytes, p))
+        return pick(Algo::kHier, "hosts with equal rank counts");
       if (acrossHosts && p.size >= kRingMinRanks)
         return pick(Algo::kRing, "16 or more ranks across hosts: two peers per rank");
       // Below kRingMinRanks not the ring (see there: a slow cable is named more reliably when
@@ -116,7 +119,8 @@ Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& p, const std::vector<A
       if (fits(Algo::kRings, op, bytes, p) && static_cast<int64_t>(bytes) > p.oneshotBytes)
         return pick(Algo::kRings, "every rank on this host, above RAILCC_ONESHOT_BYTES");
       if (op == AlgoOp::kAllgather && acrossHosts && p.size >= kRingMinRanks)
-        return pick(Algo::kRing, "16 or more ranks across hosts: two peers per rank");
+        return p.hostsEven ? pick(Algo::kHier, "16 or more ranks, hosts with equal rank counts: rings along rails")
+                           : pick(Algo::kRing, "16 or more ranks across hosts: two peers per rank");
       return op == AlgoOp::kBroadcast ? pick(Algo::kChain, "otherwise") : pick(Algo::kDirect, "otherwise");
   }
   return Algo::kPairwise;
@@ -170,9 +174,9 @@ std::string describeRule(const AlgoPlace& p, const std::vector<Algo>& prefer) {
   }
   if (p.hostsEven && p.localRanks > 1) {
     const int rail = p.size / p.localRanks;
-    os << "\n  hier between hosts (" << rail << " ranks per rail): "
+    os << "\n  hier between hosts (" << rail << " ranks per rail): all_reduce "
        << (railRing(rail, prefer) ? "ring" : "pairwise") << " (ring from " << kRingMinRanks
-       << " ranks per rail, or where RAILCC_ALGO lists ring)";
+       << " ranks per rail, or where RAILCC_ALGO lists ring); reduce_scatter and all_gather ring";
   }
   if (p.localRanks > 1) {
     os << "\n  between ranks of this host, messages ";

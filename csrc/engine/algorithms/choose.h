@@ -16,7 +16,8 @@ namespace railcc::engine {
 enum class Algo : uint8_t {
   kOneShot,   // every rank sends its block to every peer and reduces in rank order: one step
   kRings,     // shared-memory broadcast rings (all ranks on one host, three or more)
-  kHier,      // per host, then per rail across hosts, then per host again
+  kHier,      // per host, then per rail across hosts (then per host again): all-reduce,
+              // reduce-scatter, all-gather
   kPairwise,  // reduce-scatter then all-gather by pairwise exchanges (NCCL's "ring" family)
   kChain,     // pipelined chain from the root (broadcast)
   kDirect,    // every peer at once, nothing reduced (all-gather)

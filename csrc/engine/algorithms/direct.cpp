@@ -63,6 +63,7 @@ void CommImpl::runAllgather(const char* in, size_t bytes, const std::vector<char
   const Algo algo = algoFor(AlgoOp::kAllgather, bytes);
   if (algo == Algo::kRings) return runAllgatherRing(in, std::vector<size_t>(outs.size(), bytes), outs, true);
   if (algo == Algo::kRing) return runAllgatherRingOrder(bytes, outs);
+  if (algo == Algo::kHier) return runAllgatherHosts(bytes, outs);
   // Every peer at once: one synchronization instead of n-1, and nothing is reduced, so the
   // order in which the pieces land does not matter.
   std::vector<Transfer> xs;
@@ -89,6 +90,7 @@ void CommImpl::runReduceScatter(const std::vector<char*>& ins, char* out, size_t
   }
   if (algo == Algo::kRings) return runReduceScatterRings(ins, out, count, dt, op, scale);
   if (algo == Algo::kRing) return runReduceScatterRing(ins, out, count, dt, op, scale);
+  if (algo == Algo::kHier) return runReduceScatterHosts(ins, out, count, dt, op, scale);
   // Pairwise over separate input buffers (pairwiseReduceScatter works on one buffer in blocks).
   if (op == ReduceOp::kPremulSum) scaleCopy(out, mine, count, dt, scale);
   else if (out != mine && bytes) transport::moveBytes(out, mine, bytes);
