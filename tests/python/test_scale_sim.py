@@ -23,16 +23,26 @@ def _traffic(rank, world, ops):
     seen = []
     for op, nbytes in ops:
         n = nbytes // 4
+        # Distinct values per rank and element, so a block that lands in the wrong place shows.
+        x = torch.arange(n, dtype=torch.float32) % 251 + rank * 1000
         if op == "all_reduce":
-            dist.all_reduce(torch.ones(n))
+            out = x.clone()
+            dist.all_reduce(out)
+            want = sum(torch.arange(n, dtype=torch.float32) % 251 + q * 1000 for q in range(world))
         elif op == "reduce_scatter":
             out = torch.empty(n // world)
-            dist.reduce_scatter_tensor(out, torch.ones(n))
+            dist.reduce_scatter_tensor(out, x)
+            want = sum(torch.arange(n, dtype=torch.float32) % 251 + q * 1000 for q in range(world))
+            want = want.chunk(world)[rank]
         elif op == "all_gather":
-            out = torch.empty(n)
-            dist.all_gather_into_tensor(out, torch.ones(n // world))
+            out = torch.empty(n - n % world)
+            dist.all_gather_into_tensor(out, x[: n // world].contiguous())
+            want = torch.cat([torch.arange(n // world, dtype=torch.float32) % 251 + q * 1000 for q in range(world)])
         else:
-            dist.broadcast(torch.ones(n), 0)
+            out = x.clone()
+            dist.broadcast(out, 0)
+            want = torch.arange(n, dtype=torch.float32) % 251
+        assert torch.equal(out, want), f"rank {rank}: {op} of {nbytes} B gave wrong values"
         last = railcc.dump_trace()["ops"][-1]
         seen.append((last["op"], {int(p): b for p, b in last["bytes_sent"].items()}))
     return seen
