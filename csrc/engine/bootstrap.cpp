@@ -331,10 +331,28 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
       throw err;
     }
   }
-  size_t fdConns = 0;  // connections that hold a file descriptor: a socket or a verbs completion channel
-  for (int r : others)
-    if (choice[static_cast<size_t>(r)].via->interHost) fdConns += kLanes * static_cast<size_t>(choice[static_cast<size_t>(r)].channels);
-  checkFdLimit(fdConns, opts_.name);
+  // Connections that hold a file descriptor (a socket or a verbs completion channel): those made
+  // now, and of those made at first use the most a rank's collectives meet (a ring's two peers
+  // and a small all-reduce's log2 n, on both lanes): init fails if these do not fit. Room for a
+  // full mesh made at first use (send/recv, all-to-all to every peer) is made where the hard
+  // limit allows, and checked again at each first use.
+  size_t fdNow = 0, fdLazy = 0, lazyPeers = 0, lazyChannels = 1;
+  for (int r : others) {
+    const Choice& c = choice[static_cast<size_t>(r)];
+    if (!c.via->interHost) continue;
+    const size_t k = kLanes * static_cast<size_t>(c.channels);
+    if (c.via->setup->lazy()) {
+      fdLazy += k;
+      ++lazyPeers;
+      lazyChannels = std::max(lazyChannels, static_cast<size_t>(c.channels));
+    } else {
+      fdNow += k;
+    }
+  }
+  size_t log2n = 0;
+  while ((size_t(1) << log2n) < static_cast<size_t>(size_)) ++log2n;
+  const size_t collPeers = std::min(lazyPeers, log2n + 3);
+  checkFdLimit(fdNow + collPeers * kLanes * lazyChannels, opts_.name, fdNow + fdLazy);
   // The lower rank connects, the higher accepts: now, or at the pair's first op where the
   // transport makes connections at first use.
   links_.peers.assign(static_cast<size_t>(size_), LazyPeer{});

@@ -72,8 +72,10 @@ class LiveOps {
 
 // Said at init, with the number needed, rather than as an EMFILE from deep inside a
 // transport (connections.cpp): raises the soft limit of open files where the hard limit
-// allows (logged), else fails naming the group.
-void checkFdLimit(size_t conns, const std::string& group);
+// allows (logged), else fails naming the group. `conns` must fit; `want` (connections that
+// may come later, made at first use) is made room for as far as the hard limit allows. `when`
+// says where the check runs ("init", "connecting to rank 7 at first use").
+void checkFdLimit(size_t conns, const std::string& group, size_t want = 0, const std::string& when = "init");
 
 // One queued op: what every layer may know of it (OpStamp), its body, and its request.
 struct Op : OpStamp {

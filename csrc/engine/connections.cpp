@@ -10,8 +10,8 @@ namespace railcc::engine {
 
 // Said at init, with the number needed, rather than as an EMFILE from deep inside a transport:
 // raises the soft limit of open files where the hard limit allows (logged), else fails.
-void checkFdLimit(size_t conns, const std::string& group) {
-  if (conns == 0) return;
+void checkFdLimit(size_t conns, const std::string& group, size_t want, const std::string& when) {
+  if (conns == 0 && want == 0) return;
   rlimit rl{};
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
   size_t open = 0;
@@ -20,22 +20,27 @@ void checkFdLimit(size_t conns, const std::string& group) {
     closedir(d);
   }
   constexpr size_t kSpare = 64;  // listeners, eventfds, and what torch and the program open later
-  const size_t need = open + conns + kSpare;
-  if (need <= rl.rlim_cur) return;
-  if (rl.rlim_max == RLIM_INFINITY || need <= rl.rlim_max) {
+  const size_t need = open + conns + kSpare, wanted = std::max(need, open + want + kSpare);
+  if (wanted <= rl.rlim_cur) return;
+  // Room for what may come, as far as the hard limit allows; what is needed now must fit.
+  const rlim_t hard = rl.rlim_max == RLIM_INFINITY ? static_cast<rlim_t>(2 * wanted) : rl.rlim_max;
+  const rlim_t target = std::min<rlim_t>(hard, static_cast<rlim_t>(2 * wanted));
+  if (need <= hard && target > rl.rlim_cur) {
     rlimit up = rl;
-    up.rlim_cur = rl.rlim_max == RLIM_INFINITY ? static_cast<rlim_t>(2 * need)
-                                                : std::min<rlim_t>(rl.rlim_max, static_cast<rlim_t>(2 * need));
+    up.rlim_cur = target;
     if (setrlimit(RLIMIT_NOFILE, &up) == 0) {
       RAILCC_INFO(INIT, "raised the soft limit of open files (ulimit -n) from ", rl.rlim_cur, " to ", up.rlim_cur,
-                  ": this rank holds ", conns, " connections to ranks on other hosts");
+                  " at ", when, ": this rank needs ", conns, " connections to ranks on other hosts",
+                  want > conns ? " now and may make up to " + std::to_string(want) + " at first use" : std::string());
       return;
     }
   }
-  RAILCC_THROW(kInvalidUsage, "railcc init of group '", group, "': this rank needs about ", need,
-               " open files (", conns, " connections to ranks on other hosts, ", open, " files open now, ", kSpare,
-               " to spare) but ulimit -n allows ", rl.rlim_cur, " (hard limit ", rl.rlim_max, "): raise it to at least ",
-               need, " (ulimit -n ", need, " in the job's shell, or LimitNOFILE= for a systemd service)");
+  if (need <= rl.rlim_cur) return;  // what may come later is checked again when it comes
+  RAILCC_THROW(kInvalidUsage, "railcc group '", group, "' at ", when, ": this rank needs about ", need, " open files (",
+               conns, " connections to ranks on other hosts, ", open, " files open now, ", kSpare,
+               " to spare) but ulimit -n allows ", rl.rlim_cur, " (hard limit ", rl.rlim_max,
+               "): raise it to at least ", need, " (ulimit -n ", need,
+               " in the job's shell, or LimitNOFILE= for a systemd service)");
 }
 
 bool CommImpl::connectPeer(int peer, int lane) {
@@ -44,6 +49,10 @@ bool CommImpl::connectPeer(int peer, int lane) {
   const size_t ln = static_cast<size_t>(lane);
   try {
     if (!l.started[ln]) {
+      // Init made room for the connections collectives meet; send/recv and all-to-all may
+      // meet more peers: said here with the number, not as an EMFILE from the transport.
+      checkFdLimit(static_cast<size_t>(l.channels), opts_.name, 0,
+                   "connecting to " + rankName(peer) + " at first use");
       l.started[ln] = true;
       for (int ch = 0; ch < l.channels; ++ch) {
         if (peer > rank_) l.setup->connect(l.rec, lane, ch);

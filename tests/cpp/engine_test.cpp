@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/comm_impl.h"
 #include "engine/communicator.h"
 #include "engine/store_watch.h"
 #include "engine/telemetry.h"
@@ -321,4 +325,48 @@ TEST(StoreWatch, WatchesTheProcesssOwnConnectionAndNeverDialsTheServer) {
   ::close(server2);
   ::close(client2);
   ::close(lfd);
+}
+
+// The open-files check (engine/connections.cpp), in a child process whose limits it may lower:
+// what is needed now must fit the limit; room for connections that may come later is made
+// as far as the hard limit allows and is not an error; a connection at first use that does
+// not fit is said with where it happened and the number needed.
+TEST(FdLimit, WhatIsNeededNowMustFitAndRoomForLaterIsMadeWhereTheHardLimitAllows) {
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    size_t open = 0;
+    if (DIR* d = opendir("/proc/self/fd")) {
+      while (readdir(d) != nullptr) ++open;
+      closedir(d);
+    }
+    // Soft below hard first: the hard limit, once lowered, cannot be raised again.
+    rlimit loose{static_cast<rlim_t>(open + 70), static_cast<rlim_t>(open + 5000)};
+    if (setrlimit(RLIMIT_NOFILE, &loose) != 0) _exit(10);
+    checkFdLimit(1, "g", 500, "init");
+    rlimit now{};
+    getrlimit(RLIMIT_NOFILE, &now);
+    if (now.rlim_cur < open + 500 + 64) _exit(11);  // raised for what may come
+    rlimit tight{static_cast<rlim_t>(open + 90), static_cast<rlim_t>(open + 90)};
+    if (setrlimit(RLIMIT_NOFILE, &tight) != 0) _exit(15);
+    try {
+      checkFdLimit(10, "g", 1000, "init");  // 10 fit, 1000 do not: no error
+    } catch (...) {
+      _exit(16);
+    }
+    try {
+      checkFdLimit(100, "g", 0, "connecting to rank 7 at first use");
+      _exit(12);
+    } catch (const Error& e) {
+      const std::string w = e.what();
+      if (w.find("at connecting to rank 7 at first use") == std::string::npos) _exit(13);
+      if (w.find("raise it to at least") == std::string::npos) _exit(14);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "10-11: the soft limit was not raised; 12-14: a first-use need that does not "
+                                       "fit was not said as it should be; 15-16: a later need failed init";
 }

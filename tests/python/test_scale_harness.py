@@ -21,7 +21,7 @@ NRANKS = 4
 
 # Every per-rank number the tables show; the harness's own list must not drift from it.
 METRICS = ["init_ms", "first_op_ms", "private_mib", "rss_mib", "fds", "fds_added", "sockets", "tcp_conns", "store_conns",
-           "tcp_listen", "threads", "ar8_us", "ar1m_ms"]
+           "tcp_listen", "threads", "ar8_us", "ar1m_ms", "tcp_conns_ops"]
 COUNTS = ["fds", "sockets", "store_conns", "tcp_listen", "threads"]  # whole numbers, at least 1 or 0
 
 
@@ -67,6 +67,8 @@ def test_every_rank_reports_every_metric(tmp_path, per_host):
             assert not bad, (where, d["rank"], bad, d)
             # The rank's own store client is open before init and still after it.
             assert d["store_conns"] >= 1, (where, d)
+            # Connections made by the end of the timed ops include those made by init.
+            assert d["tcp_conns_ops"] >= d["tcp_conns"], (where, d)
         assert sorted(run["shm_per_host"]) == hosts, (where, run["shm_per_host"])
     # Shared-memory accounting: railcc's ranks of one host map the host's segments (counted once
     # per host); a rank alone on its host has no peer to share with, and gloo maps none.
