@@ -172,6 +172,9 @@ PLACEMENTS = {
     "2hosts_x2": [0, 0, 1, 1],
     # Same-host peers are not rank neighbours: locality must come from the host, not the rank.
     "2hosts_x2_interleaved": [0, 1, 0, 1],
+    # 16 ranks: from there reduce-scatter and all-gather run per host and along rails (a ring
+    # per rail), small all-reduces by recursive doubling; hosts interleaved as above.
+    "2hosts_x8_interleaved": [0, 1] * 8,
 }
 
 
