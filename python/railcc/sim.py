@@ -78,8 +78,12 @@ def simulate_job(n, a):
             block -= block % a.elem_size
             if block == 0:
                 block = a.elem_size  # one element per rank: the smallest op of its kind
-            r = rules.simulate(n, a.per_host, op, block, a.elem_size, oneshot_bytes=a.oneshot_bytes, algo=a.algo)
             whole = block * (n if op in ("reduce_scatter", "all_gather") else 1)
+            try:
+                r = rules.simulate(n, a.per_host, op, block, a.elem_size, oneshot_bytes=a.oneshot_bytes, algo=a.algo)
+            except Exception as e:  # noqa: BLE001 - the engine says what it cannot model; the row says it
+                rows.append({"op": op, "bytes": whole, "error": str(e)})
+                continue
             # The least any algorithm sends per rank: (n-1)/n of the buffer for a reduce-scatter
             # or all-gather, twice that for an all-reduce; a broadcast's root sends it once.
             bound = {"all_reduce": 2 * (n - 1) / n * whole, "broadcast": whole}.get(op, (n - 1) / n * whole)
@@ -93,7 +97,7 @@ def simulate_job(n, a):
         "shm_bytes_per_host": L * rules.shm_segment_bytes(L * 2, a.buffsize, a.buffsize) if L > 1 else 0,
         "verbs_pinned_today": remote * 2 * a.channels * rules.verbs_connection_bytes(a.buffsize),
     }
-    net = max((r["net_peers"] for r in rows), default=0)
+    net = max((r["net_peers"] for r in rows if "error" not in r), default=0)
     setup["verbs_pinned_if_lazy"] = net * 2 * a.channels * rules.verbs_connection_bytes(a.buffsize)
     return {"ranks": n, "per_host": L, "channels": a.channels, "ops": rows, "setup": setup}
 
@@ -104,6 +108,9 @@ def format_job(job):
            "| op | size | algorithm | critical path (steps) | network peers | same-host peers | messages sent | "
            "bytes sent | of the least |", "|---|---|---|---|---|---|---|---|---|"]
     for r in job["ops"]:
+        if "error" in r:
+            out.append(f"| {r['op']} | {_human(r['bytes'])} | {r['error']} | | | | | | |")
+            continue
         out.append(f"| {r['op']} | {_human(r['bytes'])} | {r['algo']} | {r['steps']} | {r['net_peers']} | "
                    f"{r['local_peers']} | {r['messages']} | {_human(r['bytes_sent'])} | {r['sent_vs_least']:.2f}x |")
     s = job["setup"]

@@ -103,6 +103,11 @@ def test_the_sim_command_prints_tables_and_refuses_bad_input():
     assert "## 64 ranks, 8 per host (8 hosts)" in out.stdout
     assert "| all_reduce | 256 MiB | hier (rails: pairwise) |" in out.stdout, out.stdout
     assert "store keys read" in out.stdout
+    one_host = subprocess.run([sys.executable, "-m", "railcc", "sim", "-n", "8", "--per-host", "8", "--ops", "all_reduce",
+                               "--sizes", "8,1M"], capture_output=True, text=True, timeout=60)
+    assert one_host.returncode == 0, one_host.stderr
+    assert "| all_reduce | 8 B | oneshot |" in one_host.stdout, one_host.stdout
+    assert "| all_reduce | 1 MiB | railcc sim: all_reduce by rings is not simulated" in one_host.stdout, one_host.stdout
     bad = subprocess.run([sys.executable, "-m", "railcc", "sim", "-n", "60", "--per-host", "8"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "whole hosts" in bad.stderr, bad.stderr
