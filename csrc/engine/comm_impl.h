@@ -374,7 +374,9 @@ class CommImpl : private ChannelHost {
   std::vector<char> bucket_;
   std::vector<int> ring_;  // ringOrder(), once known
   std::vector<char> treeScratch_;  // what a recursive-doubling step sends while buf is reduced into
-  std::vector<char> scratch_;  // one-shot receive area, n blocks of at most RAILCC_ONESHOT_BYTES
+  // One-shot receive area (n blocks of at most RAILCC_ONESHOT_BYTES); the partial sums of the
+  // ring and per-rail reduce-scatters (let go after an op that needed more than kScratchKeep).
+  std::vector<char> scratch_;
 
   // The algorithm rule (algorithms/choose.h) with this group's placement, set after set-up.
   AlgoPlace place_;
@@ -477,6 +479,9 @@ class CommImpl : private ChannelHost {
     std::string t = linkOf(l.peer);
     return t.substr(0, t.find(' ')) + (l.send ? " send" : " receive");
   }
+  // Kept between ops: the reduce-scatters' partial sums up to this size (a bucket of a few
+  // tens of MiB per host is reused op after op); a larger one is let go after its op.
+  static constexpr size_t kScratchKeep = size_t(64) << 20;
   static constexpr int kMinLinkSamples = 3;  // fewer timed transfers say nothing about a link
   // Throughputs of the links with enough samples, by class.
   std::map<std::string, std::vector<double>> ratesByClass(const std::vector<Telemetry::LinkStats>& links) const {

@@ -74,6 +74,7 @@ void CommImpl::runReduceScatterHosts(const std::vector<char*>& ins, char* out, s
   const char* mine = acc + bytes * static_cast<size_t>(positionIn(rail_, rank_));
   if (bytes) transport::copyBytes(out, mine, bytes);
   if (op == ReduceOp::kAvg) divideBy(out, count, dt, size_);
+  if (scratch_.size() > kScratchKeep) std::vector<char>().swap(scratch_);
 }
 
 }  // namespace railcc::engine

@@ -105,6 +105,7 @@ void CommImpl::runReduceScatterRing(const std::vector<char*>& ins, char* out, si
     ch_.exchange(xs);
   }
   if (op == ReduceOp::kAvg) divideBy(out, count, dt, size_);
+  if (scratch_.size() > kScratchKeep) std::vector<char>().swap(scratch_);
 }
 
 // outs[r] receives rank r's `bytes` (ours is already in place).
