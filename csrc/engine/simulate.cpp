@@ -219,7 +219,8 @@ SimResult simulateOp(const SimJob& job, const std::string& op, size_t bytes, siz
   const Algo a = n == 1 ? Algo::kPairwise : chooseAlgo(aop, bytes, place, prefer, nullptr);
   SimResult res;
   res.algo = algoName(a);
-  if (a == Algo::kHier) res.algo += railRing(n / L, prefer) ? " (rails: ring)" : " (rails: pairwise)";
+  if (a == Algo::kHier)
+    res.algo += aop != AlgoOp::kAllreduce || railRing(n / L, prefer) ? " (rails: ring)" : " (rails: pairwise)";
   if (perRank) res.sent.resize(static_cast<size_t>(n));
   if (n == 1) return res;
 
