@@ -45,6 +45,7 @@
 #include "engine/device/device_state.h"
 #include "engine/rail_check.h"
 #include "engine/telemetry.h"
+#include "transport/copy.h"
 #include "transport/local.h"
 #include "transport/transport.h"
 #include "transport/connection.h"
@@ -69,6 +70,20 @@ class LiveOps {
  private:
   std::atomic<int64_t>* n_ = nullptr;
 };
+
+// Between ranks a reduction travels as partial results: each term was scaled once where it
+// entered (PREMUL_SUM), an average is divided once at the end (AVG), so what is reduced on the
+// way is a sum.
+inline ReduceOp acrossRanks(ReduceOp op) {
+  return op == ReduceOp::kPremulSum || op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+}
+
+// This rank's own term of a reduction, into `dst` (which may be `src`): scaled by PREMUL_SUM's
+// factor, else as it is.
+inline void ownTerm(char* dst, const char* src, size_t count, DataType dt, ReduceOp op, double scale) {
+  if (op == ReduceOp::kPremulSum) scaleCopy(dst, src, count, dt, scale);
+  else if (dst != src && count) transport::moveBytes(dst, src, count * dtypeSize(dt));
+}
 
 // Said at init, with the number needed, rather than as an EMFILE from deep inside a
 // transport (connections.cpp): raises the soft limit of open files where the hard limit
@@ -124,6 +139,8 @@ class CommImpl : private ChannelHost {
   const std::vector<int>& ringOrder();
   void ringReduceScatter(const std::vector<int>& g, char* buf, size_t count, DataType dt, ReduceOp op);
   void ringAllgather(const std::vector<int>& g, const std::vector<char*>& blocks, const std::vector<size_t>& sizes);
+  /// ringAllgather of `buf`'s `count` elements cut into g.size() Blocks, block j from g[j].
+  void ringAllgatherBlocks(const std::vector<int>& g, char* buf, size_t count, size_t es);
   void runAllreduceRing(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
   void runAllgatherRingOrder(size_t bytes, const std::vector<char*>& outs);
   void runReduceScatterRing(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,

@@ -92,8 +92,7 @@ void CommImpl::runReduceScatter(const std::vector<char*>& ins, char* out, size_t
   if (algo == Algo::kRing) return runReduceScatterRing(ins, out, count, dt, op, scale);
   if (algo == Algo::kHier) return runReduceScatterHosts(ins, out, count, dt, op, scale);
   // Pairwise over separate input buffers (pairwiseReduceScatter works on one buffer in blocks).
-  if (op == ReduceOp::kPremulSum) scaleCopy(out, mine, count, dt, scale);
-  else if (out != mine && bytes) transport::moveBytes(out, mine, bytes);
+  ownTerm(out, mine, count, dt, op, scale);
   for (int s = 1; s < n; ++s) {
     const auto [to, from] = schedule::pairwiseStep(n, r, s);
     std::vector<Transfer> xs{ch_.sendTo(to, ins[static_cast<size_t>(to)], bytes), ch_.recvReduce(from, out, count, dt, op, scale)};

@@ -53,12 +53,8 @@ void CommImpl::runReduceScatterHosts(const std::vector<char*>& ins, char* out, s
   const size_t bytes = count * dtypeSize(dt);
   if (scratch_.size() < bytes * static_cast<size_t>(H)) scratch_.resize(bytes * static_cast<size_t>(H));
   char* acc = scratch_.data();
-  for (int j = 0; j < H; ++j) {
-    char* dst = acc + bytes * static_cast<size_t>(j);
-    const char* src = ins[static_cast<size_t>(rail_[static_cast<size_t>(j)])];
-    if (op == ReduceOp::kPremulSum) scaleCopy(dst, src, count, dt, scale);
-    else if (bytes) transport::copyBytes(dst, src, bytes);
-  }
+  for (int j = 0; j < H; ++j)
+    ownTerm(acc + bytes * static_cast<size_t>(j), ins[static_cast<size_t>(rail_[static_cast<size_t>(j)])], count, dt, op, scale);
   for (int s = 1; s < L; ++s) {
     const auto [to, from] = schedule::pairwiseStep(L, li, s);
     std::vector<Transfer> xs;
@@ -69,7 +65,7 @@ void CommImpl::runReduceScatterHosts(const std::vector<char*>& ins, char* out, s
     }
     ch_.exchange(xs);
   }
-  const ReduceOp across = op == ReduceOp::kPremulSum || op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  const ReduceOp across = acrossRanks(op);
   ringReduceScatter(rail_, acc, count * static_cast<size_t>(H), dt, across);
   const char* mine = acc + bytes * static_cast<size_t>(positionIn(rail_, rank_));
   if (bytes) transport::copyBytes(out, mine, bytes);

@@ -165,28 +165,19 @@ void CommImpl::runAllreduceHosts(char* buf, size_t count, DataType dt, ReduceOp 
   const size_t pc = b.count(li);
   pairwiseReduceScatter(localRanks_, buf, count, dt, op, scale);
   // The host's partial results are already scaled; an average divides once, at the end.
-  ReduceOp across = op == ReduceOp::kPremulSum || op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  ReduceOp across = acrossRanks(op);
   // The rail: pairwise up to kRingMinRanks hosts, then around a ring (two network peers per
   // rank however many hosts). Either way block j of the piece ends reduced at rail_[j].
   const bool ring = railRing(H, prefer_);
   if (ring) ringReduceScatter(rail_, piece, pc, dt, across);
   else pairwiseReduceScatter(rail_, piece, pc, dt, across, 1.0);
-  Blocks c(pc, H, es);
   if (op == ReduceOp::kAvg) {
+    Blocks c(pc, H, es);
     const int hi = positionIn(rail_, rank_);
     divideBy(piece + c.offset(hi), c.count(hi), dt, size_);
   }
-  if (ring) {
-    std::vector<char*> blocks(static_cast<size_t>(H));
-    std::vector<size_t> sizes(static_cast<size_t>(H));
-    for (int j = 0; j < H; ++j) {
-      blocks[static_cast<size_t>(j)] = piece + c.offset(j);
-      sizes[static_cast<size_t>(j)] = c.count(j) * es;
-    }
-    ringAllgather(rail_, blocks, sizes);
-  } else {
-    pairwiseAllgather(rail_, piece, pc, es);
-  }
+  if (ring) ringAllgatherBlocks(rail_, piece, pc, es);
+  else pairwiseAllgather(rail_, piece, pc, es);
   pairwiseAllgather(localRanks_, buf, count, es);
 }
 

@@ -56,16 +56,9 @@ void CommImpl::ringAllgather(const std::vector<int>& g, const std::vector<char*>
   }
 }
 
-void CommImpl::runAllreduceRing(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
-  const size_t es = dtypeSize(dt);
-  // Partial sums travel, so a factor is applied once, up front, and an average divides once.
-  if (op == ReduceOp::kPremulSum) scaleCopy(buf, buf, count, dt, scale);
-  const ReduceOp across = op == ReduceOp::kPremulSum || op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-  const std::vector<int>& g = ringOrder();
-  const int m = static_cast<int>(g.size()), i = positionIn(g, rank_);
-  ringReduceScatter(g, buf, count, dt, across);
+void CommImpl::ringAllgatherBlocks(const std::vector<int>& g, char* buf, size_t count, size_t es) {
+  const int m = static_cast<int>(g.size());
   Blocks b(count, m, es);
-  if (op == ReduceOp::kAvg) divideBy(buf + b.offset(i), b.count(i), dt, size_);
   std::vector<char*> blocks(static_cast<size_t>(m));
   std::vector<size_t> sizes(static_cast<size_t>(m));
   for (int j = 0; j < m; ++j) {
@@ -73,6 +66,19 @@ void CommImpl::runAllreduceRing(char* buf, size_t count, DataType dt, ReduceOp o
     sizes[static_cast<size_t>(j)] = b.count(j) * es;
   }
   ringAllgather(g, blocks, sizes);
+}
+
+void CommImpl::runAllreduceRing(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
+  const size_t es = dtypeSize(dt);
+  // Partial sums travel, so a factor is applied once, up front, and an average divides once.
+  if (op == ReduceOp::kPremulSum) scaleCopy(buf, buf, count, dt, scale);
+  const ReduceOp across = acrossRanks(op);
+  const std::vector<int>& g = ringOrder();
+  const int m = static_cast<int>(g.size()), i = positionIn(g, rank_);
+  ringReduceScatter(g, buf, count, dt, across);
+  Blocks b(count, m, es);
+  if (op == ReduceOp::kAvg) divideBy(buf + b.offset(i), b.count(i), dt, size_);
+  ringAllgatherBlocks(g, buf, count, es);
 }
 
 // Reduce-scatter of separate inputs (ins[j] is our term of block j, `count` elements each)
@@ -85,14 +91,10 @@ void CommImpl::runReduceScatterRing(const std::vector<char*>& ins, char* out, si
   const std::vector<int>& g = ringOrder();
   const int m = static_cast<int>(g.size()), i = positionIn(g, rank_);
   const size_t bytes = count * dtypeSize(dt);
-  const ReduceOp across = op == ReduceOp::kPremulSum || op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  const ReduceOp across = acrossRanks(op);
   const int next = g[static_cast<size_t>((i + 1) % m)], prev = g[static_cast<size_t>((i + m - 1) % m)];
   // Our term of a block, scaled once where the op says so, into `dst`.
-  auto own = [&](char* dst, int block) {
-    const char* src = ins[static_cast<size_t>(g[static_cast<size_t>(block)])];
-    if (op == ReduceOp::kPremulSum) scaleCopy(dst, src, count, dt, scale);
-    else if (dst != src && bytes) transport::moveBytes(dst, src, bytes);
-  };
+  auto own = [&](char* dst, int block) { ownTerm(dst, ins[static_cast<size_t>(g[static_cast<size_t>(block)])], count, dt, op, scale); };
   if (m == 1) return own(out, i);
   if (scratch_.size() < 2 * bytes) scratch_.resize(2 * bytes);
   char* acc[2] = {scratch_.data(), scratch_.data() + bytes};

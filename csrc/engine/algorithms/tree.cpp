@@ -20,7 +20,7 @@ void CommImpl::runAllreduceTree(char* buf, size_t count, DataType dt, ReduceOp o
   const int n = size_, r = rank_;
   const size_t bytes = count * dtypeSize(dt);
   if (op == ReduceOp::kPremulSum) scaleCopy(buf, buf, count, dt, scale);
-  const ReduceOp across = op == ReduceOp::kPremulSum || op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  const ReduceOp across = acrossRanks(op);
   const schedule::Doubling d = schedule::doubling(n, r);
   if (d.foldPeer >= 0) {
     std::vector<Transfer> xs{d.hands ? ch_.sendTo(d.foldPeer, buf, bytes) : ch_.recvReduce(d.foldPeer, buf, count, dt, across, 1.0)};
