@@ -48,7 +48,7 @@ struct Step {
 
 class Planner {
  public:
-  Planner(const SimJob& job, size_t es) : job_(job), es_(es) {}
+  Planner(const SimJob& job, size_t es, bool railRing) : job_(job), es_(es), railRing_(railRing) {}
 
   // The phases of rank r for one op of the chosen algorithm.
   std::vector<Phase> plan(Algo a, const std::string& op, size_t bytes, int r) const {
@@ -71,7 +71,7 @@ class Planner {
         case Algo::kHier: {
           const size_t piece = blockBytes(count, L, host.pos(r), 1);
           ph.push_back({Kind::kPairReduce, host, count, L - 1});
-          if (railRing(rail.m, prefer_())) {
+          if (railRing_) {
             ph.push_back({Kind::kRingReduce, rail, piece, rail.m - 1});
             ph.push_back({Kind::kRingGather, rail, piece, rail.m - 1});
           } else {
@@ -149,10 +149,7 @@ class Planner {
       case Kind::kDoubling: {
         const schedule::Doubling d = schedule::doubling(m, i);
         const bool fold = d.foldPeer >= 0;
-        int bits = 0;
-        for (int bit = 1; bit < d.p; bit <<= 1) ++bits;
-        const int last = (fold ? 1 : 0) + (d.v >= 0 ? bits : 0);
-        if (fold && (k == 0 || k == last)) {
+        if (fold && (k == 0 || k == schedule::doublingSteps(d) - 1)) {
           const bool send = (k == 0) == d.hands;  // hands on first, takes the result back last
           if (send) out.sends.push_back({g.at(d.foldPeer), p.count});
           else out.recvs.push_back(g.at(d.foldPeer));
@@ -178,20 +175,17 @@ class Planner {
 
   static int stepsOf(const Phase& p, int r) {
     if (p.kind != Kind::kDoubling) return p.steps;
-    const schedule::Doubling d = schedule::doubling(p.g.m, p.g.pos(r));
-    int bits = 0;
-    for (int bit = 1; bit < d.p; bit <<= 1) ++bits;
-    return d.foldPeer >= 0 ? (d.v >= 0 ? bits + 2 : 2) : bits;
+    return schedule::doublingSteps(schedule::doubling(p.g.m, p.g.pos(r)));
   }
 
  private:
-  std::vector<Algo> prefer_() const { return job_.algo.empty() ? std::vector<Algo>{} : parseAlgos(job_.algo, nullptr); }
   [[noreturn]] static void unsupported(Algo a, const std::string& op) {
     RAILCC_THROW(kInvalidUsage, "railcc sim: ", op, " by ", algoName(a),
                  " is not simulated (the shared-memory rings of a one-host group are not modelled)");
   }
   const SimJob& job_;
   size_t es_;
+  bool railRing_;  // hier's all-reduce runs its rails as rings
 };
 
 }  // namespace
@@ -217,14 +211,14 @@ SimResult simulateOp(const SimJob& job, const std::string& op, size_t bytes, siz
   place.oneshotBytes = job.oneshotBytes;
   const std::vector<Algo> prefer = job.algo.empty() ? std::vector<Algo>{} : parseAlgos(job.algo, nullptr);
   const Algo a = n == 1 ? Algo::kPairwise : chooseAlgo(aop, bytes, place, prefer, nullptr);
+  const bool rails = railRing(n / L, prefer);
   SimResult res;
   res.algo = algoName(a);
-  if (a == Algo::kHier)
-    res.algo += aop != AlgoOp::kAllreduce || railRing(n / L, prefer) ? " (rails: ring)" : " (rails: pairwise)";
+  if (a == Algo::kHier) res.algo += aop != AlgoOp::kAllreduce || rails ? " (rails: ring)" : " (rails: pairwise)";
   if (perRank) res.sent.resize(static_cast<size_t>(n));
   if (n == 1) return res;
 
-  Planner planner(job, elemSize);
+  Planner planner(job, elemSize, rails);
   struct Cursor {
     std::vector<Phase> phases;
     size_t phase = 0;

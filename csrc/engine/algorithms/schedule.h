@@ -51,6 +51,14 @@ inline Doubling doubling(int n, int r) {
   return d;
 }
 
+/// The steps this rank takes: log2(p) exchanges, plus handing on and taking back for a rank
+/// that folds (only those two for the one that hands its buffer on).
+inline int doublingSteps(const Doubling& d) {
+  int bits = 0;
+  for (int bit = 1; bit < d.p; bit <<= 1) ++bits;
+  return d.foldPeer < 0 ? bits : d.v < 0 ? 2 : bits + 2;
+}
+
 /// The rank this one exchanges with at the step of `bit` (1, 2, 4, ... below p).
 inline int doublingPartner(const Doubling& d, int bit) {
   const int pv = d.v ^ bit;
