@@ -71,15 +71,13 @@ class LiveOps {
   std::atomic<int64_t>* n_ = nullptr;
 };
 
-// Between ranks a reduction travels as partial results: each term was scaled once where it
-// entered (PREMUL_SUM), an average is divided once at the end (AVG), so what is reduced on the
-// way is a sum.
+// What partial results are reduced with between ranks: a sum for PREMUL_SUM (each term scaled
+// once where it entered) and AVG (divided once at the end).
 inline ReduceOp acrossRanks(ReduceOp op) {
   return op == ReduceOp::kPremulSum || op == ReduceOp::kAvg ? ReduceOp::kSum : op;
 }
 
-// This rank's own term of a reduction, into `dst` (which may be `src`): scaled by PREMUL_SUM's
-// factor, else as it is.
+// This rank's own term of a reduction into `dst` (may be `src`): PREMUL_SUM's factor applied.
 inline void ownTerm(char* dst, const char* src, size_t count, DataType dt, ReduceOp op, double scale) {
   if (op == ReduceOp::kPremulSum) scaleCopy(dst, src, count, dt, scale);
   else if (dst != src && count) transport::moveBytes(dst, src, count * dtypeSize(dt));
