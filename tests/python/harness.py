@@ -12,6 +12,7 @@ import json
 import multiprocessing as mp
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -179,17 +180,35 @@ def free_port():
 def run_env_ranks(cmd, n, timeout=120, env=None, rank_env=None):
     """Runs `cmd` (argv) as ranks 0..n-1 of an env:// job (MASTER_ADDR/PORT on 127.0.0.1, RANK,
     WORLD_SIZE; this tree's railcc first on PYTHONPATH), `env` added for all and rank_env(r) per
-    rank. Returns (exit codes, outputs with stderr merged); a rank still running at `timeout`
-    is killed, and so are the others."""
+    rank. Returns (exit codes, outputs with stderr merged). Ranks still running `timeout` seconds
+    after the start are made to print every thread's Python stack (faulthandler, SIGABRT: exit
+    code -6) and then killed, so that a hang fails with what each rank was doing; keep `timeout`
+    below the test's own timeout for that."""
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(n),
+                PYTHONFAULTHANDLER="1",
                 PYTHONPATH=os.path.join(repo, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
     procs = [subprocess.Popen(cmd, env=dict(base, RANK=str(r), **(rank_env(r) if rank_env else {})), cwd=repo,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(n)]
+    deadline = time.monotonic() + timeout
     outs = []
     try:
         for p in procs:
-            outs.append(p.communicate(timeout=timeout)[0])
+            try:
+                outs.append(p.communicate(timeout=max(0.1, deadline - time.monotonic()))[0])
+            except subprocess.TimeoutExpired:
+                hung = [r for r, q in enumerate(procs) if q.poll() is None]
+                for r in hung:
+                    procs[r].send_signal(signal.SIGABRT)
+                note = f"\n[harness: ranks {hung} still running after {timeout} s: SIGABRT for their stacks]\n"
+                for q in procs[len(outs):]:
+                    try:
+                        out = q.communicate(timeout=10)[0]
+                    except subprocess.TimeoutExpired:
+                        q.kill()
+                        out = q.communicate()[0]
+                    outs.append(out + note)
+                break
     finally:
         for p in procs:
             p.kill()

@@ -12,7 +12,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 
-def _launch(script_args, n, timeout=120):
+def _launch(script_args, n, timeout=90):
     return run_env_ranks([sys.executable, *script_args], n, timeout=timeout)
 
 
