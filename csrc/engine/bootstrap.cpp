@@ -1,6 +1,7 @@
 #include "engine/comm_impl.h"
 
 #include "common/crypto.h"
+#include "engine/records.h"
 
 namespace railcc::engine {
 
@@ -34,55 +35,6 @@ int checkedRank(const CommOptions& o) {
   RAILCC_CHECK_ARG(o.size >= 1, "world size must be >= 1, got ", o.size);
   RAILCC_CHECK_ARG(o.rank >= 0 && o.rank < o.size, "rank ", o.rank, " is out of range for world size ", o.size);
   return o.rank;
-}
-
-// The pid namespace of this process ("pid:[4026531836]"): pids mean something only within one.
-std::string pidNamespace() {
-  char buf[64] = {0};
-  ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "unknown";
-}
-
-// The CPUs this process may run on, as hex digits (CPU 0 in the lowest bit of the last
-// digit), for peers to learn how many cores a host's ranks share.
-std::string affinityHex() {
-  cpu_set_t cpus;
-  CPU_ZERO(&cpus);
-  if (sched_getaffinity(0, sizeof(cpus), &cpus) != 0) return "0";
-  int top = 0;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &cpus)) top = c;
-  std::string hex;
-  for (int base = top / 4 * 4; base >= 0; base -= 4) {
-    int d = 0;
-    for (int b = 0; b < 4; ++b)
-      if (CPU_ISSET(base + b, &cpus)) d |= 1 << b;
-    hex += "0123456789abcdef"[d];
-  }
-  return hex;
-}
-
-// The hosts (by id) whose ranks among `peers` outnumber the CPUs in the union of their
-// affinities (`cpus`, affinityHex() per rank). Every rank computes it from the same records.
-std::set<std::string> hostsSharingCores(const std::vector<PeerInfo>& peers, const std::vector<std::string>& cpus) {
-  std::map<std::string, std::pair<int, std::vector<bool>>> hosts;  // ranks, CPUs any may use
-  for (size_t r = 0; r < peers.size(); ++r) {
-    auto& [ranks, mask] = hosts[peers[r].hostId];
-    ++ranks;
-    const std::string& h = cpus[r];
-    if (mask.size() < 4 * h.size()) mask.resize(4 * h.size(), false);
-    for (size_t i = 0; i < h.size(); ++i) {
-      char ch = h[h.size() - 1 - i];
-      int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : 0;
-      for (int b = 0; b < 4; ++b)
-        if (d & (1 << b)) mask[4 * i + static_cast<size_t>(b)] = true;
-    }
-  }
-  std::set<std::string> out;
-  for (auto& [id, host] : hosts)
-    if (host.first > std::max<int>(static_cast<int>(std::count(host.second.begin(), host.second.end(), true)), 1))
-      out.insert(id);
-  return out;
 }
 
 }  // namespace
@@ -154,23 +106,6 @@ struct Opened {
   bool done = false;
 };
 
-// A peer's published endpoints: one line per transport, "name channels blob". The record
-// comes from the store: a malformed one fails init naming the rank, the key and the field.
-std::map<std::string, std::pair<int, std::string>> parseEndpoints(const std::string& v, const std::string& who) {
-  std::map<std::string, std::pair<int, std::string>> out;
-  for (const std::string& line : split(v, '\n')) {
-    auto a = line.find(' '), b = line.find(' ', a + 1);
-    if (a == std::string::npos || b == std::string::npos) continue;
-    long long channels = 0;
-    if (!parseInt(line.substr(a + 1, b - a - 1), 0, 4096, channels))
-      RAILCC_THROW(kInvalidUsage, who, ": its transport endpoint record for ", line.substr(0, a).substr(0, 32),
-                   " has channel count '", line.substr(a + 1, b - a - 1).substr(0, 32),
-                   "', not a number from 0 to 4096 (a store record written by something other than railcc?)");
-    out[line.substr(0, a)] = {static_cast<int>(channels), line.substr(b + 1)};
-  }
-  return out;
-}
-
 // RAILCC_AUTH_KEY_FILE's content: a regular file of 16 bytes to 64 KiB.
 std::vector<uint8_t> readAuthKey(const std::string& path) {
   struct stat st {};
@@ -190,19 +125,6 @@ std::vector<uint8_t> readAuthKey(const std::string& path) {
   if (!f.read(reinterpret_cast<char*>(key.data()), static_cast<std::streamsize>(key.size())))
     RAILCC_THROW(kInvalidUsage, "RAILCC_AUTH_KEY_FILE=", path, ": cannot read it");
   return key;
-}
-
-// A peer's host record "hostId|hostname|pid|pid namespace|cpu mask".
-std::vector<std::string> parsePeerRecord(const std::string& v, const std::string& who) {
-  auto f = split(v, '|');
-  long long pid = 0;
-  if (f.size() != 5)
-    RAILCC_THROW(kInvalidUsage, who, ": its host record in the store ('", v.substr(0, 200), "') has ", f.size(),
-                 " fields separated by '|', not 5 (a store record written by something other than railcc?)");
-  if (!parseInt(f[2], 0, 1ll << 31, pid))
-    RAILCC_THROW(kInvalidUsage, who, ": its host record in the store has pid '", f[2].substr(0, 32),
-                 "', not a process id (a store record written by something other than railcc?)");
-  return f;
 }
 
 }  // namespace
@@ -280,6 +202,7 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     int channels = 1;
     transport::PeerRecord rec;
     std::string why;
+    bool endpointLater = false;  // read at the pair's first use
   };
   std::vector<Choice> choice(static_cast<size_t>(size_));
   // While peers' endpoints are awaited, the transports serve what already reaches them.
@@ -293,9 +216,45 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   std::vector<int> others;
   for (int r = 0; r < size_; ++r)
     if (r != rank_) others.push_back(r);
-  const std::vector<std::string> eps = getAll("ep/", others, "transport endpoints");
-  for (size_t i = 0; i < others.size(); ++i) {
-    const int r = others[i];
+  // Where one transport that connects at first use serves every other host, a peer there is
+  // only read about (its endpoint) when the pair first meets: set-up reads this host's ranks'.
+  Opened* firstUse = nullptr;
+  int inter = 0;
+  for (auto& o : open)
+    if (o.interHost) {
+      ++inter;
+      if (o.setup->lazy()) firstUse = &o;
+    }
+  if (inter != 1) firstUse = nullptr;
+  std::vector<int> readNow;
+  for (int r : others) {
+    if (!firstUse || std::find(localRanks_.begin(), localRanks_.end(), r) != localRanks_.end()) {
+      readNow.push_back(r);
+      continue;
+    }
+    Choice& c = choice[static_cast<size_t>(r)];
+    c.via = firstUse;
+    c.channels = firstUse->setup->channels();
+    c.rec = ctx.peers[static_cast<size_t>(r)];
+    c.rec.channels = c.channels;
+    c.why = firstUse->setup->reach(c.rec) + "; its endpoint read then";
+    c.endpointLater = true;
+  }
+  if (rank_ == 0 && firstUse && !place.line.empty()) {
+    // Rank 0's rail check needs a line per host, not per rank: each other host's first rank's.
+    std::vector<int> heads;
+    std::set<std::string> seen{peers_[static_cast<size_t>(rank_)].hostId};
+    for (int r : others)
+      if (seen.insert(peers_[static_cast<size_t>(r)].hostId).second) heads.push_back(r);
+    const std::vector<std::string> theirs = getAll("ep/", heads, "transport endpoints");
+    for (size_t i = 0; i < heads.size(); ++i) {
+      auto t = parseEndpoints(theirs[i], "railcc init of group '" + opts_.name + "': " + rankName(heads[i]));
+      if (t.count("rails")) railLines.push_back(t["rails"].second);
+    }
+  }
+  const std::vector<std::string> eps = getAll("ep/", readNow, "transport endpoints");
+  for (size_t i = 0; i < readNow.size(); ++i) {
+    const int r = readNow[i];
     auto theirs = parseEndpoints(eps[i], "railcc init of group '" + opts_.name + "': " + rankName(r));
     if (theirs.count("rails")) railLines.push_back(theirs["rails"].second);
     Choice& c = choice[static_cast<size_t>(r)];
@@ -359,7 +318,12 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   for (int r : others) {
     Choice& c = choice[static_cast<size_t>(r)];
     if (c.via->setup->lazy()) {
-      links_.peers[static_cast<size_t>(r)] = {c.via->setup.get(), c.rec, c.channels, {}};
+      LazyPeer& l = links_.peers[static_cast<size_t>(r)];
+      l.setup = c.via->setup.get();
+      l.rec = c.rec;
+      l.channels = c.channels;
+      l.via = c.via->name;
+      l.endpointLater = c.endpointLater;
       continue;
     }
     for (int lane = 0; lane < kLanes; ++lane)
@@ -516,10 +480,6 @@ void CommImpl::bootstrap(Store& store) {
       throw;
     }
   };
-  std::vector<int> others;
-  for (int r = 0; r < size_; ++r)
-    if (r != rank_) others.push_back(r);
-
   // The group secret, shared through the store (which every member trusts, as in c10d): each
   // TCP connection proves it holds it by challenge-response before we read into a buffer.
   std::string secret;
@@ -538,24 +498,63 @@ void CommImpl::bootstrap(Store& store) {
   gethostname(hn, sizeof(hn) - 1);
   const std::string pidNs = pidNamespace();
   const std::string me = hostId + "|" + hn + "|" + std::to_string(getpid()) + "|" + pidNs + "|" + affinityHex();
-  store.set("peer/" + std::to_string(rank_), me);
-  std::vector<std::string> cpus(static_cast<size_t>(size_));
-  std::vector<std::string> records = getAll("peer/", others, "host identity");
-  records.insert(records.begin() + rank_, me);
+  store.set("peer/" + std::to_string(rank_), me);  // read by the ranks of this host only
+  // Every rank's host, gathered up a tree of ranks (records.h): rank 0 publishes the whole.
+  // A wait that runs out names the rank that never came (each publishes peer/ first), not the
+  // rank between us in the tree.
+  auto placement = [&](const std::vector<int>& from) {
+    std::vector<std::string> keys;
+    for (int r : from) keys.push_back("place/" + std::to_string(r));
+    try {
+      return waitKeys(keys, -1);  // any rank may be the one holding the tree up: watch all
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kTimeout) throw;
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_) getFrom("peer/" + std::to_string(r), r, "host identity");
+      for (int r : from) getFrom("place/" + std::to_string(r), r, "host identity");
+      throw;
+    }
+  };
+  HostMap placed = HostMap::one(hostId, hn);
+  const std::vector<int> children = gatherChildren(rank_, size_);
+  const std::vector<std::string> parts = placement(children);
+  for (size_t i = 0; i < children.size(); ++i)
+    placed.append(HostMap::decode(parts[i], "railcc init of group '" + opts_.name + "': " + rankName(children[i])));
+  if (size_ > 1) store.set("place/" + std::to_string(rank_), placed.encode());
+  if (rank_ != 0) placed = HostMap::decode(placement({0}).front(), "railcc init of group '" + opts_.name + "': rank 0");
+  const std::vector<int> hostOf = placed.hostOfRank();
+  if (static_cast<int>(hostOf.size()) != size_ || placed.hosts[static_cast<size_t>(hostOf[static_cast<size_t>(rank_)])].id != hostId)
+    RAILCC_THROW(kInvalidUsage, "railcc init of group '", opts_.name, "': rank 0's placement record names ", hostOf.size(),
+                 " ranks for a group of ", size_, " or another host for this rank (", hostId,
+                 "): another job or group is using the same store prefix?");
+  std::vector<int> sameHost;  // the others on this host: their full records
   for (int r = 0; r < size_; ++r) {
-    auto f = parsePeerRecord(records[static_cast<size_t>(r)], "railcc init of group '" + opts_.name + "': " + rankName(r));
-    cpus[static_cast<size_t>(r)] = f[4];
     PeerInfo& p = peers_[static_cast<size_t>(r)];
+    const HostMap::Host& h = placed.hosts[static_cast<size_t>(hostOf[static_cast<size_t>(r)])];
     p.rank = r;
-    p.hostId = f[0];
-    p.hostname = f[1];
+    p.hostId = h.id;
+    p.hostname = h.name;
+    p.addr = "-";  // the inter-host endpoint, set in connectPeers
+    if (r != rank_ && h.id == hostId) sameHost.push_back(r);
+  }
+  std::vector<std::string> records = getAll("peer/", sameHost, "host record"), cpus;
+  records.push_back(me);
+  sameHost.push_back(rank_);
+  for (size_t i = 0; i < sameHost.size(); ++i) {
+    const int r = sameHost[i];
+    auto f = parsePeerRecord(records[i], "railcc init of group '" + opts_.name + "': " + rankName(r));
+    PeerInfo& p = peers_[static_cast<size_t>(r)];
+    if (f[0] != p.hostId)
+      RAILCC_THROW(kInvalidUsage, "railcc init of group '", opts_.name, "': ", rankName(r), "'s host record names host ",
+                   f[0], " where the placement says ", p.hostId, ": a store record written by something other than railcc?");
+    cpus.push_back(f[4]);
     p.pid = std::atoi(f[2].c_str());  // checked by parsePeerRecord
     p.pidNs = f[3];
-    p.addr = "-";  // the inter-host endpoint, set in connectPeers
   }
-  const std::set<std::string> sharing = hostsSharingCores(peers_, cpus);
-  place_.sharedCores = !sharing.empty();
-  hostSharesCores_ = sharing.count(hostId) > 0;
+  // Of other hosts' ranks only the host is known here (their pid, in a failure message, is read
+  // then). Whether cores are shared matters to the rule only where one host holds every rank.
+  hostSharesCores_ = ranksOutnumberCpus(cpus);
+  place_.sharedCores = hostSharesCores_ && static_cast<int>(sameHost.size()) == size_;
   for (int r = 0; r < size_; ++r)
     if (peers_[static_cast<size_t>(r)].hostId == hostId && !cfg.shmDisable) localRanks_.push_back(r);
   if (localRanks_.empty()) localRanks_.push_back(rank_);

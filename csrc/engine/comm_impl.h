@@ -524,9 +524,8 @@ class CommImpl : private ChannelHost {
   using GetFrom = std::function<std::string(const std::string& key, int rank, const char* what)>;
   using GetAll = std::function<std::vector<std::string>(const std::string& prefix, const std::vector<int>& ranks,
                                                         const char* what)>;
-  // Sets up the TCP connections to `remote` (ranks on other hosts) by a concurrent rendezvous.
   // Opens the registered transports, publishes their endpoints, picks one per peer and
-  // connects every (peer, lane, channel) through it.
+  // connects every (peer, lane, channel) through it, now or at first use.
   std::function<void()> pump_;  // run between store waits during connectPeers
   void connectPeers(Store& store, const std::string& secretHex, Clock::time_point deadline,
                     const GetAll& getAll, const RailPlace& place);
@@ -540,13 +539,15 @@ class CommImpl : private ChannelHost {
     transport::PeerRecord rec;
     int channels = 1;
     std::array<bool, kLanes> started{};  // per lane: connect()/accept() called
-    bool named = false;                   // peers_[peer].transport names a real connection
+    bool named = false, endpointLater = false;  // peers_[peer].transport names a real connection;
+    std::string via;  // rec.endpoint still to be read (from this transport's line in the peer's endpoints)
   };
   struct Links {
     mutable std::mutex mu;
     std::vector<std::unique_ptr<transport::Setup>> setups;  // engine thread (bootstrap) writes, then fixed
     std::vector<LazyPeer> peers;                              // engine thread
   } links_;
+  bool readEndpoint(int peer, LazyPeer& l);  // connections.cpp
   void progressLoop();
   // Takes the engine token; with `drain`, also moves the queued ops on (drainQueue) under the same lock.
   bool tryAcquire(bool drain = false);

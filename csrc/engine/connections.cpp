@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include "engine/comm_impl.h"
+#include "engine/records.h"
 
 namespace railcc::engine {
 
@@ -48,6 +49,10 @@ bool CommImpl::connectPeer(int peer, int lane) {
   if (!l.setup) RAILCC_THROW(kInternal, "no connection to ", rankName(peer), ", and none to make at first use");
   const size_t ln = static_cast<size_t>(lane);
   try {
+    if (l.endpointLater && !readEndpoint(peer, l)) {
+      l.setup->idle(Millis(0));  // meanwhile, serve the listener: peers that dial early, strangers
+      return false;
+    }
     if (!l.started[ln]) {
       // Init made room for the connections collectives meet; send/recv and all-to-all may
       // meet more peers: said here with the number, not as an EMFILE from the transport.
@@ -84,6 +89,28 @@ bool CommImpl::connectPeer(int peer, int lane) {
   }
   RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", peer, " (", peers_[static_cast<size_t>(peer)].hostname, ") lane ",
               lane, " connected at first use via ", desc);
+  return true;
+}
+
+// The peer's endpoint, published at its init, for a pair set-up did not read about (records.h):
+// false while it is not in the store yet (that rank is still in init; the op's timeout bounds
+// the wait, and its message says the connection is not up).
+bool CommImpl::readEndpoint(int peer, LazyPeer& l) {
+  std::string v;
+  if (!storeTryGet("ep/" + std::to_string(peer), Millis(20), v)) return false;
+  const std::string who = "railcc group '" + opts_.name + "': " + rankName(peer) + " (host " +
+                          peers_[static_cast<size_t>(peer)].hostname + ")";
+  auto theirs = parseEndpoints(v, who);
+  auto it = theirs.find(l.via);
+  if (it == theirs.end())
+    RAILCC_THROW(kInvalidUsage, who, " offers no ", l.via, " endpoint, the transport rank ", rank_,
+                 " reaches other hosts through (set RAILCC_NET/NCCL_NET alike on every rank)");
+  if (it->second.first != l.channels)
+    RAILCC_THROW(kInvalidUsage, who, " offers ", it->second.first, " ", l.via, " channels per lane where rank ", rank_,
+                 " has ", l.channels, ": set the channel count (RAILCC_NCHANNELS, or NCCL_NSOCKS_PERTHREAD x "
+                 "NCCL_SOCKET_NTHREADS) alike on every rank");
+  l.rec.endpoint = it->second.second;
+  l.endpointLater = false;
   return true;
 }
 

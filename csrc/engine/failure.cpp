@@ -89,6 +89,14 @@ void CommImpl::peerFailed(int peer, const std::string& detail) {
     }
     reason = nl == std::string::npos ? "" : reason.substr(nl + 1);
   }
+  int pid = p.pid;
+  if (pid <= 0) {  // a rank of another host: set-up never read its record; read now, at best effort
+    std::string rec;
+    auto f = storeTryGet("peer/" + std::to_string(peer), Millis(200), rec) ? split(rec, '|') : std::vector<std::string>{};
+    long long v = 0;
+    if (f.size() == 5 && parseInt(f[2], 1, 1ll << 31, v)) pid = static_cast<int>(v);
+  }
+  const std::string pidText = pid > 0 ? ", pid " + std::to_string(pid) : "";
   ErrorCode code = ErrorCode::kPeerFailure;
   std::string msg;
   if (reason.rfind("collective mismatch", 0) == 0) {
@@ -97,10 +105,10 @@ void CommImpl::peerFailed(int peer, const std::string& detail) {
   } else if (!reason.empty()) {
     msg = rankName(peer) + " (host " + p.hostname + ", " + linkOf(peer) + ") failed: " + reason;
   } else if (detail.find("reported a failure") != std::string::npos) {
-    msg = rankName(peer) + " (host " + p.hostname + ", pid " + std::to_string(p.pid) + ", " + linkOf(peer) +
+    msg = rankName(peer) + " (host " + p.hostname + pidText + ", " + linkOf(peer) +
           ") failed earlier; its reason is no longer readable from the store (see that rank's log or trace dump)";
   } else {
-    msg = rankName(peer) + " (host " + p.hostname + ", pid " + std::to_string(p.pid) + ", " +
+    msg = rankName(peer) + " (host " + p.hostname + pidText + ", " +
           linkOf(peer) + ") is gone: " + detail + "; it left no report, so it most likely died (killed, OOM or crash)";
   }
   Error err(code, msg);
@@ -244,7 +252,8 @@ void CommImpl::memberDied(const std::vector<int>& ranks, const std::string& grou
   std::ostringstream os;
   for (size_t i = 0; i < ranks.size(); ++i) {
     const PeerInfo& p = peers_[static_cast<size_t>(ranks[i])];
-    os << (i ? ", " : "") << rankName(ranks[i]) << " (host " << p.hostname << ", pid " << p.pid << ", " << linkOf(ranks[i]) << ")";
+    os << (i ? ", " : "") << rankName(ranks[i]) << " (host " << p.hostname
+       << (p.pid > 0 ? ", pid " + std::to_string(p.pid) : std::string()) << ", " << linkOf(ranks[i]) << ")";
   }
   os << " failed, as group '" << group << "' on this rank found: " << why;
   Error err(ErrorCode::kPeerFailure, os.str());

@@ -8,8 +8,8 @@ give every rank's messages (railcc._C.rules.simulate, csrc/engine/simulate.h); t
 are played against each other for the critical path. Reported per rank (the largest over ranks):
 network and same-host peers, messages and bytes sent. Sizes are the op's whole buffer as
 nccl-tests counts them (an all_gather's output, a reduce_scatter's input). Set-up is a model:
-store keys and bytes read per rank from the set-up code's reads (every rank's record and
-endpoint; sizes measured on a 2-rank TCP job here), shared memory per host and, for RDMA verbs,
+store keys and bytes read per rank from the set-up code's reads (the host map gathered up a
+tree of ranks, this host's records and endpoints; sizes measured on a 2-rank TCP job here), shared memory per host and, for RDMA verbs,
 memory pinned per rank (the transports' own figures, as `railcc doctor` uses them). Time per
 byte, a message split across channels and one host's shared-memory rings are not modelled.
 """
@@ -23,6 +23,9 @@ OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 # on a 2-rank job over TCP here (short host names; a long one adds its length to the record).
 RECORD_BYTES = 29
 ENDPOINT_BYTES = 101
+# A host's line in the host map, "h|<host id>|<hostname>": the default id (boot id and network
+# namespace) is 47 characters; a hostname of 16 is assumed.
+HOST_LINE_BYTES = 2 + 47 + 1 + 16 + 1
 
 
 def _size(text):
@@ -90,16 +93,40 @@ def simulate_job(n, a):
             rows.append({"op": op, "bytes": whole, **r, "sent_vs_least": r["bytes_sent"] / bound if bound else 0})
     L = a.per_host
     remote = n - L
-    setup = {
-        "store_keys_read": 1 + 2 * (n - 1) + (L - 1),
-        "store_bytes_read": (n - 1) * (RECORD_BYTES + ENDPOINT_BYTES) + 64 + (L - 1),
-        "store_keys_written": 3 + (1 if L > 1 else 0),
+    setup = {**_setup_reads(n, L),
         "shm_bytes_per_host": L * rules.shm_segment_bytes(L * 2, a.buffsize, a.buffsize) if L > 1 else 0,
         "verbs_pinned_today": remote * 2 * a.channels * rules.verbs_connection_bytes(a.buffsize),
     }
     net = max((r["net_peers"] for r in rows if "error" not in r), default=0)
     setup["verbs_pinned_if_lazy"] = net * 2 * a.channels * rules.verbs_connection_bytes(a.buffsize)
     return {"ranks": n, "per_host": L, "channels": a.channels, "ops": rows, "setup": setup}
+
+
+def _host_map_bytes(first, last, L):
+    """Bytes of the host map (engine/records.h) covering ranks first..last-1, hosts of L
+    consecutive ranks: a line per host and a run per host."""
+    hosts = range(first // L, (last - 1) // L + 1)
+    return sum(HOST_LINE_BYTES + len(f"r|{h}|{L}") + 1 for h in hosts)
+
+
+def _setup_reads(n, L):
+    """Store reads per rank at set-up, from the set-up code's reads (engine/bootstrap.cpp): the
+    group secret; the host maps of its children in the gather tree, in one batched read; rank 0's
+    whole map; its own host's records, endpoints and ready marks. Endpoints of other hosts' ranks
+    are read at the pair's first use. The largest over ranks; rank 0's rail check (one endpoint per
+    other host, only where rails were found) is apart."""
+    most_keys = most_bytes = 0
+    whole = _host_map_bytes(0, n, L)
+    for r in range(n):
+        span = 1 << max(n - 1, 1).bit_length() if r == 0 else r & -r
+        children = [r + k for k in (1 << i for i in range(span.bit_length())) if k < span and r + k < n]
+        parts = sum(_host_map_bytes(c, min(c + (c & -c), n), L) for c in children)
+        keys = (r != 0) * 2 + len(children) + 3 * (L - 1)
+        got = (r != 0) * (64 + whole) + parts + (L - 1) * (RECORD_BYTES + ENDPOINT_BYTES + 1)
+        most_keys, most_bytes = max(most_keys, keys), max(most_bytes, got)
+    return {"store_keys_read": most_keys, "store_bytes_read": most_bytes, "store_reads": 3 + (3 if L > 1 else 0),
+            "store_keys_written": 4 + (1 if L > 1 else 0),
+            "rank0_rail_check_bytes": (n // L - 1) * ENDPOINT_BYTES}
 
 
 def format_job(job):
@@ -115,8 +142,10 @@ def format_job(job):
                    f"{r['local_peers']} | {r['messages']} | {_human(r['bytes_sent'])} | {r['sent_vs_least']:.2f}x |")
     s = job["setup"]
     ch = job["channels"]
-    out += ["", f"Set-up per rank: {s['store_keys_read']} store keys read, {_human(s['store_bytes_read'])} "
-                f"(every rank's record and endpoint), {s['store_keys_written']} written. Shared memory per host: "
+    out += ["", f"Set-up per rank: at most {s['store_keys_read']} store keys in {s['store_reads']} reads, "
+                f"{_human(s['store_bytes_read'])} over TCP (the host map and this host's records; another host's "
+                f"endpoint at the pair's first use; verbs, connected at init, still reads every rank's), "
+                f"{s['store_keys_written']} written. Shared memory per host: "
                 f"{_human(s['shm_bytes_per_host'])}. RDMA verbs, pinned per rank: {_human(s['verbs_pinned_today'])} "
                 f"today (every remote rank x 2 lanes x {ch} channels), "
                 f"{_human(s['verbs_pinned_if_lazy'])} if it connected only the network peers above."]

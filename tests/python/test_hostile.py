@@ -207,16 +207,23 @@ def test_a_host_id_with_a_separator_fails_that_rank_and_its_peer_within_seconds(
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("record,words", [
-    ("h|host|notapid|ns|ff", "has pid 'notapid'"),
-    ("h|ho|st|1|ns|ff", "has 6 fields"),
-    ("", "has 0 fields"),
+@pytest.mark.parametrize("key,record,words", [
+    ("peer/1", "h|host|notapid|ns|ff", "has pid 'notapid'"),
+    ("peer/1", "h|ho|st|1|ns|ff", "has 6 fields"),
+    ("peer/1", "", "has 0 fields"),
+    ("place/1", "h|h|x\nr|3|1\n", "a host index out of range"),
+    ("place/1", "junk", "not 3 fields"),
+    ("place/1", "h|h|x\n", "names no ranks"),
 ])
-def test_a_malformed_peer_record_in_the_store_is_a_clear_init_error(tmp_path, record, words):
+def test_a_malformed_peer_record_in_the_store_is_a_clear_init_error(tmp_path, key, record, words):
+    # Rank 1 is a rogue writer: its placement (gathered by rank 0, records.h) puts it on rank 0's
+    # host, so rank 0 also reads its host record.
     store = str(tmp_path / "store")
-    rank0 = _spawn(0, 2, store, {"RAILCC_INIT_TIMEOUT": "60"})
+    rank0 = _spawn(0, 2, store, {"RAILCC_INIT_TIMEOUT": "60", "RAILCC_HOST_ID": "h"})
     rogue = dist.FileStore(store, 2)
-    rogue.set(PG_PREFIX + "peer/1", record)
+    records = {"place/1": "h|h|x\nr|0|1\n", "peer/1": "h|x|1|ns|ff", key: record}
+    for k, v in records.items():
+        rogue.set(PG_PREFIX + k, v)
     out, err = _result(rank0, 90)
     assert not out["ok"], out
     assert "rank 1" in out["error"] and words in out["error"], out

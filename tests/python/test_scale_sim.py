@@ -76,6 +76,10 @@ def test_simulation_at_4096_ranks_meets_the_scale_targets():
     n, per_host = 4096, 8
     small = rules.simulate(n, per_host, "all_reduce", 8, 4)
     assert small["algo"] == "tree" and small["steps"] <= 2 * 12 + 4, small
+    from railcc.sim import _setup_reads
+
+    setup = _setup_reads(n, per_host)
+    assert setup["store_bytes_read"] <= 64 << 10 and setup["store_reads"] <= 6, setup
     big = rules.simulate(n, per_host, "all_reduce", 256 << 20, 4)
     assert big["algo"] == "hier (rails: ring)" and big["net_peers"] == 2, big
     assert big["bytes_sent"] <= 2 * (n - 1) / n * (256 << 20) * 1.05, big
@@ -102,7 +106,7 @@ def test_the_sim_command_prints_tables_and_refuses_bad_input():
     assert out.returncode == 0, out.stderr
     assert "## 64 ranks, 8 per host (8 hosts)" in out.stdout
     assert "| all_reduce | 256 MiB | hier (rails: pairwise) |" in out.stdout, out.stdout
-    assert "store keys read" in out.stdout
+    assert "store keys in 6 reads" in out.stdout, out.stdout
     one_host = subprocess.run([sys.executable, "-m", "railcc", "sim", "-n", "8", "--per-host", "8", "--ops", "all_reduce",
                                "--sizes", "8,1M"], capture_output=True, text=True, timeout=60)
     assert one_host.returncode == 0, one_host.stderr

@@ -1,0 +1,161 @@
+#include "engine/records.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include "common/error.h"
+#include "common/strings.h"
+
+#include <algorithm>
+
+namespace railcc::engine {
+
+std::string pidNamespace() {
+  char buf[64] = {0};
+  ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "unknown";
+}
+
+std::string affinityHex() {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) != 0) return "0";
+  int top = 0;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &cpus)) top = c;
+  std::string hex;
+  for (int base = top / 4 * 4; base >= 0; base -= 4) {
+    int d = 0;
+    for (int b = 0; b < 4; ++b)
+      if (CPU_ISSET(base + b, &cpus)) d |= 1 << b;
+    hex += "0123456789abcdef"[d];
+  }
+  return hex;
+}
+
+HostMap HostMap::one(const std::string& id, const std::string& name) {
+  HostMap p;
+  p.hosts.push_back({id, name});
+  p.runs.push_back({0, 1});
+  return p;
+}
+
+void HostMap::append(const HostMap& o) {
+  std::vector<int> index(o.hosts.size());
+  for (size_t i = 0; i < o.hosts.size(); ++i) {
+    int at = -1;
+    for (size_t j = 0; j < hosts.size() && at < 0; ++j)
+      if (hosts[j].id == o.hosts[i].id) at = static_cast<int>(j);
+    if (at < 0) {
+      at = static_cast<int>(hosts.size());
+      hosts.push_back(o.hosts[i]);
+    }
+    index[i] = at;
+  }
+  for (const auto& [h, n] : o.runs) {
+    int mapped = index[static_cast<size_t>(h)];
+    if (!runs.empty() && runs.back().first == mapped) runs.back().second += n;
+    else runs.push_back({mapped, n});
+  }
+}
+
+int HostMap::ranks() const {
+  int n = 0;
+  for (const auto& r : runs) n += r.second;
+  return n;
+}
+
+std::vector<int> HostMap::hostOfRank() const {
+  std::vector<int> out;
+  out.reserve(static_cast<size_t>(ranks()));
+  for (const auto& [h, n] : runs) out.insert(out.end(), static_cast<size_t>(n), h);
+  return out;
+}
+
+std::string HostMap::encode() const {
+  std::string s;
+  for (const Host& h : hosts) s += "h|" + h.id + "|" + (h.name.empty() ? std::string("-") : h.name) + "\n";
+  for (const auto& [h, n] : runs) s += "r|" + std::to_string(h) + "|" + std::to_string(n) + "\n";
+  return s;
+}
+
+HostMap HostMap::decode(const std::string& s, const std::string& who) {
+  HostMap p;
+  auto bad = [&](const std::string& line, const char* why) {
+    RAILCC_THROW(kInvalidUsage, who, ": its placement record in the store has the line '", line.substr(0, 120), "' (",
+                 why, "; a store record written by something other than railcc?)");
+  };
+  for (const std::string& line : split(s, '\n')) {
+    if (line.empty()) continue;
+    auto f = split(line, '|');
+    if (f.size() != 3 || f[0].size() != 1) bad(line, "not 3 fields separated by '|'");
+    if (f[0] == "h") {
+      if (f[1].empty()) bad(line, "an empty host id");
+      p.hosts.push_back({f[1], f[2]});
+    } else if (f[0] == "r") {
+      long long h = 0, n = 0;
+      if (!parseInt(f[1], 0, static_cast<long long>(p.hosts.size()) - 1, h)) bad(line, "a host index out of range");
+      if (!parseInt(f[2], 1, 1 << 24, n)) bad(line, "a rank count that is not a number from 1");
+      p.runs.push_back({static_cast<int>(h), static_cast<int>(n)});
+    } else {
+      bad(line, "neither a host nor a run");
+    }
+  }
+  if (p.runs.empty()) RAILCC_THROW(kInvalidUsage, who, ": its placement record in the store names no ranks");
+  return p;
+}
+
+std::vector<int> gatherChildren(int rank, int size) {
+  int span = 1;
+  if (rank == 0) {
+    while (span < size) span <<= 1;
+  } else {
+    span = rank & -rank;
+  }
+  std::vector<int> out;
+  for (int k = 1; k < span && rank + k < size; k <<= 1) out.push_back(rank + k);
+  return out;
+}
+
+bool ranksOutnumberCpus(const std::vector<std::string>& masks) {
+  std::vector<bool> any;
+  for (const std::string& h : masks) {
+    if (any.size() < 4 * h.size()) any.resize(4 * h.size(), false);
+    for (size_t i = 0; i < h.size(); ++i) {
+      char ch = h[h.size() - 1 - i];
+      int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : 0;
+      for (int b = 0; b < 4; ++b)
+        if (d & (1 << b)) any[4 * i + static_cast<size_t>(b)] = true;
+    }
+  }
+  return static_cast<int>(masks.size()) > std::max<int>(static_cast<int>(std::count(any.begin(), any.end(), true)), 1);
+}
+
+std::vector<std::string> parsePeerRecord(const std::string& v, const std::string& who) {
+  auto f = split(v, '|');
+  long long pid = 0;
+  if (f.size() != 5)
+    RAILCC_THROW(kInvalidUsage, who, ": its host record in the store ('", v.substr(0, 200), "') has ", f.size(),
+                 " fields separated by '|', not 5 (a store record written by something other than railcc?)");
+  if (!parseInt(f[2], 0, 1ll << 31, pid))
+    RAILCC_THROW(kInvalidUsage, who, ": its host record in the store has pid '", f[2].substr(0, 32),
+                 "', not a process id (a store record written by something other than railcc?)");
+  return f;
+}
+
+std::map<std::string, std::pair<int, std::string>> parseEndpoints(const std::string& v, const std::string& who) {
+  std::map<std::string, std::pair<int, std::string>> out;
+  for (const std::string& line : split(v, '\n')) {
+    auto a = line.find(' '), b = line.find(' ', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    long long channels = 0;
+    if (!parseInt(line.substr(a + 1, b - a - 1), 0, 4096, channels))
+      RAILCC_THROW(kInvalidUsage, who, ": its transport endpoint record for ", line.substr(0, a).substr(0, 32),
+                   " has channel count '", line.substr(a + 1, b - a - 1).substr(0, 32),
+                   "', not a number from 0 to 4096 (a store record written by something other than railcc?)");
+    out[line.substr(0, a)] = {static_cast<int>(channels), line.substr(b + 1)};
+  }
+  return out;
+}
+
+}  // namespace railcc::engine
