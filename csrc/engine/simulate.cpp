@@ -25,7 +25,7 @@ uint64_t blockBytes(size_t count, int m, int j, size_t es) {
   return (base + (static_cast<size_t>(j) < rem ? 1 : 0)) * es;
 }
 
-enum class Kind { kRingReduce, kRingGather, kPairReduce, kPairGather, kPairSeparate, kPairBlocks, kAll, kDoubling, kChain };
+enum class Kind { kRingReduce, kRingGather, kPairReduce, kPairGather, kPairSeparate, kPairBlocks, kAll, kDoubling, kTree, kChain };
 
 // One stage of a rank's schedule: `count` elements over `g` (kAll, kPairSeparate, kChain,
 // kPairBlocks: `count` is a byte count per message; kPairBlocks sends `per` of them a step).
@@ -59,7 +59,14 @@ class Planner {
     if (op == "all_reduce") {
       switch (a) {
         case Algo::kOneShot: ph.push_back({Kind::kAll, all, bytes, 1}); break;
-        case Algo::kTree: ph.push_back({Kind::kDoubling, all, bytes, 0}); break;
+        case Algo::kTree:  // along rails from 16 hosts: within the host, then a binary tree per rail
+          if (L > 1 && L < n && railTree(rail.m)) {
+            ph.push_back({Kind::kDoubling, host, bytes, 0});
+            ph.push_back({Kind::kTree, rail, bytes, 0});
+          } else {
+            ph.push_back({Kind::kDoubling, all, bytes, 0});
+          }
+          break;
         case Algo::kRing:
           ph.push_back({Kind::kRingReduce, all, count, n - 1});
           ph.push_back({Kind::kRingGather, all, count, n - 1});
@@ -160,6 +167,17 @@ class Planner {
         }
         break;
       }
+      case Kind::kTree: {  // children in, up, back down, out to the children
+        const schedule::TreeLinks t = schedule::binaryTree(m, i);
+        const int j = k - (t.nkids > 0 ? 1 : 0);
+        if (j < 0)
+          for (int c = 0; c < t.nkids; ++c) out.recvs.push_back(g.at(t.kids[c]));
+        else if (t.parent >= 0 && j == 0) out.sends.push_back({g.at(t.parent), p.count});
+        else if (t.parent >= 0 && j == 1) out.recvs.push_back(g.at(t.parent));
+        else
+          for (int c = 0; c < t.nkids; ++c) out.sends.push_back({g.at(t.kids[c]), p.count});
+        break;
+      }
       case Kind::kChain:  // from position 0: receive, then forward; the tail tells the root
         if (i == 0) {
           if (m > 1) out.sends.push_back({g.at(1), p.count});
@@ -174,6 +192,7 @@ class Planner {
   }
 
   static int stepsOf(const Phase& p, int r) {
+    if (p.kind == Kind::kTree) return schedule::treeSteps(schedule::binaryTree(p.g.m, p.g.pos(r)));
     if (p.kind != Kind::kDoubling) return p.steps;
     return schedule::doublingSteps(schedule::doubling(p.g.m, p.g.pos(r)));
   }
@@ -215,6 +234,7 @@ SimResult simulateOp(const SimJob& job, const std::string& op, size_t bytes, siz
   SimResult res;
   res.algo = algoName(a);
   if (a == Algo::kHier) res.algo += aop != AlgoOp::kAllreduce || rails ? " (rails: ring)" : " (rails: pairwise)";
+  if (a == Algo::kTree && place.hostsEven && railTree(n / L)) res.algo += " (rails: binary tree)";
   if (perRank) res.sent.resize(static_cast<size_t>(n));
   if (n == 1) return res;
 

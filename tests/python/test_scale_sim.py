@@ -52,17 +52,19 @@ def _block(op, nbytes, world):
     return nbytes // world if op in ("reduce_scatter", "all_gather") else nbytes
 
 
-@pytest.mark.parametrize("world,per_host,algo", [(16, 1, ""), (8, 2, ""), (8, 2, "hier,ring")],
-                         ids=["16x1", "8x2", "8x2-hier-ring"])
-def test_simulation_sends_what_real_ranks_send(world, per_host, algo):
+@pytest.mark.parametrize("world,per_host,algo,ops", [(16, 1, "", OPS), (8, 2, "", OPS), (8, 2, "hier,ring", OPS),
+                                                     (32, 2, "", OPS[:1])],
+                         ids=["16x1", "8x2", "8x2-hier-ring", "32x2-rail-tree"])
+def test_simulation_sends_what_real_ranks_send(world, per_host, algo, ops):
+    # 32x2: 16 hosts, where the small all-reduce runs a binary tree along each rail.
     env = {"RAILCC_ALGO": algo} if algo else {}
     pool = RankPool(world, env=env, rank_env=lambda r: {"RAILCC_HOST_ID": f"h{r // per_host}"})
     try:
-        got = pool.run(_traffic, OPS, timeout=180)
+        got = pool.run(_traffic, ops, timeout=180)
     finally:
         pool.close()
     rules = railcc._C.rules
-    for k, (op, nbytes) in enumerate(OPS):
+    for k, (op, nbytes) in enumerate(ops):
         sim = rules.simulate(world, per_host, op, _block(op, nbytes, world), 4, algo=algo, per_rank=True)
         for r in range(world):
             real_op, real = got[r][k]
@@ -75,7 +77,8 @@ def test_simulation_at_4096_ranks_meets_the_scale_targets():
     rules = railcc._C.rules
     n, per_host = 4096, 8
     small = rules.simulate(n, per_host, "all_reduce", 8, 4)
-    assert small["algo"] == "tree" and small["steps"] <= 2 * 12 + 4, small
+    assert small["algo"] == "tree (rails: binary tree)" and small["steps"] <= 2 * 12 + 4, small
+    assert small["net_peers"] <= 2 * 2 + 4, small  # 2 x channels + 4
     from railcc.sim import _setup_reads
 
     setup = _setup_reads(n, per_host)

@@ -176,7 +176,10 @@ std::string describeRule(const AlgoPlace& p, const std::vector<Algo>& prefer) {
     const int rail = p.size / p.localRanks;
     os << "\n  hier between hosts (" << rail << " ranks per rail): all_reduce "
        << (railRing(rail, prefer) ? "ring" : "pairwise") << " (ring from " << kRingMinRanks
-       << " ranks per rail, or where RAILCC_ALGO lists ring); reduce_scatter and all_gather, where hier runs them, ring";
+       << " ranks per rail, or where RAILCC_ALGO lists ring); reduce_scatter and all_gather, where hier runs them, ring; "
+       << "tree: " << (railTree(rail) ? "recursive doubling on this host, then a binary tree per rail"
+                                        : "recursive doubling over all ranks")
+       << " (along rails from " << kRingMinRanks << " ranks per rail)";
   }
   if (p.localRanks > 1) {
     os << "\n  between ranks of this host, messages ";

@@ -90,6 +90,10 @@ Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& place, const std::vect
 /// Whether `hier`'s stage between hosts (the ranks of one rail, `railRanks` of them) runs
 /// around a ring instead of pairwise: from kRingMinRanks, or wherever RAILCC_ALGO lists ring.
 bool railRing(int railRanks, const std::vector<Algo>& prefer);
+/// Whether the small all-reduce (kTree) goes along rails, a binary tree over each rail after
+/// recursive doubling within the host (3 network peers per rank instead of log2 of the hosts):
+/// from kRingMinRanks hosts of equal rank counts.
+inline bool railTree(int railRanks) { return railRanks >= kRingMinRanks; }
 
 /// The rule as it applies to this group, one line per op: logged by rank 0 at INFO (COLL).
 std::string describeRule(const AlgoPlace& place, const std::vector<Algo>& prefer);

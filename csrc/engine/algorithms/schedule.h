@@ -65,4 +65,24 @@ inline int doublingPartner(const Doubling& d, int bit) {
   return pv < d.folded ? 2 * pv + 1 : pv + d.folded;
 }
 
+/// A binary tree over m positions rooted at 0 (the small all-reduce along a rail, tree.cpp):
+/// position i's parent is (i-1)/2, its children 2i+1 and 2i+2 where they exist. A rank
+/// receives its children's sums in one step (and reduces them in child order, so that every
+/// rail computes the same bits), sends the sum up, gets the whole back and sends it down:
+/// 1 step with children, 2 with a parent, 1 more with children.
+struct TreeLinks {
+  int parent = -1;
+  int kids[2] = {-1, -1};
+  int nkids = 0;
+};
+
+inline TreeLinks binaryTree(int m, int i) {
+  TreeLinks t;
+  if (i > 0) t.parent = (i - 1) / 2;
+  for (int c = 2 * i + 1; c <= 2 * i + 2 && c < m; ++c) t.kids[t.nkids++] = c;
+  return t;
+}
+
+inline int treeSteps(const TreeLinks& t) { return (t.parent >= 0 ? 2 : 0) + (t.nkids > 0 ? 2 : 0); }
+
 }  // namespace railcc::engine::schedule

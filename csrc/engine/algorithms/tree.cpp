@@ -15,33 +15,63 @@ constexpr size_t kTreeScratchKeep = 1u << 20;
 // virtual index differs in one bit, one bit per step. A rank talks to at most log2(p) + 1
 // peers. Both sides of an exchange compute a op b and b op a, which are equal bit for bit for
 // every reduction railcc has, so every rank ends with the same bits.
+//
+// From 16 hosts of equal rank counts (railTree), log2 of the hosts would be the network peers
+// of every rank (9 at 512 hosts): recursive doubling runs among the host's ranks only, through
+// shared memory, and then each rail (the ranks of one local index, one per host) runs a binary
+// tree: both children's sums received, then reduced in child order, the sum sent up, the
+// whole sent back down (3 network peers, about 2 log2 of the hosts steps). Every rail holds the same host sums and reduces them in
+// the same order, so every rank still ends with the same bits.
 
 void CommImpl::runAllreduceTree(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
-  const int n = size_, r = rank_;
   const size_t bytes = count * dtypeSize(dt);
   if (op == ReduceOp::kPremulSum) scaleCopy(buf, buf, count, dt, scale);
   const ReduceOp across = acrossRanks(op);
-  const schedule::Doubling d = schedule::doubling(n, r);
-  if (d.foldPeer >= 0) {
-    std::vector<Transfer> xs{d.hands ? ch_.sendTo(d.foldPeer, buf, bytes) : ch_.recvReduce(d.foldPeer, buf, count, dt, across, 1.0)};
+  const bool rails = !rail_.empty() && railTree(static_cast<int>(rail_.size()));
+  auto at = [&](int j) { return rails ? localRanks_[static_cast<size_t>(j)] : j; };
+  const schedule::Doubling d = rails ? schedule::doubling(static_cast<int>(localRanks_.size()), localIndex(rank_))
+                                     : schedule::doubling(size_, rank_);
+  auto one = [&](Transfer t) {
+    std::vector<Transfer> xs{t};
     ch_.exchange(xs);
-  }
+  };
+  if (d.foldPeer >= 0)
+    one(d.hands ? ch_.sendTo(at(d.foldPeer), buf, bytes) : ch_.recvReduce(at(d.foldPeer), buf, count, dt, across, 1.0));
   if (d.v >= 0) {
     // The partner reads what we send while we reduce its data into buf: send from a copy.
     if (treeScratch_.size() < bytes) treeScratch_.resize(bytes);
     for (int bit = 1; bit < d.p; bit <<= 1) {
-      const int partner = schedule::doublingPartner(d, bit);
+      const int partner = at(schedule::doublingPartner(d, bit));
       if (bytes) transport::copyBytes(treeScratch_.data(), buf, bytes);
       std::vector<Transfer> xs{ch_.sendTo(partner, treeScratch_.data(), bytes),
                                ch_.recvReduce(partner, buf, count, dt, across, 1.0)};
       ch_.exchange(xs);
     }
   }
-  if (d.foldPeer >= 0) {
-    std::vector<Transfer> xs{d.hands ? ch_.recvFrom(d.foldPeer, buf, bytes) : ch_.sendTo(d.foldPeer, buf, bytes)};
-    ch_.exchange(xs);
+  if (d.foldPeer >= 0) one(d.hands ? ch_.recvFrom(at(d.foldPeer), buf, bytes) : ch_.sendTo(at(d.foldPeer), buf, bytes));
+  if (rails) {
+    const schedule::TreeLinks t = schedule::binaryTree(static_cast<int>(rail_.size()), positionIn(rail_, rank_));
+    auto railRank = [&](int i) { return rail_[static_cast<size_t>(i)]; };
+    if (t.nkids > 0) {  // both children's sums at once, reduced in child order
+      if (treeScratch_.size() < 2 * bytes) treeScratch_.resize(2 * bytes);
+      std::vector<Transfer> xs;
+      for (int k = 0; k < t.nkids; ++k)
+        xs.push_back(ch_.recvFrom(railRank(t.kids[k]), treeScratch_.data() + static_cast<size_t>(k) * bytes, bytes));
+      ch_.exchange(xs);
+      for (int k = 0; k < t.nkids; ++k)
+        reduceInto(buf, treeScratch_.data() + static_cast<size_t>(k) * bytes, count, dt, across, 1.0);
+    }
+    if (t.parent >= 0) {
+      one(ch_.sendTo(railRank(t.parent), buf, bytes));
+      one(ch_.recvFrom(railRank(t.parent), buf, bytes));
+    }
+    if (t.nkids > 0) {
+      std::vector<Transfer> xs;
+      for (int k = 0; k < t.nkids; ++k) xs.push_back(ch_.sendTo(railRank(t.kids[k]), buf, bytes));
+      ch_.exchange(xs);
+    }
   }
-  if (op == ReduceOp::kAvg) divideBy(buf, count, dt, n);
+  if (op == ReduceOp::kAvg) divideBy(buf, count, dt, size_);
   // The rule runs the tree on small buffers; one forced onto a large one (RAILCC_ALGO=tree)
   // does not keep a copy of its size for the life of the group.
   if (treeScratch_.size() > kTreeScratchKeep) std::vector<char>().swap(treeScratch_);
