@@ -7,6 +7,7 @@
 #include "common/strings.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 namespace railcc::engine {
 
@@ -41,16 +42,14 @@ HostMap HostMap::one(const std::string& id, const std::string& name) {
 }
 
 void HostMap::append(const HostMap& o) {
+  // Rank 0 merges every host of the job: by id, not by a scan per host (4,096 hosts of one rank).
+  std::unordered_map<std::string, int> known;
+  for (size_t j = 0; j < hosts.size(); ++j) known.emplace(hosts[j].id, static_cast<int>(j));
   std::vector<int> index(o.hosts.size());
   for (size_t i = 0; i < o.hosts.size(); ++i) {
-    int at = -1;
-    for (size_t j = 0; j < hosts.size() && at < 0; ++j)
-      if (hosts[j].id == o.hosts[i].id) at = static_cast<int>(j);
-    if (at < 0) {
-      at = static_cast<int>(hosts.size());
-      hosts.push_back(o.hosts[i]);
-    }
-    index[i] = at;
+    auto [it, added] = known.emplace(o.hosts[i].id, static_cast<int>(hosts.size()));
+    if (added) hosts.push_back(o.hosts[i]);
+    index[i] = it->second;
   }
   for (const auto& [h, n] : o.runs) {
     int mapped = index[static_cast<size_t>(h)];
