@@ -559,17 +559,13 @@ void CommImpl::bootstrap(Store& store) {
     if (peers_[static_cast<size_t>(r)].hostId == hostId && !cfg.shmDisable) localRanks_.push_back(r);
   if (localRanks_.empty()) localRanks_.push_back(rank_);
   if (localRanks_.size() > 1 && static_cast<int>(localRanks_.size()) < size_) {
-    std::vector<std::string> order;  // hosts by their lowest rank
-    std::map<std::string, std::vector<int>> byHost;
-    for (int r = 0; r < size_; ++r) {
-      const std::string& h = peers_[static_cast<size_t>(r)].hostId;
-      if (byHost[h].empty()) order.push_back(h);
-      byHost[h].push_back(r);
-    }
+    // The host map's hosts are in order of their lowest rank: rail_ takes them in that order.
+    std::vector<std::vector<int>> byHost(placed.hosts.size());
+    for (int r = 0; r < size_; ++r) byHost[static_cast<size_t>(hostOf[static_cast<size_t>(r)])].push_back(r);
     bool even = true;
-    for (auto& [h, ranks] : byHost) even = even && ranks.size() == localRanks_.size();
+    for (const auto& ranks : byHost) even = even && ranks.size() == localRanks_.size();
     if (even)
-      for (const std::string& h : order) rail_.push_back(byHost[h][static_cast<size_t>(localIndex(rank_))]);
+      for (const auto& ranks : byHost) rail_.push_back(ranks[static_cast<size_t>(localIndex(rank_))]);
   }
   if (opts_.config.spinUs < 0) RAILCC_THROW(kInvalidUsage, "RAILCC_SPIN_US must be 0 or more, got ", opts_.config.spinUs);
 

@@ -1,4 +1,5 @@
 #include "engine/comm_impl.h"
+#include "engine/records.h"
 
 namespace railcc::engine {
 
@@ -90,11 +91,12 @@ void CommImpl::peerFailed(int peer, const std::string& detail) {
     reason = nl == std::string::npos ? "" : reason.substr(nl + 1);
   }
   int pid = p.pid;
-  if (pid <= 0) {  // a rank of another host: set-up never read its record; read now, at best effort
-    std::string rec;
-    auto f = storeTryGet("peer/" + std::to_string(peer), Millis(200), rec) ? split(rec, '|') : std::vector<std::string>{};
-    long long v = 0;
-    if (f.size() == 5 && parseInt(f[2], 1, 1ll << 31, v)) pid = static_cast<int>(v);
+  std::string rec;  // a rank of another host: set-up never read its record; read now, at best effort
+  if (pid <= 0 && storeTryGet("peer/" + std::to_string(peer), Millis(200), rec)) {
+    try {
+      pid = std::atoi(parsePeerRecord(rec, rankName(peer))[2].c_str());
+    } catch (const Error&) {  // malformed: the message goes without the pid
+    }
   }
   const std::string pidText = pid > 0 ? ", pid " + std::to_string(pid) : "";
   ErrorCode code = ErrorCode::kPeerFailure;

@@ -20,8 +20,8 @@ constexpr size_t kTreeScratchKeep = 1u << 20;
 // of every rank (9 at 512 hosts): recursive doubling runs among the host's ranks only, through
 // shared memory, and then each rail (the ranks of one local index, one per host) runs a binary
 // tree: both children's sums received, then reduced in child order, the sum sent up, the
-// whole sent back down (3 network peers, about 2 log2 of the hosts steps). Every rail holds the same host sums and reduces them in
-// the same order, so every rank still ends with the same bits.
+// whole sent back down (3 network peers, about 2 log2 of the hosts steps). Every rail holds
+// the same host sums and reduces them in the same order, so every rank ends with the same bits.
 
 void CommImpl::runAllreduceTree(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
   const size_t bytes = count * dtypeSize(dt);
