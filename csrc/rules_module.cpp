@@ -169,4 +169,23 @@ void registerRules(py::module_& parent) {
         "The scale simulation of one op (engine/simulate.h): the algorithm the rule picks, the critical path in "
         "steps, and per rank (the largest over ranks) peers, messages and bytes sent; with per_rank, every "
         "rank's [(peer, bytes sent)]");
+  m.def("simulate_setup", [](int size, int perHost, int idBytes, int nameBytes, uint64_t recordBytes,
+                             uint64_t endpointBytes) {
+    railcc::engine::SimJob job;
+    job.size = size;
+    job.perHost = perHost;
+    railcc::engine::SimSetup r;
+    {
+      py::gil_scoped_release nogil;
+      r = railcc::engine::simulateSetup(job, idBytes, nameBytes, recordBytes, endpointBytes);
+    }
+    py::dict d;
+    d["store_keys_read"] = r.keys;
+    d["store_bytes_read"] = r.bytes;
+    d["store_reads"] = r.reads;
+    return d;
+  }, py::arg("size"), py::arg("per_host"), py::arg("id_bytes"), py::arg("name_bytes"), py::arg("record_bytes"),
+        py::arg("endpoint_bytes"),
+        "Set-up store reads per rank, the most over ranks (engine/simulate.h): the host map merged up the gather "
+        "tree and encoded by set-up's own code, this host's records and endpoints");
 }

@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "engine/algorithms/choose.h"
 #include "engine/algorithms/schedule.h"
+#include "engine/records.h"
 
 namespace railcc::engine {
 
@@ -48,7 +49,8 @@ struct Step {
 
 class Planner {
  public:
-  Planner(const SimJob& job, size_t es, bool railRing) : job_(job), es_(es), railRing_(railRing) {}
+  Planner(const SimJob& job, size_t es, bool railRing, bool railTree)
+      : job_(job), es_(es), railRing_(railRing), railTree_(railTree) {}
 
   // The phases of rank r for one op of the chosen algorithm.
   std::vector<Phase> plan(Algo a, const std::string& op, size_t bytes, int r) const {
@@ -60,7 +62,7 @@ class Planner {
       switch (a) {
         case Algo::kOneShot: ph.push_back({Kind::kAll, all, bytes, 1}); break;
         case Algo::kTree:  // along rails from 16 hosts: within the host, then a binary tree per rail
-          if (L > 1 && L < n && railTree(rail.m)) {
+          if (railTree_) {
             ph.push_back({Kind::kDoubling, host, bytes, 0});
             ph.push_back({Kind::kTree, rail, bytes, 0});
           } else {
@@ -205,6 +207,7 @@ class Planner {
   const SimJob& job_;
   size_t es_;
   bool railRing_;  // hier's all-reduce runs its rails as rings
+  bool railTree_;  // the small all-reduce runs a binary tree along each rail
 };
 
 }  // namespace
@@ -230,15 +233,15 @@ SimResult simulateOp(const SimJob& job, const std::string& op, size_t bytes, siz
   place.oneshotBytes = job.oneshotBytes;
   const std::vector<Algo> prefer = job.algo.empty() ? std::vector<Algo>{} : parseAlgos(job.algo, nullptr);
   const Algo a = n == 1 ? Algo::kPairwise : chooseAlgo(aop, bytes, place, prefer, nullptr);
-  const bool rails = railRing(n / L, prefer);
+  const bool rails = railRing(n / L, prefer), treeRails = place.hostsEven && railTree(n / L);
   SimResult res;
   res.algo = algoName(a);
   if (a == Algo::kHier) res.algo += aop != AlgoOp::kAllreduce || rails ? " (rails: ring)" : " (rails: pairwise)";
-  if (a == Algo::kTree && place.hostsEven && railTree(n / L)) res.algo += " (rails: binary tree)";
+  if (a == Algo::kTree && treeRails) res.algo += " (rails: binary tree)";
   if (perRank) res.sent.resize(static_cast<size_t>(n));
   if (n == 1) return res;
 
-  Planner planner(job, elemSize, rails);
+  Planner planner(job, elemSize, rails, treeRails);
   struct Cursor {
     std::vector<Phase> phases;
     size_t phase = 0;
@@ -334,6 +337,42 @@ SimResult simulateOp(const SimJob& job, const std::string& op, size_t bytes, siz
     if (perRank) std::sort(res.sent[static_cast<size_t>(r)].begin(), res.sent[static_cast<size_t>(r)].end());
   }
   return res;
+}
+
+SimSetup simulateSetup(const SimJob& job, int idBytes, int nameBytes, uint64_t recordBytes, uint64_t endpointBytes) {
+  const int n = job.size, L = job.perHost;
+  if (n < 1 || L < 1 || n % L != 0)
+    RAILCC_THROW(kInvalidUsage, "railcc sim: ", n, " ranks at ", L, " per host: the ranks must fill whole hosts");
+  auto padded = [](char c, int h, int width) {
+    std::string s = std::string(1, c) + std::to_string(h);
+    return s.size() < static_cast<size_t>(width) ? s + std::string(static_cast<size_t>(width) - s.size(), 'x') : s;
+  };
+  // Each rank's part of the map, merged from the last rank down as the tree does (children
+  // have higher ranks); a child's part is what its parent reads.
+  std::vector<uint64_t> partBytes(static_cast<size_t>(n));
+  std::vector<HostMap> part(static_cast<size_t>(n));
+  for (int r = n - 1; r >= 0; --r) {
+    HostMap m = HostMap::one(padded('h', r / L, idBytes), padded('n', r / L, nameBytes));
+    for (int c : gatherChildren(r, n)) {
+      m.append(part[static_cast<size_t>(c)]);
+      std::vector<HostMap::Host>().swap(part[static_cast<size_t>(c)].hosts);  // read once: let it go
+    }
+    partBytes[static_cast<size_t>(r)] = m.encode().size();
+    part[static_cast<size_t>(r)] = std::move(m);
+  }
+  SimSetup out;
+  const uint64_t local = static_cast<uint64_t>(L - 1) * (recordBytes + endpointBytes + 1);
+  for (int r = 0; r < n; ++r) {
+    const std::vector<int> children = gatherChildren(r, n);
+    uint64_t bytes = local + (r != 0 ? 64 + partBytes[0] : 0);
+    for (int c : children) bytes += partBytes[static_cast<size_t>(c)];
+    const int keys = (r != 0 ? 2 : 0) + static_cast<int>(children.size()) + 3 * (L - 1);
+    const int reads = (r != 0 ? 2 : 0) + (children.empty() ? 0 : 1) + (L > 1 ? 3 : 0);
+    out.keys = std::max(out.keys, keys);
+    out.bytes = std::max(out.bytes, bytes);
+    out.reads = std::max(out.reads, reads);
+  }
+  return out;
 }
 
 }  // namespace railcc::engine

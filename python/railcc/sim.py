@@ -9,7 +9,8 @@ are played against each other for the critical path. Reported per rank (the larg
 network and same-host peers, messages and bytes sent. Sizes are the op's whole buffer as
 nccl-tests counts them (an all_gather's output, a reduce_scatter's input). Set-up is a model:
 store keys and bytes read per rank from the set-up code's reads (the host map gathered up a
-tree of ranks, this host's records and endpoints; sizes measured on a 2-rank TCP job here), shared memory per host and, for RDMA verbs,
+tree of ranks, this host's records and endpoints; sizes measured on a 2-rank TCP job here),
+shared memory per host and, for RDMA verbs,
 memory pinned per rank (the transports' own figures, as `railcc doctor` uses them). Time per
 byte, a message split across channels and one host's shared-memory rings are not modelled.
 """
@@ -23,9 +24,10 @@ OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 # on a 2-rank job over TCP here (short host names; a long one adds its length to the record).
 RECORD_BYTES = 29
 ENDPOINT_BYTES = 101
-# A host's line in the host map, "h|<host id>|<hostname>": the default id (boot id and network
-# namespace) is 47 characters; a hostname of 16 is assumed.
-HOST_LINE_BYTES = 2 + 47 + 1 + 16 + 1
+# A host in the host map: the default host id (boot id and network namespace) is 47
+# characters; a hostname of 16 is assumed.
+HOST_ID_BYTES = 47
+HOSTNAME_BYTES = 16
 
 
 def _size(text):
@@ -102,30 +104,16 @@ def simulate_job(n, a):
     return {"ranks": n, "per_host": L, "channels": a.channels, "ops": rows, "setup": setup}
 
 
-def _host_map_bytes(first, last, L):
-    """Bytes of the host map (engine/records.h) covering ranks first..last-1, hosts of L
-    consecutive ranks: a line per host and a run per host."""
-    hosts = range(first // L, (last - 1) // L + 1)
-    return sum(HOST_LINE_BYTES + len(f"r|{h}|{L}") + 1 for h in hosts)
-
-
 def _setup_reads(n, L):
-    """Store reads per rank at set-up, from the set-up code's reads (engine/bootstrap.cpp): the
-    group secret; the host maps of its children in the gather tree, in one batched read; rank 0's
-    whole map; its own host's records, endpoints and ready marks. Endpoints of other hosts' ranks
-    are read at the pair's first use. The largest over ranks; rank 0's rail check (one endpoint per
-    other host, only where rails were found) is apart."""
-    most_keys = most_bytes = 0
-    whole = _host_map_bytes(0, n, L)
-    for r in range(n):
-        span = 1 << max(n - 1, 1).bit_length() if r == 0 else r & -r
-        children = [r + k for k in (1 << i for i in range(span.bit_length())) if k < span and r + k < n]
-        parts = sum(_host_map_bytes(c, min(c + (c & -c), n), L) for c in children)
-        keys = (r != 0) * 2 + len(children) + 3 * (L - 1)
-        got = (r != 0) * (64 + whole) + parts + (L - 1) * (RECORD_BYTES + ENDPOINT_BYTES + 1)
-        most_keys, most_bytes = max(most_keys, keys), max(most_bytes, got)
-    return {"store_keys_read": most_keys, "store_bytes_read": most_bytes, "store_reads": 3 + (3 if L > 1 else 0),
-            "store_keys_written": 4 + (1 if L > 1 else 0),
+    """Store reads per rank at set-up, the most over ranks, from set-up's own code
+    (railcc._C.rules.simulate_setup: the host map merged up the gather tree and encoded as set-up
+    does; this host's records, endpoints and ready marks; the secret). Endpoints of other hosts'
+    ranks are read at the pair's first use; rank 0's rail check (one endpoint per other host,
+    only where rails were found) is apart."""
+    from . import _C
+
+    reads = _C.rules.simulate_setup(n, L, HOST_ID_BYTES, HOSTNAME_BYTES, RECORD_BYTES, ENDPOINT_BYTES)
+    return {**reads, "store_keys_written": 4 + (1 if L > 1 else 0),
             "rank0_rail_check_bytes": (n // L - 1) * ENDPOINT_BYTES}
 
 
