@@ -20,6 +20,8 @@ What is measured, per rank:
             connected, this process publishes the start time (CLOCK_MONOTONIC, the same in
             every process of the machine), so the store's connection time is not counted
             and a rank woken late is charged for it.
+  init CPU  the CPU time (every thread of the process, user and system) spent over the same
+            span: with more ranks than cores, the ranks' sum over the cores bounds the init time.
   memory    Private_Clean + Private_Dirty (/proc/self/smaps_rollup) and RSS added between
             just before init and just after the first all_reduce. Forked ranks start sharing
             the parent's pages; a page they write becomes private, so this counts what init
@@ -71,6 +73,7 @@ PR_SET_PDEATHSIG = 1
 COLUMNS = [
     ("init_ms", "init ms", "{:.1f}"),
     ("first_op_ms", "of it 1st op ms", "{:.1f}"),
+    ("cpu_ms", "init CPU ms", "{:.1f}"),
     ("private_mib", "private +MiB", "{:.1f}"),
     ("rss_mib", "RSS +MiB", "{:.1f}"),
     ("fds", "fds", "{:d}"),
@@ -178,9 +181,11 @@ def _descriptors(store_port):
 
 
 def _shm_mappings():
-    """[[device:inode, bytes mapped]] for each /dev/shm file this process maps (railcc unlinks
-    its segments once every peer has mapped them, so most show as deleted)."""
-    sizes = {}
+    """[[device:inode, bytes mapped, bytes reserved]] for each /dev/shm file this process maps
+    (railcc unlinks its segments once every peer has mapped them, so most show as deleted).
+    Reserved: the file's allocated blocks, through /proc/self/map_files (None where that is
+    not readable)."""
+    sizes, used = {}, {}
     with open("/proc/self/maps") as f:
         for line in f:
             cols = line.split(None, 5)
@@ -189,7 +194,11 @@ def _shm_mappings():
             start, end = (int(x, 16) for x in cols[0].split("-"))
             key = f"{cols[3]}:{cols[4]}"
             sizes[key] = sizes.get(key, 0) + end - start
-    return [[k, v] for k, v in sorted(sizes.items())]
+            try:
+                used[key] = os.stat(f"/proc/self/map_files/{cols[0]}").st_blocks * 512
+            except OSError:
+                used.setdefault(key, None)
+    return [[k, v, used.get(k)] for k, v in sorted(sizes.items())]
 
 
 # The descriptors this process had before its first job; see _close_fds_opened_since_start.
@@ -276,12 +285,12 @@ def rank_main(job, rank, go_fd):
         store.add("connected", 1)
         store.wait(["go"])
         t_go = float(store.get("go"))
-        t_wake = time.monotonic()
+        t_wake, cpu0 = time.monotonic(), time.process_time()
         dist.init_process_group(backend, store=store, rank=rank, world_size=n, timeout=timeout)
         t_group = time.monotonic()
         t = torch.ones(1, dtype=torch.float32)  # 4 bytes
         dist.all_reduce(t)
-        t_done = time.monotonic()
+        t_done, cpu1 = time.monotonic(), time.process_time()
         if t.item() != n:
             raise RuntimeError(f"the first all_reduce gave {t.item()}, not {n}")
         mem1 = _memory_kib()
@@ -293,6 +302,7 @@ def rank_main(job, rank, go_fd):
             "init_ms": (t_done - t_go) * 1e3,
             "wake_ms": (t_wake - t_go) * 1e3,
             "first_op_ms": (t_done - t_group) * 1e3,
+            "cpu_ms": (cpu1 - cpu0) * 1e3,
             "private_mib": (mem1["private"] - mem0["private"]) / 1024,
             "rss_mib": (mem1["rss"] - mem0["rss"]) / 1024,
             "private_before_mib": mem0["private"] / 1024,
@@ -502,13 +512,17 @@ class Job:
 
 def _shm_per_host(ranks):
     """{host: {"segments", "mib"}}: the /dev/shm files mapped by the host's ranks, each once."""
-    per_host = {}
+    per_host, reserved = {}, {}
     for doc in ranks:
         seen = per_host.setdefault(doc["host"], {})
-        for key, size in doc.get("shm", []):
+        held = reserved.setdefault(doc["host"], {})
+        for key, size, *rest in doc.get("shm", []):
             seen[key] = max(seen.get(key, 0), size)
+            if rest and rest[0] is not None:
+                held[key] = max(held.get(key, 0), rest[0])
     order = sorted(per_host, key=lambda h: int(h[1:]))  # h0, h1, ..., h10 in number order
-    return {h: {"segments": len(per_host[h]), "mib": sum(per_host[h].values()) / 2**20} for h in order}
+    return {h: {"segments": len(per_host[h]), "mib": sum(per_host[h].values()) / 2**20,
+                "reserved_mib": sum(reserved[h].values()) / 2**20 if reserved[h] else None} for h in order}
 
 
 def _mem_available_gib():
@@ -564,9 +578,12 @@ def shm_line(run):
     if not mibs or max(mibs) == 0:
         return f"/dev/shm mapped per host: none ({len(hosts)} hosts)"
     segs = [h["segments"] for h in hosts.values()]
+    held = [h["reserved_mib"] for h in hosts.values() if h.get("reserved_mib") is not None]
+    reserved = (f"; reserved after the first all_reduce: median {statistics.median(held):.1f} MiB, total "
+                f"{sum(held):.1f} MiB" if held else "")
     return (f"/dev/shm mapped per host (each segment once): median {statistics.median(mibs):.1f} MiB "
             f"({statistics.median(segs):g} segments), max {max(mibs):.1f} MiB, total {sum(mibs):.1f} MiB over "
-            f"{len(hosts)} hosts")
+            f"{len(hosts)} hosts{reserved}")
 
 
 def failure_lines(run):
@@ -597,13 +614,20 @@ def summary_table(runs):
                 a, g = stats["railcc"][key][i], stats["gloo"][key][i]
                 cells.append(f"{a / g:.2f}" if a is not None and g else "-")
         rows.append("| " + " | ".join(cells) + " |")
-    shm = ["/dev/shm MiB per host"]
+    shm = ["/dev/shm MiB mapped per host"]
     for r in runs:
         mibs = [h["mib"] for h in r["shm_per_host"].values()] or [0.0]
         shm += [f"{statistics.median(mibs):.1f}", f"{max(mibs):.1f}"]
     if ratio:
         shm += ["-", "-"]
     rows.append("| " + " | ".join(shm) + " |")
+    held = ["/dev/shm MiB reserved per host"]
+    for r in runs:
+        mibs = [h["reserved_mib"] for h in r["shm_per_host"].values() if h.get("reserved_mib") is not None] or [0.0]
+        held += [f"{statistics.median(mibs):.1f}", f"{max(mibs):.1f}"]
+    if ratio:
+        held += ["-", "-"]
+    rows.append("| " + " | ".join(held) + " |")
     return "\n".join(rows)
 
 

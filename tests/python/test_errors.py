@@ -352,3 +352,34 @@ def test_shared_memory_too_small_fails_init_with_a_message():
         harness.RankPool(2, env={"RAILCC_BUFFSIZE": str(64 << 30)}, init_timeout=60)
     assert "/dev/shm large enough" in str(info.value), str(info.value)[-2000:]
     assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"railcc-{os.getuid()}-")], "segment left behind"
+
+
+def test_shared_memory_filled_after_init_is_an_error_not_a_sigbus():
+    # FIFO pages are reserved by their writer at first use (not all at init): a /dev/shm that
+    # another process fills in the meantime must fail the op with a message on every rank.
+    # A tmpfs of its own on /dev/shm, in a mount namespace, so nothing else on the machine fills.
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a private /dev/shm")
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m none /dev/shm"],
+                           capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"no private /dev/shm here: {probe.stderr.strip()[:200]}")
+    worker = os.path.join(os.path.dirname(__file__), "shm_full_worker.py")
+    # 2 ranks' segments (4 FIFOs of 4 MiB and a 4 MiB ring each) fit in 48 MiB, empty.
+    got = subprocess.run(["unshare", "-m", "sh", "-c",
+                          f"mount -t tmpfs -o size=48m none /dev/shm && exec {sys.executable} {worker} --launch"],
+                         capture_output=True, text=True, timeout=100)
+    line = next((ln for ln in got.stdout.splitlines() if ln.startswith("LAUNCH ")), None)
+    assert line is not None, (got.stdout[-3000:], got.stderr[-3000:])
+    res = json.loads(line[len("LAUNCH "):])
+    for r, (code, out) in enumerate(zip(res["codes"], res["outs"])):
+        assert code == 0, f"rank {r} exited with {code} (-7: SIGBUS):\n{out[-3000:]}"
+        result = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), "")
+        assert result.startswith("RESULT error"), f"rank {r}: {result or out[-3000:]}"
+    assert "FILLED" in res["outs"][0], res["outs"][0][-2000:]
+    assert any("/dev/shm is full" in out for out in res["outs"]), [o[-1500:] for o in res["outs"]]

@@ -26,7 +26,8 @@ class ShmConnection : public Connection {
  public:
   ShmConnection(FifoHeader* out, char* outData, SegmentHeader* peerHdr, FifoHeader* in, char* inData, size_t cap,
                 const Segment* peerSeg)
-      : out_(out), outData_(outData), peerHdr_(peerHdr), in_(in), inData_(inData), cap_(cap), peerSeg_(peerSeg) {}
+      : out_(out), outData_(outData), peerHdr_(peerHdr), in_(in), inData_(inData), cap_(cap), peerSeg_(peerSeg),
+        populated_(lazyReservation() ? 0 : cap) {}
 
   size_t send(const void* p, size_t n) override {
     uint64_t tail = out_->tail.load(std::memory_order_relaxed);
@@ -36,6 +37,9 @@ class ShmConnection : public Connection {
     if (k == 0) return 0;
     size_t off = static_cast<size_t>(tail % cap_);
     size_t first = k < cap_ - off ? k : cap_ - off;
+    // Positions only grow, so the bytes below `off` were written before: the FIFO's pages are
+    // reserved up to the furthest byte written so far, in steps of a piece.
+    if (off + first > populated_) reserveUpTo(off + first);
     copyBytes(outData_ + off, p, first);
     if (k > first) copyBytes(outData_, static_cast<const char*>(p) + first, k - first);
     out_->tail.store(tail + k, std::memory_order_seq_cst);
@@ -109,6 +113,22 @@ class ShmConnection : public Connection {
   }
 
  private:
+  // The peer's FIFO pages this side writes, made to exist before the first write reaches them
+  // (shm_segment.h, lazyReservation): a /dev/shm that has run out is an error here, not a SIGBUS.
+  void reserveUpTo(size_t end) {
+    const size_t limit = (cap_ + 4095) / 4096 * 4096;
+    const size_t to = std::min(limit, (end + kPiece - 1) / kPiece * kPiece);
+    int err = populateForWrite(outData_ + populated_, to - populated_);
+    if (err == ENOMEM || err == EFAULT)  // EFAULT: the write would have raised SIGBUS
+      RAILCC_THROW(kSystem, "/dev/shm is full: no room for the next ", (to - populated_) >> 10,
+                   " KiB of the shared-memory FIFO to the same-host process ", peerHdr_->pid,
+                   " (docker: --shm-size; or lower RAILCC_BUFFSIZE)");
+    if (err != 0)
+      RAILCC_THROW(kSystem, "reserving ", to - populated_, " bytes of the shared-memory FIFO to the same-host process ",
+                   peerHdr_->pid, ": ", strerror(err));
+    populated_ = to;
+  }
+
   FifoHeader* out_;
   char* outData_;
   SegmentHeader* peerHdr_;
@@ -116,6 +136,7 @@ class ShmConnection : public Connection {
   char* inData_;
   size_t cap_;
   const Segment* peerSeg_;
+  size_t populated_;  // bytes of the FIFO's data reserved (from its start)
  public:
   bool samePidNamespace_ = false;
 };

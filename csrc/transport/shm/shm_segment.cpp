@@ -9,6 +9,7 @@
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -30,6 +31,9 @@ namespace shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x7261696c63637368ull;  // "railccsh"
+#ifndef MADV_POPULATE_WRITE
+constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14; older headers lack the name
+#endif
 size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace
@@ -48,19 +52,17 @@ Segment::Segment(const std::string& name, size_t bytes) : name_(name), size_(byt
     shm_unlink(name.c_str());
     RAILCC_THROW(kSystem, "flock of shared memory ", name, ": ", err);
   }
-  // Reserve the pages now: a /dev/shm too small for them (64 MiB in a default container, or
-  // filled later by another process) then fails here with a message, instead of a SIGBUS at a
-  // write into a hole later. (Left sparse, 64 ranks on 8 fake hosts set up 2-3x faster here,
-  // but a full /dev/shm would then crash a rank mid-job.)
-  int rc = ftruncate(fd, static_cast<off_t>(bytes)) != 0 ? errno : posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-  if (rc != 0) {
+  // Sized, not yet reserved: the creator reserves what must exist before anyone touches it
+  // (reserve()); a FIFO's data pages are reserved by its producer as it first reaches them
+  // (populateForWrite()), so a job pays for the FIFOs its algorithms use, not for every pair.
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    std::string err = detail::errnoString();
     close(fd);
     shm_unlink(name.c_str());
-    RAILCC_THROW(kSystem, "reserving ", bytes, " bytes of shared memory for ", name, ": ", std::strerror(rc),
-                 " (is /dev/shm large enough? docker: --shm-size; or lower RAILCC_BUFFSIZE)");
+    RAILCC_THROW(kSystem, "sizing ", bytes, " bytes of shared memory for ", name, ": ", err);
   }
-  // Not MAP_POPULATE: the pages exist; mapping them as they are first touched costs a minor fault
-  // each, where populating mapped every FIFO of the host into every rank at set-up.
+  // Not MAP_POPULATE: mapping pages as they are first touched costs a minor fault each, where
+  // populating mapped every FIFO of the host into every rank at set-up.
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     std::string err = detail::errnoString();
@@ -70,6 +72,37 @@ Segment::Segment(const std::string& name, size_t bytes) : name_(name), size_(byt
   }
   fd_ = fd;  // kept open: it holds the lock
   base_ = static_cast<char*>(p);
+}
+
+int populateForWrite(char* p, size_t bytes) {
+  while (madvise(p, bytes, MADV_POPULATE_WRITE) != 0) {
+    if (errno != EINTR) return errno;
+  }
+  return 0;
+}
+
+bool lazyReservation() {
+  // Whether this kernel populates shared pages on request (MADV_POPULATE_WRITE, Linux 5.14),
+  // telling a failure by its return value instead of a SIGBUS: tried once on a page of a scratch
+  // mapping. Every rank of a host runs the same kernel, so producer and creator agree.
+  static const bool yes = [] {
+    void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return false;
+    bool ok = populateForWrite(static_cast<char*>(p), 4096) == 0;
+    munmap(p, 4096);
+    return ok;
+  }();
+  return yes;
+}
+
+void Segment::reserve(size_t offset, size_t bytes) {
+  // Reserved pages exist: a /dev/shm too small for them (64 MiB in a default container, or
+  // filled by another process) fails here with a message, never as a SIGBUS at a write into a
+  // hole later.
+  int rc = posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes));
+  if (rc != 0)
+    RAILCC_THROW(kSystem, "reserving ", bytes, " bytes of shared memory for ", name_, ": ", std::strerror(rc),
+                 " (is /dev/shm large enough? docker: --shm-size; or lower RAILCC_BUFFSIZE)");
 }
 
 Segment::Segment(const std::string& name, bool keepFd) : name_(name) {
@@ -160,7 +193,7 @@ std::string randomToken() {
 }
 }  // namespace
 
-Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy)
+Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy, int hostRanks)
     : nslots_(nslots), fifoBytes_(fifoBytes), ringBytes_(ringBytes), singleCopy_(singleCopy) {
   // Under Yama's ptrace_scope 1 only a declared tracer may read this process's memory: every
   // process of this user is declared (as Open MPI's CMA path does). EINVAL: no Yama, nothing
@@ -169,7 +202,20 @@ Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy)
   cleanStale();
   // The pid is for people reading /dev/shm; nothing decides by it.
   std::string name = "/railcc-" + std::to_string(getuid()) + "-" + std::to_string(getpid()) + "-" + randomToken();
-  own_ = std::make_unique<Segment>(name, segmentBytes(nslots, fifoBytes, ringBytes));
+  const size_t bytes = segmentBytes(nslots, fifoBytes, ringBytes);
+  checkRoom(bytes, hostRanks);
+  own_ = std::make_unique<Segment>(name, bytes);
+  if (lazyReservation()) {
+    // What peers touch before any data flows: the headers and this rank's broadcast ring. A
+    // FIFO's data pages are reserved by its producer as it reaches them (ShmConnection::send).
+    const size_t hdr = alignUp(sizeof(SegmentHeader), 4096), fifoHdr = alignUp(sizeof(FifoHeader), 4096);
+    const size_t slot = fifoHdr + alignUp(fifoBytes, 4096);
+    own_->reserve(0, hdr);
+    for (int i = 0; i < nslots; ++i) own_->reserve(hdr + static_cast<size_t>(i) * slot, fifoHdr);
+    own_->reserve(fifosEnd(nslots, fifoBytes), bytes - fifosEnd(nslots, fifoBytes));
+  } else {
+    own_->reserve(0, bytes);  // no populate-on-request here: every page now, or a SIGBUS later
+  }
   auto* h = header();
   h->door.bell.store(0);
   h->door.sleeping.store(0);
@@ -183,6 +229,19 @@ Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy)
   h->selfAddr = reinterpret_cast<uint64_t>(own_->data());
   peers_.resize(static_cast<size_t>(nslots));
   readable_.assign(static_cast<size_t>(nslots), -1);
+}
+
+void Domain::checkRoom(size_t segmentBytes, int hostRanks) {
+  // FIFO pages are reserved as they are first used, so a /dev/shm too small for what the host's
+  // ranks may come to use is said here, at init, rather than by an op that fails mid-job.
+  struct statvfs fs {};
+  if (statvfs("/dev/shm", &fs) != 0 || fs.f_frsize == 0) return;  // no /dev/shm to ask: the reserve says
+  const unsigned long long total = static_cast<unsigned long long>(fs.f_blocks) * fs.f_frsize;
+  const unsigned long long need = static_cast<unsigned long long>(segmentBytes) * static_cast<unsigned long long>(std::max(hostRanks, 1));
+  if (need > total)
+    RAILCC_THROW(kSystem, "shared memory: the ", hostRanks, " ranks of this host need up to ", need >> 20, " MiB of /dev/shm (",
+                 segmentBytes >> 20, " MiB each) but it holds ", total >> 20,
+                 " MiB (is /dev/shm large enough? docker: --shm-size; or lower RAILCC_BUFFSIZE)");
 }
 
 bool Domain::canReadPeer(int index, std::string* why) {

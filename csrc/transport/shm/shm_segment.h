@@ -54,8 +54,8 @@ struct alignas(64) FifoHeader {
 /// (containers sharing /dev/shm), and a lock is seen by all of them.
 class Segment {
  public:
-  /// Creates a segment readable only by this user (0600), its pages reserved. Blocks: no.
-  /// Throws kSystem (naming /dev/shm's size as the likely cause) when they cannot be.
+  /// Creates a segment readable only by this user (0600), sized but with no page reserved
+  /// (reserve()). Blocks: no. Throws kSystem naming the segment.
   Segment(const std::string& name, size_t bytes);
   /// Maps an existing segment. Throws kSystem naming the segment. `keepFd`: keep its fd open for
   /// ownerAlive() (a creator in another pid namespace); else it is closed once mapped, one fd
@@ -65,6 +65,9 @@ class Segment {
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
 
+  /// The creator's: makes `bytes` from `offset` exist in /dev/shm now. Throws kSystem (naming
+  /// /dev/shm's size as the likely cause) when they cannot.
+  void reserve(size_t offset, size_t bytes);
   void unlink();
   char* data() const { return base_; }
   size_t size() const { return size_; }
@@ -92,7 +95,9 @@ class Domain : public LocalDomain {
   /// are removed first. Every rank of the host must use the same sizes (attach() checks).
   /// `singleCopy`: let same-host peers read this process's memory (prctl PR_SET_PTRACER, for
   /// Yama) and test, at connect(), whether we can read theirs.
-  Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy = false);
+  /// `hostRanks`: the ranks of this host that make one each, whose sum must fit in /dev/shm
+  /// (checked here: FIFO pages are reserved only as they are first used).
+  Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy = false, int hostRanks = 1);
   ~Domain() override;
 
   const std::string& segmentName() const { return own_->name(); }
@@ -127,6 +132,9 @@ class Domain : public LocalDomain {
   SegmentHeader* header() const { return reinterpret_cast<SegmentHeader*>(own_->data()); }
 
   static size_t segmentBytes(int nslots, size_t fifoBytes, size_t ringBytes);
+  /// Throws kSystem, naming /dev/shm's size, when `hostRanks` segments of `segmentBytes` cannot
+  /// fit in it even empty of everything else.
+  static void checkRoom(size_t segmentBytes, int hostRanks);
 
   /// Whether this process can read local rank `index`'s memory with process_vm_readv (tested
   /// once per peer on its segment header); when not, `why` says what the kernel answered.
@@ -152,6 +160,14 @@ std::unique_ptr<railcc::transport::Transport> makeTransport();
 /// `in` in ours, each with `cap` bytes of data after its header.
 std::unique_ptr<Connection> fifoConnection(FifoHeader* out, char* outData, SegmentHeader* peerHdr, FifoHeader* in,
                                            char* inData, size_t cap, const Segment* peerSeg, bool samePidNamespace);
+
+/// Makes the pages of [p, p + bytes) (page-aligned, in a shared mapping) exist and writable in
+/// this process (MADV_POPULATE_WRITE). Returns 0, or the errno: ENOMEM or EFAULT where
+/// /dev/shm has no room for them.
+int populateForWrite(char* p, size_t bytes);
+/// Whether FIFO data pages are reserved by their producer at first use (this kernel populates
+/// on request); where not, a segment's creator reserves every page at init.
+bool lazyReservation();
 
 /// Reads n bytes at `addr` in process `pid` into dst (process_vm_readv, in as many calls as
 /// the kernel needs). Returns 0, or the errno of the call that failed.

@@ -18,7 +18,8 @@ class ShmSetup : public Setup {
  public:
   explicit ShmSetup(const SetupContext& ctx) : ctx_(ctx) {
     domain_ = std::make_shared<Domain>(static_cast<int>(ctx.localRanks.size()) * ctx.lanes, fifoBytes(ctx),
-                                       static_cast<size_t>(ctx.config.buffSize), ctx.config.cmaBytes > 0);
+                                       static_cast<size_t>(ctx.config.buffSize), ctx.config.cmaBytes > 0,
+                                       static_cast<int>(ctx.localRanks.size()));
   }
 
   // The segment's name and the sizes it was laid out with, so that a peer with other sizes is
