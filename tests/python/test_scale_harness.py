@@ -20,7 +20,7 @@ HARNESS = os.path.join(ROOT, "scripts", "scale_harness.py")
 NRANKS = 4
 
 # Every per-rank number the tables show; the harness's own list must not drift from it.
-METRICS = ["init_ms", "first_op_ms", "private_mib", "rss_mib", "fds", "fds_added", "sockets", "tcp_conns", "store_conns",
+METRICS = ["init_ms", "first_op_ms", "cpu_ms", "private_mib", "rss_mib", "fds", "fds_added", "sockets", "tcp_conns", "store_conns",
            "tcp_listen", "threads", "ar8_us", "ar1m_ms", "tcp_conns_ops"]
 COUNTS = ["fds", "sockets", "store_conns", "tcp_listen", "threads"]  # whole numbers, at least 1 or 0
 
@@ -75,6 +75,10 @@ def test_every_rank_reports_every_metric(tmp_path, per_host):
     railcc, gloo = doc["runs"]
     for host, shm in railcc["shm_per_host"].items():
         assert (shm["segments"] > 0) == (per_host > 1), (host, shm)
+        if shm["segments"] and shm.get("reserved_mib") is not None:
+            # FIFO pages are reserved as they are first written: after one small all_reduce a
+            # host holds its segments' headers and rings and the FIFOs' first pieces, not all.
+            assert 0 < shm["reserved_mib"] < shm["mib"], (host, shm)
     assert all(s["segments"] == 0 for s in gloo["shm_per_host"].values()), gloo["shm_per_host"]
     # One table per backend, then the side-by-side summary with the ratio columns.
     text = proc.stdout
