@@ -23,7 +23,8 @@ What is measured, per rank:
   init CPU  the CPU time (every thread of the process, user and system) spent over the same
             span: with more ranks than cores, the ranks' sum over the cores bounds the init time.
   memory    Private_Clean + Private_Dirty (/proc/self/smaps_rollup) and RSS added between
-            just before init and just after the first all_reduce. Forked ranks start sharing
+            just before init and after the first all_reduce (read once every rank is past
+            it, so that no rank's reading costs another's init CPU). Forked ranks start sharing
             the parent's pages; a page they write becomes private, so this counts what init
             allocated and what it touched of the parent's. Shared memory (/dev/shm segments,
             mapped by every rank of a fake host by design) is reported per host apart.
@@ -293,10 +294,11 @@ def rank_main(job, rank, go_fd):
         t_done, cpu1 = time.monotonic(), time.process_time()
         if t.item() != n:
             raise RuntimeError(f"the first all_reduce gave {t.item()}, not {n}")
-        mem1 = _memory_kib()
-        # Reading /proc costs CPU that ranks still in init would miss: wait for all of them.
+        # Reading /proc costs CPU that ranks still in init would miss (smaps_rollup of a process
+        # that maps torch takes milliseconds): wait for all of them, then measure.
         store.add("inited", 1)
         store.wait(["measure"])
+        mem1 = _memory_kib()
         desc1 = _descriptors(port)
         result.update({
             "init_ms": (t_done - t_go) * 1e3,

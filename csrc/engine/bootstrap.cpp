@@ -1,4 +1,5 @@
 #include "engine/comm_impl.h"
+#include <sched.h>
 
 #include "common/crypto.h"
 #include "engine/records.h"
@@ -554,6 +555,17 @@ void CommImpl::bootstrap(Store& store) {
   // Of other hosts' ranks only the host is known here (their pid, in a failure message, is read
   // then). Whether cores are shared matters to the rule only where one host holds every rank.
   hostSharesCores_ = ranksOutnumberCpus(cpus);
+  // Hosts of one name are one machine whose host ids were set apart (RAILCC_HOST_ID: a test
+  // bed, or containers of one node): their ranks share its cores too, and must not spin.
+  int machineRanks = 0;
+  for (int r = 0; r < size_; ++r) machineRanks += peers_[static_cast<size_t>(r)].hostname == hn;
+  cpu_set_t mine;
+  const int myCpus = sched_getaffinity(0, sizeof(mine), &mine) == 0 ? CPU_COUNT(&mine) : 0;
+  if (!hostSharesCores_ && myCpus > 0 && machineRanks > myCpus && machineRanks > static_cast<int>(sameHost.size())) {
+    hostSharesCores_ = true;
+    RAILCC_INFO(INIT, "group '", opts_.name, "': ", machineRanks, " ranks are on hosts named ", hn,
+                " (other host ids, one machine) with ", myCpus, " CPUs for this one: waits yield rather than spin");
+  }
   place_.sharedCores = hostSharesCores_ && static_cast<int>(sameHost.size()) == size_;
   for (int r = 0; r < size_; ++r)
     if (peers_[static_cast<size_t>(r)].hostId == hostId && !cfg.shmDisable) localRanks_.push_back(r);

@@ -508,7 +508,7 @@ class CommImpl : private ChannelHost {
 
  private:
   void bootstrap(Store& store);
-  bool hostSharesCores_ = false;  // this host's ranks of the group outnumber the CPUs they may run on
+  bool hostSharesCores_ = false;  // this machine's ranks of the group outnumber the CPUs they may run on
   // placement.cpp: this rank's NIC and rail from the topology (logged at INFO once per
   // process), and rank 0's check that the hosts agree on their rails.
   struct RailPlace {
