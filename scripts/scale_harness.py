@@ -38,6 +38,8 @@ What is measured, per rank:
             (a pairwise all-reduce meets every peer; a ring two).
   8 B, 1 MiB  the median over --iters calls of one all_reduce (float32), each call after a
             barrier of the backend, timed on the calling rank.
+  8 B bcast  the same for a broadcast of 8 bytes from rank 0 (its max over ranks: when the
+            last rank had the payload).
 
 Jobs never overlap: each backend, size and placement runs alone, one after another. A rank's
 output goes to a log of its own; the report shows its error and the distinct lines the ranks
@@ -85,6 +87,7 @@ COLUMNS = [
     ("tcp_listen", "TCP listen", "{:d}"),
     ("threads", "threads", "{:d}"),
     ("ar8_us", "8 B us", "{:.1f}"),
+    ("bc8_us", "8 B bcast us", "{:.1f}"),
     ("ar1m_ms", "1 MiB ms", "{:.2f}"),
     ("tcp_conns_ops", "TCP conns after", "{:d}"),
 ]
@@ -239,6 +242,23 @@ def _write_json(path, doc):
     os.replace(tmp, path)
 
 
+def _timed_broadcast(dist, t, iters, rank):
+    """Median seconds of one broadcast of t from rank 0, each call after a barrier; every call
+    checked (rank 0 holds 7s, the others zeros before it). A rank's time ends when its own part
+    is done: the max over ranks is when the last rank had the payload (or the root its answer)."""
+    samples = []
+    for k in range(iters + 1):  # the first: warm-up (connections of the broadcast's peers)
+        t.fill_(7 if rank == 0 else 0)
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.broadcast(t, 0)
+        if k:
+            samples.append(time.perf_counter() - t0)
+        if not bool((t == 7).all()):
+            raise RuntimeError(f"the 8 B broadcast gave {t.unique().tolist()[:4]}, not 7")
+    return statistics.median(samples)
+
+
 def _timed_all_reduce(dist, t, iters, refill):
     """Median seconds of one all_reduce of t, each call after a barrier; t holds ones again
     after every call (outside the timing), so the result can be checked."""
@@ -324,7 +344,8 @@ def rank_main(job, rank, go_fd):
         for name, last in (("8 B", last8), ("1 MiB", last1m)):
             if not bool((last == n).all()):
                 raise RuntimeError(f"the {name} all_reduce gave {last.unique().tolist()[:4]}, not {n}")
-        result.update({"ar8_us": s8 * 1e6, "ar1m_ms": s1m * 1e3,
+        b8 = _timed_broadcast(dist, torch.zeros(2, dtype=torch.float32), job["iters"], rank)
+        result.update({"ar8_us": s8 * 1e6, "bc8_us": b8 * 1e6, "ar1m_ms": s1m * 1e3,
                        "tcp_conns_ops": _descriptors(port)["tcp_peers"] - desc0["tcp_peers"]})
         _write_json(out_path, result)
         # Tear down together, once every rank has reported: no rank leaves while a peer still

@@ -144,10 +144,10 @@ class CommImpl : private ChannelHost {
   void runReduceScatterRing(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
                             double scale);
   void runAllgatherHosts(size_t bytes, const std::vector<char*>& outs);
-  void runReduceScatterHosts(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
-                             double scale);
+  void runReduceScatterHosts(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op, double scale);
   void runAllreduceTree(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
   void runBroadcastRing(char* buf, size_t bytes, int root);
+  void runBroadcastTree(char* buf, size_t bytes, int root);  // algorithms/bcast_tree.cpp
   // algorithms/direct.cpp: the other ops' host algorithms (the rule where there is a choice)
   void runBroadcast(char* buf, size_t bytes, int root);
   void runBroadcastChain(char* buf, size_t bytes, int root);

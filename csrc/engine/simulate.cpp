@@ -26,7 +26,8 @@ uint64_t blockBytes(size_t count, int m, int j, size_t es) {
   return (base + (static_cast<size_t>(j) < rem ? 1 : 0)) * es;
 }
 
-enum class Kind { kRingReduce, kRingGather, kPairReduce, kPairGather, kPairSeparate, kPairBlocks, kAll, kDoubling, kTree, kChain };
+enum class Kind { kRingReduce, kRingGather, kPairReduce, kPairGather, kPairSeparate, kPairBlocks, kAll, kDoubling, kTree, kChain,
+                  kBcastTree };
 
 // One stage of a rank's schedule: `count` elements over `g` (kAll, kPairSeparate, kChain,
 // kPairBlocks: `count` is a byte count per message; kPairBlocks sends `per` of them a step).
@@ -107,9 +108,10 @@ class Planner {
       } else if (a == Algo::kDirect) ph.push_back({Kind::kAll, all, bytes, 1});
       else if (a == Algo::kRing) ph.push_back({Kind::kRingGather, all, count * static_cast<size_t>(n), n - 1});
       else unsupported(a, op);
-    } else if (op == "broadcast") {
-      if (a != Algo::kChain) unsupported(a, op);
-      ph.push_back({Kind::kChain, all, bytes, r == 0 ? 1 : 2});
+    } else if (op == "broadcast") {  // from rank 0
+      if (a == Algo::kTree) ph.push_back({Kind::kBcastTree, all, bytes, 0});
+      else if (a == Algo::kChain) ph.push_back({Kind::kChain, all, bytes, r == 0 ? 1 : 2});
+      else unsupported(a, op);
     }
     return ph;
   }
@@ -180,6 +182,19 @@ class Planner {
           for (int c = 0; c < t.nkids; ++c) out.sends.push_back({g.at(t.kids[c]), p.count});
         break;
       }
+      case Kind::kBcastTree: {  // from the parent; to the children, their acknowledgements back; up
+        const schedule::BcastLinks b = bcastLinks(r);
+        const int j = k - (b.parent >= 0 ? 1 : 0);
+        if (j < 0) {
+          out.recvs.push_back(b.parent);
+        } else if (j == 0 && b.nkids > 0) {
+          for (int c = 0; c < b.nkids; ++c) out.sends.push_back({b.kids[c], p.count});
+          for (int c = 0; c < b.nkids; ++c) out.recvs.push_back(b.kids[c]);
+        } else {
+          out.sends.push_back({b.parent, 0});
+        }
+        break;
+      }
       case Kind::kChain:  // from position 0: receive, then forward; the tail tells the root
         if (i == 0) {
           if (m > 1) out.sends.push_back({g.at(1), p.count});
@@ -193,13 +208,20 @@ class Planner {
     }
   }
 
-  static int stepsOf(const Phase& p, int r) {
+  int stepsOf(const Phase& p, int r) const {
+    if (p.kind == Kind::kBcastTree) return schedule::bcastSteps(bcastLinks(r));
     if (p.kind == Kind::kTree) return schedule::treeSteps(schedule::binaryTree(p.g.m, p.g.pos(r)));
     if (p.kind != Kind::kDoubling) return p.steps;
     return schedule::doublingSteps(schedule::doubling(p.g.m, p.g.pos(r)));
   }
 
  private:
+  // Rank r's links in the broadcast tree from rank 0: along rails where hosts hold two or more
+  // ranks each (the sim's ranks are host by host, as the engine's ringOrder()).
+  schedule::BcastLinks bcastLinks(int r) const {
+    const int L = job_.perHost > 1 && job_.perHost < job_.size ? job_.perHost : 1;
+    return schedule::bcastTree(job_.size / L, L, 0, 0, r / L, r % L);
+  }
   [[noreturn]] static void unsupported(Algo a, const std::string& op) {
     RAILCC_THROW(kInvalidUsage, "railcc sim: ", op, " by ", algoName(a),
                  " is not simulated (the shared-memory rings of a one-host group are not modelled)");
@@ -237,7 +259,7 @@ SimResult simulateOp(const SimJob& job, const std::string& op, size_t bytes, siz
   SimResult res;
   res.algo = algoName(a);
   if (a == Algo::kHier) res.algo += aop != AlgoOp::kAllreduce || rails ? " (rails: ring)" : " (rails: pairwise)";
-  if (a == Algo::kTree && treeRails) res.algo += " (rails: binary tree)";
+  if (a == Algo::kTree && (aop == AlgoOp::kBroadcast ? place.hostsEven : treeRails)) res.algo += " (rails: binary tree)";
   if (perRank) res.sent.resize(static_cast<size_t>(n));
   if (n == 1) return res;
 
@@ -253,7 +275,7 @@ SimResult simulateOp(const SimJob& job, const std::string& op, size_t bytes, siz
   for (int r = 0; r < n; ++r) {
     Cursor& c = cur[static_cast<size_t>(r)];
     c.phases = planner.plan(a, op, bytes, r);
-    while (c.phase < c.phases.size() && (c.kEnd = Planner::stepsOf(c.phases[c.phase], r)) == 0) ++c.phase;
+    while (c.phase < c.phases.size() && (c.kEnd = planner.stepsOf(c.phases[c.phase], r)) == 0) ++c.phase;
   }
   // inbox[r]: per sender, the start times of the steps whose messages r has not taken yet.
   std::vector<std::vector<std::pair<int, std::deque<int64_t>>>> inbox(static_cast<size_t>(n));
@@ -316,7 +338,7 @@ SimResult simulateOp(const SimJob& job, const std::string& op, size_t bytes, siz
         if (++c.k == c.kEnd) {
           c.k = 0;
           ++c.phase;
-          while (c.phase < c.phases.size() && (c.kEnd = Planner::stepsOf(c.phases[c.phase], r)) == 0) ++c.phase;
+          while (c.phase < c.phases.size() && (c.kEnd = planner.stepsOf(c.phases[c.phase], r)) == 0) ++c.phase;
           if (c.phase >= c.phases.size()) --left;
         }
       }

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "engine/algorithms/choose.h"
+#include "engine/algorithms/schedule.h"
 #include "ranks.h"
 
 using namespace railcc;
@@ -74,8 +75,12 @@ TEST(AlgoRule, AcrossHostsFrom16RanksTheRingBoundsThePeers) {
   for (size_t b : {size_t(8), size_t(65537), size_t(1) << 28}) {
     EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, b, spread, {}, nullptr), Algo::kRing) << b;
     EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, b, spread, {}, nullptr), Algo::kRing) << b;
-    EXPECT_EQ(chooseAlgo(AlgoOp::kBroadcast, b, spread, {}, nullptr), Algo::kChain) << b;
+    // Small broadcasts by the tree (log2 n hops, not n - 1), large ones by the pipelined chain.
+    EXPECT_EQ(chooseAlgo(AlgoOp::kBroadcast, b, spread, {}, nullptr), b <= 65536 ? Algo::kTree : Algo::kChain) << b;
   }
+  spread.size = 15;
+  EXPECT_EQ(chooseAlgo(AlgoOp::kBroadcast, 8, spread, {}, nullptr), Algo::kChain);
+  spread.size = 16;
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 65537, spread, {}, nullptr), Algo::kRing);
   spread.size = 15;
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, 1 << 20, spread, {}, nullptr), Algo::kDirect);
@@ -161,6 +166,55 @@ TEST(AlgoRule, PreferencesApplyWhereTheyFitAndNcclNamesMap) {
     EXPECT_NE(std::string(e.what()).find("pairwise"), std::string::npos);
     EXPECT_NE(std::string(e.what()).find("tree"), std::string::npos);
   }
+}
+
+// The broadcast tree's links, for hosts of 1 to 9 ranks, 1 to 40 hosts and every root: each
+// rank but the root has one parent that lists it as a child, every rank is reached from the
+// root, only the root's local index crosses hosts (H - 1 messages over the network), a rank
+// has at most 4 children, and the depth is at most that of the two binary trees together.
+TEST(BcastTree, ReachesEveryRankOnceWithOneNetworkHopPerHost) {
+  for (int L = 1; L <= 9; ++L)
+    for (int H = 1; H <= 40; H += (H < 12 ? 1 : 7))
+      for (int root = 0; root < H * L; root += (H * L > 24 ? 5 : 1)) {
+        const int n = H * L, hr = root / L, lr = root % L;
+        std::vector<schedule::BcastLinks> links;
+        for (int i = 0; i < n; ++i) links.push_back(schedule::bcastTree(H, L, hr, lr, i / L, i % L));
+        std::vector<int> depth(static_cast<size_t>(n), -1);
+        depth[static_cast<size_t>(root)] = 0;
+        std::vector<int> todo{root};
+        int network = 0, deepest = 0;
+        while (!todo.empty()) {
+          const int i = todo.back();
+          todo.pop_back();
+          const auto& b = links[static_cast<size_t>(i)];
+          ASSERT_LE(b.nkids, 4);
+          for (int k = 0; k < b.nkids; ++k) {
+            const int c = b.kids[k];
+            ASSERT_TRUE(c >= 0 && c < n) << "H " << H << " L " << L << " root " << root;
+            ASSERT_EQ(links[static_cast<size_t>(c)].parent, i) << "H " << H << " L " << L << " root " << root << " kid " << c;
+            ASSERT_EQ(depth[static_cast<size_t>(c)], -1) << "reached twice: " << c;
+            depth[static_cast<size_t>(c)] = depth[static_cast<size_t>(i)] + 1;
+            deepest = std::max(deepest, depth[static_cast<size_t>(c)]);
+            if (c / L != i / L) {
+              ++network;
+              ASSERT_EQ(c % L, lr);
+              ASSERT_EQ(i % L, lr);
+            }
+            todo.push_back(c);
+          }
+        }
+        for (int i = 0; i < n; ++i) {
+          ASSERT_GE(depth[static_cast<size_t>(i)], 0) << "H " << H << " L " << L << " root " << root << ": " << i << " never reached";
+          ASSERT_EQ(links[static_cast<size_t>(i)].parent < 0, i == root);
+        }
+        ASSERT_EQ(network, H - 1);
+        auto levels = [](int m) {
+          int d = 0;
+          while ((1 << (d + 1)) - 1 < m) ++d;
+          return d;
+        };
+        ASSERT_LE(deepest, levels(H) + levels(L)) << "H " << H << " L " << L;
+      }
 }
 
 class Forced : public testing::TestWithParam<const char*> {};
@@ -277,6 +331,16 @@ TEST_P(RingTree, ExactAndAlikeOnEveryRank) {
           testing_util::waitOk(c.reduceScatter(pdin, dout.data(), count, DataType::kFloat64, ReduceOp::kAvg));
           for (double v : dout) ASSERT_DOUBLE_EQ(v, n + 1.0);
         }
+        // A broadcast from every root (the tree's rotation; its rails where hosts are even).
+        for (int root = 0; root < n; ++root)
+          for (size_t count : {size_t(0), size_t(3), size_t(100003)}) {
+            std::vector<int32_t> b(count, r == root ? 0 : -1);
+            if (r == root)
+              for (size_t i = 0; i < count; ++i) b[i] = static_cast<int32_t>(i % 1009) + 7 * root;
+            testing_util::waitOk(c.broadcast(b.data(), count, DataType::kInt32, root));
+            for (size_t i = 0; i < count; ++i)
+              ASSERT_EQ(b[i], static_cast<int32_t>(i % 1009) + 7 * root) << "broadcast from " << root << " element " << i;
+          }
         // Above the 1 MiB the tree keeps for its copy, twice: the copy is let go and made again.
         for (int round = 0; round < 2; ++round) {
           std::vector<int32_t> big(300001, r + round);

@@ -743,12 +743,13 @@ def test_collective(pools, n, transport, fn):
     check(pool_for(pools, n, transport), fn)
 
 
-@pytest.mark.parametrize("algo,n", [("ring", 3), ("tree", 3), ("tree", 4)])
+@pytest.mark.parametrize("algo,n", [("ring", 3), ("tree", 3), ("tree", 4), ("tree", 5)])
 def test_ring_and_tree_over_tcp(pools, algo, n):
     # RAILCC_ALGO=ring / tree over TCP: every dtype and reduce op, odd counts and zero size
-    # (rk_allreduce), and the ring all-gather (rk_allgather), against torch's own results.
+    # (rk_allreduce), the ring all-gather (rk_allgather) and the tree broadcast from every root
+    # (rk_broadcast), against torch's own results.
     pool = pools(n, RAILCC_ALGO=algo, RAILCC_SHM_DISABLE="1")
-    for fn in (rk_allreduce, rk_allgather):
+    for fn in (rk_allreduce, rk_allgather) + ((rk_broadcast,) if algo == "tree" else ()):
         check(pool, fn)
 
 

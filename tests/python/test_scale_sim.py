@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(240)
 
 # (op, bytes of the op's whole buffer), float32: sizes where the rule picks each algorithm.
 OPS = [("all_reduce", 8), ("all_reduce", 1 << 20), ("reduce_scatter", 1 << 20), ("all_gather", 64 << 10),
-       ("broadcast", 1 << 20)]
+       ("broadcast", 1 << 20), ("broadcast", 8)]
 
 
 def _traffic(rank, world, ops):
@@ -53,10 +53,11 @@ def _block(op, nbytes, world):
 
 
 @pytest.mark.parametrize("world,per_host,algo,ops", [(16, 1, "", OPS), (8, 2, "", OPS), (8, 2, "hier,ring", OPS),
-                                                     (32, 2, "", OPS[:1])],
+                                                     (32, 2, "", [OPS[0], OPS[-1]])],
                          ids=["16x1", "8x2", "8x2-hier-ring", "32x2-rail-tree"])
 def test_simulation_sends_what_real_ranks_send(world, per_host, algo, ops):
-    # 32x2: 16 hosts, where the small all-reduce runs a binary tree along each rail.
+    # 32x2: 16 hosts, where the small all-reduce runs a binary tree along each rail, and the small
+    # broadcast a tree along rank 0's rail and then within each host (16x1: one tree of all).
     env = {"RAILCC_ALGO": algo} if algo else {}
     pool = RankPool(world, env=env, rank_env=lambda r: {"RAILCC_HOST_ID": f"h{r // per_host}"})
     try:
@@ -86,8 +87,11 @@ def test_simulation_at_4096_ranks_meets_the_scale_targets():
     big = rules.simulate(n, per_host, "all_reduce", 256 << 20, 4)
     assert big["algo"] == "hier (rails: ring)" and big["net_peers"] == 2, big
     assert big["bytes_sent"] <= 2 * (n - 1) / n * (256 << 20) * 1.05, big
-    for op in ("reduce_scatter", "all_gather", "broadcast"):
-        assert rules.simulate(n, per_host, op, (256 << 20) // n, 4)["net_peers"] <= 2, op
+    bcast = rules.simulate(n, per_host, "broadcast", 8, 4)  # the chain took 4,095 hops
+    assert bcast["algo"] == "tree (rails: binary tree)" and bcast["steps"] <= 2 * 12 + 4, bcast
+    assert bcast["net_peers"] <= 2 * 2 + 4, bcast
+    for op, nbytes in (("reduce_scatter", (256 << 20) // n), ("all_gather", (256 << 20) // n), ("broadcast", 256 << 20)):
+        assert rules.simulate(n, per_host, op, nbytes, 4)["net_peers"] <= 2, op
 
 
 def test_simulation_refuses_what_it_cannot_model():

@@ -44,7 +44,7 @@ bool fits(Algo a, AlgoOp op, size_t bytes, const AlgoPlace& p) {
     case Algo::kChain: return op == AlgoOp::kBroadcast;
     case Algo::kDirect: return op == AlgoOp::kAllgather;
     case Algo::kRing: return p.size > 1 && op != AlgoOp::kBroadcast;
-    case Algo::kTree: return p.size > 1 && op == AlgoOp::kAllreduce;
+    case Algo::kTree: return p.size > 1 && (op == AlgoOp::kAllreduce || op == AlgoOp::kBroadcast);
   }
   return false;
 }
@@ -118,6 +118,10 @@ Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& p, const std::vector<A
     case AlgoOp::kAllgather:
       if (fits(Algo::kRings, op, bytes, p) && static_cast<int64_t>(bytes) > p.oneshotBytes)
         return pick(Algo::kRings, "every rank on this host, above RAILCC_ONESHOT_BYTES");
+      // The chain's latency is n - 1 hops; a tree's, twice its depth (bcast_tree.cpp).
+      if (op == AlgoOp::kBroadcast && acrossHosts && p.size >= kTreeMinRanks &&
+          static_cast<int64_t>(bytes) <= p.oneshotBytes)
+        return pick(Algo::kTree, "16 or more ranks across hosts, at most RAILCC_ONESHOT_BYTES: a tree along rails");
       if (op == AlgoOp::kAllgather && acrossHosts && p.size >= kRingMinRanks)
         return p.hostsEven ? pick(Algo::kHier, "16 or more ranks, hosts with equal rank counts: rings along rails")
                            : pick(Algo::kRing, "16 or more ranks across hosts: two peers per rank");

@@ -23,7 +23,8 @@ enum class Algo : uint8_t {
   kDirect,    // every peer at once, nothing reduced (all-gather)
   kRing,      // around a ring of all ranks, host by host: two peers per rank (all-reduce,
               // reduce-scatter, all-gather)
-  kTree,      // recursive doubling: log2(n) + 2 steps, whole buffers (small all-reduces)
+  kTree,      // recursive doubling: log2(n) + 2 steps, whole buffers (small all-reduces); for
+              // broadcast, a binary tree along the root's rail, then within each host
 };
 
 const char* algoName(Algo a);

@@ -4,14 +4,17 @@
 namespace railcc::engine {
 
 // ---------------------------------------------------------------------------------------
-// Algorithms without a reduction order to keep or with one root: the chain broadcast, the
-// rooted reduce, gather and scatter, the direct all-gather and all-to-all (every peer at
-// once), the pairwise reduce-scatter of separate input buffers, and the barrier. Each op's
+// Algorithms without a reduction order to keep or with one root: the chain broadcast (the
+// tree is in bcast_tree.cpp), the rooted reduce, gather and scatter, the direct all-gather and
+// all-to-all (every peer at once), the pairwise reduce-scatter of separate input buffers, and
+// the barrier. Each op's
 // entry here asks the rule (chooseAlgo, through algoFor) where there is a choice.
 
 void CommImpl::runBroadcast(char* buf, size_t bytes, int root) {
   if (size_ == 1) return;
-  if (algoFor(AlgoOp::kBroadcast, bytes) == Algo::kRings) return runBroadcastRing(buf, bytes, root);
+  const Algo algo = algoFor(AlgoOp::kBroadcast, bytes);
+  if (algo == Algo::kRings) return runBroadcastRing(buf, bytes, root);
+  if (algo == Algo::kTree) return runBroadcastTree(buf, bytes, root);
   runBroadcastChain(buf, bytes, root);
 }
 

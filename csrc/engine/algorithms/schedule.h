@@ -85,4 +85,35 @@ inline TreeLinks binaryTree(int m, int i) {
 
 inline int treeSteps(const TreeLinks& t) { return (t.parent >= 0 ? 2 : 0) + (t.nkids > 0 ? 2 : 0); }
 
+/// The small broadcast (bcast_tree.cpp) over H hosts of L ranks each, ranks numbered h*L + l
+/// (host h, local index l), from the root at (hr, lr): the ranks of the root's local index run
+/// a binary tree over the hosts from the root's host on, and each of them heads a binary tree
+/// over its host's ranks from its own local index on. Only H - 1 messages cross the network;
+/// with L = 1 it is one binary tree over all ranks. A rank with a parent takes the payload
+/// from it, then sends it to its children (those across hosts first) while it waits for each
+/// child's empty acknowledgement, then acknowledges to its parent: the root returns only once
+/// every rank took a message that named the same root. Depth down, and as much back up.
+struct BcastLinks {
+  int parent = -1;
+  int kids[4] = {-1, -1, -1, -1};
+  int nkids = 0;
+};
+
+inline BcastLinks bcastTree(int H, int L, int hr, int lr, int h, int l) {
+  BcastLinks b;
+  const int p = mod(h - hr, H), q = mod(l - lr, L);
+  auto at = [&](int hp, int lq) { return mod(hp + hr, H) * L + mod(lq + lr, L); };
+  if (q == 0) {
+    const TreeLinks t = binaryTree(H, p);
+    if (t.parent >= 0) b.parent = at(t.parent, 0);
+    for (int k = 0; k < t.nkids; ++k) b.kids[b.nkids++] = at(t.kids[k], 0);
+  }
+  const TreeLinks u = binaryTree(L, q);
+  if (q > 0) b.parent = at(p, u.parent);
+  for (int k = 0; k < u.nkids; ++k) b.kids[b.nkids++] = at(p, u.kids[k]);
+  return b;
+}
+
+inline int bcastSteps(const BcastLinks& b) { return (b.parent >= 0 ? 2 : 0) + (b.nkids > 0 ? 1 : 0); }
+
 }  // namespace railcc::engine::schedule
