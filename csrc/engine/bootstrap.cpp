@@ -154,6 +154,8 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   ctx.rail = place.rail;
   ctx.railIfs = place.railIfs;
   ctx.gpuNics = place.gpuNics;
+  ctx.publish = [this](const std::string& k, const std::string& v) { store_->set(k, v); };
+  ctx.peek = [this](const std::string& k, std::string& v) { return storeTryGet(k, Millis(2), v); };
   bool remote = static_cast<int>(localRanks_.size()) < size_;
 
   // RAILCC_NET / NCCL_NET names the transport between hosts (NCCL's "Socket" and "IB" too).

@@ -64,6 +64,12 @@ struct SetupContext {
   int rail = -1;
   std::vector<std::string> railIfs;
   std::vector<GpuNicPath> gpuNics;  // every GPU x RDMA NIC pair of this host (topology)
+  // The group's store, for what a pair made at first use must tell each other beyond the
+  // endpoints (a verbs queue pair's number): publish sets a key of this group; peek reads one
+  // without waiting more than a few milliseconds (false while it is unset). Unset in tests
+  // that drive a Setup alone (then such a transport connects at init).
+  std::function<void(const std::string&, const std::string&)> publish;
+  std::function<bool(const std::string&, std::string&)> peek;
 };
 
 class Setup {

@@ -1,11 +1,17 @@
-// Set-up of the verbs transport: which ports serve this rank, the endpoint blob (every queue
-// pair this rank made for a peer on another host, with its ring), and connecting them.
+// Set-up of the verbs transport: which ports serve this rank, the endpoint blob, and
+// connecting queue pairs.
 //
-// Queue pairs are made when the endpoint is published, one per (peer, lane, channel), so the
-// blob carries everything a peer needs (QPN, PSN, LID/GID, MTU, the ring's address and rkey)
-// and connecting is two local state changes on each side, with no second exchange. The
-// engine's store round-trip after set-up (finishAfterPeers) ensures that no rank writes
-// before its peer's queue pair is ready to receive.
+// At first use (RAILCC_RUNTIME_CONNECT, the default) the blob names only this rank's ports, and
+// a pair's queue pairs are made when the pair first meets: each side makes its own (with its
+// ring) and publishes it under a key of the pair (QPN, PSN, the ring's address and rkey), reads
+// the peer's, moves its queue pair to RTR and RTS, and says so under a second key; it writes to
+// the peer only once the peer has said so, so no write reaches a queue pair not yet ready to
+// receive. A rank pins rings only for the peers its ops meet.
+//
+// Connected at init (RAILCC_RUNTIME_CONNECT=0), queue pairs are made when the endpoint is
+// published, one per (peer, lane, channel), so the blob carries everything a peer needs and
+// connecting is two local state changes on each side; the engine's store round-trip after
+// set-up (finishAfterPeers) ensures that no rank writes before its peer is ready to receive.
 
 #include <unistd.h>
 
@@ -103,12 +109,12 @@ class VerbsSetup : public Setup {
   }
 
   int channels() const override { return channels_; }
+  bool lazy() const override { return ctx_.config.runtimeConnect && ctx_.publish && ctx_.peek; }
 
   std::string endpoint() override {
     std::string s = "verbs1";
-    for (auto& d : devs_)
-      s += ";d," + d->name() + ":" + std::to_string(d->port()) + "," + std::to_string(d->lid()) + "," +
-           toHex(d->gid().raw, 16) + "," + std::to_string(d->mtu()) + "," + (d->roce() ? "1" : "0");
+    for (auto& d : devs_) s += ";" + devLine(*d);
+    if (lazy()) return s;  // queue pairs are made per pair at first use
     for (const PeerRecord& p : ctx_.peers) {
       if (p.rank == ctx_.rank ||
           std::find(ctx_.localRanks.begin(), ctx_.localRanks.end(), p.rank) != ctx_.localRanks.end())
@@ -129,7 +135,17 @@ class VerbsSetup : public Setup {
 
   std::string reach(const PeerRecord& peer) override {
     Blob b;
+    if (lazy() && peer.endpoint.empty())  // read at the pair's first use, and checked then
+      return std::string("RDMA ports here (") + devs_[0]->name() + (devs_[0]->roce() ? " RoCE" : " InfiniBand") + ")" +
+             railWhy_;
     if (!parseBlob(peer.endpoint, &b) || b.devs.empty()) return "";
+    if (lazy()) {
+      if (b.devs[0].roce != devs_[0]->roce()) return "";  // InfiniBand and Ethernet ports cannot talk
+      const std::string theirs = b.devs[0].dev;
+      blobs_[peer.rank] = std::move(b);
+      return std::string("both have RDMA ports (") + devs_[0]->name() + (devs_[0]->roce() ? " RoCE" : " InfiniBand") +
+             " <-> " + theirs + ")" + railWhy_;
+    }
     auto mine = conns_.find({peer.rank, 0, 0});
     auto theirs = b.conns.find({ctx_.rank, 0, 0});
     if (mine == conns_.end() || theirs == b.conns.end()) return "";
@@ -140,10 +156,14 @@ class VerbsSetup : public Setup {
            theirs->second.dev + ")" + railWhy_;
   }
 
-  void connect(const PeerRecord& peer, int lane, int channel) override { want_.push_back({peer.rank, lane, channel}); }
-  void accept(const PeerRecord& peer, int lane, int channel) override { want_.push_back({peer.rank, lane, channel}); }
+  void connect(const PeerRecord& peer, int lane, int channel) override { start(peer, lane, channel); }
+  void accept(const PeerRecord& peer, int lane, int channel) override { start(peer, lane, channel); }
 
   bool progress(std::chrono::steady_clock::time_point, std::chrono::milliseconds) override {
+    if (lazy()) {
+      exchange();
+      return false;  // connections at first use never end
+    }
     for (const Key& k : want_) {
       auto [peer, lane, ch] = k;
       auto missing = [&, peer = peer, lane = lane, ch = ch] {
@@ -171,6 +191,9 @@ class VerbsSetup : public Setup {
     return true;
   }
 
+  bool ready(int peer, int lane, int channel) override { return done_.count({peer, lane, channel}) != 0; }
+  int pollFds(std::vector<pollfd>&) override { return pending_.empty() ? 100 : 1; }  // the store has no fd
+
   std::unique_ptr<Connection> take(int peer, int lane, int channel) override {
     auto it = done_.find({peer, lane, channel});
     if (it == done_.end()) RAILCC_THROW(kInternal, "verbs: no connection to rank ", peer, " lane ", lane, " channel ", channel);
@@ -186,6 +209,88 @@ class VerbsSetup : public Setup {
   bool finishAfterPeers() const override { return true; }
 
  private:
+  // A queue pair made at first use, until the peer's is known and then until the peer's is ready.
+  struct Pending {
+    std::unique_ptr<VerbsConnection> conn;
+    bool connected = false;  // ours is in RTS, and said so
+  };
+
+  static std::string devLine(const Device& d) {
+    return "d," + d.name() + ":" + std::to_string(d.port()) + "," + std::to_string(d.lid()) + "," + toHex(d.gid().raw, 16) +
+           "," + std::to_string(d.mtu()) + "," + (d.roce() ? "1" : "0");
+  }
+  // Store keys of one direction of a pair's (lane, channel): the queue pair `from` made for
+  // `to`, and `from` ready to receive on it.
+  static std::string qpKey(int from, int to, int lane, int ch) {
+    return "vq/" + std::to_string(from) + "/" + std::to_string(to) + "/" + std::to_string(lane) + "/" + std::to_string(ch);
+  }
+  static std::string readyKey(int from, int to, int lane, int ch) {
+    return "vr/" + std::to_string(from) + "/" + std::to_string(to) + "/" + std::to_string(lane) + "/" + std::to_string(ch);
+  }
+
+  void start(const PeerRecord& peer, int lane, int ch) {
+    if (!lazy()) {
+      want_.push_back({peer.rank, lane, ch});
+      return;
+    }
+    if (!blobs_.count(peer.rank) && reach(peer).rfind("both", 0) != 0) {
+      Error e(ErrorCode::kInvalidUsage, "verbs: " + peerName(peer) + " offers no RDMA port this rank's " +
+                                            devs_[0]->name() + " can talk to (its endpoint: '" +
+                                            peer.endpoint.substr(0, 200) + "')");
+      e.ranks = {peer.rank};
+      throw e;
+    }
+    const size_t dev = static_cast<size_t>(ch) % devs_.size();
+    Pending p;
+    p.conn = std::make_unique<VerbsConnection>(devs_[dev], ring_, ctx_.config, peerName(peer));
+    const QpInfo q = p.conn->local();
+    // A blob of one port and one queue pair, which parseBlob reads like a whole endpoint.
+    ctx_.publish(qpKey(ctx_.rank, peer.rank, lane, ch),
+                 "verbs1;" + devLine(*devs_[dev]) + ";c," + std::to_string(peer.rank) + "," + std::to_string(lane) + "," +
+                     std::to_string(ch) + ",0," + std::to_string(q.qpn) + "," + std::to_string(q.psn) + "," +
+                     std::to_string(q.ringAddr) + "," + std::to_string(q.rkey) + "," + std::to_string(q.ringBytes));
+    pending_[{peer.rank, lane, ch}] = std::move(p);
+  }
+
+  // One store read per call (each waits a few milliseconds at most), for the pending pairs in
+  // turn, so that one whose peer is busy elsewhere holds up no other: the peer's queue pair, or
+  // its word that it is ready to receive.
+  void exchange() {
+    if (pending_.empty()) return;
+    auto it = pending_.upper_bound(turn_);
+    if (it == pending_.end()) it = pending_.begin();
+    turn_ = it->first;
+    auto [peer, lane, ch] = it->first;
+    Pending& p = it->second;
+    std::string v;
+    if (!p.connected) {
+      if (!ctx_.peek(qpKey(peer, ctx_.rank, lane, ch), v)) return;
+      Blob b;
+      auto q = b.conns.end();
+      if (parseBlob(v, &b)) q = b.conns.find({ctx_.rank, lane, ch});
+      if (q == b.conns.end()) {
+        Error e(ErrorCode::kInvalidUsage, "verbs: rank " + std::to_string(peer) + "'s queue pair for lane " +
+                                              std::to_string(lane) + " channel " + std::to_string(ch) +
+                                              " in the store is malformed ('" + v.substr(0, 200) + "')");
+        e.ranks = {peer};
+        throw e;
+      }
+      try {
+        p.conn->connectTo(q->second);
+      } catch (Error& e) {
+        e.ranks = {peer};
+        throw;
+      }
+      ctx_.publish(readyKey(ctx_.rank, peer, lane, ch), "1");
+      p.connected = true;
+      return;
+    }
+    if (!ctx_.peek(readyKey(peer, ctx_.rank, lane, ch), v)) return;
+    done_[it->first] = std::move(p.conn);
+    pending_.erase(it);
+    return;
+  }
+
   SetupContext ctx_;
   std::vector<std::shared_ptr<Device>> devs_;
   std::string railWhy_;
@@ -194,6 +299,8 @@ class VerbsSetup : public Setup {
   std::map<Key, std::unique_ptr<VerbsConnection>> conns_, done_;
   std::map<int, Blob> blobs_;
   std::vector<Key> want_;
+  std::map<Key, Pending> pending_;
+  Key turn_{-1, -1, -1};  // the pending pair read last
 };
 
 class VerbsTransport : public railcc::transport::Transport {
