@@ -185,9 +185,12 @@ TEST_P(Verbs, EveryCollectiveIsBitExact) {
   auto [n, qps] = GetParam();
   size_t channels = devs.size() * static_cast<size_t>(qps);
   runOverVerbs(n, qps, [n, channels](Communicator& c) {
-    std::string desc = c.transportTo((c.rank() + 1) % n);
-    EXPECT_EQ(static_cast<size_t>(std::count(desc.begin(), desc.end(), ',')) + 1, channels) << desc;
+    // Queue pairs are made at first use: before any op the link names no queue pair yet.
+    EXPECT_NE(c.transportTo((c.rank() + 1) % n).find("at first use"), std::string::npos);
     testing_util::everyCollectiveIsBitExact(c, n, "verbs ");
+    std::string desc = c.transportTo((c.rank() + 1) % n);
+    EXPECT_EQ(desc.rfind("verbs ", 0), 0u) << desc;
+    EXPECT_EQ(static_cast<size_t>(std::count(desc.begin(), desc.end(), ',')) + 1, channels) << desc;
   });
 }
 
