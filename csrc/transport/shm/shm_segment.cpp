@@ -34,7 +34,8 @@ constexpr uint64_t kMagic = 0x7261696c63637368ull;  // "railccsh"
 #ifndef MADV_POPULATE_WRITE
 constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14; older headers lack the name
 #endif
-size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
+constexpr size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
+constexpr const char* kShmRoomHint = " (is /dev/shm large enough? docker: --shm-size; or lower RAILCC_BUFFSIZE)";
 
 }  // namespace
 
@@ -101,8 +102,7 @@ void Segment::reserve(size_t offset, size_t bytes) {
   // hole later.
   int rc = posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes));
   if (rc != 0)
-    RAILCC_THROW(kSystem, "reserving ", bytes, " bytes of shared memory for ", name_, ": ", std::strerror(rc),
-                 " (is /dev/shm large enough? docker: --shm-size; or lower RAILCC_BUFFSIZE)");
+    RAILCC_THROW(kSystem, "reserving ", bytes, " bytes of shared memory for ", name_, ": ", std::strerror(rc), kShmRoomHint);
 }
 
 Segment::Segment(const std::string& name, bool keepFd) : name_(name) {
@@ -153,10 +153,13 @@ void Segment::unlink() {
 namespace {
 // Layout: segment header | nslots x (FIFO header, FIFO data) | broadcast ring header (tail,
 // then one cache line per consumer) | broadcast ring data.
-size_t fifosEnd(int nslots, size_t fifoBytes) {
-  return alignUp(sizeof(SegmentHeader), 4096) +
-         static_cast<size_t>(nslots) * (alignUp(sizeof(FifoHeader), 4096) + alignUp(fifoBytes, 4096));
+constexpr size_t kSegHeaderBytes = alignUp(sizeof(SegmentHeader), 4096);
+constexpr size_t kFifoHeaderBytes = alignUp(sizeof(FifoHeader), 4096);
+// Where slot `i` (its FIFO header, then its data) starts in a segment.
+size_t slotOffset(int i, size_t fifoBytes) {
+  return kSegHeaderBytes + static_cast<size_t>(i) * (kFifoHeaderBytes + alignUp(fifoBytes, 4096));
 }
+size_t fifosEnd(int nslots, size_t fifoBytes) { return slotOffset(nslots, fifoBytes); }
 size_t bcastHeaderBytes(int nslots) { return alignUp(64 * (1 + static_cast<size_t>(nslots)), 4096); }
 }  // namespace
 
@@ -208,10 +211,8 @@ Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy, 
   if (lazyReservation()) {
     // What peers touch before any data flows: the headers and this rank's broadcast ring. A
     // FIFO's data pages are reserved by its producer as it reaches them (ShmConnection::send).
-    const size_t hdr = alignUp(sizeof(SegmentHeader), 4096), fifoHdr = alignUp(sizeof(FifoHeader), 4096);
-    const size_t slot = fifoHdr + alignUp(fifoBytes, 4096);
-    own_->reserve(0, hdr);
-    for (int i = 0; i < nslots; ++i) own_->reserve(hdr + static_cast<size_t>(i) * slot, fifoHdr);
+    own_->reserve(0, kSegHeaderBytes);
+    for (int i = 0; i < nslots; ++i) own_->reserve(slotOffset(i, fifoBytes), kFifoHeaderBytes);
     own_->reserve(fifosEnd(nslots, fifoBytes), bytes - fifosEnd(nslots, fifoBytes));
   } else {
     own_->reserve(0, bytes);  // no populate-on-request here: every page now, or a SIGBUS later
@@ -240,8 +241,7 @@ void Domain::checkRoom(size_t segmentBytes, int hostRanks) {
   const unsigned long long need = static_cast<unsigned long long>(segmentBytes) * static_cast<unsigned long long>(std::max(hostRanks, 1));
   if (need > total)
     RAILCC_THROW(kSystem, "shared memory: the ", hostRanks, " ranks of this host need up to ", need >> 20, " MiB of /dev/shm (",
-                 segmentBytes >> 20, " MiB each) but it holds ", total >> 20,
-                 " MiB (is /dev/shm large enough? docker: --shm-size; or lower RAILCC_BUFFSIZE)");
+                 segmentBytes >> 20, " MiB each) but it holds ", total >> 20, " MiB", kShmRoomHint);
 }
 
 bool Domain::canReadPeer(int index, std::string* why) {
@@ -293,10 +293,7 @@ void Domain::checkLayout(const std::string& who, uint64_t nslots, uint64_t fifoB
 std::unique_ptr<Connection> Domain::connect(int myIndex, int peerIndex, int lane, int nlanes, bool samePidNamespace) {
   Segment* peer = peers_.at(static_cast<size_t>(peerIndex)).get();
   RAILCC_CHECK_ARG(peer != nullptr, "shm peer ", peerIndex, " not attached");
-  size_t hdr = alignUp(sizeof(SegmentHeader), 4096);
-  size_t ringHdr = alignUp(sizeof(FifoHeader), 4096);
-  size_t slot = ringHdr + alignUp(fifoBytes_, 4096);
-  auto at = [&](Segment* s, int idx) { return s->data() + hdr + static_cast<size_t>(idx) * slot; };
+  auto at = [&](Segment* s, int idx) { return s->data() + slotOffset(idx, fifoBytes_); };
   char* out = at(peer, myIndex * nlanes + lane);
   char* in = at(own_.get(), peerIndex * nlanes + lane);
   // The peer may send us addresses instead of bytes once we know we can read its memory.
@@ -316,8 +313,9 @@ std::unique_ptr<Connection> Domain::connect(int myIndex, int peerIndex, int lane
                   "; its large messages go through the shared-memory FIFO");
     });
   }
-  return fifoConnection(reinterpret_cast<FifoHeader*>(out), out + ringHdr, reinterpret_cast<SegmentHeader*>(peer->data()),
-                        reinterpret_cast<FifoHeader*>(in), in + ringHdr, fifoBytes_, peer, samePidNamespace);
+  return fifoConnection(reinterpret_cast<FifoHeader*>(out), out + kFifoHeaderBytes,
+                        reinterpret_cast<SegmentHeader*>(peer->data()), reinterpret_cast<FifoHeader*>(in),
+                        in + kFifoHeaderBytes, fifoBytes_, peer, samePidNamespace);
 }
 
 

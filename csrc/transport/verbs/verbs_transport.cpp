@@ -138,14 +138,13 @@ class VerbsSetup : public Setup {
     if (lazy() && peer.endpoint.empty())  // read at the pair's first use, and checked then
       return std::string("RDMA ports here (") + devs_[0]->name() + (devs_[0]->roce() ? " RoCE" : " InfiniBand") + ")" +
              railWhy_;
-    if (!parseBlob(peer.endpoint, &b) || b.devs.empty()) return "";
     if (lazy()) {
-      if (b.devs[0].roce != devs_[0]->roce()) return "";  // InfiniBand and Ethernet ports cannot talk
-      const std::string theirs = b.devs[0].dev;
-      blobs_[peer.rank] = std::move(b);
+      const Blob* theirs = portsOf(peer);
+      if (!theirs) return "";
       return std::string("both have RDMA ports (") + devs_[0]->name() + (devs_[0]->roce() ? " RoCE" : " InfiniBand") +
-             " <-> " + theirs + ")" + railWhy_;
+             " <-> " + theirs->devs[0].dev + ")" + railWhy_;
     }
+    if (!parseBlob(peer.endpoint, &b) || b.devs.empty()) return "";
     auto mine = conns_.find({peer.rank, 0, 0});
     auto theirs = b.conns.find({ctx_.rank, 0, 0});
     if (mine == conns_.end() || theirs == b.conns.end()) return "";
@@ -228,12 +227,22 @@ class VerbsSetup : public Setup {
     return "vr/" + std::to_string(from) + "/" + std::to_string(to) + "/" + std::to_string(lane) + "/" + std::to_string(ch);
   }
 
+  // At first use: the peer's ports (its endpoint, parsed once), where one can talk to ours;
+  // else null (InfiniBand and Ethernet ports cannot talk, or the endpoint is malformed).
+  const Blob* portsOf(const PeerRecord& peer) {
+    auto it = blobs_.find(peer.rank);
+    if (it != blobs_.end()) return &it->second;
+    Blob b;
+    if (!parseBlob(peer.endpoint, &b) || b.devs.empty() || b.devs[0].roce != devs_[0]->roce()) return nullptr;
+    return &(blobs_[peer.rank] = std::move(b));
+  }
+
   void start(const PeerRecord& peer, int lane, int ch) {
     if (!lazy()) {
       want_.push_back({peer.rank, lane, ch});
       return;
     }
-    if (!blobs_.count(peer.rank) && reach(peer).rfind("both", 0) != 0) {
+    if (!portsOf(peer)) {
       Error e(ErrorCode::kInvalidUsage, "verbs: " + peerName(peer) + " offers no RDMA port this rank's " +
                                             devs_[0]->name() + " can talk to (its endpoint: '" +
                                             peer.endpoint.substr(0, 200) + "')");
