@@ -21,6 +21,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "c10d_store.h"
+#include "transport/memory_owners.h"
 #include "work.h"
 
 namespace railcc {
@@ -319,7 +320,42 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::makeWork(OpType type, const c
   return w;
 }
 
+namespace {
+
+// A tensor storage's memory, for transports that keep user memory registered with a NIC
+// (transport/memory_owners.h): alive while the storage is and still holds the same bytes.
+class StorageOwner : public transport::MemoryOwner {
+ public:
+  explicit StorageOwner(const c10::Storage& s)
+      : weak_(s.getWeakStorageImpl()), base_(s.data()),
+        bytes_(s.nbytes()) {}
+  bool alive() const override {
+    auto s = weak_.lock();
+    return s && s->data() == base_ && s->nbytes() == bytes_;
+  }
+
+ private:
+  c10::weak_intrusive_ptr<c10::StorageImpl> weak_;
+  const void* base_;
+  size_t bytes_;
+};
+
+// Notes the owners of an op's large host tensors before the engine sees their addresses.
+void noteOwners(const std::vector<at::Tensor>& tensors) {
+  const size_t minBytes = transport::memoryOwnersMinBytes();
+  if (minBytes == ~size_t(0)) return;
+  for (const auto& t : tensors) {
+    if (!t.defined() || !t.has_storage() || !t.device().is_cpu()) continue;
+    const c10::Storage& s = t.storage();
+    if (s.nbytes() < minBytes || s.data() == nullptr) continue;
+    transport::noteMemoryOwner(s.data(), s.nbytes(), std::make_shared<StorageOwner>(s));
+  }
+}
+
+}  // namespace
+
 DeviceCallPtr ProcessGroupRailcc::deviceCall(const char* what, const std::vector<at::Tensor>& tensors) {
+  noteOwners(tensors);
   const at::Tensor* first = nullptr;
   for (auto& t : tensors) {
     if (!t.defined()) continue;

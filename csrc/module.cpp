@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "engine/rail_check.h"
 #include "rules_module.h"
+#include "transport/stats.h"
 #include "topology/rails.h"
 #include "topology/topology.h"
 
@@ -159,6 +160,17 @@ PYBIND11_MODULE(_C, m) {
     }
     return rows;
   });
+
+  m.def("stats", [] {
+    py::dict out;
+    for (const auto& [transport, row] : railcc::transport::statsSnapshot()) {
+      py::dict d;
+      for (const auto& [name, v] : row) d[py::str(name)] = v;
+      out[py::str(transport)] = d;
+    }
+    return out;
+  });
+  m.def("reset_stats", [] { railcc::transport::resetStats(); });
 
   m.def("cuda_info", [] {
     // Loads the CUDA plugin if it can: what railcc would use for CUDA tensors, or why not.

@@ -123,6 +123,15 @@ namespace railcc {
   X(ibQpsPerConn, int64_t, "RAILCC_IB_QPS_PER_CONNECTION", "NCCL_IB_QPS_PER_CONNECTION", "1", "1..16", \
     "Queue pairs per peer pair and NIC. Each is one channel: large messages are split across " \
     "them (NCCL's IB_SPLIT_DATA_ON_QPS=1).")                                                \
+  X(ibRndvBytes, int64_t, "RAILCC_IB_RNDV_BYTES", "", "65536", "0..68719476736",                     \
+    "Over verbs, messages of at least this many bytes whose receive copies (broadcast from "   \
+    "its root, all-gather, all-to-all, send/recv) go by rendezvous: the receiver's NIC reads "  \
+    "them straight from the sender's buffer into its destination (RDMA READ), no CPU copy on " \
+    "either side; smaller ones, and reducing steps, go through the rings. 0: never.")        \
+  X(ibMrCacheBytes, int64_t, "RAILCC_IB_MR_CACHE_BYTES", "", "1073741824", "0..1099511627776",        \
+    "Most bytes of user memory (tensors) kept registered with each RDMA device for "         \
+    "rendezvous, while their storage lives; beyond it the least recently used go. Pinned. "   \
+    "0: register for each message.")                                                          \
   X(netGdrLevel, std::string, "RAILCC_NET_GDR_LEVEL", "NCCL_NET_GDR_LEVEL", "PXB", "LOC|PIX|PXB|PHB|SYS|0|1|2|3|4|5", \
     "Farthest GPU-NIC PCI path over which the NIC reads and writes GPU memory directly "    \
     "(GPUDirect RDMA); farther pairs stage through host memory.")                           \

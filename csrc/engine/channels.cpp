@@ -88,7 +88,7 @@ size_t Channels::sendByAddress(Channel& ch, Transfer& t) {
     struct {
       WireHeader h;
       AddressMsg a;
-    } f{t.hdr, {reinterpret_cast<uint64_t>(t.src), 0}};
+    } f{t.hdr, {reinterpret_cast<uint64_t>(t.src), t.addrKey}};
     f.h.flags |= kWireByAddress;
     while (t.hdrDone < sizeof f) {
       size_t k = ch.conn->send(reinterpret_cast<const char*>(&f) + t.hdrDone, sizeof f - t.hdrDone);
@@ -113,15 +113,14 @@ size_t Channels::recvByAddress(Channel& ch, Transfer& t) {
     ch.inAddrGot += k;
     moved += k;
   }
-  // Only all-gather and all-to-all steps pass addresses (Channels::singleCopy), and their
-  // receives copy: a reducing receive never meets one unless an algorithm marked it wrongly.
+  // Only steps whose receives copy pass addresses (Channels::singleCopy, zeroCopy): a reducing
+  // receive never meets one unless an algorithm marked it wrongly.
   if (t.kind != Transfer::kRecv)
     RAILCC_THROW(kInternal, "a reducing receive from ", host_.peerName(t.peer), " was sent an address (single copy)");
   // A piece per call, so that the op's other transfers (a forwarding send) move in between.
-  constexpr size_t kPiece = 1u << 20;
   if (t.done < t.bytes) {
-    size_t k = std::min(t.bytes - t.done, kPiece);
-    ch.conn->readRemote(t.dst + t.done, ch.inAddr.addr + t.done, k);
+    size_t k = std::min(t.bytes - t.done, ch.conn->readPieceBytes());
+    if (!ch.conn->readRemote(t.dst + t.done, ch.inAddr.addr + t.done, ch.inAddr.key, k)) return moved;
     t.done += k;
     moved += k;
     if (t.done < t.bytes) return moved;
@@ -138,8 +137,10 @@ size_t Channels::recvByAddress(Channel& ch, Transfer& t) {
 
 size_t Channels::progressSend(Channel& ch, Transfer& t) {
   if (gated(t)) return 0;
-  if (t.hdrDone == 0 && t.byAddress == Transfer::ByAddress::kNo && sendsByAddress(ch, t))
-    t.byAddress = Transfer::ByAddress::kSending;
+  if (t.hdrDone == 0 && t.byAddress == Transfer::ByAddress::kNo && sendsByAddress(ch, t)) {
+    if (ch.conn->exposeForRead(t.src, t.bytes, &t.addrKey)) t.byAddress = Transfer::ByAddress::kSending;
+    else t.landsInPlace = false;  // the transport could not expose it: this one goes on the stream
+  }
   if (t.byAddress != Transfer::ByAddress::kNo) return sendByAddress(ch, t);
   size_t moved = 0;
   if (t.hdrDone == 0 && t.bytes <= kInlineBytes && sendLimit(t) == t.bytes) {

@@ -182,7 +182,12 @@ class Channels {
   /// idle (broadcast, gather, p2p) the FIFO's two copies, one per core and pipelined, finish
   /// sooner; and a reduction out of a piece read that way was slower than out of the FIFO.
   static void singleCopy(std::vector<Transfer>& xs) {
-    for (Transfer& t : xs) t.mayPassAddress = t.kind == Transfer::kSend;
+    for (Transfer& t : xs) t.mayPassAddress = t.landsInPlace = t.kind == Transfer::kSend;
+  }
+  /// Lets the step's sends to peers on other hosts pass their buffers by address where the
+  /// transport reads them itself (RDMA rendezvous): only for steps whose receives copy.
+  static void zeroCopy(std::vector<Transfer>& xs) {
+    for (Transfer& t : xs) t.landsInPlace = t.kind == Transfer::kSend;
   }
 
   // ---- running a step (collective lane)
@@ -232,11 +237,15 @@ class Channels {
   size_t progressPair(Channel& ch, int lane, int peer);
   size_t progressSend(Channel& ch, Transfer& t);
   size_t progressRecv(Channel& ch, Transfer& t);
-  // Single copy (RAILCC_CMA_BYTES): the send passes its buffer's address, the receive copies
-  // straight out of the sender's memory, in pieces, then acknowledges.
+  // By address: the send passes its buffer's address, the receive moves it straight out of the
+  // sender's memory, in pieces, then acknowledges. Same-host peers (RAILCC_CMA_BYTES) only where
+  // the algorithm says single copy wins; others where the transport reads for itself (RDMA,
+  // RAILCC_IB_RNDV_BYTES) and the receive copies.
   bool sendsByAddress(Channel& ch, const Transfer& t) const {
-    return t.mayPassAddress && t.bytes >= byAddressMin_ && !t.limit && t.lane == kCollLane && shmPeer(t.peer) &&
-           ch.conn->peerReadsUs();
+    if (t.limit || !t.landsInPlace) return false;
+    if (shmPeer(t.peer))
+      return t.mayPassAddress && t.bytes >= byAddressMin_ && t.lane == kCollLane && ch.conn->peerReadsUs();
+    return t.bytes >= ch.conn->byAddressMinBytes() && ch.conn->peerReadsUs();
   }
   size_t sendByAddress(Channel& ch, Transfer& t);
   size_t recvByAddress(Channel& ch, Transfer& t);

@@ -302,6 +302,7 @@ RequestPtr Communicator::send(const void* buf, size_t bytes, int peer, int tag, 
   o->p2p = true;
   o->timeout = timeout;
   o->xfer.kind = Transfer::kSend;
+  o->xfer.landsInPlace = true;  // a receive copies: RDMA may read it from this buffer
   o->xfer.lane = kP2PLane;
   o->xfer.peer = peer;
   o->xfer.src = static_cast<const char*>(buf);

@@ -62,7 +62,7 @@ static_assert(sizeof(WireHeader) == 48, "wire header layout");
 constexpr uint8_t kWireByAddress = 1;
 struct AddressMsg {
   uint64_t addr;
-  uint64_t reserved;
+  uint64_t key;  // what the transport needs to read it (an RDMA rkey; 0 for the kernel's copy)
 };
 constexpr uint32_t kWireMagic = 0x52434331;  // "RCC1"
 constexpr int kCollLane = 0;
@@ -113,6 +113,8 @@ struct Transfer {
   enum class ByAddress : uint8_t { kNo, kSending, kAwaitingAck, kReceiving } byAddress = ByAddress::kNo;
   uint64_t ticket = 0;
   bool mayPassAddress = false;  // set by the algorithm where single copy wins (Channels::singleCopy)
+  bool landsInPlace = false;    // the peer's receive copies it into place, reducing nothing (Channels::zeroCopy)
+  uint64_t addrKey = 0;         // passed by address: the key the peer reads it with
   // progress
   size_t hdrDone = 0;
   size_t done = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "transport/copy.h"
+#include "transport/stats.h"
 
 namespace railcc::transport {
 
@@ -20,6 +21,7 @@ size_t BroadcastRing::write(const void* p, size_t n, const std::vector<int>& con
   if (k > first) copyBytes(data_, static_cast<const char*>(p) + first, k - first);
   tail_->store(tail + k, std::memory_order_seq_cst);
   for (Doorbell* d : wakeUp) wake(d);
+  addStat(StatKind::kShm, Stat::kSendCopied, k);
   return k;
 }
 
@@ -41,6 +43,7 @@ std::pair<const void*, size_t> BroadcastRing::peek(int c) const {
 void BroadcastRing::consume(int c, size_t n) {
   head(c).store(head(c).load(std::memory_order_relaxed) + n, std::memory_order_seq_cst);
   wake(owner_);  // the producer may wait for space
+  addStat(StatKind::kShm, Stat::kRecvCopied, n);
 }
 
 namespace {
@@ -64,6 +67,7 @@ char* BroadcastRing::reserve(size_t n, const std::vector<int>& consumers) const 
 void BroadcastRing::publish(size_t n, const std::vector<Doorbell*>& wakeUp) {
   tail_->store(blockStart(tail_->load(std::memory_order_relaxed), n, cap_) + n, std::memory_order_seq_cst);
   for (Doorbell* d : wakeUp) wake(d);
+  addStat(StatKind::kShm, Stat::kSendCopied, n);
 }
 
 const char* BroadcastRing::block(int c, size_t n) const {
@@ -74,6 +78,7 @@ const char* BroadcastRing::block(int c, size_t n) const {
 void BroadcastRing::release(int c, size_t n) {
   head(c).store(blockStart(head(c).load(std::memory_order_relaxed), n, cap_) + n, std::memory_order_seq_cst);
   wake(owner_);
+  addStat(StatKind::kShm, Stat::kRecvCopied, n);
 }
 
 }  // namespace railcc::transport

@@ -7,7 +7,7 @@
 
 namespace railcc::transport {
 
-void Connection::readRemote(void*, uint64_t, size_t) {
+bool Connection::readRemote(void*, uint64_t, uint64_t, size_t) {
   RAILCC_THROW(kInternal, "transport ", describe(), " cannot read a peer's memory (a message passed by address)");
 }
 

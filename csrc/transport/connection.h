@@ -77,16 +77,30 @@ class Connection {
   /// down so the peer sees a close at once. Thread-safe (may run on an aborting thread).
   virtual void markFailed() {}
 
-  // --- Single copy (same-host peers through the kernel) ------------------------------------
-  // A large message may carry the address of the sender's buffer instead of its bytes; the
-  // receiver copies straight out of the sender's memory and then acknowledges, and only then
-  // is the send done. The stream keeps its order: address messages are acknowledged in turn.
+  // --- Passing buffers by address (single copy through the kernel, RDMA reads) ------------
+  // A large message may carry the address of the sender's buffer (and a key) instead of its
+  // bytes; the receiver moves it straight out of the sender's memory into its destination and
+  // then acknowledges, and only then is the send done. Same-host peers read it through the
+  // kernel (CMA); RDMA peers through an RDMA READ of the registered buffer (rendezvous). The
+  // stream keeps its order: address messages are acknowledged in turn.
 
-  /// The peer said it can read this process's memory: sends may pass addresses.
+  /// Sends may pass addresses to this peer (it can read this process's memory).
   virtual bool peerReadsUs() { return false; }
-  /// Copies n bytes at `addr` in the peer's memory into dst. Throws kPeerFailure when the peer
-  /// has gone or the memory can no longer be read there.
-  virtual void readRemote(void* dst, uint64_t addr, size_t n);
+  /// Messages of at least this many bytes go by address where an algorithm allows it.
+  virtual size_t byAddressMinBytes() const { return ~size_t(0); }
+  /// Makes [p, p + n) readable by the peer until its acknowledgement of this message, and
+  /// says the key the peer needs. False: it cannot be (a registration was refused, said once
+  /// by the transport): the bytes go on the stream instead.
+  virtual bool exposeForRead(const void* p, size_t n, uint64_t* key) {
+    *key = 0;
+    return true;
+  }
+  /// Moves n bytes at `addr` (with `key`) in the peer's memory into dst. True once they have
+  /// landed; false while they are on their way: call again with the same arguments. Throws
+  /// kPeerFailure when the peer has gone or its memory can no longer be read.
+  virtual bool readRemote(void* dst, uint64_t addr, uint64_t key, size_t n);
+  /// Bytes a receive moves per readRemote() call (others' transfers move in between).
+  virtual size_t readPieceBytes() const { return size_t(1) << 20; }
   /// Done with the peer's oldest buffer passed by address (wakes the peer).
   virtual void ackRemote() {}
   /// How many of this side's buffers passed by address the peer is done with.

@@ -66,6 +66,24 @@ def params():
     return _C.params()
 
 
+def stats():
+    """How this process's transports moved bytes since start (or reset_stats()), per transport:
+    {"shm": {...}, "socket": {...}, "verbs": {...}}, each with
+    send_copied_bytes / recv_copied_bytes (the CPU copied them into or out of a FIFO, socket or
+    ring; a reduction straight out of one counts as taking them out), single_copied_bytes (read
+    once from a same-host peer's buffer by the kernel), rdma_written_bytes (written by the NIC
+    from a staging area into the peer's ring), rdma_zero_copy_bytes (read by the NIC straight
+    from the sender's buffer into the receiver's), registrations, registration_cache_hits and
+    registration_failures (user memory registered with a NIC for rendezvous) and
+    registered_bytes (held registered now). Every group of the process adds to the same counts."""
+    return _C.stats()
+
+
+def reset_stats():
+    """Zeroes stats() (all but registered_bytes, which says what is held now)."""
+    _C.reset_stats()
+
+
 def cuda_info():
     """What railcc uses for CUDA tensors: {"plugin": loaded?, "runtime": its CUDA runtime,
     "devices": GPUs it sees, "error": why not, or None}. Never raises."""

@@ -177,6 +177,13 @@ def build_parser():
         help="also measure single-core memcpy bandwidth (with --device cuda: the device copy rate) and compare",
     )
     p.add_argument("--bound_bytes", type=_size_arg, default=256 << 20, help="buffer for --bound (default 256M)")
+    p.add_argument(
+        "--stats",
+        action="store_true",
+        help="after each railcc row, what its transports did per call and rank (railcc.stats()): bytes the CPU "
+        "copied into and out of FIFOs, sockets and rings, bytes read once by the kernel, bytes the NIC moved "
+        "straight between buffers, memory registrations",
+    )
     p.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a tty")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a stuck collective fails")
     return p
@@ -208,6 +215,7 @@ class Config:
     device: str = "cpu"
     mpi_times: dict = None  # the Open MPI reference's figures, "coll|bytes|inplace" -> us
     mpi_note: str = None
+    stats: bool = False
 
 
 def validate(args, world_size, argv=()):
@@ -303,6 +311,7 @@ def validate(args, world_size, argv=()):
         stepfactor=stepfactor,
         stepbytes=args.stepbytes,
         device=args.device,
+        stats=args.stats,
     )
 
 
@@ -750,6 +759,7 @@ def _bench(cfg, rank, n, timeout, device=None):
                 continue
             seen.add(count)
             case = Case(coll, count, rank, n, cfg, device)
+            pending_stats = []  # --stats lines, said under the size's rows
 
             def measure(b):
                 """Both placements on backend b: (table sides, records, wrong elements)."""
@@ -764,7 +774,14 @@ def _bench(cfg, rank, n, timeout, device=None):
                             sides.append((None, None, None, None))
                             continue
                     else:
+                        counting = cfg.stats and b == "railcc"
+                        if counting:
+                            import railcc
+                            railcc.reset_stats()
                         t = time_collective(case, groups[b], inplace, cfg.iters, cfg.warmup, ctrl, same_clock, quiet)
+                        if counting:
+                            per_call = transport_stats(railcc.stats(), cfg.iters + cfg.warmup, ctrl, n)
+                            pending_stats.append(stats_line(coll, nbytes, inplace, per_call))
                     algbw, busbw = bandwidths(nbytes, t, coll, n)
                     wrong = None
                     if cfg.check and b not in REFERENCES:  # fake moves nothing; MPI checked nothing
@@ -820,6 +837,8 @@ def _bench(cfg, rank, n, timeout, device=None):
                     table_row(nbytes, count, cfg.dtype, redop_col, root_col, rows[b][0], rows[b][1])
                     + extra_cells(cfg.backends, cfg.bound, b, ratios, frac)
                 )
+            for line in pending_stats:
+                say(line)
             del case
         for b in cfg.backends:
             avg = average_busbw(records, b, coll)
@@ -846,6 +865,31 @@ def _bench(cfg, rank, n, timeout, device=None):
             plot(cfg.plot, records, cfg.backends, cfg.colls)
     dist.barrier(group=ctrl)  # nobody tears down while rank 0 still writes
     return EXIT_WRONG if total_wrong else EXIT_OK
+
+
+STAT_KEYS = ("send_copied_bytes", "recv_copied_bytes", "single_copied_bytes", "rdma_zero_copy_bytes",
+             "registrations", "registration_cache_hits")
+
+
+def transport_stats(stats, calls, ctrl, n):
+    """railcc.stats() summed over transports, per call, averaged over the ranks."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(sum(row[k] for row in stats.values())) for k in STAT_KEYS], dtype=torch.float64)
+    dist.all_reduce(t, group=ctrl)
+    return {k: float(v) / (calls * n) for k, v in zip(STAT_KEYS, t.tolist())}
+
+
+def stats_line(coll, nbytes, inplace, s):
+    """One line under a railcc row: what its transports did per call and rank."""
+    def per_byte(k):
+        return f"{s[k] / nbytes:.2f}" if nbytes else "-"
+    return (f"#   stats {coll} {nbytes} B{' in place' if inplace else ''}, per call and rank: CPU copied "
+            f"{s['send_copied_bytes']:.0f} B in ({per_byte('send_copied_bytes')}/B) and "
+            f"{s['recv_copied_bytes']:.0f} B out ({per_byte('recv_copied_bytes')}/B); kernel single copy "
+            f"{s['single_copied_bytes']:.0f} B; RDMA zero-copy {s['rdma_zero_copy_bytes']:.0f} B; "
+            f"registrations {s['registrations']:.2f}, cache hits {s['registration_cache_hits']:.2f}")
 
 
 # ----------------------------------------------------------------------------------------------

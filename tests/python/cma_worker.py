@@ -11,7 +11,7 @@ import os
 import torch
 import torch.distributed as dist
 
-import railcc  # noqa: F401
+import railcc
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--refuse", action="store_true")
@@ -66,6 +66,21 @@ for dtype in (torch.float32, torch.float64, torch.int32, torch.bfloat16, torch.u
             want = sum((value(r, count, dtype, 3) % 8).to(torch.float64) for r in range(n)).to(dtype)
             assert torch.equal(view, want), ("all_reduce", dtype, count)
 
+# The transport counters (railcc.stats()) say which way an all-to-all's bytes went: read once
+# by the kernel, or copied into and out of the FIFOs.
+block = 1 << 20
+inp, got = torch.arange(n * block, dtype=torch.float32) + rank * n * block, torch.empty(n * block)
+dist.all_to_all_single(got, inp)
+railcc.reset_stats()
+dist.all_to_all_single(got, inp)
+st = railcc.stats()["shm"]
+payload = (n - 1) * block * 4
+if args.refuse:
+    assert st["single_copied_bytes"] == 0 and st["recv_copied_bytes"] >= payload, st
+else:
+    assert st["single_copied_bytes"] == payload and st["recv_copied_bytes"] < 4096, st
+want = torch.cat([torch.arange(block, dtype=torch.float32) + r * n * block + rank * block for r in range(n)])
+assert torch.equal(got, want)
 dist.barrier()
 print(f"rank {rank} ok", flush=True)
 dist.destroy_process_group()

@@ -81,6 +81,70 @@ def shrunk_after_kill(rank, n):
             "transports": railcc.backend_of().peer_transports(), "seconds": took}
 
 
+def zero_copy(rank, n):
+    """Rendezvous over verbs (issue 34): each op at 4 and 64 MiB twice on the same tensors (the
+    second finds their registrations cached), the second's transport counters recorded; then
+    buffers freed and allocated again (at the same address where the allocator hands it back)
+    and all-gathered, which must carry the new bytes."""
+    out = {"ops": {}, "bad": [], "addrs": []}
+    peer = 1 - rank
+
+    def val(r, count, salt=0):
+        return torch.arange(count, dtype=torch.float32) * (r + 2) + salt
+
+    for mib in (4, 64):
+        count = mib << 18
+        mine = val(rank, count)
+        cases = {}
+        bc = mine.clone() if rank == 0 else torch.empty(count)
+        cases["broadcast"] = (lambda: dist.broadcast(bc, 0), lambda: torch.equal(bc, val(0, count)))
+        ag = torch.empty(n * count)
+        cases["all_gather"] = (lambda: dist.all_gather_into_tensor(ag, mine),
+                               lambda: torch.equal(ag, torch.cat([val(r, count) for r in range(n)])))
+        a2a = torch.empty(count)
+        cases["all_to_all"] = (lambda: dist.all_to_all_single(a2a, mine),
+                               lambda: torch.equal(a2a, torch.cat([val(r, count)[rank * count // n:(rank + 1) * count // n]
+                                                                   for r in range(n)])))
+        got = torch.empty(count)
+
+        def sendrecv():
+            for src in (0, 1):
+                if rank == src:
+                    dist.send(mine, peer)
+                else:
+                    dist.recv(got, src)
+        cases["send_recv"] = (sendrecv, lambda: torch.equal(got, val(peer, count)))
+        ar = torch.empty(count)
+
+        def allreduce():
+            ar.copy_(mine)
+            dist.all_reduce(ar)
+        cases["all_reduce"] = (allreduce, lambda: torch.equal(ar, sum(val(r, count) for r in range(n))))
+        for name, (fn, ok) in cases.items():
+            fn()
+            dist.barrier()
+            railcc.reset_stats()
+            fn()
+            st = railcc.stats()["verbs"]
+            dist.barrier()
+            out["ops"][f"{name}_{mib}MiB"] = st
+            if not ok():
+                out["bad"].append(f"{name} {mib} MiB")
+    # Freed and allocated again: a registration of the old buffer must not serve the new one.
+    count = 1 << 20
+    for i in range(4):
+        railcc.reset_stats()
+        t = torch.full((count,), float(10 * i + rank))
+        ag = torch.empty(n * count)
+        out["addrs"].append([t.data_ptr(), ag.data_ptr()])
+        dist.all_gather_into_tensor(ag, t)
+        if not torch.equal(ag, torch.cat([torch.full((count,), float(10 * i + r)) for r in range(n)])):
+            out["bad"].append(f"reused buffers, round {i}")
+        out.setdefault("reuse_stats", []).append(railcc.stats()["verbs"])
+        del t, ag
+    return out
+
+
 def run(case, n, fn, env, timeout):
     store = f"/tmp/store-{case}"
     if os.path.exists(store):
@@ -126,9 +190,13 @@ run("n2", 2, sweep, VERBS, 400)
 # x 2 QPs too): the schedules that differ at 3 ranks, with the ring (RAILCC_ALGO) where it runs.
 SWEEP = [tc.rk_allreduce, tc.rk_reduce_scatter, tc.rk_allgather, tc.rk_broadcast, tc.rk_alltoall]
 tc.DTYPES = [torch.float32]
+# Rendezvous: what the transport counters say about copies and registrations.
+run("zero_copy", 2, zero_copy, VERBS, 300)
 # This one connects every pair at init (RAILCC_RUNTIME_CONNECT=0); the others at first use (the
 # transport's GoogleTests run 3 ranks x 2 QPs at first use).
 run("n3_qps2", 3, sweep, dict(VERBS, RAILCC_IB_QPS_PER_CONNECTION="2", RAILCC_ALGO="ring", RAILCC_RUNTIME_CONNECT="0"), 400)
+# The same sweep with rendezvous forced off: every message through the rings.
+run("n3_eager", 3, sweep, dict(VERBS, RAILCC_IB_RNDV_BYTES="0"), 400)
 # A dead peer is found by the empty writes that probe it: 1 ms a try, 3 tries. With a topology
 # that puts GPU k and rxe<k> under PCIe switch k, each rank also logs the GPUDirect decisions
 # for its rail's device (the VM has no GPU: the topology file stands in for the PCI tree).

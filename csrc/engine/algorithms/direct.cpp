@@ -41,6 +41,7 @@ void CommImpl::runBroadcastChain(char* buf, size_t bytes, int root) {
     xs.push_back(ch_.sendTo(root, nullptr, 0));
     xs.back().after = &xs.front();
   }
+  ch_.zeroCopy(xs);  // the root's send (a forwarding send streams what has arrived)
   ch_.exchange(xs);
 }
 

@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "transport/shm/shm_segment.h"
+#include "transport/stats.h"
 
 namespace railcc::transport::shm {
 
@@ -44,6 +45,7 @@ class ShmConnection : public Connection {
     if (k > first) copyBytes(outData_, static_cast<const char*>(p) + first, k - first);
     out_->tail.store(tail + k, std::memory_order_seq_cst);
     wake(&peerHdr_->door);
+    addStat(StatKind::kShm, Stat::kSendCopied, k);
     return k;
   }
 
@@ -67,6 +69,7 @@ class ShmConnection : public Connection {
     in_->head.store(head + n, std::memory_order_seq_cst);
     // The producer may be asleep waiting for space.
     wake(&peerHdr_->door);
+    addStat(StatKind::kShm, Stat::kRecvCopied, n);
   }
 
   size_t recv(void* p, size_t n) override {
@@ -86,9 +89,12 @@ class ShmConnection : public Connection {
 
   bool peerReadsUs() override { return out_->readable.load(std::memory_order_relaxed) != 0; }
 
-  void readRemote(void* dst, uint64_t addr, size_t n) override {
+  bool readRemote(void* dst, uint64_t addr, uint64_t, size_t n) override {
     int err = readProcessMemory(peerHdr_->pid, dst, addr, n);
-    if (err == 0) return;
+    if (err == 0) {
+      addStat(StatKind::kShm, Stat::kSingleCopied, n);
+      return true;
+    }
     checkAlive();  // a peer that exited says so
     RAILCC_THROW(kPeerFailure, "reading ", n, " bytes of its memory (single copy) failed: ", strerror(err));
   }

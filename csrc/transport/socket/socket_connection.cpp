@@ -18,6 +18,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "transport/stats.h"
 
 namespace railcc::transport::socket {
 namespace {
@@ -58,7 +59,10 @@ class SocketConnection : public Connection {
   size_t send(const void* p, size_t n) override {
     if (n == 0) return 0;
     ssize_t r = ::send(fd_, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (r >= 0) return static_cast<size_t>(r);
+    if (r >= 0) {
+      addStat(StatKind::kSocket, Stat::kSendCopied, static_cast<uint64_t>(r));
+      return static_cast<size_t>(r);
+    }
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
     RAILCC_THROW(kPeerFailure, "send to ", desc_, " failed: ", detail::errnoString());
   }
@@ -74,7 +78,10 @@ class SocketConnection : public Connection {
     return {buf_.get() + begin_, end_ - begin_};
   }
 
-  void consume(size_t n) override { begin_ += n; }
+  void consume(size_t n) override {
+    begin_ += n;
+    addStat(StatKind::kSocket, Stat::kRecvCopied, n);
+  }
 
   size_t recv(void* p, size_t n) override {
     size_t got = 0;
@@ -82,12 +89,16 @@ class SocketConnection : public Connection {
       got = std::min(n, end_ - begin_);
       copyBytes(p, buf_.get() + begin_, got);
       begin_ += got;
-      if (got == n) return got;
+      if (got == n) {
+        addStat(StatKind::kSocket, Stat::kRecvCopied, got);
+        return got;
+      }
     }
     // Large reads go straight into the destination: no staging copy.
     ssize_t r = ::recv(fd_, static_cast<char*>(p) + got, n - got, MSG_DONTWAIT);
     handle(r);
     if (r > 0) got += static_cast<size_t>(r);
+    addStat(StatKind::kSocket, Stat::kRecvCopied, got);
     return got;
   }
 

@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "transport/stats.h"
 
 namespace railcc::transport::verbs {
 namespace {
@@ -30,6 +31,8 @@ constexpr uint32_t kKindShift = 30;
 constexpr uint32_t kCountMask = (1u << kKindShift) - 1;
 enum ImmKind : uint32_t { kData = 0, kNotice = 1, kCreditBytes = 2, kCreditMsgs = 3 };
 constexpr uint32_t kNoticeFailed = 1;
+constexpr uint32_t kNoticeRead = 2;  // done reading the oldest buffer passed by address
+constexpr size_t kBounceBytes = 1 << 20;
 
 std::string memlockHint(size_t bytes, int err) {
   rlimit rl{};
@@ -98,12 +101,13 @@ VerbsConnection::VerbsConnection(std::shared_ptr<Device> dev, size_t ringBytes, 
     a.qp_state = IBV_QPS_INIT;
     a.pkey_index = static_cast<uint16_t>(cfg_.ibPkey);
     a.port_num = static_cast<uint8_t>(dev_->port());
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
     if (int rc = ibv_->modifyQp(qp_, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
       RAILCC_THROW(kSystem, "queue pair to INIT on ", dev_->name(), " failed: ", strerror(rc),
                    " (RAILCC_IB_PKEY/NCCL_IB_PKEY=", cfg_.ibPkey, ")");
     postRecvs(kRecvDepth);
     psn_ = std::random_device{}() & 0xffffff;
+    if (cfg_.ibRndvBytes > 0) rndvMin_ = std::max<size_t>(static_cast<size_t>(cfg_.ibRndvBytes), 4096);
   } catch (...) {
     release();
     throw;
@@ -114,6 +118,14 @@ VerbsConnection::~VerbsConnection() { release(); }
 
 void VerbsConnection::release() noexcept {
   if (qp_ && ibv_->destroyQp(qp_) != 0) RAILCC_WARN(IB, "destroying a queue pair on ", dev_->name(), " failed");
+  // No request is in flight once the queue pair is gone: registrations may go.
+  for (auto& l : exposed_) dev_->mrCache().release(l);
+  exposed_.clear();
+  dev_->mrCache().release(readLease_);
+  if (bounceMr_) ibv_->deregMr(bounceMr_);
+  if (bounce_) munmap(bounce_, kBounceBytes);
+  bounceMr_ = nullptr;
+  bounce_ = nullptr;
   if (cq_) {
     if (unacked_) ibv_->ackCqEvents(cq_, unacked_);
     if (ibv_->destroyCq(cq_) != 0) RAILCC_WARN(IB, "destroying a completion queue on ", dev_->name(), " failed");
@@ -232,7 +244,8 @@ void VerbsConnection::handle(const ibv_wc& wc) {
   if (wc.status != IBV_WC_SUCCESS) {
     if (wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == kRecvTag)
       fail("the queue pair entered the error state (" + std::string(hintFor(wc.status)) + ")");
-    fail(std::string(wc.wr_id == kRecvTag ? "a receive" : "an RDMA write") + " completed with error: " +
+    fail(std::string(wc.wr_id == kRecvTag ? "a receive" : wc.wr_id == readWr_ ? "an RDMA read" : "an RDMA write") +
+         " completed with error: " +
          ibv_->wcStatusStr(wc.status) + " (status " + std::to_string(static_cast<int>(wc.status)) + ", vendor error " +
          std::to_string(wc.vendor_err) + "): " + hintFor(wc.status));
   }
@@ -256,6 +269,11 @@ void VerbsConnection::handle(const ibv_wc& wc) {
       break;
     case kNotice:
       if (count == kNoticeFailed) peerFailed_ = true;
+      if (count == kNoticeRead && !exposed_.empty()) {
+        ++acked_;
+        dev_->mrCache().release(exposed_.front());
+        exposed_.pop_front();
+      }
       break;
   }
   postRecvs(1);
@@ -294,6 +312,7 @@ void VerbsConnection::progressCq() {
   }
   if (peerFailed_) fail("the peer reported a failure of its own and stopped");
   maybeCredit();
+  if (acksDue_) flushAcks();
 }
 
 void VerbsConnection::maybeCredit() {
@@ -332,6 +351,8 @@ size_t VerbsConnection::send(const void* p, size_t n) {
     ++sentMsgs_;
     total += k;
   }
+  addStat(StatKind::kVerbs, Stat::kSendCopied, total);
+  addStat(StatKind::kVerbs, Stat::kRdmaWritten, total);
   return total;
 }
 
@@ -344,7 +365,96 @@ std::pair<const void*, size_t> VerbsConnection::peek() {
 
 void VerbsConnection::consume(size_t n) {
   read_ += n;
+  addStat(StatKind::kVerbs, Stat::kRecvCopied, n);
   maybeCredit();
+}
+
+// --- Rendezvous -------------------------------------------------------------------------
+
+bool VerbsConnection::exposeForRead(const void* p, size_t n, uint64_t* key) {
+  MrCache::Lease l = dev_->mrCache().acquire(p, n);
+  if (!l.mr) return false;
+  *key = l.mr->rkey;
+  exposed_.push_back(l);
+  return true;
+}
+
+void VerbsConnection::postRead(void* dst, uint32_t lkey, uint64_t addr, uint32_t rkey, size_t n) {
+  ibv_sge sge{};
+  sge.addr = reinterpret_cast<uint64_t>(dst);
+  sge.length = static_cast<uint32_t>(n);
+  sge.lkey = lkey;
+  ibv_send_wr wr{};
+  ibv_send_wr* bad = nullptr;
+  wr.wr_id = ++sqPosted_;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  sinceSignal_ = 0;
+  wr.wr.rdma.remote_addr = addr;
+  wr.wr.rdma.rkey = rkey;
+  readWr_ = wr.wr_id;
+  if (int rc = ibv_post_send(qp_, &wr, &bad)) fail(std::string("posting an RDMA read failed: ") + strerror(rc));
+}
+
+bool VerbsConnection::readRemote(void* dst, uint64_t addr, uint64_t key, size_t n) {
+  progressCq();
+  char* d = static_cast<char*>(dst);
+  const auto rkey = static_cast<uint32_t>(key);
+  if (!reading_) {
+    if (sqPosted_ - sqDone_ >= static_cast<uint64_t>(kSendDepth)) return false;
+    readLease_ = dev_->mrCache().acquire(dst, n);
+    readDone_ = 0;
+    if (!readLease_.mr && !bounce_) {
+      void* m = mmap(nullptr, kBounceBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (m == MAP_FAILED) fail("cannot map a bounce buffer for an RDMA read: " + detail::errnoString());
+      bounce_ = static_cast<char*>(m);
+      bounceMr_ = ibv_->regMr(dev_->pd(), bounce_, kBounceBytes, IBV_ACCESS_LOCAL_WRITE);
+      if (!bounceMr_) {
+        munmap(bounce_, kBounceBytes);
+        bounce_ = nullptr;
+        RAILCC_THROW(kSystem, dev_->name(), ": ", memlockHint(kBounceBytes, errno));
+      }
+    }
+    reading_ = true;
+    if (readLease_.mr) postRead(d, readLease_.mr->lkey, addr, rkey, n);
+    else postRead(bounce_, bounceMr_->lkey, addr, rkey, std::min(n, kBounceBytes));
+    return false;
+  }
+  if (sqDone_ < readWr_) return false;
+  if (readLease_.mr) {
+    dev_->mrCache().release(readLease_);
+    addStat(StatKind::kVerbs, Stat::kRdmaZeroCopy, n);
+  } else {
+    size_t k = std::min(n - readDone_, kBounceBytes);
+    copyBytes(d + readDone_, bounce_, k);
+    addStat(StatKind::kVerbs, Stat::kRecvCopied, k);
+    readDone_ += k;
+    if (readDone_ < n) {
+      postRead(bounce_, bounceMr_->lkey, addr + readDone_, rkey, std::min(n - readDone_, kBounceBytes));
+      return false;
+    }
+  }
+  reading_ = false;
+  return true;
+}
+
+void VerbsConnection::ackRemote() {
+  ++acksDue_;
+  flushAcks();
+}
+
+void VerbsConnection::flushAcks() {
+  while (acksDue_ > 0 && sqPosted_ - sqDone_ < static_cast<uint64_t>(kSendDepth + kCtrlReserve / 2)) {
+    post(0, 0, 0, (kNotice << kKindShift) | kNoticeRead, true, false);
+    --acksDue_;
+  }
+}
+
+uint64_t VerbsConnection::remoteAcked() {
+  progressCq();
+  return acked_;
 }
 
 bool VerbsConnection::canSend() {

@@ -10,6 +10,12 @@
 // an immediate. Memory per connection is fixed (two rings), registration happens once, and
 // the completion channel's fd lets an idle progress thread sleep in poll().
 //
+// Rendezvous. A message of at least RAILCC_IB_RNDV_BYTES whose receive copies travels as its
+// address and the rkey of its registration (MrCache); the receiver's NIC reads it straight
+// into the destination (RDMA READ; the destination registered too) and the receiver then
+// acknowledges with an empty write, which ends the send. No CPU touches the bytes. Where the
+// destination cannot be registered, the read lands in a bounce buffer and is copied out.
+//
 // Why a ring and not receiver-posted buffers (NCCL's clear-to-send): the engine's protocol is
 // a stream of headers and payloads that it reduces in place; a ring the sender writes into
 // needs no round-trip before each message, which a clear-to-send FIFO costs on the first
@@ -17,6 +23,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -75,11 +82,21 @@ class VerbsConnection : public Connection {
   bool peerReportedFailure() override { return peerFailed_; }
   void markFailed() override;
 
+  bool peerReadsUs() override { return connected_ && rndvMin_ != ~size_t(0); }
+  size_t byAddressMinBytes() const override { return rndvMin_; }
+  bool exposeForRead(const void* p, size_t n, uint64_t* key) override;
+  bool readRemote(void* dst, uint64_t addr, uint64_t key, size_t n) override;
+  size_t readPieceBytes() const override { return size_t(16) << 20; }
+  void ackRemote() override;
+  uint64_t remoteAcked() override;
+
  private:
   void release() noexcept;
   void progressCq();
   void handle(const ibv_wc& wc);
   void post(uint64_t localOff, size_t n, uint64_t remoteOff, uint32_t imm, bool withImm, bool signaled);
+  void postRead(void* dst, uint32_t lkey, uint64_t addr, uint32_t rkey, size_t n);
+  void flushAcks();
   void postRecvs(int n);
   void maybeCredit();
   [[noreturn]] void fail(const std::string& why);
@@ -113,6 +130,18 @@ class VerbsConnection : public Connection {
   bool eventDue_ = false;  // a completion arrived while armed: an event waits on the channel
   bool peerFailed_ = false;
   bool probing_ = false;
+  // Rendezvous: this side's buffers the peer may read, in the order passed, until it
+  // acknowledges each; the read this side has in flight; acknowledgements not yet posted.
+  size_t rndvMin_ = ~size_t(0);
+  std::deque<MrCache::Lease> exposed_;
+  uint64_t acked_ = 0;
+  unsigned acksDue_ = 0;
+  MrCache::Lease readLease_;
+  bool reading_ = false;
+  uint64_t readWr_ = 0;
+  size_t readDone_ = 0;
+  char* bounce_ = nullptr;  // reads whose destination could not be registered land here
+  ibv_mr* bounceMr_ = nullptr;
   std::chrono::steady_clock::time_point lastProbe_{};
   std::string error_;
 };

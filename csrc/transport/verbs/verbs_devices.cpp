@@ -82,6 +82,7 @@ Device::Device(const IbvLib* ibv, ibv_device* dev, const std::string& name, int 
     }
     pd_ = ibv_->allocPd(ctx_);
     if (pd_ == nullptr) RAILCC_THROW(kSystem, "cannot allocate a protection domain on ", name_, ": ", detail::errnoString());
+    mrs_ = std::make_unique<MrCache>(ibv_, pd_, name_, static_cast<size_t>(cfg.ibMrCacheBytes));
     int fl = fcntl(ctx_->async_fd, F_GETFL);
     fcntl(ctx_->async_fd, F_SETFL, fl | O_NONBLOCK);
   } catch (...) {
@@ -96,6 +97,7 @@ Device::Device(const IbvLib* ibv, ibv_device* dev, const std::string& name, int 
 Device::~Device() {
   stop_ = true;
   if (async_.joinable()) async_.join();
+  mrs_.reset();  // its registrations before the protection domain
   if (pd_ && ibv_->deallocPd(pd_) != 0) RAILCC_WARN(IB, "releasing the protection domain of ", name_, " failed");
   if (ibv_->closeDevice(ctx_) != 0) RAILCC_WARN(IB, "closing ", name_, " failed");
 }

@@ -14,6 +14,7 @@
 
 #include "common/config.h"
 #include "transport/verbs/ibv_lib.h"
+#include "transport/verbs/mr_cache.h"
 #include "transport/verbs/verbs_rules.h"
 
 namespace railcc::transport::verbs {
@@ -46,6 +47,9 @@ class Device {
   /// The dma-buf probe (NCCL's: a registration of fd -1 fails with EBADF where supported).
   bool dmabufSupported() const;
 
+  /// Registrations of user memory on this device (rendezvous), shared by its connections.
+  MrCache& mrCache() { return *mrs_; }
+
   /// Why the port or device stopped working (an async event), or "" while it is fine.
   /// `qpn`: also a fatal event of that queue pair. Thread-safe.
   std::string broken(uint32_t qpn) const;
@@ -58,6 +62,7 @@ class Device {
   int port_;
   ibv_context* ctx_ = nullptr;
   ibv_pd* pd_ = nullptr;
+  std::unique_ptr<MrCache> mrs_;
   ibv_port_attr attr_{};
   int gidIndex_ = -1;
   ibv_gid gid_{};

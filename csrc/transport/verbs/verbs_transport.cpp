@@ -323,6 +323,9 @@ class VerbsTransport : public railcc::transport::Transport {
     }
     std::vector<std::shared_ptr<Device>> devs = openDevices(ctx.config, &whyNot);
     if (devs.empty()) return nullptr;
+    // Rendezvous caches registrations under the owners the glue notes: from the first op on.
+    if (ctx.config.ibRndvBytes > 0 && ctx.config.ibMrCacheBytes > 0)
+      wantMemoryOwners(std::max<size_t>(static_cast<size_t>(ctx.config.ibRndvBytes), 4096));
     // With a topology, the rank's traffic stays on its rail: the port whose interface is the
     // rail's. Without one (or for InfiniBand ports, which have no interface), every port in turn.
     std::string railWhy;
