@@ -2,8 +2,11 @@
 // device, which skips without one: in CI it runs inside the Soft-RoCE VM
 // (tests/vm/test_vm_verbs.py), over real rxe devices. The pure rules: verbs_rules_test.cpp.
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -11,6 +14,8 @@
 #include "collective_checks.h"
 #include "common/error.h"
 #include "ranks.h"
+#include "transport/memory_owners.h"
+#include "transport/stats.h"
 #include "transport/verbs/verbs_connection.h"
 
 using namespace railcc;
@@ -134,6 +139,106 @@ TEST(VerbsLoopback, WritesWithImmediateWrapTheRingBothWays) {
   EXPECT_EQ(inA, out);
   EXPECT_EQ(inB, out);
   EXPECT_EQ(a.describe().rfind("verbs ", 0), 0u) << a.describe();
+}
+
+int openFds() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (readdir(d)) ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+// Drives `done` until it holds, failing the test after 30 s.
+template <typename F>
+void until(F done, const char* what) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!done()) ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "stalled: " << what;
+}
+
+// One group's queue pairs on a device share one completion channel (CqHub): 64 peers (both ends
+// of each pair in this process: 128 connections over 8 completion queues) add one file
+// descriptor, not one per connection, and each pair's bytes and rendezvous reach its own end.
+TEST(VerbsLoopback, SixtyFourPeersShareOneCompletionChannel) {
+  Config cfg = Config::defaults();
+  auto devs = devices(cfg);
+  SKIP_WITHOUT_RDMA(devs);
+  const int before = openFds();
+  auto hub = std::make_shared<CqHub>(devs[0], VerbsConnection::completionsPerQp());
+  std::vector<std::unique_ptr<VerbsConnection>> as, bs;
+  for (int i = 0; i < 64; ++i) {
+    as.push_back(std::make_unique<VerbsConnection>(devs[0], 16 << 10, cfg, "rank " + std::to_string(i), hub));
+    bs.push_back(std::make_unique<VerbsConnection>(devs[0], 16 << 10, cfg, "rank 0", hub));
+    as[i]->connectTo(bs[i]->local());
+    bs[i]->connectTo(as[i]->local());
+  }
+  EXPECT_LE(openFds() - before, 1) << "file descriptors grew with the connections";
+  EXPECT_EQ(as[0]->pollFd(), bs[63]->pollFd());
+  for (int i = 0; i < 64; ++i) {
+    uint32_t v = 1000 + static_cast<uint32_t>(i);
+    until([&] { return as[i]->send(&v, 4) == 4; }, "send");
+  }
+  for (int i = 63; i >= 0; --i) {
+    uint32_t got = 0;
+    until([&] { return bs[i]->recv(&got, 4) == 4; }, "receive");
+    EXPECT_EQ(got, 1000u + static_cast<uint32_t>(i));
+  }
+  // A rendezvous on one pair among them: b reads a's buffer, then acknowledges.
+  std::vector<char> src(3 << 20), dst(3 << 20, 0);
+  for (size_t k = 0; k < src.size(); ++k) src[k] = static_cast<char>(k * 13 + k / 4093);
+  uint64_t key = 0;
+  ASSERT_TRUE(as[17]->exposeForRead(src.data(), src.size(), &key));
+  until([&] { return bs[17]->readRemote(dst.data(), reinterpret_cast<uint64_t>(src.data()), key, dst.size()); },
+        "RDMA read");
+  bs[17]->ackRemote();
+  until([&] { return as[17]->remoteAcked() == 1; }, "acknowledgement");
+  EXPECT_EQ(src, dst);
+}
+
+// A buffer whose owner went (its storage freed) and whose address now holds other memory is
+// registered afresh: the peer reads the new bytes, never the old pages through a cached key.
+TEST(VerbsLoopback, MemoryFreedAndMappedAgainAtTheSameAddressIsReadFresh) {
+  Config cfg = Config::defaults();
+  auto devs = devices(cfg);
+  SKIP_WITHOUT_RDMA(devs);
+  VerbsConnection a(devs[0], 64 << 10, cfg, "rank 1 (host b)"), b(devs[0], 64 << 10, cfg, "rank 0 (host a)");
+  a.connectTo(b.local());
+  b.connectTo(a.local());
+  struct Owner : transport::MemoryOwner {
+    std::atomic<bool> live{true};
+    bool alive() const override { return live; }
+  };
+  transport::wantMemoryOwners(4096);
+  const size_t n = 1 << 20;
+  std::vector<char> dst(n);
+  auto* p = static_cast<char*>(mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(p, MAP_FAILED);
+  auto send = [&](char fill) {
+    const uint64_t acked = a.remoteAcked();
+    uint64_t key = 0;
+    ASSERT_TRUE(a.exposeForRead(p, n, &key));
+    until([&] { return b.readRemote(dst.data(), reinterpret_cast<uint64_t>(p), key, n); }, "RDMA read");
+    b.ackRemote();
+    until([&] { return a.remoteAcked() == acked + 1; }, "acknowledgement");
+    EXPECT_EQ(dst, std::vector<char>(n, fill));
+  };
+  for (int round = 0; round < 3; ++round) {
+    auto owner = std::make_shared<Owner>();
+    transport::noteMemoryOwner(p, n, owner);
+    const char fill = static_cast<char>('a' + round);
+    std::memset(p, fill, n);
+    auto& hits = transport::statRow(transport::StatKind::kVerbs).v[static_cast<size_t>(transport::Stat::kRegCacheHits)];
+    send(fill);
+    const uint64_t before = hits.load();
+    send(fill);  // the second finds the first's registration (a read of freed pages would show the old fill)
+    EXPECT_EQ(hits.load(), before + 1) << "round " << round;
+    // Freed: the owner says so, and the address gets new pages.
+    owner->live = false;
+    ASSERT_EQ(munmap(p, n), 0);
+    ASSERT_EQ(mmap(p, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0), p);
+  }
+  munmap(p, n);
 }
 
 TEST(VerbsLoopback, AGonePeerFailsTheConnectionNamingRetryExceeded) {

@@ -71,8 +71,11 @@ const char* hintFor(ibv_wc_status s) {
 
 }  // namespace
 
-VerbsConnection::VerbsConnection(std::shared_ptr<Device> dev, size_t ringBytes, const Config& cfg, std::string peer)
-    : dev_(std::move(dev)), ibv_(dev_->ibv()), cfg_(cfg), peer_(std::move(peer)), ring_(ringBytes) {
+int VerbsConnection::completionsPerQp() { return kSendDepth + kRecvDepth + 2 * kCtrlReserve; }
+
+VerbsConnection::VerbsConnection(std::shared_ptr<Device> dev, size_t ringBytes, const Config& cfg, std::string peer,
+                                 std::shared_ptr<CqHub> hub)
+    : dev_(std::move(dev)), ibv_(dev_->ibv()), cfg_(cfg), peer_(std::move(peer)), ring_(ringBytes), hub_(std::move(hub)) {
   void* m = mmap(nullptr, 2 * ring_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) RAILCC_THROW(kSystem, "cannot map ", 2 * ring_, " bytes for an RDMA connection: ", detail::errnoString());
   mem_ = static_cast<char*>(m);
@@ -81,15 +84,11 @@ VerbsConnection::VerbsConnection(std::shared_ptr<Device> dev, size_t ringBytes, 
     if (recvMr_ == nullptr) RAILCC_THROW(kSystem, dev_->name(), ": ", memlockHint(ring_, errno));
     sendMr_ = ibv_->regMr(dev_->pd(), mem_ + ring_, ring_, IBV_ACCESS_LOCAL_WRITE);
     if (sendMr_ == nullptr) RAILCC_THROW(kSystem, dev_->name(), ": ", memlockHint(2 * ring_, errno));
-    channel_ = ibv_->createCompChannel(dev_->ctx());
-    if (channel_ == nullptr) RAILCC_THROW(kSystem, "cannot create a completion channel on ", dev_->name());
-    int fl = fcntl(channel_->fd, F_GETFL);
-    fcntl(channel_->fd, F_SETFL, fl | O_NONBLOCK);
-    cq_ = ibv_->createCq(dev_->ctx(), kSendDepth + kRecvDepth + 2 * kCtrlReserve, nullptr, channel_, 0);
-    if (cq_ == nullptr) RAILCC_THROW(kSystem, "cannot create a completion queue on ", dev_->name(), ": ", detail::errnoString());
+    if (!hub_) hub_ = std::make_shared<CqHub>(dev_, completionsPerQp());
+    ibv_cq* cq = hub_->nextCq();
     ibv_qp_init_attr ia{};
-    ia.send_cq = cq_;
-    ia.recv_cq = cq_;
+    ia.send_cq = cq;
+    ia.recv_cq = cq;
     ia.qp_type = IBV_QPT_RC;
     ia.cap.max_send_wr = kSendDepth + kCtrlReserve;
     ia.cap.max_recv_wr = kRecvDepth;
@@ -97,6 +96,7 @@ VerbsConnection::VerbsConnection(std::shared_ptr<Device> dev, size_t ringBytes, 
     ia.cap.max_recv_sge = 1;
     qp_ = ibv_->createQp(dev_->pd(), &ia);
     if (qp_ == nullptr) RAILCC_THROW(kSystem, "cannot create a queue pair on ", dev_->name(), ": ", detail::errnoString());
+    hub_->attach(qp_->qp_num, this);
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_INIT;
     a.pkey_index = static_cast<uint16_t>(cfg_.ibPkey);
@@ -117,6 +117,7 @@ VerbsConnection::VerbsConnection(std::shared_ptr<Device> dev, size_t ringBytes, 
 VerbsConnection::~VerbsConnection() { release(); }
 
 void VerbsConnection::release() noexcept {
+  if (qp_) hub_->detach(qp_->qp_num);
   if (qp_ && ibv_->destroyQp(qp_) != 0) RAILCC_WARN(IB, "destroying a queue pair on ", dev_->name(), " failed");
   // No request is in flight once the queue pair is gone: registrations may go.
   for (auto& l : exposed_) dev_->mrCache().release(l);
@@ -126,17 +127,10 @@ void VerbsConnection::release() noexcept {
   if (bounce_) munmap(bounce_, kBounceBytes);
   bounceMr_ = nullptr;
   bounce_ = nullptr;
-  if (cq_) {
-    if (unacked_) ibv_->ackCqEvents(cq_, unacked_);
-    if (ibv_->destroyCq(cq_) != 0) RAILCC_WARN(IB, "destroying a completion queue on ", dev_->name(), " failed");
-  }
-  if (channel_ && ibv_->destroyCompChannel(channel_) != 0) RAILCC_WARN(IB, "destroying a completion channel failed");
   if (sendMr_) ibv_->deregMr(sendMr_);
   if (recvMr_) ibv_->deregMr(recvMr_);
   if (mem_) munmap(mem_, 2 * ring_);
   qp_ = nullptr;
-  cq_ = nullptr;
-  channel_ = nullptr;
   sendMr_ = recvMr_ = nullptr;
   mem_ = nullptr;
 }
@@ -279,37 +273,19 @@ void VerbsConnection::handle(const ibv_wc& wc) {
   postRecvs(1);
 }
 
+void VerbsConnection::onCompletion(const ibv_wc& wc) {
+  try {
+    handle(wc);
+  } catch (const Error&) {
+    // fail() kept the reason in error_: raised on this connection's next call.
+  }
+}
+
 void VerbsConnection::progressCq() {
   if (!error_.empty()) fail(error_);
   if (peerFailed_) fail("the peer reported a failure of its own and stopped");
-  ibv_wc wcs[32];
-  while (true) {
-    int n = ibv_poll_cq(cq_, 32, wcs);
-    if (n < 0) fail("polling the completion queue failed");
-    for (int i = 0; i < n; ++i) handle(wcs[i]);
-    if (n > 0) {
-      eventDue_ = eventDue_ || armed_;  // armed, a new completion raises an event
-      continue;
-    }
-    // Only an event raised since arming needs reading (it leaves the fd readable until then),
-    // so a busy stream and an idle wait cost no read() here.
-    if (armed_ && eventDue_) {
-      ibv_cq* cq = nullptr;
-      void* ctx = nullptr;
-      while (ibv_->getCqEvent(channel_, &cq, &ctx) == 0) {
-        ++unacked_;
-        armed_ = eventDue_ = false;
-      }
-      if (unacked_ >= 64) {
-        ibv_->ackCqEvents(cq_, unacked_);
-        unacked_ = 0;
-      }
-    }
-    if (armed_) break;
-    // Arm, then look once more: a completion between the last poll and the arming raises no event.
-    if (ibv_req_notify_cq(cq_, 0) != 0) fail("arming the completion queue failed");
-    armed_ = true;
-  }
+  hub_->poll();
+  if (!error_.empty()) fail(error_);
   if (peerFailed_) fail("the peer reported a failure of its own and stopped");
   maybeCredit();
   if (acksDue_) flushAcks();
@@ -462,7 +438,7 @@ bool VerbsConnection::canSend() {
   return sendRoom() > 0;
 }
 
-int VerbsConnection::pollFd() const { return channel_->fd; }
+int VerbsConnection::pollFd() const { return hub_->fd(); }
 
 std::string VerbsConnection::describe() const {
   return "verbs " + dev_->name() + ":" + std::to_string(dev_->port()) + (dev_->netdev().empty() ? "" : "/" + dev_->netdev()) +

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "transport/transport.h"
+#include "transport/verbs/cq_hub.h"
 #include "transport/verbs/verbs_devices.h"
 
 namespace railcc::transport::verbs {
@@ -61,11 +62,16 @@ struct Blob {
 bool parseBlob(const std::string& s, Blob* b);
 
 /// One RC queue pair to one peer with its rings. Not thread-safe except markFailed().
-class VerbsConnection : public Connection {
+class VerbsConnection : public Connection, private CqSink {
  public:
   /// Creates the queue pair (state INIT, receives posted) and registers the rings.
-  /// `peer` names the peer in messages ("rank 1 (host b)").
-  VerbsConnection(std::shared_ptr<Device> dev, size_t ringBytes, const Config& cfg, std::string peer);
+  /// `peer` names the peer in messages ("rank 1 (host b)"). `hub`: the completion queues it
+  /// shares with the group's other connections on `dev` (driven by the same thread); null:
+  /// a queue and a channel of its own.
+  VerbsConnection(std::shared_ptr<Device> dev, size_t ringBytes, const Config& cfg, std::string peer,
+                  std::shared_ptr<CqHub> hub = nullptr);
+  /// Completions one queue pair may have outstanding (every send and receive it posts).
+  static int completionsPerQp();
   ~VerbsConnection() override;
 
   QpInfo local() const;
@@ -92,6 +98,7 @@ class VerbsConnection : public Connection {
 
  private:
   void release() noexcept;
+  void onCompletion(const ibv_wc& wc) override;
   void progressCq();
   void handle(const ibv_wc& wc);
   void post(uint64_t localOff, size_t n, uint64_t remoteOff, uint32_t imm, bool withImm, bool signaled);
@@ -110,8 +117,7 @@ class VerbsConnection : public Connection {
   char* mem_ = nullptr;  // [receive ring | send staging], page-aligned
   ibv_mr* recvMr_ = nullptr;
   ibv_mr* sendMr_ = nullptr;
-  ibv_comp_channel* channel_ = nullptr;
-  ibv_cq* cq_ = nullptr;
+  std::shared_ptr<CqHub> hub_;
   ibv_qp* qp_ = nullptr;
   uint32_t psn_ = 0;
   QpInfo remote_;
@@ -125,9 +131,6 @@ class VerbsConnection : public Connection {
   // Receiving: bytes that arrived, consumed, and returned to the peer as credit.
   uint64_t written_ = 0, read_ = 0, credited_ = 0;
   uint64_t polledMsgs_ = 0, creditedMsgs_ = 0;
-  unsigned unacked_ = 0;  // completion events to acknowledge before the CQ goes
-  bool armed_ = false;
-  bool eventDue_ = false;  // a completion arrived while armed: an event waits on the channel
   bool peerFailed_ = false;
   bool probing_ = false;
   // Rendezvous: this side's buffers the peer may read, in the order passed, until it

@@ -122,7 +122,7 @@ class VerbsSetup : public Setup {
       for (int lane = 0; lane < ctx_.lanes; ++lane)
         for (int ch = 0; ch < channels_; ++ch) {
           size_t dev = static_cast<size_t>(ch) % devs_.size();
-          auto c = std::make_unique<VerbsConnection>(devs_[dev], ring_, ctx_.config, peerName(p));
+          auto c = std::make_unique<VerbsConnection>(devs_[dev], ring_, ctx_.config, peerName(p), hubFor(dev));
           QpInfo q = c->local();
           s += ";c," + std::to_string(p.rank) + "," + std::to_string(lane) + "," + std::to_string(ch) + "," +
                std::to_string(dev) + "," + std::to_string(q.qpn) + "," + std::to_string(q.psn) + "," + std::to_string(q.ringAddr) + "," +
@@ -229,6 +229,13 @@ class VerbsSetup : public Setup {
 
   // At first use: the peer's ports (its endpoint, parsed once), where one can talk to ours;
   // else null (InfiniBand and Ethernet ports cannot talk, or the endpoint is malformed).
+  // The group's completion queues on device `dev`: one channel (fd) per device, not per peer.
+  std::shared_ptr<CqHub> hubFor(size_t dev) {
+    if (hubs_.size() < devs_.size()) hubs_.resize(devs_.size());
+    if (!hubs_[dev]) hubs_[dev] = std::make_shared<CqHub>(devs_[dev], VerbsConnection::completionsPerQp());
+    return hubs_[dev];
+  }
+
   const Blob* portsOf(const PeerRecord& peer) {
     auto it = blobs_.find(peer.rank);
     if (it != blobs_.end()) return &it->second;
@@ -251,7 +258,7 @@ class VerbsSetup : public Setup {
     }
     const size_t dev = static_cast<size_t>(ch) % devs_.size();
     Pending p;
-    p.conn = std::make_unique<VerbsConnection>(devs_[dev], ring_, ctx_.config, peerName(peer));
+    p.conn = std::make_unique<VerbsConnection>(devs_[dev], ring_, ctx_.config, peerName(peer), hubFor(dev));
     const QpInfo q = p.conn->local();
     // A blob of one port and one queue pair, which parseBlob reads like a whole endpoint.
     ctx_.publish(qpKey(ctx_.rank, peer.rank, lane, ch),
@@ -302,6 +309,7 @@ class VerbsSetup : public Setup {
 
   SetupContext ctx_;
   std::vector<std::shared_ptr<Device>> devs_;
+  std::vector<std::shared_ptr<CqHub>> hubs_;
   std::string railWhy_;
   int channels_ = 1;
   size_t ring_ = 0;

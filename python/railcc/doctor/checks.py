@@ -391,6 +391,13 @@ def check_memlock(ctx):
     how = (f"{_mib(need)} for {met} ({ctx.world_from}) x 2 lanes x {ports * qps} channel(s) "
            f"({ports} active port(s) x RAILCC_IB_QPS_PER_CONNECTION {qps}) x 2 rings of RAILCC_BUFFSIZE {_mib(ring)}"
            + (f" + CUDA staging {_mib(staging)}" if staging else ""))
+    # Rendezvous (RAILCC_IB_RNDV_BYTES) registers the tensors of large messages too, kept up to
+    # RAILCC_IB_MR_CACHE_BYTES per port; one refused is copied through the rings instead.
+    rndv = int(ctx.param("RAILCC_IB_RNDV_BYTES", 65536)) > 0
+    cache = int(ctx.param("RAILCC_IB_MR_CACHE_BYTES", 1 << 30)) * ports if rndv else 0
+    if cache:
+        how += (f"; plus up to {_mib(cache)} of tensors kept registered for rendezvous (RAILCC_IB_MR_CACHE_BYTES x "
+                f"{ports} port(s); past the limit large messages are copied through the rings)")
     if lim == -1:
         return [Result("memlock", WARN, "RLIMIT_MEMLOCK unknown (/proc/self/limits unreadable)")]
     if not ctx.rdma:
@@ -401,6 +408,8 @@ def check_memlock(ctx):
         return [Result("memlock", OK, f"unlimited; railcc registers about {how}")]
     if lim < need:
         return [Result("memlock", FAIL, f"limit {_mib(lim)} < {how}: memory registration will fail", fix)]
+    if cache and lim < need + cache:
+        return [Result("memlock", WARN, f"limit {_mib(lim)} covers the rings but not all of {how}", fix)]
     return [Result("memlock", WARN, f"limit {_mib(lim)} covers {how}, but user buffers registered later may not fit", fix)]
 
 
