@@ -140,3 +140,27 @@ def test_rendezvous_moves_large_messages_without_cpu_copies(vm):
     moved = sum(st["rdma_zero_copy_bytes"] for res in ranks.values() for st in res["ops"].values())
     assert moved > 0
     print("\n" + "\n".join(lines))
+
+
+def test_a_refused_registration_copies_instead_and_says_why_once(vm):
+    """Issue 34: a rank that may not pin its tensors (no CAP_IPC_LOCK, 4 MiB locked-memory
+    limit) sends them through the rings and receives rendezvous reads in its bounce buffer:
+    results exact, the refusal said once per device at INFO with the limit."""
+    ranks = _ranks(vm, "refused_registration")
+    assert sorted(ranks) == [0, 1], _read(vm, "job.txt")[-6000:]
+    for r, res in ranks.items():
+        assert "error" not in res, f"rank {r}: {res['error']}"
+        assert res["bad"] == [], f"rank {r}: {res['bad']}"
+    st0, st1 = ranks[0]["stats"], ranks[1]["stats"]
+    payload = 16 << 20
+    assert st1["registration_failures"] >= 2, st1
+    assert st1["send_copied_bytes"] >= 2 * payload, st1   # its send and its all-gather piece, eager
+    assert st1["recv_copied_bytes"] >= 2 * payload, st1   # rank 0's, read into the bounce buffer
+    assert st0["registration_failures"] == 0 and st0["rdma_zero_copy_bytes"] == 0, st0  # rank 1 sent eager
+    log = _read(vm, "job.txt")
+    said = [ln for ln in log.splitlines() if "of user memory failed" in ln]
+    devices = {ln.split(" IB ", 1)[1].split(":", 1)[0] for ln in said}
+    # Once per device (each rank's lanes may use both rxe ports), with the limit.
+    assert said and len(said) == len(devices), said
+    assert all("locked-memory limit 4096 KiB" in ln for ln in said), said
+    print("\nrank 1, refused: " + said[0].strip()[:300])

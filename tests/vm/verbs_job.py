@@ -145,7 +145,53 @@ def zero_copy(rank, n):
     return out
 
 
-def run(case, n, fn, env, timeout):
+def limit_pinned_memory(rank):
+    """Rank 1 loses CAP_IPC_LOCK (root in the VM pins without limit) and may pin 4 MiB: its
+    rings and bounce buffer fit, a 16 MiB tensor does not."""
+    if rank != 1:
+        return
+    import ctypes
+    import resource
+
+    class Hdr(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    hdr, data = Hdr(0x20080522, 0), (Data * 2)()
+    assert libc.capget(ctypes.byref(hdr), data) == 0
+    data[0].effective &= ~(1 << 14)  # CAP_IPC_LOCK
+    data[0].permitted &= ~(1 << 14)
+    assert libc.capset(ctypes.byref(hdr), data) == 0, ctypes.get_errno()
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (4 << 20, 4 << 20))
+
+
+def refused_registration(rank, n):
+    """Rank 1 cannot register its tensors (limit_pinned_memory): what it sends goes through the
+    rings, what it receives by rendezvous lands in its bounce buffer; every result exact."""
+    count = 4 << 20  # 16 MiB of float32
+    out = {"bad": []}
+    mine = torch.arange(count, dtype=torch.float32) * (rank + 1)
+    got = torch.empty(count)
+    railcc.reset_stats()
+    for src in (0, 1):
+        if rank == src:
+            dist.send(mine, 1 - rank)
+        else:
+            dist.recv(got, src)
+    if not torch.equal(got, torch.arange(count, dtype=torch.float32) * (2 - rank)):
+        out["bad"].append("send/recv")
+    ag = torch.empty(n * count)
+    dist.all_gather_into_tensor(ag, mine)
+    if not torch.equal(ag, torch.cat([torch.arange(count, dtype=torch.float32) * (r + 1) for r in range(n)])):
+        out["bad"].append("all_gather")
+    out["stats"] = railcc.stats()["verbs"]
+    return out
+
+
+def run(case, n, fn, env, timeout, pre=None):
     store = f"/tmp/store-{case}"
     if os.path.exists(store):
         os.unlink(store)
@@ -157,6 +203,8 @@ def run(case, n, fn, env, timeout):
             try:
                 os.environ.update(env)
                 os.environ["RAILCC_HOST_ID"] = f"vm-host-{r}"
+                if pre:
+                    pre(r)
                 dist.init_process_group("railcc", store=dist.FileStore(store, n), rank=r, world_size=n)
                 res = fn(r, n)
                 if case != "killed":
@@ -192,6 +240,7 @@ SWEEP = [tc.rk_allreduce, tc.rk_reduce_scatter, tc.rk_allgather, tc.rk_broadcast
 tc.DTYPES = [torch.float32]
 # Rendezvous: what the transport counters say about copies and registrations.
 run("zero_copy", 2, zero_copy, VERBS, 300)
+run("refused_registration", 2, refused_registration, dict(VERBS, RAILCC_BUFFSIZE="65536"), 200, pre=limit_pinned_memory)
 # This one connects every pair at init (RAILCC_RUNTIME_CONNECT=0); the others at first use (the
 # transport's GoogleTests run 3 ranks x 2 QPs at first use).
 run("n3_qps2", 3, sweep, dict(VERBS, RAILCC_IB_QPS_PER_CONNECTION="2", RAILCC_ALGO="ring", RAILCC_RUNTIME_CONNECT="0"), 400)

@@ -52,6 +52,7 @@ void CommImpl::ringAllgather(const std::vector<int>& g, const std::vector<char*>
     const auto [send, recv] = schedule::ringGatherStep(m, i, s);
     const size_t sb = static_cast<size_t>(send), rb = static_cast<size_t>(recv);
     std::vector<Transfer> xs{ch_.sendTo(next, blocks[sb], sizes[sb]), ch_.recvFrom(prev, blocks[rb], sizes[rb])};
+    ch_.zeroCopy(xs);  // a receive that copies: RDMA may read the block from where it lies
     ch_.exchange(xs);
   }
 }
