@@ -138,8 +138,10 @@ void registerRules(py::module_& parent) {
 
   m.def("verbs_ring_bytes", &verbs::ringBytes, py::arg("buffsize"),
         "Bytes of a verbs connection's receive ring (and of its send staging area) for RAILCC_BUFFSIZE");
-  m.def("verbs_connection_bytes", &verbs::connectionPinnedBytes, py::arg("buffsize"),
-        "Bytes a verbs connection pins (its ring and its staging area) for RAILCC_BUFFSIZE");
+  m.def("verbs_connection_bytes", [](int64_t b, bool rndv) { return verbs::connectionPinnedBytes(b, rndv); },
+        py::arg("buffsize"), py::arg("rendezvous") = false,
+        "Bytes a verbs connection pins (its ring and its staging area, and with rendezvous its bounce buffer) "
+        "for RAILCC_BUFFSIZE");
   m.attr("VERBS_MAX_RING_BYTES") = verbs::kMaxRingBytes;
 
   m.def("simulate", [](int size, int perHost, const std::string& op, size_t bytes, size_t elemSize,

@@ -129,7 +129,7 @@ size_t Channels::recvByAddress(Channel& ch, Transfer& t) {
   // then is not its message.
   if (ch.conn->peerReportedFailure())
     RAILCC_THROW(kPeerFailure, "it failed while its buffer was being read (single copy)");
-  ch.conn->ackRemote();
+  if (!ch.conn->ackRemote()) return moved;
   ch.inAddrGot = 0;
   t.finished = true;
   return moved;
@@ -518,22 +518,6 @@ void Channels::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
       }
     }
   }
-  // Spin briefly (a peer is usually microseconds away), then sleep so that ranks sharing a
-  // core do not starve the one that has work.
-  auto anyReady = [&] {
-    if (alsoReady && alsoReady()) return true;
-    for (auto& [lane, peer] : waitOn)
-      for (Channel& ch : pair(lane, peer)) {
-        if (!ch.conn || ch.conn->pollFd() >= 0) continue;
-        if (!ch.recvq.empty() && ch.conn->peek().second > 0) return true;
-        if (!ch.sendq.empty() && hasBytesToSend(*ch.sendq.front()) && ch.conn->canSend()) return true;
-        if (!ch.sendq.empty() && ch.sendq.front()->byAddress == Transfer::ByAddress::kAwaitingAck &&
-            ch.conn->remoteAcked() >= ch.sendq.front()->ticket)
-          return true;
-      }
-    return host_.opsQueued();
-  };
-  if (pollFor(config_.spinUs, anyReady, busyFor(waitOn))) return;
   std::vector<pollfd> fds;
   bool hasDoorbell = false, connecting = false;
   for (auto& [lane, peer] : waitOn)
@@ -552,6 +536,27 @@ void Channels::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
       if (!ch.recvq.empty() || lane == kP2PLane) ev |= POLLIN;
       fds.push_back({fd, ev, 0});
     }
+  // Spin briefly (a peer is usually microseconds away), then sleep so that ranks sharing a
+  // core do not starve the one that has work. Memory transports are looked at directly;
+  // descriptors (sockets, RDMA completion channels) with a poll that does not wait, so that
+  // bytes arriving during the spin end it, not the spin's end (over TCP a small message
+  // otherwise took the whole spin, ~60 us, whenever it arrived a moment after the wait began).
+  auto anyReady = [&] {
+    if (alsoReady && alsoReady()) return true;
+    for (auto& [lane, peer] : waitOn)
+      for (Channel& ch : pair(lane, peer)) {
+        if (ch.conn && (!ch.sendq.empty() || !ch.recvq.empty()) && ch.conn->takeNews()) return true;
+        if (!ch.conn || ch.conn->pollFd() >= 0) continue;
+        if (!ch.recvq.empty() && ch.conn->peek().second > 0) return true;
+        if (!ch.sendq.empty() && hasBytesToSend(*ch.sendq.front()) && ch.conn->canSend()) return true;
+        if (!ch.sendq.empty() && ch.sendq.front()->byAddress == Transfer::ByAddress::kAwaitingAck &&
+            ch.conn->remoteAcked() >= ch.sendq.front()->ticket)
+          return true;
+      }
+    if (!fds.empty() && poll(fds.data(), fds.size(), 0) > 0) return true;
+    return host_.opsQueued();
+  };
+  if (pollFor(config_.spinUs, anyReady, busyFor(waitOn))) return;
   // Connections still coming up: sleep on their handshakes' and listeners' fds too, not in
   // 1 ms naps (64 ranks on 2 cores napping so spent the CPU the handshakes needed).
   int waitMs = hasDoorbell ? 1 : 100;

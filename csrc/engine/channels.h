@@ -245,7 +245,7 @@ class Channels {
     if (t.limit || !t.landsInPlace) return false;
     if (shmPeer(t.peer))
       return t.mayPassAddress && t.bytes >= byAddressMin_ && t.lane == kCollLane && ch.conn->peerReadsUs();
-    return t.bytes >= ch.conn->byAddressMinBytes() && ch.conn->peerReadsUs();
+    return t.bytes >= ch.conn->byAddressMinBytes(t.lane == kP2PLane) && ch.conn->peerReadsUs();
   }
   size_t sendByAddress(Channel& ch, Transfer& t);
   size_t recvByAddress(Channel& ch, Transfer& t);

@@ -57,6 +57,11 @@ class Connection {
   /// may answer false and rely on pollFd().
   virtual bool canSend() { return false; }
 
+  /// True once after something arrived for this connection that its pollFd() may no longer
+  /// show (a completion taken from a queue it shares with others, on another connection's
+  /// call): the engine then moves its transfers again before it sleeps.
+  virtual bool takeNews() { return false; }
+
   /// A file descriptor to poll() for readiness, or -1 for memory-based transports, which
   /// wake the peer through its doorbell instead (the LocalDomain's, transport/local.h): the
   /// engine then sleeps on its own doorbell, not in poll().
@@ -86,8 +91,9 @@ class Connection {
 
   /// Sends may pass addresses to this peer (it can read this process's memory).
   virtual bool peerReadsUs() { return false; }
-  /// Messages of at least this many bytes go by address where an algorithm allows it.
-  virtual size_t byAddressMinBytes() const { return ~size_t(0); }
+  /// Messages of at least this many bytes go by address where an algorithm allows it; `p2p`:
+  /// a send/recv, whose send must still complete without the receiver where it did before.
+  virtual size_t byAddressMinBytes(bool p2p) const { return ~size_t(0); }
   /// Makes [p, p + n) readable by the peer until its acknowledgement of this message, and
   /// says the key the peer needs. False: it cannot be (a registration was refused, said once
   /// by the transport): the bytes go on the stream instead.
@@ -101,8 +107,9 @@ class Connection {
   virtual bool readRemote(void* dst, uint64_t addr, uint64_t key, size_t n);
   /// Bytes a receive moves per readRemote() call (others' transfers move in between).
   virtual size_t readPieceBytes() const { return size_t(1) << 20; }
-  /// Done with the peer's oldest buffer passed by address (wakes the peer).
-  virtual void ackRemote() {}
+  /// Done with the peer's oldest buffer passed by address (wakes the peer). False when it
+  /// cannot be said now (no room to post it): call again; the receive is not done until then.
+  virtual bool ackRemote() { return true; }
   /// How many of this side's buffers passed by address the peer is done with.
   virtual uint64_t remoteAcked() { return 0; }
 

@@ -3,7 +3,8 @@
 // the registration for the next op only while the memory is still the same allocation: a buffer
 // freed and its address handed to a new one would otherwise be read from the old pages (a
 // registration pins them). The layer that knows the allocations (the c10d glue: a tensor's
-// storage) notes an owner for each large buffer before handing it to the engine; the
+// allocation, whose freeing it watches) notes an owner for each large buffer before handing
+// it to the engine; the
 // transport caches a registration only under a living owner, and registers for one use
 // where there is none.
 #include <cstddef>

@@ -34,6 +34,8 @@ __all__ = [
     "abort",
     "cuda_info",
     "failed_ranks",
+    "stats",
+    "reset_stats",
 ]
 
 __version__ = "0.1.0"

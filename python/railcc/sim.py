@@ -97,10 +97,10 @@ def simulate_job(n, a):
     remote = n - L
     setup = {**_setup_reads(n, L),
         "shm_bytes_per_host": L * rules.shm_segment_bytes(L * 2, a.buffsize, a.buffsize) if L > 1 else 0,
-        "verbs_pinned_today": remote * 2 * a.channels * rules.verbs_connection_bytes(a.buffsize),
+        "verbs_pinned_today": remote * 2 * a.channels * rules.verbs_connection_bytes(a.buffsize, True),
     }
     net = max((r["net_peers"] for r in rows if "error" not in r), default=0)
-    setup["verbs_pinned_if_lazy"] = net * 2 * a.channels * rules.verbs_connection_bytes(a.buffsize)
+    setup["verbs_pinned_if_lazy"] = net * 2 * a.channels * rules.verbs_connection_bytes(a.buffsize, True)
     return {"ranks": n, "per_host": L, "channels": a.channels, "ops": rows, "setup": setup}
 
 

@@ -183,8 +183,10 @@ def test_memory_figures_agree():
     for b in sizes:
         same("verbs_ring_bytes", b)
         same("verbs_connection_bytes", b)
+        same("verbs_connection_bytes", b, True)
     assert cpp_rules.verbs_ring_bytes(1 << 30) == 512 << 20
     assert cpp_rules.verbs_connection_bytes(4 << 20) == 8 << 20
+    assert cpp_rules.verbs_connection_bytes(4 << 20, True) == 9 << 20
 
 
 @pytest.mark.parametrize("variant", [

@@ -136,14 +136,14 @@ def test_rendezvous_moves_large_messages_without_cpu_copies(vm):
         # registered afresh (the old registration's owner is gone), none refused.
         for st in res["reuse_stats"]:
             assert st["registration_failures"] == 0 and st["registrations"] >= 1, st
-        lines.append(f"rank {r} reused addresses: {res['addrs']}")
+        lines.append(f"rank {r} reused addresses: {res['addrs']}; after storage resizes: {res['resize_addrs']}")
     moved = sum(st["rdma_zero_copy_bytes"] for res in ranks.values() for st in res["ops"].values())
     assert moved > 0
     print("\n" + "\n".join(lines))
 
 
 def test_a_refused_registration_copies_instead_and_says_why_once(vm):
-    """Issue 34: a rank that may not pin its tensors (no CAP_IPC_LOCK, 4 MiB locked-memory
+    """Issue 34: a rank that may not pin its tensors (no CAP_IPC_LOCK, 8 MiB locked-memory
     limit) sends them through the rings and receives rendezvous reads in its bounce buffer:
     results exact, the refusal said once per device at INFO with the limit."""
     ranks = _ranks(vm, "refused_registration")
@@ -162,5 +162,5 @@ def test_a_refused_registration_copies_instead_and_says_why_once(vm):
     devices = {ln.split(" IB ", 1)[1].split(":", 1)[0] for ln in said}
     # Once per device (each rank's lanes may use both rxe ports), with the limit.
     assert said and len(said) == len(devices), said
-    assert all("locked-memory limit 4096 KiB" in ln for ln in said), said
+    assert all("locked-memory limit 8192 KiB" in ln for ln in said), said
     print("\nrank 1, refused: " + said[0].strip()[:300])

@@ -142,12 +142,25 @@ def zero_copy(rank, n):
             out["bad"].append(f"reused buffers, round {i}")
         out.setdefault("reuse_stats", []).append(railcc.stats()["verbs"])
         del t, ag
+    # A storage resized to nothing and back (FSDP frees its padded parameters so): its memory may
+    # come back at the same address with new pages, which reads and writes must reach.
+    t, ag = torch.empty(count), torch.empty(n * count)
+    out["resize_addrs"] = []
+    for i in range(3):
+        t.fill_(100.0 * i + rank)
+        dist.all_gather_into_tensor(ag, t)
+        if not torch.equal(ag, torch.cat([torch.full((count,), 100.0 * i + r) for r in range(n)])):
+            out["bad"].append(f"resized storages, round {i}")
+        for x, nbytes in ((t, count * 4), (ag, n * count * 4)):
+            x.untyped_storage().resize_(0)
+            x.untyped_storage().resize_(nbytes)
+        out["resize_addrs"].append([t.data_ptr(), ag.data_ptr()])
     return out
 
 
 def limit_pinned_memory(rank):
-    """Rank 1 loses CAP_IPC_LOCK (root in the VM pins without limit) and may pin 4 MiB: its
-    rings and bounce buffer fit, a 16 MiB tensor does not."""
+    """Rank 1 loses CAP_IPC_LOCK (root in the VM pins without limit) and may pin 8 MiB: its
+    connections' rings and bounce buffers fit, a 16 MiB tensor does not."""
     if rank != 1:
         return
     import ctypes
@@ -165,7 +178,7 @@ def limit_pinned_memory(rank):
     data[0].effective &= ~(1 << 14)  # CAP_IPC_LOCK
     data[0].permitted &= ~(1 << 14)
     assert libc.capset(ctypes.byref(hdr), data) == 0, ctypes.get_errno()
-    resource.setrlimit(resource.RLIMIT_MEMLOCK, (4 << 20, 4 << 20))
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (8 << 20, 8 << 20))
 
 
 def refused_registration(rank, n):

@@ -99,9 +99,10 @@ class ShmConnection : public Connection {
     RAILCC_THROW(kPeerFailure, "reading ", n, " bytes of its memory (single copy) failed: ", strerror(err));
   }
 
-  void ackRemote() override {
+  bool ackRemote() override {
     in_->acked.fetch_add(1, std::memory_order_seq_cst);
     wake(&peerHdr_->door);
+    return true;
   }
 
   uint64_t remoteAcked() override { return out_->acked.load(std::memory_order_acquire); }

@@ -24,6 +24,7 @@ CqHub::~CqHub() {
 }
 
 ibv_cq* CqHub::nextCq() {
+  std::lock_guard<std::mutex> g(mu_);
   if (cqs_.empty() || cqs_.back().qps >= kQpsPerCq) {
     ibv_cq* cq = ibv_->createCq(dev_->ctx(), perQp_ * kQpsPerCq, nullptr, channel_, 0);
     if (cq == nullptr)
@@ -35,11 +36,21 @@ ibv_cq* CqHub::nextCq() {
   return cqs_.back().cq;
 }
 
-void CqHub::attach(uint32_t qpn, CqSink* sink) { sinks_[qpn] = sink; }
+void CqHub::attach(uint32_t qpn, CqSink* sink) {
+  std::lock_guard<std::mutex> g(mu_);
+  // A new queue pair with a gone one's number: that one's completions still queued must not
+  // reach it. Everything queued now is handed out first (its own are dropped: not attached).
+  if (retired_.erase(qpn)) pollLocked();
+  sinks_[qpn] = sink;
+}
 
 // A queue pair's place on its queue is not given back: its completions still there are
 // dropped as they come (the queue pair is gone), and queues stay until the group goes.
-void CqHub::detach(uint32_t qpn) { sinks_.erase(qpn); }
+void CqHub::detach(uint32_t qpn) {
+  std::lock_guard<std::mutex> g(mu_);
+  sinks_.erase(qpn);
+  retired_.insert(qpn);
+}
 
 int CqHub::fd() const { return channel_->fd; }
 
@@ -60,6 +71,11 @@ bool CqHub::drain(Cq& c) {
 }
 
 void CqHub::poll() {
+  std::lock_guard<std::mutex> g(mu_);
+  pollLocked();
+}
+
+void CqHub::pollLocked() {
   bool readEvents = false;
   for (Cq& c : cqs_) {
     drain(c);

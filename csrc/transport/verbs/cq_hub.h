@@ -6,10 +6,13 @@
 // (each may have every send and receive it posted complete at once, a flush after an error),
 // so a group with more gets another queue on the same channel.
 //
-// Driven by the thread that drives the group's connections (not thread-safe).
+// Driven by the thread that drives the group's connections; attach/detach and poll are
+// serialised by a lock, so a connection may be torn down from another thread.
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "transport/verbs/ibv_lib.h"
@@ -54,13 +57,16 @@ class CqHub {
     unsigned unacked = 0;
   };
   bool drain(Cq& c);
+  void pollLocked();
 
   std::shared_ptr<Device> dev_;
   const IbvLib* ibv_;
   const int perQp_;
   ibv_comp_channel* channel_ = nullptr;
   std::vector<Cq> cqs_;
+  std::mutex mu_;
   std::unordered_map<uint32_t, CqSink*> sinks_;
+  std::unordered_set<uint32_t> retired_;  // numbers of queue pairs gone, whose completions may remain
 };
 
 }  // namespace railcc::transport::verbs

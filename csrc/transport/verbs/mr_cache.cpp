@@ -31,6 +31,14 @@ MrCache::~MrCache() {
 
 ibv_mr* MrCache::reg(uintptr_t begin, uintptr_t end) {
   ibv_mr* mr = ibv_->regMr(pd_, reinterpret_cast<void*>(begin), end - begin, kAccess);
+  if (!mr && bytes_ > 0) {
+    // Refused, perhaps by the locked-memory limit that the cache itself uses up: the
+    // registrations nobody is using go, and it is tried once more.
+    const size_t before = bytes_;
+    for (size_t i = entries_.size(); i-- > 0;)
+      if (entries_[i].uses == 0) dropAt(i);
+    if (bytes_ < before) mr = ibv_->regMr(pd_, reinterpret_cast<void*>(begin), end - begin, kAccess);
+  }
   if (mr) {
     addStat(StatKind::kVerbs, Stat::kRegistrations, 1);
     return mr;

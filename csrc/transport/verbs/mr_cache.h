@@ -2,7 +2,7 @@
 // Registrations of user memory with one RDMA device, for messages passed by address
 // (rendezvous: the peer reads the sender's buffer, the receiver's NIC writes the destination).
 // A range is registered once and kept while its owner (transport/memory_owners.h: the tensor's
-// storage, noted by the glue) says the allocation lives; memory with no owner is registered
+// allocation, watched by the glue) says it has not been freed; memory with no owner is registered
 // for one message and deregistered after. The cache keeps at most RAILCC_IB_MR_CACHE_BYTES,
 // evicting the least recently used registration nobody is using, and drops every registration
 // whose owner has gone (its pages were freed: the address may now be someone else's).

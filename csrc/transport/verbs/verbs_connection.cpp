@@ -32,7 +32,7 @@ constexpr uint32_t kCountMask = (1u << kKindShift) - 1;
 enum ImmKind : uint32_t { kData = 0, kNotice = 1, kCreditBytes = 2, kCreditMsgs = 3 };
 constexpr uint32_t kNoticeFailed = 1;
 constexpr uint32_t kNoticeRead = 2;  // done reading the oldest buffer passed by address
-constexpr size_t kBounceBytes = 1 << 20;
+constexpr size_t kBounceBytes = kRndvBounceBytes;
 
 std::string memlockHint(size_t bytes, int err) {
   rlimit rl{};
@@ -107,7 +107,16 @@ VerbsConnection::VerbsConnection(std::shared_ptr<Device> dev, size_t ringBytes, 
                    " (RAILCC_IB_PKEY/NCCL_IB_PKEY=", cfg_.ibPkey, ")");
     postRecvs(kRecvDepth);
     psn_ = std::random_device{}() & 0xffffff;
-    if (cfg_.ibRndvBytes > 0) rndvMin_ = std::max<size_t>(static_cast<size_t>(cfg_.ibRndvBytes), 4096);
+    if (cfg_.ibRndvBytes > 0) {
+      rndvMin_ = std::max<size_t>(static_cast<size_t>(cfg_.ibRndvBytes), 4096);
+      // Registered now: a read whose destination cannot be registered lands here, and by then
+      // the sender waits on it (no other way back).
+      void* m = mmap(nullptr, kBounceBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (m == MAP_FAILED) RAILCC_THROW(kSystem, "cannot map a bounce buffer for RDMA reads: ", detail::errnoString());
+      bounce_ = static_cast<char*>(m);
+      bounceMr_ = ibv_->regMr(dev_->pd(), bounce_, kBounceBytes, IBV_ACCESS_LOCAL_WRITE);
+      if (!bounceMr_) RAILCC_THROW(kSystem, dev_->name(), ": ", memlockHint(kBounceBytes, errno));
+    }
   } catch (...) {
     release();
     throw;
@@ -238,12 +247,13 @@ void VerbsConnection::handle(const ibv_wc& wc) {
   if (wc.status != IBV_WC_SUCCESS) {
     if (wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == kRecvTag)
       fail("the queue pair entered the error state (" + std::string(hintFor(wc.status)) + ")");
-    fail(std::string(wc.wr_id == kRecvTag ? "a receive" : wc.wr_id == readWr_ ? "an RDMA read" : "an RDMA write") +
+    fail(std::string(wc.wr_id == kRecvTag ? "a receive" : wc.wr_id == readWr_ && readWr_ ? "an RDMA read" : "an RDMA write") +
          " completed with error: " +
          ibv_->wcStatusStr(wc.status) + " (status " + std::to_string(static_cast<int>(wc.status)) + ", vendor error " +
          std::to_string(wc.vendor_err) + "): " + hintFor(wc.status));
   }
   if (wc.wr_id != kRecvTag) {  // a signalled write: every request up to it is done
+    if (wc.wr_id > sqPosted_) return;  // not ours: a queue pair of the same number before us
     sqDone_ = std::max<uint64_t>(sqDone_, wc.wr_id);
     probing_ = false;
     return;
@@ -263,7 +273,8 @@ void VerbsConnection::handle(const ibv_wc& wc) {
       break;
     case kNotice:
       if (count == kNoticeFailed) peerFailed_ = true;
-      if (count == kNoticeRead && !exposed_.empty()) {
+      if (count == kNoticeRead) {
+        if (exposed_.empty()) fail("the peer acknowledged a read of a buffer this side never passed (protocol error)");
         ++acked_;
         dev_->mrCache().release(exposed_.front());
         exposed_.pop_front();
@@ -274,10 +285,13 @@ void VerbsConnection::handle(const ibv_wc& wc) {
 }
 
 void VerbsConnection::onCompletion(const ibv_wc& wc) {
+  news_ = true;
   try {
     handle(wc);
   } catch (const Error&) {
     // fail() kept the reason in error_: raised on this connection's next call.
+  } catch (const std::exception& e) {
+    if (error_.empty()) error_ = std::string("handling a completion failed: ") + e.what();
   }
 }
 
@@ -288,7 +302,7 @@ void VerbsConnection::progressCq() {
   if (!error_.empty()) fail(error_);
   if (peerFailed_) fail("the peer reported a failure of its own and stopped");
   maybeCredit();
-  if (acksDue_) flushAcks();
+  news_ = false;  // whatever came for us, our caller sees now
 }
 
 void VerbsConnection::maybeCredit() {
@@ -382,17 +396,6 @@ bool VerbsConnection::readRemote(void* dst, uint64_t addr, uint64_t key, size_t 
     if (sqPosted_ - sqDone_ >= static_cast<uint64_t>(kSendDepth)) return false;
     readLease_ = dev_->mrCache().acquire(dst, n);
     readDone_ = 0;
-    if (!readLease_.mr && !bounce_) {
-      void* m = mmap(nullptr, kBounceBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (m == MAP_FAILED) fail("cannot map a bounce buffer for an RDMA read: " + detail::errnoString());
-      bounce_ = static_cast<char*>(m);
-      bounceMr_ = ibv_->regMr(dev_->pd(), bounce_, kBounceBytes, IBV_ACCESS_LOCAL_WRITE);
-      if (!bounceMr_) {
-        munmap(bounce_, kBounceBytes);
-        bounce_ = nullptr;
-        RAILCC_THROW(kSystem, dev_->name(), ": ", memlockHint(kBounceBytes, errno));
-      }
-    }
     reading_ = true;
     if (readLease_.mr) postRead(d, readLease_.mr->lkey, addr, rkey, n);
     else postRead(bounce_, bounceMr_->lkey, addr, rkey, std::min(n, kBounceBytes));
@@ -416,16 +419,12 @@ bool VerbsConnection::readRemote(void* dst, uint64_t addr, uint64_t key, size_t 
   return true;
 }
 
-void VerbsConnection::ackRemote() {
-  ++acksDue_;
-  flushAcks();
-}
-
-void VerbsConnection::flushAcks() {
-  while (acksDue_ > 0 && sqPosted_ - sqDone_ < static_cast<uint64_t>(kSendDepth + kCtrlReserve / 2)) {
-    post(0, 0, 0, (kNotice << kKindShift) | kNoticeRead, true, false);
-    --acksDue_;
-  }
+bool VerbsConnection::ackRemote() {
+  progressCq();
+  // The queue pair's last slots are the acknowledgements' (data and credits stop short of them).
+  if (sqPosted_ - sqDone_ >= static_cast<uint64_t>(kSendDepth + kCtrlReserve - 1)) return false;
+  post(0, 0, 0, (kNotice << kKindShift) | kNoticeRead, true, false);
+  return true;
 }
 
 uint64_t VerbsConnection::remoteAcked() {

@@ -21,6 +21,7 @@
 // needs no round-trip before each message, which a clear-to-send FIFO costs on the first
 // message of every op.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -28,6 +29,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "transport/transport.h"
@@ -89,11 +91,14 @@ class VerbsConnection : public Connection, private CqSink {
   void markFailed() override;
 
   bool peerReadsUs() override { return connected_ && rndvMin_ != ~size_t(0); }
-  size_t byAddressMinBytes() const override { return rndvMin_; }
+  // A send/recv that fits the ring completes without the receiver, as it always did: only
+  // larger ones (which wait for the receiver anyway) go by rendezvous.
+  size_t byAddressMinBytes(bool p2p) const override { return p2p ? std::max(rndvMin_, ring_) : rndvMin_; }
+  bool takeNews() override { return std::exchange(news_, false); }
   bool exposeForRead(const void* p, size_t n, uint64_t* key) override;
   bool readRemote(void* dst, uint64_t addr, uint64_t key, size_t n) override;
   size_t readPieceBytes() const override { return size_t(16) << 20; }
-  void ackRemote() override;
+  bool ackRemote() override;
   uint64_t remoteAcked() override;
 
  private:
@@ -103,7 +108,6 @@ class VerbsConnection : public Connection, private CqSink {
   void handle(const ibv_wc& wc);
   void post(uint64_t localOff, size_t n, uint64_t remoteOff, uint32_t imm, bool withImm, bool signaled);
   void postRead(void* dst, uint32_t lkey, uint64_t addr, uint32_t rkey, size_t n);
-  void flushAcks();
   void postRecvs(int n);
   void maybeCredit();
   [[noreturn]] void fail(const std::string& why);
@@ -134,11 +138,11 @@ class VerbsConnection : public Connection, private CqSink {
   bool peerFailed_ = false;
   bool probing_ = false;
   // Rendezvous: this side's buffers the peer may read, in the order passed, until it
-  // acknowledges each; the read this side has in flight; acknowledgements not yet posted.
+  // acknowledges each; the read this side has in flight.
   size_t rndvMin_ = ~size_t(0);
   std::deque<MrCache::Lease> exposed_;
   uint64_t acked_ = 0;
-  unsigned acksDue_ = 0;
+  bool news_ = false;  // a completion of ours was taken on another connection's call
   MrCache::Lease readLease_;
   bool reading_ = false;
   uint64_t readWr_ = 0;

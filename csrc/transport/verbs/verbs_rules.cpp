@@ -191,6 +191,8 @@ GdrDecision decideGdr(const GdrFacts& f) {
 
 size_t ringBytes(int64_t buffSize) { return static_cast<size_t>(std::min<int64_t>(buffSize, kMaxRingBytes)); }
 
-size_t connectionPinnedBytes(int64_t buffSize) { return 2 * ringBytes(buffSize); }
+size_t connectionPinnedBytes(int64_t buffSize, bool rendezvous) {
+  return 2 * ringBytes(buffSize) + (rendezvous ? kRndvBounceBytes : 0);
+}
 
 }  // namespace railcc::transport::verbs

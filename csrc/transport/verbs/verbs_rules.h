@@ -65,7 +65,11 @@ constexpr int64_t kMaxRingBytes = int64_t(1) << 29;  // 512 MiB
 /// Bytes of each connection's receive ring (and of its send staging area): RAILCC_BUFFSIZE,
 /// at most kMaxRingBytes.
 size_t ringBytes(int64_t buffSize);
-/// Bytes a connection maps and registers (pinned): its receive ring and its send staging area.
-size_t connectionPinnedBytes(int64_t buffSize);
+/// The buffer a connection reads rendezvous messages into where their destination cannot be
+/// registered (RAILCC_IB_RNDV_BYTES > 0).
+constexpr size_t kRndvBounceBytes = size_t(1) << 20;
+/// Bytes a connection maps and registers (pinned): its receive ring and its send staging area,
+/// and with `rendezvous` its bounce buffer.
+size_t connectionPinnedBytes(int64_t buffSize, bool rendezvous = false);
 
 }  // namespace railcc::transport::verbs

@@ -385,15 +385,16 @@ def check_memlock(ctx):
     # estimate); send/recv and all_to_all to every peer would pin the rest as they meet them.
     lazy = str(ctx.param("RAILCC_RUNTIME_CONNECT", "1")).lower() not in ("0", "false", "no", "off")
     peers = min(remote, max(ctx.world - 1, 1).bit_length() + 3) if lazy else remote
-    need = peers * 2 * ports * qps * rules.verbs_connection_bytes(buff) + staging
+    rndv = int(ctx.param("RAILCC_IB_RNDV_BYTES", 65536)) > 0
+    need = peers * 2 * ports * qps * rules.verbs_connection_bytes(buff, rndv) + staging
     met = f"{peers} of {remote} remote peer(s), those a rank's collectives meet at first use" if lazy else \
         f"{remote} remote peer(s)"
     how = (f"{_mib(need)} for {met} ({ctx.world_from}) x 2 lanes x {ports * qps} channel(s) "
            f"({ports} active port(s) x RAILCC_IB_QPS_PER_CONNECTION {qps}) x 2 rings of RAILCC_BUFFSIZE {_mib(ring)}"
+           + (" and a 1 MiB rendezvous bounce buffer" if rndv else "")
            + (f" + CUDA staging {_mib(staging)}" if staging else ""))
     # Rendezvous (RAILCC_IB_RNDV_BYTES) registers the tensors of large messages too, kept up to
     # RAILCC_IB_MR_CACHE_BYTES per port; one refused is copied through the rings instead.
-    rndv = int(ctx.param("RAILCC_IB_RNDV_BYTES", 65536)) > 0
     cache = int(ctx.param("RAILCC_IB_MR_CACHE_BYTES", 1 << 30)) * ports if rndv else 0
     if cache:
         how += (f"; plus up to {_mib(cache)} of tensors kept registered for rendezvous (RAILCC_IB_MR_CACHE_BYTES x "

@@ -215,5 +215,8 @@ def verbs_ring_bytes(buffsize):
     return min(buffsize, VERBS_MAX_RING_BYTES)
 
 
-def verbs_connection_bytes(buffsize):
-    return 2 * verbs_ring_bytes(buffsize)
+VERBS_RNDV_BOUNCE_BYTES = 1 << 20
+
+
+def verbs_connection_bytes(buffsize, rendezvous=False):
+    return 2 * verbs_ring_bytes(buffsize) + (VERBS_RNDV_BOUNCE_BYTES if rendezvous else 0)
