@@ -7,10 +7,12 @@
 #include <array>
 #include <atomic>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <vector>
 
 #include "engine/wire.h"
+#include "transport/memory_owners.h"
 
 namespace railcc::engine {
 
@@ -48,6 +50,13 @@ struct DeviceState {
   // our own for ops that name none, all on device `devOf`.
   char* stage = nullptr;
   size_t stageCap = 0;
+  // The staging's owner for transports that keep registrations of it (RDMA rendezvous): alive
+  // until the staging is freed, so they register it once, not per message.
+  struct StageOwner : transport::MemoryOwner {
+    std::atomic<bool> freed{false};
+    bool alive() const override { return !freed.load(std::memory_order_acquire); }
+  };
+  std::shared_ptr<StageOwner> stageOwner;
   void* stageEv[2] = {nullptr, nullptr};
   void* ownStream = nullptr;
   int devOf = -1;

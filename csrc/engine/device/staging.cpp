@@ -63,6 +63,7 @@ void CommImpl::releaseDevice() {
   for (auto& ev : dev_.stageEv)
     if (ev) api->eventDestroy(ev), ev = nullptr;
   if (dev_.ownStream) api->streamDestroy(dev_.ownStream), dev_.ownStream = nullptr;
+  if (dev_.stageOwner) dev_.stageOwner->freed = true;
   if (dev_.stage) api->hostFree(dev_.stage), dev_.stage = nullptr;
   dev_.stageCap = 0;
   dev_.devOf = -1;
@@ -143,11 +144,14 @@ void CommImpl::runStaged(const DeviceOp& dv, DataType dt, size_t slots, std::vec
   const size_t chunks = std::max<size_t>(1, (maxCount + per - 1) / per);
   const size_t need = 2 * std::max<size_t>(uniq.size(), 1) * stride;
   if (dev_.stageCap < need) {
+    if (dev_.stageOwner) dev_.stageOwner->freed = true;
     if (dev_.stage) checkDevice(api.hostFree(dev_.stage), "cudaFreeHost", d), dev_.stage = nullptr, dev_.stageCap = 0;
     void* p = nullptr;
     checkDevice(api.hostAlloc(&p, need), "cudaHostAlloc (pinned staging)", d);
     dev_.stage = static_cast<char*>(p);
     dev_.stageCap = need;
+    dev_.stageOwner = std::make_shared<DeviceState::StageOwner>();
+    transport::noteMemoryOwner(p, need, dev_.stageOwner);
     RAILCC_INFO(COLL, "group '", opts_.name, "': ", need >> 10, " KiB of pinned staging for cuda:", d,
                 " (RAILCC_CUDA_STAGING_BYTES=", opts_.config.cudaStagingBytes, ")");
   }
