@@ -6,8 +6,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/ivalue.h>
-#include <c10/core/CPUAllocator.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -17,14 +17,12 @@
 #include <atomic>
 #include <cstring>
 #include <sstream>
-#include <mutex>
 #include <thread>
-#include <unordered_map>
 
 #include "common/error.h"
 #include "common/log.h"
 #include "c10d_store.h"
-#include "transport/memory_owners.h"
+#include "tensor_memory.h"
 #include "work.h"
 
 namespace railcc {
@@ -224,6 +222,16 @@ c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupRailcc::getBackendOptions
   return o;
 }
 
+std::shared_ptr<c10::Allocator> ProcessGroupRailcc::getMemAllocator() { return communicationAllocator(); }
+
+at::Tensor ProcessGroupRailcc::allocateTensor(long size, at::TensorOptions options) {
+  if (size < 0) invalid("allocate_tensor: size " + std::to_string(size) + " is negative");
+  if (options.device().type() != c10::DeviceType::CPU)
+    invalid("allocate_tensor: railcc allocates communication tensors in host memory only; got " + options.device().str());
+  return at::detail::empty_generic({size}, communicationAllocator().get(), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                   c10::typeMetaToScalarType(options.dtype()), std::nullopt);
+}
+
 c10::intrusive_ptr<c10d::Backend> ProcessGroupRailcc::split(const c10::intrusive_ptr<c10d::Store>& store,
                                                             const std::vector<int>& ranks,
                                                             const c10::intrusive_ptr<Options>& opts) {
@@ -323,76 +331,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::makeWork(OpType type, const c
   return w;
 }
 
-namespace {
-
-// The memory of a CPU tensor's storage, for transports that keep user memory registered with a
-// NIC (transport/memory_owners.h). A registration pins the pages it was made on: if the memory
-// were freed and the address handed out again (a storage destroyed, or resized: FSDP frees and
-// reallocates its padded parameters with storage().resize_()), a cached registration would read
-// or write the old pages. So the allocation itself is watched: its deleter (the CPU allocator's)
-// is swapped for one that marks it freed before freeing it, which no weak reference or pointer
-// comparison could tell from a reallocation at the same address. Memory from other allocators
-// (pinned, shared, from_blob) is not watched and gets no owner: registered for one message.
-class AllocationOwner : public transport::MemoryOwner {
- public:
-  explicit AllocationOwner(std::shared_ptr<std::atomic<bool>> freed) : freed_(std::move(freed)) {}
-  bool alive() const override { return !freed_->load(std::memory_order_acquire); }
-
- private:
-  std::shared_ptr<std::atomic<bool>> freed_;
-};
-
-std::mutex watchedMu;
-std::unordered_map<void*, std::shared_ptr<std::atomic<bool>>> watched;  // by the allocation's context
-c10::DeleterFnPtr cpuDeleter = nullptr;  // the CPU allocator's, which watchedDelete calls
-
-void watchedDelete(void* ctx) {
-  {
-    std::lock_guard<std::mutex> g(watchedMu);
-    auto it = watched.find(ctx);
-    if (it != watched.end()) {
-      it->second->store(true, std::memory_order_release);
-      watched.erase(it);
-    }
-  }
-  cpuDeleter(ctx);
-}
-
-std::shared_ptr<const transport::MemoryOwner> ownerOfStorage(const c10::Storage& s) {
-  static const c10::DeleterFnPtr cpu = [] {
-    c10::Allocator* a = c10::GetCPUAllocator();
-    cpuDeleter = a ? a->raw_deleter() : nullptr;
-    return cpuDeleter;
-  }();
-  if (cpu == nullptr) return nullptr;
-  at::DataPtr& dp = s.unsafeGetStorageImpl()->_mutable_data_ptr_no_checks();
-  std::lock_guard<std::mutex> g(watchedMu);
-  if (dp.get_deleter() == &watchedDelete) {
-    auto it = watched.find(dp.get_context());
-    return it == watched.end() ? nullptr : std::make_shared<AllocationOwner>(it->second);
-  }
-  if (dp.get_context() == nullptr || !dp.compare_exchange_deleter(cpu, &watchedDelete)) return nullptr;
-  auto freed = std::make_shared<std::atomic<bool>>(false);
-  watched[dp.get_context()] = freed;
-  return std::make_shared<AllocationOwner>(freed);
-}
-
-// Notes the owners of an op's large host tensors before the engine sees their addresses.
-void noteOwners(const std::vector<at::Tensor>& tensors) {
-  const size_t minBytes = transport::memoryOwnersMinBytes();
-  if (minBytes == ~size_t(0)) return;
-  for (const auto& t : tensors) {
-    if (!t.defined() || !t.has_storage() || !t.device().is_cpu()) continue;
-    const c10::Storage& s = t.storage();
-    if (s.nbytes() < minBytes || s.data() == nullptr) continue;
-    if (auto owner = ownerOfStorage(s)) transport::noteMemoryOwner(s.data(), s.nbytes(), std::move(owner));
-  }
-}
-
-}  // namespace
-
 DeviceCallPtr ProcessGroupRailcc::deviceCall(const char* what, const std::vector<at::Tensor>& tensors) {
-  noteOwners(tensors);
+  noteTensorOwners(tensors);
   const at::Tensor* first = nullptr;
   for (auto& t : tensors) {
     if (!t.defined()) continue;

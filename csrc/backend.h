@@ -68,6 +68,11 @@ class ProcessGroupRailcc : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
                                           const c10::intrusive_ptr<Options>& opts) override;
   c10::intrusive_ptr<Options> getBackendOptions() override;
+  // Communication tensors in host memory (backend.allocate_tensor, mem_allocator): page-aligned
+  // and known to the RDMA registration cache from birth (tensor_memory.h). CUDA: not offered.
+  bool supportsTensorAlloc(c10::DeviceIndex deviceIdx) override { return deviceIdx < 0; }
+  at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
+  std::shared_ptr<c10::Allocator> getMemAllocator() override;
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }

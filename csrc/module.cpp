@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "engine/rail_check.h"
 #include "rules_module.h"
+#include "tensor_memory.h"
 #include "transport/stats.h"
 #include "topology/rails.h"
 #include "topology/topology.h"
@@ -160,6 +161,10 @@ PYBIND11_MODULE(_C, m) {
     }
     return rows;
   });
+
+  // What backend.mem_allocator returns: a handle (the allocator is used from C++).
+  py::class_<railcc::CommunicationAllocator, std::shared_ptr<railcc::CommunicationAllocator>>(
+      m, "CommunicationAllocator", "railcc's allocator of page-aligned host memory for communication tensors");
 
   m.def("stats", [] {
     py::dict out;

@@ -665,3 +665,38 @@ def test_a_soft_open_files_limit_below_the_hard_one_is_raised(tmp_path):
     for res, err in results:
         assert res["ok"], (res, err[-2000:])
     assert "raised the soft limit of open files (ulimit -n) from 40 to" in results[1][1], results[1][1][-2000:]
+
+
+def rk_communication_tensors(rank, n):
+    """backend.allocate_tensor / mem_allocator (issue 34): host tensors from railcc's own pool,
+    page-aligned, usable in any collective; CUDA is refused by name, as is a negative size."""
+    import railcc
+
+    b = railcc.backend_of()
+    out = {"cpu": b.supports_tensor_alloc(torch.device("cpu")),
+           "cuda": b.supports_tensor_alloc(torch.device("cuda", 0)),
+           "allocator": b.mem_allocator is not None}
+    t = b.allocate_tensor(1_000_003, dtype=torch.float32, device=torch.device("cpu"))
+    out["aligned"] = t.data_ptr() % 4096 == 0 and t.numel() == 1_000_003 and t.dtype == torch.float32
+    t.copy_(torch.arange(1_000_003, dtype=torch.float32) * (rank + 1))
+    dist.all_reduce(t)
+    out["exact"] = torch.equal(t, torch.arange(1_000_003, dtype=torch.float32) * (n * (n + 1) // 2))
+    g = b.allocate_tensor(n * 1000, dtype=torch.int64, device=torch.device("cpu"))
+    dist.all_gather_into_tensor(g, torch.full((1000,), rank, dtype=torch.int64))
+    out["gathered"] = torch.equal(g, torch.arange(n).repeat_interleave(1000))
+    del t, g  # their memory goes back (munmap), nothing left registered in their name
+    for bad in ((-1, "cpu"), (10, "cuda")):
+        try:
+            b.allocate_tensor(bad[0], dtype=torch.float32, device=torch.device(bad[1]))
+            out[f"refused {bad}"] = "no error"
+        except (ValueError, RuntimeError) as e:
+            out[f"refused {bad}"] = str(e)
+    return out
+
+
+def test_communication_tensors_come_from_railcc_and_work_in_collectives(pools):
+    for got in pools(2).run(rk_communication_tensors, timeout=120):
+        assert got["cpu"] and not got["cuda"] and got["allocator"], got
+        assert got["aligned"] and got["exact"] and got["gathered"], got
+        assert "is negative" in got["refused (-1, 'cpu')"], got
+        assert "host memory only" in got["refused (10, 'cuda')"], got

@@ -137,6 +137,9 @@ def test_rendezvous_moves_large_messages_without_cpu_copies(vm):
         for st in res["reuse_stats"]:
             assert st["registration_failures"] == 0 and st["registrations"] >= 1, st
         lines.append(f"rank {r} reused addresses: {res['addrs']}; after storage resizes: {res['resize_addrs']}")
+        first, second = res["allocated"]
+        assert second["registrations"] == 0 and second["registration_cache_hits"] >= 2, second
+        assert second["rdma_zero_copy_bytes"] > 0, second
     moved = sum(st["rdma_zero_copy_bytes"] for res in ranks.values() for st in res["ops"].values())
     assert moved > 0
     print("\n" + "\n".join(lines))

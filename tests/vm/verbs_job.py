@@ -155,6 +155,19 @@ def zero_copy(rank, n):
             x.untyped_storage().resize_(0)
             x.untyped_storage().resize_(nbytes)
         out["resize_addrs"].append([t.data_ptr(), ag.data_ptr()])
+    # Tensors from railcc's own allocator (backend.allocate_tensor): registered at their first
+    # message, found in the cache after.
+    b = railcc.backend_of()
+    t = b.allocate_tensor(count, dtype=torch.float32, device=torch.device("cpu"))
+    ag = b.allocate_tensor(n * count, dtype=torch.float32, device=torch.device("cpu"))
+    t.fill_(7.0 + rank)
+    out["allocated"] = []
+    for _ in range(2):
+        railcc.reset_stats()
+        dist.all_gather_into_tensor(ag, t)
+        out["allocated"].append(railcc.stats()["verbs"])
+    if not torch.equal(ag, torch.cat([torch.full((count,), 7.0 + r) for r in range(n)])):
+        out["bad"].append("allocate_tensor buffers")
     return out
 
 
