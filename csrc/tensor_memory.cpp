@@ -25,9 +25,10 @@ class FreedFlag : public transport::MemoryOwner {
   std::atomic<bool> freed{false};
 };
 
-std::mutex watchedMu;
-std::unordered_map<void*, std::shared_ptr<FreedFlag>> watched;  // by the allocation's context
-c10::DeleterFnPtr cpuDeleter = nullptr;                        // the CPU allocator's
+// Never destroyed: tensors may be freed during the process's exit, after static destructors.
+std::mutex& watchedMu = *new std::mutex;
+auto& watched = *new std::unordered_map<void*, std::shared_ptr<FreedFlag>>;  // by the allocation's context
+c10::DeleterFnPtr cpuDeleter = nullptr;                                     // the CPU allocator's
 
 void watchedDelete(void* ctx) {
   {
