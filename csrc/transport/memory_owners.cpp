@@ -32,6 +32,9 @@ void wantMemoryOwners(size_t n) {
 void noteMemoryOwner(const void* base, size_t bytes, std::shared_ptr<const MemoryOwner> owner) {
   auto b = reinterpret_cast<uintptr_t>(base);
   std::lock_guard<std::mutex> g(mu);
+  // The same buffer in op after op: noted already.
+  auto same = noted.find(b);
+  if (same != noted.end() && same->second.end == b + bytes && same->second.owner == owner) return;
   // Owners whose memory is gone are forgotten as new ones come (their ranges may be reused).
   if (noted.size() >= kMaxNoted) {
     for (auto it = noted.begin(); it != noted.end();) it = it->second.owner->alive() ? std::next(it) : noted.erase(it);

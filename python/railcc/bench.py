@@ -100,8 +100,8 @@ from railcc_bench_report import (  # noqa: E402
     COLLS, DTYPES, REDOPS, SHARED_BOUND_COLLS, _fmt, average_busbw, avg_tolerance, bandwidths,
     bound_formula, bound_fraction, busbw_factor, canonical_dtype, count_wrong, cuda_device_index,
     elem_count, expected_output, extra_cells, failure_reason, make_record, make_report, parse_size,
-    pattern, pattern_kind, ratio, shared_device_min_time_us, size_sweep, split_ops, table_header,
-    table_row,
+    pattern, pattern_kind, ratio, shared_device_min_time_us, size_sweep, split_ops, stat_sums, stats_line,
+    table_header, table_row, per_call_stats,
 )
 from railcc_bench_timing import (  # noqa: E402
     StoreBarrier, boot_id, device_copy_bandwidth, iteration_times, memcpy_bandwidth, peak_rss_kib,
@@ -780,7 +780,9 @@ def _bench(cfg, rank, n, timeout, device=None):
                             railcc.reset_stats()
                         t = time_collective(case, groups[b], inplace, cfg.iters, cfg.warmup, ctrl, same_clock, quiet)
                         if counting:
-                            per_call = transport_stats(railcc.stats(), cfg.iters + cfg.warmup, ctrl, n)
+                            sums = torch.tensor(stat_sums(railcc.stats()), dtype=torch.float64)
+                            dist.all_reduce(sums, group=ctrl)
+                            per_call = per_call_stats(sums.tolist(), cfg.iters + cfg.warmup, n)
                             pending_stats.append(stats_line(coll, nbytes, inplace, per_call))
                     algbw, busbw = bandwidths(nbytes, t, coll, n)
                     wrong = None
@@ -865,31 +867,6 @@ def _bench(cfg, rank, n, timeout, device=None):
             plot(cfg.plot, records, cfg.backends, cfg.colls)
     dist.barrier(group=ctrl)  # nobody tears down while rank 0 still writes
     return EXIT_WRONG if total_wrong else EXIT_OK
-
-
-STAT_KEYS = ("send_copied_bytes", "recv_copied_bytes", "single_copied_bytes", "rdma_zero_copy_bytes",
-             "registrations", "registration_cache_hits")
-
-
-def transport_stats(stats, calls, ctrl, n):
-    """railcc.stats() summed over transports, per call, averaged over the ranks."""
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([float(sum(row[k] for row in stats.values())) for k in STAT_KEYS], dtype=torch.float64)
-    dist.all_reduce(t, group=ctrl)
-    return {k: float(v) / (calls * n) for k, v in zip(STAT_KEYS, t.tolist())}
-
-
-def stats_line(coll, nbytes, inplace, s):
-    """One line under a railcc row: what its transports did per call and rank."""
-    def per_byte(k):
-        return f"{s[k] / nbytes:.2f}" if nbytes else "-"
-    return (f"#   stats {coll} {nbytes} B{' in place' if inplace else ''}, per call and rank: CPU copied "
-            f"{s['send_copied_bytes']:.0f} B in ({per_byte('send_copied_bytes')}/B) and "
-            f"{s['recv_copied_bytes']:.0f} B out ({per_byte('recv_copied_bytes')}/B); kernel single copy "
-            f"{s['single_copied_bytes']:.0f} B; RDMA zero-copy {s['rdma_zero_copy_bytes']:.0f} B; "
-            f"registrations {s['registrations']:.2f}, cache hits {s['registration_cache_hits']:.2f}")
 
 
 # ----------------------------------------------------------------------------------------------

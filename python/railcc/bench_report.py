@@ -438,3 +438,28 @@ def extra_cells(backends, bound, backend, ratios, bound_frac):
     for (_, _, w), v in zip(cols, vals):
         cells.append(" " + v.rjust(w))
     return "".join(cells)
+
+
+STAT_KEYS = ("send_copied_bytes", "recv_copied_bytes", "single_copied_bytes", "rdma_zero_copy_bytes",
+             "registrations", "registration_cache_hits")
+
+
+def stat_sums(stats):
+    """railcc.stats() summed over transports, in STAT_KEYS order."""
+    return [float(sum(row[k] for row in stats.values())) for k in STAT_KEYS]
+
+
+def per_call_stats(sums, calls, n):
+    """Sums over the ranks of stat_sums(), per call and rank."""
+    return {k: float(v) / (calls * n) for k, v in zip(STAT_KEYS, sums)}
+
+
+def stats_line(coll, nbytes, inplace, s):
+    """One line under a railcc row: what its transports did per call and rank."""
+    def per_byte(k):
+        return f"{s[k] / nbytes:.2f}" if nbytes else "-"
+    return (f"#   stats {coll} {nbytes} B{' in place' if inplace else ''}, per call and rank: CPU copied "
+            f"{s['send_copied_bytes']:.0f} B in ({per_byte('send_copied_bytes')}/B) and "
+            f"{s['recv_copied_bytes']:.0f} B out ({per_byte('recv_copied_bytes')}/B); kernel single copy "
+            f"{s['single_copied_bytes']:.0f} B; RDMA zero-copy {s['rdma_zero_copy_bytes']:.0f} B; "
+            f"registrations {s['registrations']:.2f}, cache hits {s['registration_cache_hits']:.2f}")
