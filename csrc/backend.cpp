@@ -806,11 +806,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::send(std::vector<at::Tensor>&
   const at::Tensor& t = single(tensors, "send");
   checkRank(dstRank, getSize(), "send", "destination rank");
   auto dev = deviceCall("send", tensors);
-  // A CUDA tensor is sent from a pinned copy, taken on the caller's stream (the CPU waits for
-  // that copy, so the tensor may be reused as soon as send() returns).
-  at::Tensor src = dev ? at::empty_like(t, t.options().device(at::kCPU).pinned_memory(true)).copy_(t) : t;
+  // A CUDA tensor goes straight from the GPU where the transport reaches its memory (GPUDirect
+  // RDMA), else from a pinned copy the engine takes once the caller's stream reached this call.
+  // As with NCCL, it must not change before the Work completes (the Work holds it till then).
+  at::Tensor src = dev ? at::empty_like(t, t.options().device(at::kCPU).pinned_memory(true)) : t;
   auto req = guard("send", [&] {
-    return comm_->send(src.data_ptr(), static_cast<size_t>(src.numel()) * src.element_size(), dstRank, tag, Millis(0));
+    return comm_->send(src.data_ptr(), static_cast<size_t>(src.numel()) * src.element_size(), dstRank, tag, Millis(0),
+                       dev ? dev->side(t) : nullptr);
   });
   return makeWork(OpType::SEND, "send", {req}, tensors, {src}, dev);
 }
@@ -819,13 +821,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::recv(std::vector<at::Tensor>&
   const at::Tensor& t = single(tensors, "recv");
   checkRank(srcRank, getSize(), "recv", "source rank");
   auto dev = deviceCall("recv", tensors);
-  // A CUDA tensor receives into a pinned buffer, copied in on the group's stream afterwards.
+  // A CUDA tensor receives straight into the GPU where the transport reaches its memory, else
+  // into a pinned buffer, copied in on the group's stream afterwards.
   at::Tensor dst = dev ? at::empty_like(t, t.options().device(at::kCPU).pinned_memory(true)) : t;
+  auto gpu = dev ? dev->side(t) : nullptr;
   auto req = guard("recv", [&] {
-    return comm_->recv(dst.data_ptr(), static_cast<size_t>(dst.numel()) * dst.element_size(), srcRank, tag, Millis(0));
+    return comm_->recv(dst.data_ptr(), static_cast<size_t>(dst.numel()) * dst.element_size(), srcRank, tag, Millis(0), gpu);
   });
   std::function<void()> after;
-  if (dev) after = [t, dst]() mutable { t.copy_(dst, /*non_blocking=*/true); };
+  if (dev) after = [t, dst, gpu]() mutable {
+    if (!gpu->direct.load(std::memory_order_acquire)) t.copy_(dst, /*non_blocking=*/true);
+  };
   return makeWork(OpType::RECV, "recv", {req}, tensors, {dst}, dev, after);
 }
 
@@ -833,11 +839,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::recvAnysource(std::vector<at:
   const at::Tensor& t = single(tensors, "recv");
   auto dev = deviceCall("recv", tensors);
   at::Tensor dst = dev ? at::empty_like(t, t.options().device(at::kCPU).pinned_memory(true)) : t;
+  auto gpu = dev ? dev->side(t) : nullptr;
   auto req = guard("recv", [&] {
-    return comm_->recv(dst.data_ptr(), static_cast<size_t>(dst.numel()) * dst.element_size(), -1, tag, Millis(0));
+    return comm_->recv(dst.data_ptr(), static_cast<size_t>(dst.numel()) * dst.element_size(), -1, tag, Millis(0), gpu);
   });
   std::function<void()> after;
-  if (dev) after = [t, dst]() mutable { t.copy_(dst, /*non_blocking=*/true); };
+  if (dev) after = [t, dst, gpu]() mutable {
+    if (!gpu->direct.load(std::memory_order_acquire)) t.copy_(dst, /*non_blocking=*/true);
+  };
   return makeWork(OpType::RECVANYSOURCE, "recv", {req}, tensors, {dst}, dev, after);
 }
 

@@ -34,6 +34,16 @@ struct DeviceCall {
   engine::Placement where() const {
     return {device.index(), comm.native_handle(), start->eventId(), /*queued=*/true};
   }
+  // A send's or receive's CUDA tensor for the engine, which moves it straight where a transport
+  // reaches the GPU's memory (GPUDirect RDMA), after the caller's stream reached the call.
+  std::shared_ptr<engine::DeviceSide> side(const at::Tensor& t) const {
+    auto s = std::make_shared<engine::DeviceSide>();
+    s->gpu = static_cast<char*>(t.data_ptr());
+    s->device = device.index();
+    s->ready = start->eventId();
+    s->keep = start;
+    return s;
+  }
 };
 using DeviceCallPtr = std::shared_ptr<DeviceCall>;
 

@@ -193,6 +193,12 @@ PYBIND11_MODULE(_C, m) {
       }
     }
     d["devices"] = n;
+    d["gpu_direct"] = py::none();
+    try {
+      if (n > 0) d["gpu_direct"] = railcc::engine::probeGpuDirect(0);
+    } catch (const std::exception& e) {
+      d["gpu_direct"] = std::string("cuda:0: ") + e.what();
+    }
     d["error"] = why.empty() ? py::object(py::none()) : py::object(py::str(why));
     return d;
   });

@@ -15,7 +15,7 @@
 
 namespace railcc::cuda {
 
-constexpr uint32_t kDeviceApiVersion = 2;
+constexpr uint32_t kDeviceApiVersion = 3;
 constexpr size_t kIpcHandleBytes = 64;  // cudaIpcMemHandle_t and cudaIpcEventHandle_t
 
 struct DeviceApi {
@@ -60,6 +60,17 @@ struct DeviceApi {
   int (*divideAsync)(void* buf, size_t count, DataType t, double n, void* stream);
   /// dst[i] = scale * src[i] (floating types; dst may equal src): PREMUL_SUM's first term.
   int (*scaleCopyAsync)(void* dst, const void* src, size_t count, DataType t, double scale, void* stream);
+
+  // GPUDirect RDMA: device memory registered with a NIC by the verbs transport.
+  /// The device allocation holding p (cuMemGetAddressRange): its base and size.
+  int (*allocationRange)(const void* p, void** base, size_t* bytes);
+  /// A dma-buf file descriptor for [p, p + bytes) of device memory, both aligned to the host
+  /// page size (cuMemGetHandleForAddressRange); the caller closes it. Driver errors are
+  /// returned as their CUresult, whose common codes are the runtime's.
+  int (*dmabufFd)(const void* p, size_t bytes, int* fd);
+  /// Makes RDMA writes that landed in the current device's memory visible to its later work
+  /// (cudaDeviceFlushGPUDirectRDMAWrites); a no-op where the device needs none.
+  int (*flushRdmaWrites)();
 };
 
 }  // namespace railcc::cuda

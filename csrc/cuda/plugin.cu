@@ -1,6 +1,7 @@
 // The CUDA plugin: fills railcc::cuda::DeviceApi with the CUDA runtime and railcc's kernels.
 // Built into librailcc_cuda.so, linked against the shared runtime (the same libcudart that
 // torch loads, so streams and events are shared with it), and dlopen'ed by the engine.
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -83,6 +84,50 @@ int ipcOpenEventHandle(void** e, const void* h) {
   return ret(cudaIpcOpenEventHandle(reinterpret_cast<cudaEvent_t*>(e), handle));
 }
 
+// GPUDirect RDMA. The driver's calls are reached through the runtime's entry-point query, so
+// the plugin links only the runtime (libcuda is the driver the runtime itself loads).
+template <typename Fn>
+Fn driverCall(const char* symbol) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(fn);
+}
+
+int allocationRange(const void* p, void** base, size_t* bytes) {
+  using Fn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  static const Fn fn = driverCall<Fn>("cuMemGetAddressRange");
+  if (!fn) return static_cast<int>(cudaErrorNotSupported);
+  CUdeviceptr b = 0;
+  CUresult r = fn(&b, bytes, reinterpret_cast<CUdeviceptr>(p));
+  *base = reinterpret_cast<void*>(b);
+  return static_cast<int>(r);
+}
+
+int dmabufFd(const void* p, size_t bytes, int* fd) {
+  using Fn = CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
+  static const Fn fn = driverCall<Fn>("cuMemGetHandleForAddressRange");
+  *fd = -1;
+  if (!fn) return static_cast<int>(cudaErrorNotSupported);
+  return static_cast<int>(fn(fd, reinterpret_cast<CUdeviceptr>(p), bytes, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0));
+}
+
+int flushRdmaWrites() {
+  int device = 0, options = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&options, cudaDevAttrGPUDirectRDMAFlushWritesOptions, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (!(options & cudaFlushGPUDirectRDMAWritesOptionHost)) return 0;
+  return ret(cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTargetCurrentDevice,
+                                                cudaFlushGPUDirectRDMAWritesToOwner));
+}
+
 #define RAILCC_STR2(x) #x
 #define RAILCC_STR(x) RAILCC_STR2(x)
 
@@ -118,6 +163,9 @@ const DeviceApi kApi = {
     reduceAsync,
     divideAsync,
     scaleCopyAsync,
+    allocationRange,
+    dmabufFd,
+    flushRdmaWrites,
 };
 
 }  // namespace

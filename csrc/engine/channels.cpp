@@ -117,6 +117,7 @@ size_t Channels::recvByAddress(Channel& ch, Transfer& t) {
   // receive never meets one unless an algorithm marked it wrongly.
   if (t.kind != Transfer::kRecv)
     RAILCC_THROW(kInternal, "a reducing receive from ", host_.peerName(t.peer), " was sent an address (single copy)");
+  if (t.device && !startDeviceRecv(ch, t)) return moved;
   // A piece per call, so that the op's other transfers (a forwarding send) move in between.
   if (t.done < t.bytes) {
     size_t k = std::min(t.bytes - t.done, ch.conn->readPieceBytes());
@@ -137,6 +138,7 @@ size_t Channels::recvByAddress(Channel& ch, Transfer& t) {
 
 size_t Channels::progressSend(Channel& ch, Transfer& t) {
   if (gated(t)) return 0;
+  if (t.device && !startDeviceSend(ch, t)) return 0;
   if (t.hdrDone == 0 && t.byAddress == Transfer::ByAddress::kNo && sendsByAddress(ch, t)) {
     if (ch.conn->exposeForRead(t.src, t.bytes, &t.addrKey)) t.byAddress = Transfer::ByAddress::kSending;
     else t.landsInPlace = false;  // the transport could not expose it: this one goes on the stream

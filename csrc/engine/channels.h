@@ -99,6 +99,11 @@ class ChannelHost {
   virtual std::string rankName(int r) const = 0;
   virtual std::string peerName(int r) const = 0;
   virtual const std::string& hostOf(int r) const = 0;
+  /// GPU memory of a send or receive (Transfer::device): true once the caller's stream is past
+  /// the call, so that the GPU's bytes may be read or overwritten. Never blocks.
+  virtual bool deviceReady(const DeviceSide& d) = 0;
+  /// Copies a send's GPU bytes into its host `src` (the transport cannot reach the GPU).
+  virtual void stageDeviceSend(Transfer& t) = 0;
 
  protected:
   ~ChannelHost() = default;
@@ -249,6 +254,10 @@ class Channels {
   }
   size_t sendByAddress(Channel& ch, Transfer& t);
   size_t recvByAddress(Channel& ch, Transfer& t);
+  // GPU memory (device/gpu_direct.cpp): how a send or receive of it moves, decided once, where
+  // its first byte would move; false while the caller's stream is not there yet.
+  bool startDeviceSend(Channel& ch, Transfer& t);
+  bool startDeviceRecv(Channel& ch, Transfer& t);
   bool recvWhole(Channel& ch, Transfer& t, int lane, int peer, size_t& moved);
   void acceptHeader(Channel& ch, Transfer& t, int lane, int peer);
   void checkHeader(const Transfer& t, const WireHeader& h, int peer);

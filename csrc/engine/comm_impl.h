@@ -2,8 +2,7 @@
 // CommImpl, the state behind one Communicator, as an owner of parts: the channel layer
 // (channels.h), the op queue and progress thread (OpQueue), how the group stands (Health),
 // the watchdog's straggler state (Stragglers), the device layer's state (device_state.h) and
-// the flight recorder (telemetry.h). Private to csrc/engine: the glue and the transports
-// never include it.
+// the flight recorder (telemetry.h). Private to csrc/engine: glue and transports never include it.
 //
 // Who does what (one file each):
 //   bootstrap.cpp    set-up: peer records, transports per peer, their connections
@@ -12,7 +11,7 @@
 //   failure.cpp      how a group fails, names the peer at fault, and tells its other groups
 //   watchdog.cpp     progress records, hang attribution, stragglers, flight-recorder dumps
 //   algorithms/      host algorithms written against the channel layer's post()/complete()
-//   device/          GPU buffers: pinned staging and CUDA IPC under the host algorithms
+//   device/          GPU buffers: pinned staging and CUDA IPC under the host algorithms, GPUDirect
 //   communicator.cpp the public Communicator: argument checks, then each op's body
 
 #include <arpa/inet.h>
@@ -96,6 +95,7 @@ struct Op : OpStamp {
   bool p2p = false;
   std::function<void()> body;
   Transfer xfer;    // for sends and receives
+  std::shared_ptr<DeviceSide> gpu;  // xfer's GPU memory (xfer.device), kept while the op lives
   bool anySource = false;
   bool device = false;  // runs through a GPU: only the progress thread, which set the device, runs it
   RequestPtr req;
@@ -194,8 +194,7 @@ class CommImpl : private ChannelHost {
   // chunk on pinned staging: the copy to host of chunk k+1 and the copy back of chunk k-1
   // overlap the network part of chunk k. Each region is one buffer of the op; regions with the
   // same address are staged once (in-place ops).
-  // Once per device op: sets the device, makes the events (and own stream) for it, and
-  // orders the op's stream after the caller's event.
+  // Once per device op: sets the device, makes its events (and own stream), orders its stream after the caller's event.
   struct DeviceOp {
     int device;
     void* stream;
@@ -315,7 +314,6 @@ class CommImpl : private ChannelHost {
         checkDevice(api.streamWaitEvent(stream, dev_.ipc.ev[static_cast<size_t>(q)][e]), "cudaStreamWaitEvent (peer's IPC event)", d);
   }
 
-
   // ChannelHost: what the channel layer asks of the engine while a step waits.
   size_t pumpBeside() override { return pumpP2P(); }
   bool connectPeer(int peer, int lane) override;
@@ -330,6 +328,9 @@ class CommImpl : private ChannelHost {
     failStalled(pending, timeout);
   }
   const std::string& hostOf(int r) const override { return peers_[static_cast<size_t>(r)].hostname; }
+  bool deviceReady(const DeviceSide& d) override;  // device/gpu_direct.cpp
+  void stageDeviceSend(Transfer& t) override;
+  void releaseSendStaging(const cuda::DeviceApi& api);
 
   // "rank G" with G the rank in the default group; "rank G (group rank r)" where they differ.
   std::string rankName(int r) const override {
@@ -406,7 +407,6 @@ class CommImpl : private ChannelHost {
   // computes bit-identical results whatever order the messages arrived in.
   void oneshotReduce(const std::function<const char*(int)>& blockOf, char* out, size_t count, DataType dt,
                      ReduceOp op, double scale);
-
   std::vector<Transfer> oneshotXs_;  // oneshotReduce()'s, kept between ops: no allocation per op
 
   // The op queue, the engine token and the progress thread (progress.cpp). `mu` guards what

@@ -293,7 +293,8 @@ RequestPtr Communicator::barrier(Millis timeout) {
   return c->enqueue(std::move(o));
 }
 
-RequestPtr Communicator::send(const void* buf, size_t bytes, int peer, int tag, Millis timeout) {
+RequestPtr Communicator::send(const void* buf, size_t bytes, int peer, int tag, Millis timeout,
+                               std::shared_ptr<DeviceSide> gpu) {
   CommImpl* c = impl_.get();
   RAILCC_CHECK_ARG(peer >= 0 && peer < c->size_, "send: destination rank ", peer, " is out of range for a group of size ", c->size_);
   RAILCC_CHECK_ARG(peer != c->rank_, "send: destination rank ", peer, " is this rank; sending to oneself is not supported");
@@ -307,6 +308,8 @@ RequestPtr Communicator::send(const void* buf, size_t bytes, int peer, int tag, 
   o->xfer.peer = peer;
   o->xfer.src = static_cast<const char*>(buf);
   o->xfer.bytes = bytes;
+  o->xfer.device = gpu.get();
+  o->gpu = std::move(gpu);
   o->xfer.hdr.magic = kWireMagic;
   o->xfer.hdr.kind = static_cast<uint8_t>(OpKind::kP2P);
   o->xfer.hdr.tag = tag;
@@ -314,7 +317,8 @@ RequestPtr Communicator::send(const void* buf, size_t bytes, int peer, int tag, 
   return c->enqueue(std::move(o));
 }
 
-RequestPtr Communicator::recv(void* buf, size_t bytes, int peer, int tag, Millis timeout) {
+RequestPtr Communicator::recv(void* buf, size_t bytes, int peer, int tag, Millis timeout,
+                               std::shared_ptr<DeviceSide> gpu) {
   CommImpl* c = impl_.get();
   RAILCC_CHECK_ARG(peer == -1 || (peer >= 0 && peer < c->size_), "recv: source rank ", peer,
                    " is out of range for a group of size ", c->size_);
@@ -329,6 +333,8 @@ RequestPtr Communicator::recv(void* buf, size_t bytes, int peer, int tag, Millis
   o->xfer.peer = peer;
   o->xfer.dst = static_cast<char*>(buf);
   o->xfer.bytes = bytes;
+  o->xfer.device = gpu.get();
+  o->gpu = std::move(gpu);
   o->xfer.hdr.magic = kWireMagic;
   o->xfer.hdr.kind = static_cast<uint8_t>(OpKind::kP2P);
   o->xfer.hdr.tag = tag;

@@ -166,9 +166,13 @@ class Communicator {
   RequestPtr scatter(std::vector<const void*> ins, void* out, size_t count, DataType dt, int root,
                      Millis timeout = Millis(0), Placement where = {});
   RequestPtr barrier(Millis timeout = Millis(0));
-  RequestPtr send(const void* buf, size_t bytes, int peer, int tag, Millis timeout = Millis(0));
+  /// `gpu`: `buf` is host memory standing in for GPU memory (DeviceSide), which a transport
+  /// that reaches the GPU moves instead.
+  RequestPtr send(const void* buf, size_t bytes, int peer, int tag, Millis timeout = Millis(0),
+                  std::shared_ptr<DeviceSide> gpu = nullptr);
   /// peer == -1 receives from any source; Request::sourceRank() then tells which.
-  RequestPtr recv(void* buf, size_t bytes, int peer, int tag, Millis timeout = Millis(0));
+  RequestPtr recv(void* buf, size_t bytes, int peer, int tag, Millis timeout = Millis(0),
+                  std::shared_ptr<DeviceSide> gpu = nullptr);
 
   /// req->wait(timeout), except that with no timeout (negative) a host collective that has not
   /// started yet runs on the calling thread when the progress thread is idle, which saves two

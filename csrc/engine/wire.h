@@ -89,6 +89,8 @@ inline std::string describeCall(const WireHeader& h) {
   return os.str();
 }
 
+struct DeviceSide;  // engine/device.h
+
 // One message to move: a send, a receive, or a receive that reduces into its destination.
 struct Transfer {
   enum Kind : uint8_t { kSend, kRecv, kRecvReduce } kind = kSend;
@@ -115,6 +117,7 @@ struct Transfer {
   bool mayPassAddress = false;  // set by the algorithm where single copy wins (Channels::singleCopy)
   bool landsInPlace = false;    // the peer's receive copies it into place, reducing nothing (Channels::zeroCopy)
   uint64_t addrKey = 0;         // passed by address: the key the peer reads it with
+  DeviceSide* device = nullptr;  // GPU memory behind src/dst, until the way it moves is decided
   // progress
   size_t hdrDone = 0;
   size_t done = 0;

@@ -113,6 +113,15 @@ class Connection {
   /// How many of this side's buffers passed by address the peer is done with.
   virtual uint64_t remoteAcked() { return 0; }
 
+  // GPU memory (GPUDirect RDMA): only transports whose NIC can be given the GPU's memory take it;
+  // for the others (and where registering it fails) the engine stages it through host memory.
+  /// exposeForRead() for [p, p + n) of CUDA device `gpu`'s memory. False: not this way.
+  virtual bool exposeDeviceForRead(const void* p, size_t n, int gpu, uint64_t* key) { return false; }
+  /// Whether the message passed by address that is being received can be read straight into
+  /// [dst, dst + n) of `gpu`'s memory; if so, it is made ready for the readRemote() calls into
+  /// it that follow (until ackRemote()). False: read it into host memory.
+  virtual bool readsIntoDevice(void* dst, size_t n, int gpu) { return false; }
+
   // --- Memory registration and requests --------------------------------------------------
   // The engine's collectives drive the stream above: a message is a header the receiver
   // checks, then a payload it may reduce in place. Transports whose hardware moves whole

@@ -24,6 +24,7 @@ enum class Stat : uint8_t {
   kRegCacheHits,    // user buffers found already registered
   kRegFailures,     // registrations refused (the message was copied instead)
   kRegisteredBytes, // bytes of user memory registered now (cached)
+  kGpuDirect,       // bytes the NIC read from or wrote into GPU memory here (GPUDirect RDMA)
   kCount
 };
 

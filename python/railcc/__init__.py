@@ -77,7 +77,9 @@ def stats():
     from a staging area into the peer's ring), rdma_zero_copy_bytes (read by the NIC straight
     from the sender's buffer into the receiver's), registrations, registration_cache_hits and
     registration_failures (user memory registered with a NIC for rendezvous) and
-    registered_bytes (held registered now). Every group of the process adds to the same counts."""
+    registered_bytes (held registered now), and gpu_direct_bytes (GPU memory the NIC read or wrote
+    here, GPUDirect RDMA: a CUDA tensor sent or received between hosts without a host copy).
+    Every group of the process adds to the same counts."""
     return _C.stats()
 
 
@@ -88,7 +90,9 @@ def reset_stats():
 
 def cuda_info():
     """What railcc uses for CUDA tensors: {"plugin": loaded?, "runtime": its CUDA runtime,
-    "devices": GPUs it sees, "error": why not, or None}. Never raises."""
+    "devices": GPUs it sees, "gpu_direct": whether cuda:0's memory exports as a dma-buf (what
+    GPUDirect RDMA registers with a NIC), or None without a GPU, "error": why not, or None}.
+    Never raises."""
     return _C.cuda_info()
 
 

@@ -441,7 +441,7 @@ def extra_cells(backends, bound, backend, ratios, bound_frac):
 
 
 STAT_KEYS = ("send_copied_bytes", "recv_copied_bytes", "single_copied_bytes", "rdma_zero_copy_bytes",
-             "registrations", "registration_cache_hits")
+             "registrations", "registration_cache_hits", "gpu_direct_bytes")
 
 
 def stat_sums(stats):
@@ -461,5 +461,6 @@ def stats_line(coll, nbytes, inplace, s):
     return (f"#   stats {coll} {nbytes} B{' in place' if inplace else ''}, per call and rank: CPU copied "
             f"{s['send_copied_bytes']:.0f} B in ({per_byte('send_copied_bytes')}/B) and "
             f"{s['recv_copied_bytes']:.0f} B out ({per_byte('recv_copied_bytes')}/B); kernel single copy "
-            f"{s['single_copied_bytes']:.0f} B; RDMA zero-copy {s['rdma_zero_copy_bytes']:.0f} B; "
+            f"{s['single_copied_bytes']:.0f} B; RDMA zero-copy {s['rdma_zero_copy_bytes']:.0f} B "
+            f"(GPU memory {s['gpu_direct_bytes']:.0f} B); "
             f"registrations {s['registrations']:.2f}, cache hits {s['registration_cache_hits']:.2f}")

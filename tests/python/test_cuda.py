@@ -40,7 +40,12 @@ def test_plugin_loads_and_reports_devices():
 
 def test_cuda_info_never_raises():
     info = railcc.cuda_info()
-    assert set(info) == {"plugin", "runtime", "devices", "error"}
+    assert set(info) == {"plugin", "runtime", "devices", "gpu_direct", "error"}
+    # With a GPU: whether its memory exports as a dma-buf (GPUDirect RDMA), or why not.
+    if info["devices"]:
+        assert info["gpu_direct"].startswith("cuda:0: "), info
+    else:
+        assert info["gpu_direct"] is None, info
 
 
 # ------------------------------------------------------------------------- rank functions

@@ -55,6 +55,7 @@ const cuda::DeviceApi& deviceApi() {
   if (!gTried) {
     gTried = true;
     gPlugin = loadPlugin(gLoadError);
+    if (gPlugin) installGpuMemory(gPlugin);
   }
   if (!gPlugin) throw Error(ErrorCode::kDevice, gLoadError);
   return *gPlugin;
@@ -63,6 +64,7 @@ const cuda::DeviceApi& deviceApi() {
 void setDeviceApiForTesting(const cuda::DeviceApi* api) {
   std::lock_guard<std::mutex> g(gMu);
   gTestApi = api;
+  installGpuMemory(api ? api : gPlugin);
 }
 
 bool deviceApiAvailable(std::string* why) {

@@ -60,6 +60,11 @@ struct DeviceState {
   void* stageEv[2] = {nullptr, nullptr};
   void* ownStream = nullptr;
   int devOf = -1;
+  // Sends of GPU memory copied to host memory (gpu_direct.cpp) run beside collectives (on the
+  // p2p lane, while a collective step waits): a stream and an event of their own, on sendDev.
+  void* sendStream = nullptr;
+  void* sendEv = nullptr;
+  int sendDev = -1;
   void* lastStream = nullptr;  // the stream of the last device op: drained before teardown
   // GPU work in flight, oldest first, and the events of finished entries for reuse; gpuMu
   // guards both (the engine adds, the watchdog checks).

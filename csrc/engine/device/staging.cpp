@@ -38,7 +38,7 @@ void CommImpl::deviceWait(const cuda::DeviceApi& api, void* ev, int device, cons
 }
 
 void CommImpl::releaseDevice() {
-  if (dev_.devOf < 0 && !dev_.stage && dev_.ipc.pool.empty()) return;
+  if (dev_.devOf < 0 && !dev_.stage && dev_.ipc.pool.empty() && dev_.sendDev < 0) return;
   const cuda::DeviceApi* api = nullptr;
   try {
     api = &deviceApi();
@@ -58,6 +58,8 @@ void CommImpl::releaseDevice() {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   dev_.lastStream = nullptr;
+  if (dev_.sendStream) api->streamSynchronize(dev_.sendStream);
+  releaseSendStaging(*api);
   releaseGpuWork(*api);
   releaseIpc(*api, false);
   for (auto& ev : dev_.stageEv)

@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "transport/stats.h"
+#include "transport/verbs/gpu_registration.h"
 
 namespace railcc::transport::verbs {
 namespace {
@@ -132,6 +133,7 @@ void VerbsConnection::release() noexcept {
   for (auto& l : exposed_) dev_->mrCache().release(l);
   exposed_.clear();
   dev_->mrCache().release(readLease_);
+  dev_->mrCache().release(deviceRead_);
   if (bounceMr_) ibv_->deregMr(bounceMr_);
   if (bounce_) munmap(bounce_, kBounceBytes);
   bounceMr_ = nullptr;
@@ -394,15 +396,20 @@ bool VerbsConnection::readRemote(void* dst, uint64_t addr, uint64_t key, size_t 
   const auto rkey = static_cast<uint32_t>(key);
   if (!reading_) {
     if (sqPosted_ - sqDone_ >= static_cast<uint64_t>(kSendDepth)) return false;
-    readLease_ = dev_->mrCache().acquire(dst, n);
+    // GPU memory made ready by readsIntoDevice() is registered for the whole message.
+    if (!deviceRead_.mr) readLease_ = dev_->mrCache().acquire(dst, n);
     readDone_ = 0;
     reading_ = true;
-    if (readLease_.mr) postRead(d, readLease_.mr->lkey, addr, rkey, n);
+    if (deviceRead_.mr) postRead(d, deviceRead_.mr->lkey, addr, rkey, n);
+    else if (readLease_.mr) postRead(d, readLease_.mr->lkey, addr, rkey, n);
     else postRead(bounce_, bounceMr_->lkey, addr, rkey, std::min(n, kBounceBytes));
     return false;
   }
   if (sqDone_ < readWr_) return false;
-  if (readLease_.mr) {
+  if (deviceRead_.mr) {
+    addStat(StatKind::kVerbs, Stat::kRdmaZeroCopy, n);
+    addStat(StatKind::kVerbs, Stat::kGpuDirect, n);
+  } else if (readLease_.mr) {
     dev_->mrCache().release(readLease_);
     addStat(StatKind::kVerbs, Stat::kRdmaZeroCopy, n);
   } else {
@@ -423,8 +430,40 @@ bool VerbsConnection::ackRemote() {
   progressCq();
   // The queue pair's last slots are the acknowledgements' (data and credits stop short of them).
   if (sqPosted_ - sqDone_ >= static_cast<uint64_t>(kSendDepth + kCtrlReserve - 1)) return false;
+  if (deviceRead_.mr) {
+    // What the NIC wrote into GPU memory is made visible to the GPU's work that follows.
+    if (GpuMemory* gm = gpuMemory()) gm->flushWrites(deviceGpu_);
+    dev_->mrCache().release(deviceRead_);
+  }
   post(0, 0, 0, (kNotice << kKindShift) | kNoticeRead, true, false);
   return true;
+}
+
+// --- GPU memory (GPUDirect RDMA) ----------------------------------------------------------
+
+MrCache::Lease VerbsConnection::gpuLease(const void* p, size_t n, int gpu) {
+  GpuMemory* gm = gpuMemory();
+  if (!gm || !peerReadsUs()) return {};
+  GpuRegistration r = registerGpuMemory(*ibv_, dev_->pd(), *gm, p, n, dev_->gdrMode(gpu), dev_->peermem(),
+                                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  sayGpuRegistration(dev_->name(), gpu, r);
+  return MrCache::Lease{r.mr, false};  // not cached: released (deregistered) after the message
+}
+
+bool VerbsConnection::exposeDeviceForRead(const void* p, size_t n, int gpu, uint64_t* key) {
+  MrCache::Lease l = gpuLease(p, n, gpu);
+  if (!l.mr) return false;
+  *key = l.mr->rkey;
+  exposed_.push_back(l);
+  addStat(StatKind::kVerbs, Stat::kGpuDirect, n);
+  return true;
+}
+
+bool VerbsConnection::readsIntoDevice(void* dst, size_t n, int gpu) {
+  dev_->mrCache().release(deviceRead_);
+  deviceRead_ = gpuLease(dst, n, gpu);
+  deviceGpu_ = gpu;
+  return deviceRead_.mr != nullptr;
 }
 
 uint64_t VerbsConnection::remoteAcked() {

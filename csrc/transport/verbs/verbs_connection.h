@@ -15,6 +15,8 @@
 // into the destination (RDMA READ; the destination registered too) and the receiver then
 // acknowledges with an empty write, which ends the send. No CPU touches the bytes. Where the
 // destination cannot be registered, the read lands in a bounce buffer and is copied out.
+// GPU memory takes the same path (GPUDirect RDMA) where it can be registered with the NIC
+// (gpu_registration.h): the engine then hands the GPU's buffer itself, on either side.
 //
 // Why a ring and not receiver-posted buffers (NCCL's clear-to-send): the engine's protocol is
 // a stream of headers and payloads that it reduces in place; a ring the sender writes into
@@ -100,6 +102,8 @@ class VerbsConnection : public Connection, private CqSink {
   size_t readPieceBytes() const override { return size_t(16) << 20; }
   bool ackRemote() override;
   uint64_t remoteAcked() override;
+  bool exposeDeviceForRead(const void* p, size_t n, int gpu, uint64_t* key) override;
+  bool readsIntoDevice(void* dst, size_t n, int gpu) override;
 
  private:
   void release() noexcept;
@@ -112,6 +116,7 @@ class VerbsConnection : public Connection, private CqSink {
   void maybeCredit();
   [[noreturn]] void fail(const std::string& why);
   size_t sendRoom() const;
+  MrCache::Lease gpuLease(const void* p, size_t n, int gpu);
 
   std::shared_ptr<Device> dev_;
   const IbvLib* ibv_;
@@ -147,6 +152,8 @@ class VerbsConnection : public Connection, private CqSink {
   bool reading_ = false;
   uint64_t readWr_ = 0;
   size_t readDone_ = 0;
+  MrCache::Lease deviceRead_;  // the GPU memory the message being read lands in (GPUDirect RDMA)
+  int deviceGpu_ = -1;
   char* bounce_ = nullptr;  // reads whose destination could not be registered land here
   ibv_mr* bounceMr_ = nullptr;
   std::chrono::steady_clock::time_point lastProbe_{};

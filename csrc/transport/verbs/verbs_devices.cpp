@@ -122,6 +122,23 @@ bool Device::dmabufSupported() const {
   return errno != EOPNOTSUPP && errno != EPROTONOSUPPORT;
 }
 
+GdrMode Device::gdrMode(int gpu) const {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = gdr_.find(gpu);
+  return it == gdr_.end() ? GdrMode::kStaged : it->second;
+}
+
+bool Device::peermem() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return peermem_;
+}
+
+void Device::setGdr(int gpu, GdrMode mode, bool peermem) {
+  std::lock_guard<std::mutex> g(mu_);
+  gdr_[gpu] = mode;
+  peermem_ = peermem;
+}
+
 std::string Device::broken(uint32_t qpn) const {
   std::lock_guard<std::mutex> g(mu_);
   if (!brokenWhy_.empty()) return brokenWhy_;

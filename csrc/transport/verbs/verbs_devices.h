@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -50,6 +51,13 @@ class Device {
   /// Registrations of user memory on this device (rendezvous), shared by its connections.
   MrCache& mrCache() { return *mrs_; }
 
+  /// The GPUDirect RDMA decision for CUDA device `gpu` with this port (set at set-up from the
+  /// topology's PCI paths; kStaged for a GPU it never named), and whether nvidia_peermem is
+  /// loaded. Thread-safe.
+  GdrMode gdrMode(int gpu) const;
+  bool peermem() const;
+  void setGdr(int gpu, GdrMode mode, bool peermem);
+
   /// Why the port or device stopped working (an async event), or "" while it is fine.
   /// `qpn`: also a fatal event of that queue pair. Thread-safe.
   std::string broken(uint32_t qpn) const;
@@ -70,6 +78,8 @@ class Device {
   mutable std::mutex mu_;
   std::string brokenWhy_;
   std::vector<std::pair<uint32_t, std::string>> qpFatal_;
+  std::map<int, GdrMode> gdr_;  // by CUDA device
+  bool peermem_ = false;
   std::atomic<bool> stop_{false};
   std::thread async_;
 };

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
@@ -76,7 +77,7 @@ std::string peerName(const PeerRecord& p) { return "rank " + std::to_string(p.ra
 
 // What GPUDirect RDMA can use on a device, probed once per process and device; said once at
 // INFO, with the decision for each GPU of this host and that device (the topology's path).
-void logGdr(const Device& d, const SetupContext& ctx) {
+void logGdr(Device& d, const SetupContext& ctx) {
   static std::mutex mu;
   static std::map<std::string, std::pair<bool, bool>> caps;  // device -> (dma-buf, peermem)
   static std::set<std::string> said;
@@ -95,7 +96,10 @@ void logGdr(const Device& d, const SetupContext& ctx) {
   for (const GpuNicPath& p : ctx.gpuNics) {
     if (p.nic != d.name() || !said.insert(p.gpu + "|" + p.nic).second) continue;
     GdrFacts f{p.gpu, p.nic, p.path, ctx.config.netGdrLevel, it->second.first, it->second.second};
-    RAILCC_INFO(IB, decideGdr(f).line);
+    GdrDecision decision = decideGdr(f);
+    RAILCC_INFO(IB, decision.line);
+    // "GPU <n>": the topology names GPUs in CUDA's order (engine/placement.cpp).
+    if (p.gpu.rfind("GPU ", 0) == 0) d.setGdr(std::atoi(p.gpu.c_str() + 4), decision.mode, it->second.second);
   }
 }
 
