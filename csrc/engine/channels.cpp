@@ -116,7 +116,7 @@ size_t Channels::recvByAddress(Channel& ch, Transfer& t) {
   // Only steps whose receives copy pass addresses (Channels::singleCopy, zeroCopy): a reducing
   // receive never meets one unless an algorithm marked it wrongly.
   if (t.kind != Transfer::kRecv)
-    RAILCC_THROW(kInternal, "a reducing receive from ", host_.peerName(t.peer), " was sent an address (single copy)");
+    RAILCC_THROW(kInternal, "a reducing receive from ", host_.peerName(t.peer), " was sent an address");
   if (t.device && !startDeviceRecv(ch, t)) return moved;
   // A piece per call, so that the op's other transfers (a forwarding send) move in between.
   if (t.done < t.bytes) {
@@ -129,7 +129,7 @@ size_t Channels::recvByAddress(Channel& ch, Transfer& t) {
   // A sender that failed meanwhile may have returned and reused its buffer: what was read
   // then is not its message.
   if (ch.conn->peerReportedFailure())
-    RAILCC_THROW(kPeerFailure, "it failed while its buffer was being read (single copy)");
+    RAILCC_THROW(kPeerFailure, "it failed while its buffer was being read (passed by address: CMA or an RDMA read)");
   if (!ch.conn->ackRemote()) return moved;
   ch.inAddrGot = 0;
   t.finished = true;
