@@ -164,18 +164,13 @@ def build_parser():
     p.add_argument("--nprocs", type=int, default=None, help="start this many local ranks instead of using torchrun")
     p.add_argument("--json", metavar="FILE", help="write every figure to FILE")
     p.add_argument("--plot", metavar="FILE", help="draw busbw against size into FILE (needs matplotlib)")
-    p.add_argument(
-        "--device",
-        type=str.lower,
-        choices=("cpu", "cuda"),
-        default="cpu",
-        help="where the buffers live (default cpu); with cuda rank r uses GPU LOCAL_RANK %% device count",
-    )
-    p.add_argument(
-        "--bound",
-        action="store_true",
-        help="also measure single-core memcpy bandwidth (with --device cuda: the device copy rate) and compare",
-    )
+    p.add_argument("--device", type=str.lower, choices=("cpu", "cuda"), default="cpu",
+                   help="where the buffers live (default cpu); with cuda rank r uses GPU LOCAL_RANK %% device count")
+    p.add_argument("--bound", action="store_true",
+                   help="also measure single-core memcpy bandwidth (with --device cuda: the device copy rate) and compare")
+    p.add_argument("--bind", action="store_true",
+                   help="pin each rank to a CPU of its own (local rank r: the r-th CPU it may use, modulo their number); "
+                   "openmpi runs under mpirun --bind-to core")
     p.add_argument("--bound_bytes", type=_size_arg, default=256 << 20, help="buffer for --bound (default 256M)")
     p.add_argument(
         "--stats",
@@ -216,6 +211,7 @@ class Config:
     mpi_times: dict = None  # the Open MPI reference's figures, "coll|bytes|inplace" -> us
     mpi_note: str = None
     stats: bool = False
+    bind: bool = False
 
 
 def validate(args, world_size, argv=()):
@@ -312,6 +308,7 @@ def validate(args, world_size, argv=()):
         stepbytes=args.stepbytes,
         device=args.device,
         stats=args.stats,
+        bind=args.bind,
     )
 
 
@@ -589,11 +586,14 @@ def run_rank(cfg, rank, world_size, store=None):
         import railcc  # noqa: F401  (registers the backend)
 
     device = None
+    # torchrun numbers the ranks of a node by LOCAL_RANK; ranks started here are all local
+    local_rank = int(os.environ.get("LOCAL_RANK", rank)) if store is None else rank
+    if cfg.bind:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[local_rank % len(cpus)]})
     if cfg.device == "cuda":
         import torch
 
-        # torchrun numbers the ranks of a node by LOCAL_RANK; ranks started here are all local
-        local_rank = int(os.environ.get("LOCAL_RANK", rank)) if store is None else rank
         device = torch.device("cuda", cuda_device_index(local_rank, torch.cuda.device_count()))
         torch.cuda.set_device(device)  # before any tensor or communicator takes the current device
     timeout = datetime.timedelta(seconds=cfg.timeout)
@@ -690,7 +690,8 @@ def _bench(cfg, rank, n, timeout, device=None):
         "device": device_name,
     }
     if bench_mpi.NAME in cfg.backends:
-        meta["openmpi"] = {"library": cfg.mpi_note, "launch": "mpirun --bind-to none --mca btl self,vader",
+        meta["openmpi"] = {"library": cfg.mpi_note, "launch": f"mpirun --bind-to {'core' if cfg.bind else 'none'} "
+                           "--mca btl self,vader",
                            "timing": "the same loop (bench_timing.iteration_times), mpi4py on numpy buffers"}
     if cuda:
         meta["rank_devices"] = rank_devices

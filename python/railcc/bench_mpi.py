@@ -80,7 +80,8 @@ def measure(cfg, nprocs, timeout=1800):
         with open(spec_path, "w") as f:
             json.dump({"colls": cfg.colls, "sizes": cfg.sizes, "dtype": cfg.dtype, "redop": cfg.redop,
                        "root": cfg.root, "iters": cfg.iters, "warmup": cfg.warmup}, f)
-        cmd, env = launch(nprocs, [sys.executable, os.path.abspath(__file__), spec_path, out_path])
+        cmd, env = launch(nprocs, [sys.executable, os.path.abspath(__file__), spec_path, out_path],
+                          bind="core:overload-allowed" if getattr(cfg, "bind", False) else "none")
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
