@@ -812,7 +812,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::send(std::vector<at::Tensor>&
   at::Tensor src = dev ? at::empty_like(t, t.options().device(at::kCPU).pinned_memory(true)) : t;
   auto req = guard("send", [&] {
     return comm_->send(src.data_ptr(), static_cast<size_t>(src.numel()) * src.element_size(), dstRank, tag, Millis(0),
-                       dev ? dev->side(t) : nullptr);
+                       dev ? dev->side(t, src) : nullptr);
   });
   return makeWork(OpType::SEND, "send", {req}, tensors, {src}, dev);
 }
@@ -824,7 +824,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::recv(std::vector<at::Tensor>&
   // A CUDA tensor receives straight into the GPU where the transport reaches its memory, else
   // into a pinned buffer, copied in on the group's stream afterwards.
   at::Tensor dst = dev ? at::empty_like(t, t.options().device(at::kCPU).pinned_memory(true)) : t;
-  auto gpu = dev ? dev->side(t) : nullptr;
+  auto gpu = dev ? dev->side(t, dst) : nullptr;
   auto req = guard("recv", [&] {
     return comm_->recv(dst.data_ptr(), static_cast<size_t>(dst.numel()) * dst.element_size(), srcRank, tag, Millis(0), gpu);
   });
@@ -839,7 +839,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::recvAnysource(std::vector<at:
   const at::Tensor& t = single(tensors, "recv");
   auto dev = deviceCall("recv", tensors);
   at::Tensor dst = dev ? at::empty_like(t, t.options().device(at::kCPU).pinned_memory(true)) : t;
-  auto gpu = dev ? dev->side(t) : nullptr;
+  auto gpu = dev ? dev->side(t, dst) : nullptr;
   auto req = guard("recv", [&] {
     return comm_->recv(dst.data_ptr(), static_cast<size_t>(dst.numel()) * dst.element_size(), -1, tag, Millis(0), gpu);
   });

@@ -35,13 +35,19 @@ struct DeviceCall {
     return {device.index(), comm.native_handle(), start->eventId(), /*queued=*/true};
   }
   // A send's or receive's CUDA tensor for the engine, which moves it straight where a transport
-  // reaches the GPU's memory (GPUDirect RDMA), after the caller's stream reached the call.
-  std::shared_ptr<engine::DeviceSide> side(const at::Tensor& t) const {
+  // reaches the GPU's memory (GPUDirect RDMA), after the caller's stream reached the call; else
+  // through `host`. Both tensors and the event stay alive while the NIC or a copy may touch them,
+  // even past a failure of the op.
+  std::shared_ptr<engine::DeviceSide> side(const at::Tensor& t, const at::Tensor& host) const {
+    struct Kept {
+      std::shared_ptr<c10::Event> ready;
+      at::Tensor gpu, host;
+    };
     auto s = std::make_shared<engine::DeviceSide>();
     s->gpu = static_cast<char*>(t.data_ptr());
     s->device = device.index();
     s->ready = start->eventId();
-    s->keep = start;
+    s->keep = std::make_shared<Kept>(Kept{start, t, host});
     return s;
   }
 };

@@ -3,6 +3,7 @@
 // torch loads, so streams and events are shared with it), and dlopen'ed by the engine.
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <cstring>
 
@@ -84,23 +85,22 @@ int ipcOpenEventHandle(void** e, const void* h) {
   return ret(cudaIpcOpenEventHandle(reinterpret_cast<cudaEvent_t*>(e), handle));
 }
 
-// GPUDirect RDMA. The driver's calls are reached through the runtime's entry-point query, so
-// the plugin links only the runtime (libcuda is the driver the runtime itself loads).
+// GPUDirect RDMA. The driver's calls are looked up in the driver library the runtime loaded
+// (libcuda.so.1), not through the runtime's entry-point query: the plugin may run under an
+// older runtime than the toolkit it was built with (torch's own libcudart), and the query's
+// versioned form exists only from CUDA 12.5.
 template <typename Fn>
 Fn driverCall(const char* symbol) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult q{};
-  if (cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-      q != cudaDriverEntryPointSuccess) {
-    (void)cudaGetLastError();
-    return nullptr;
-  }
-  return reinterpret_cast<Fn>(fn);
+  static void* const lib = [] {
+    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    return h ? h : dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  }();
+  return lib ? reinterpret_cast<Fn>(dlsym(lib, symbol)) : nullptr;
 }
 
 int allocationRange(const void* p, void** base, size_t* bytes) {
   using Fn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-  static const Fn fn = driverCall<Fn>("cuMemGetAddressRange");
+  static const Fn fn = driverCall<Fn>("cuMemGetAddressRange_v2");
   if (!fn) return static_cast<int>(cudaErrorNotSupported);
   CUdeviceptr b = 0;
   CUresult r = fn(&b, bytes, reinterpret_cast<CUdeviceptr>(p));

@@ -3,6 +3,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <thread>
+
 #include "common/error.h"
 #include "transport/copy.h"
 
@@ -559,6 +561,10 @@ void Channels::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
     return host_.opsQueued();
   };
   if (pollFor(config_.spinUs, anyReady, busyFor(waitOn))) return;
+  if (std::exchange(deviceWait_, false)) {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    return;
+  }
   // Connections still coming up: sleep on their handshakes' and listeners' fds too, not in
   // 1 ms naps (64 ranks on 2 cores napping so spent the CPU the handshakes needed).
   int waitMs = hasDoorbell ? 1 : 100;

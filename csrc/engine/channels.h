@@ -258,6 +258,13 @@ class Channels {
   // its first byte would move; false while the caller's stream is not there yet.
   bool startDeviceSend(Channel& ch, Transfer& t);
   bool startDeviceRecv(Channel& ch, Transfer& t);
+  // A transfer waits for the caller's GPU stream, which wakes nobody: idle() naps briefly
+  // instead of sleeping until a peer or fd does.
+  bool deviceWaiting() {
+    deviceWait_ = true;
+    return false;
+  }
+  bool deviceWait_ = false;
   bool recvWhole(Channel& ch, Transfer& t, int lane, int peer, size_t& moved);
   void acceptHeader(Channel& ch, Transfer& t, int lane, int peer);
   void checkHeader(const Transfer& t, const WireHeader& h, int peer);

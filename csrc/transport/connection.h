@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -119,8 +120,10 @@ class Connection {
   virtual bool exposeDeviceForRead(const void* p, size_t n, int gpu, uint64_t* key) { return false; }
   /// Whether the message passed by address that is being received can be read straight into
   /// [dst, dst + n) of `gpu`'s memory; if so, it is made ready for the readRemote() calls into
-  /// it that follow (until ackRemote()). False: read it into host memory.
-  virtual bool readsIntoDevice(void* dst, size_t n, int gpu) { return false; }
+  /// it that follow (until ackRemote()), and `keep` (what keeps that memory allocated) is held
+  /// until the NIC can no longer write there, even if the op fails first. False: read it into
+  /// host memory.
+  virtual bool readsIntoDevice(void* dst, size_t n, int gpu, std::shared_ptr<void> keep) { return false; }
 
   // --- Memory registration and requests --------------------------------------------------
   // The engine's collectives drive the stream above: a message is a header the receiver

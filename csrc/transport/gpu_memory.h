@@ -2,9 +2,9 @@
 // What a transport that registers GPU memory with a NIC (GPUDirect RDMA) needs from the GPU
 // runtime, without knowing CUDA: the allocation holding a buffer, a dma-buf for a range of it,
 // and a flush after the NIC wrote into it. Which buffers are GPU memory the engine says
-// (Connection::exposeDeviceForRead, readsIntoDevice). The engine installs the runtime's answers once its CUDA
-// plugin is loaded (engine/device/gpu_memory.cpp); until then, and in CPU-only processes,
-// nothing is installed and every buffer is host memory to the transports.
+// (Connection::exposeDeviceForRead, readsIntoDevice). The engine installs the runtime's answers
+// once its CUDA plugin is loaded (engine/device/gpu_direct.cpp); until then, and in CPU-only
+// processes, nothing is installed and every buffer is host memory to the transports.
 #include <cstddef>
 #include <string>
 

@@ -65,6 +65,7 @@ struct DeviceState {
   void* sendStream = nullptr;
   void* sendEv = nullptr;
   int sendDev = -1;
+  std::vector<std::shared_ptr<void>> sendKept;  // buffers of copies that failed while queued
   void* lastStream = nullptr;  // the stream of the last device op: drained before teardown
   // GPU work in flight, oldest first, and the events of finished entries for reuse; gpuMu
   // guards both (the engine adds, the watchdog checks).

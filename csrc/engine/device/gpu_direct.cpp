@@ -8,14 +8,42 @@
 // message, so the two need not agree: a receive into host memory reads a GPU sender as well.
 #include <unistd.h>
 
+#include "engine/callback_pool.h"
 #include "engine/comm_impl.h"
 #include "transport/gpu_memory.h"
 
 namespace railcc::engine {
+namespace {
+
+// The calling thread's current device is `d` for a scope. These run on the progress thread, or
+// on a caller's thread running its own op (helpRun), whose current device is the user's and is
+// put back after. A runtime call made without it would create a context on device 0.
+class OnDevice {
+ public:
+  OnDevice(const cuda::DeviceApi& api, int d) : api_(api) {
+    int cur = -1;
+    if (api_.getDevice(&cur) != 0) cur = -1;
+    if (cur == d) return;
+    checkDevice(api_.setDevice(d), "cudaSetDevice", d);
+    if (!CallbackPool::onEngineThread()) restore_ = cur;
+  }
+  ~OnDevice() {
+    if (restore_ >= 0) api_.setDevice(restore_);
+  }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+  const cuda::DeviceApi& api_;
+  int restore_ = -1;
+};
+
+}  // namespace
 
 bool Channels::startDeviceSend(Channel& ch, Transfer& t) {
   DeviceSide& d = *t.device;
-  if (!host_.deviceReady(d)) return false;
+  OnDevice on(deviceApi(), d.device);
+  if (!host_.deviceReady(d)) return deviceWaiting();
   if (sendsByAddress(ch, t) && ch.conn->exposeDeviceForRead(d.gpu, t.bytes, d.device, &t.addrKey)) {
     t.src = d.gpu;  // only its address travels
     t.byAddress = Transfer::ByAddress::kSending;
@@ -29,12 +57,19 @@ bool Channels::startDeviceSend(Channel& ch, Transfer& t) {
 
 bool Channels::startDeviceRecv(Channel& ch, Transfer& t) {
   DeviceSide& d = *t.device;
-  // Written in place only once the caller's earlier work on the buffer is done.
-  if (!host_.deviceReady(d)) return false;
-  if (ch.conn->readsIntoDevice(d.gpu, t.bytes, d.device)) {
+  OnDevice on(deviceApi(), d.device);
+  if (t.dst != d.gpu) {
+    // Decided once: straight into the GPU's memory, or into host memory for the caller to copy
+    // in (which needs no wait: the caller's copy is ordered after its stream).
+    if (!ch.conn->readsIntoDevice(d.gpu, t.bytes, d.device, d.keep)) {
+      t.device = nullptr;
+      return true;
+    }
     t.dst = d.gpu;
     d.direct.store(true, std::memory_order_release);
   }
+  // The NIC writes the buffer only once the caller's earlier work on it is done.
+  if (!host_.deviceReady(d)) return deviceWaiting();
   t.device = nullptr;
   return true;
 }
@@ -52,18 +87,24 @@ void CommImpl::stageDeviceSend(Transfer& t) {
   const DeviceSide& d = *t.device;
   const cuda::DeviceApi& api = deviceApi();
   // Not the staging's stream and events (device_state.h): a collective may be using them.
-  checkDevice(api.setDevice(d.device), "cudaSetDevice", d.device);
   if (dev_.sendDev != d.device) {
     releaseSendStaging(api);
     checkDevice(api.streamCreate(&dev_.sendStream), "cudaStreamCreate", d.device);
     checkDevice(api.eventCreate(&dev_.sendEv), "cudaEventCreate", d.device);
     dev_.sendDev = d.device;
   }
-  if (d.ready) checkDevice(api.streamWaitEvent(dev_.sendStream, d.ready), "cudaStreamWaitEvent (the caller's stream)", d.device);
-  checkDevice(api.memcpyAsync(const_cast<char*>(t.src), d.gpu, t.bytes, dev_.sendStream),
-              "cudaMemcpyAsync (a send's GPU memory to host memory)", d.device);
-  checkDevice(api.eventRecord(dev_.sendEv, dev_.sendStream), "cudaEventRecord", d.device);
-  deviceWait(api, dev_.sendEv, d.device, "the copy of a send's GPU memory to host memory", dev_.sendStream);
+  try {
+    if (d.ready) checkDevice(api.streamWaitEvent(dev_.sendStream, d.ready), "cudaStreamWaitEvent (the caller's stream)", d.device);
+    checkDevice(api.memcpyAsync(const_cast<char*>(t.src), d.gpu, t.bytes, dev_.sendStream),
+                "cudaMemcpyAsync (a send's GPU memory to host memory)", d.device);
+    checkDevice(api.eventRecord(dev_.sendEv, dev_.sendStream), "cudaEventRecord", d.device);
+    deviceWait(api, dev_.sendEv, d.device, "the copy of a send's GPU memory to host memory", dev_.sendStream);
+  } catch (...) {
+    // The copy may still be queued: its buffers stay alive until the group's teardown has
+    // drained the stream, not only until the op's failure frees them.
+    dev_.sendKept.push_back(d.keep);
+    throw;
+  }
 }
 
 void CommImpl::releaseSendStaging(const cuda::DeviceApi& api) {
@@ -94,9 +135,7 @@ class RuntimeGpuMemory : public transport::GpuMemory {
   }
   void flushWrites(int device) override {
     if (!api_->flushRdmaWrites) return;
-    int cur = -1;
-    api_->getDevice(&cur);
-    if (cur != device) api_->setDevice(device);
+    OnDevice on(*api_, device);
     checkDevice(api_->flushRdmaWrites(), "cudaDeviceFlushGPUDirectRDMAWrites", device);
   }
 

@@ -58,7 +58,16 @@ void CommImpl::releaseDevice() {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   dev_.lastStream = nullptr;
-  if (dev_.sendStream) api->streamSynchronize(dev_.sendStream);
+  // A send's copy to host memory that failed while queued keeps its buffers until the copy is
+  // done; one that never ends (a hung GPU) keeps them for the life of the process.
+  bool sendsDrained = true;
+  if (dev_.sendStream && dev_.sendEv && api->eventRecord(dev_.sendEv, dev_.sendStream) == 0) {
+    auto until = Clock::now() + std::chrono::seconds(10);
+    while ((sendsDrained = api->eventQuery(dev_.sendEv) != api->notReady) == false && Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  if (!sendsDrained) new std::vector<std::shared_ptr<void>>(std::move(dev_.sendKept));  // never freed, on purpose
+  dev_.sendKept.clear();
   releaseSendStaging(*api);
   releaseGpuWork(*api);
   releaseIpc(*api, false);

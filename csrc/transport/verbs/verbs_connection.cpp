@@ -134,6 +134,7 @@ void VerbsConnection::release() noexcept {
   exposed_.clear();
   dev_->mrCache().release(readLease_);
   dev_->mrCache().release(deviceRead_);
+  deviceKeep_.reset();  // the queue pair is gone: nothing writes that memory any more
   if (bounceMr_) ibv_->deregMr(bounceMr_);
   if (bounce_) munmap(bounce_, kBounceBytes);
   bounceMr_ = nullptr;
@@ -431,9 +432,11 @@ bool VerbsConnection::ackRemote() {
   // The queue pair's last slots are the acknowledgements' (data and credits stop short of them).
   if (sqPosted_ - sqDone_ >= static_cast<uint64_t>(kSendDepth + kCtrlReserve - 1)) return false;
   if (deviceRead_.mr) {
-    // What the NIC wrote into GPU memory is made visible to the GPU's work that follows.
-    if (GpuMemory* gm = gpuMemory()) gm->flushWrites(deviceGpu_);
+    // What the NIC wrote into GPU memory is made visible to the GPU's work that follows. The
+    // read is over: the registration goes whatever the flush says.
     dev_->mrCache().release(deviceRead_);
+    deviceKeep_.reset();
+    if (GpuMemory* gm = gpuMemory()) gm->flushWrites(deviceGpu_);
   }
   post(0, 0, 0, (kNotice << kKindShift) | kNoticeRead, true, false);
   return true;
@@ -459,11 +462,13 @@ bool VerbsConnection::exposeDeviceForRead(const void* p, size_t n, int gpu, uint
   return true;
 }
 
-bool VerbsConnection::readsIntoDevice(void* dst, size_t n, int gpu) {
-  dev_->mrCache().release(deviceRead_);
+bool VerbsConnection::readsIntoDevice(void* dst, size_t n, int gpu, std::shared_ptr<void> keep) {
+  if (reading_ || deviceRead_.mr) RAILCC_THROW(kInternal, "a receive into GPU memory began while the last one was still being read");
   deviceRead_ = gpuLease(dst, n, gpu);
+  if (!deviceRead_.mr) return false;
   deviceGpu_ = gpu;
-  return deviceRead_.mr != nullptr;
+  deviceKeep_ = std::move(keep);
+  return true;
 }
 
 uint64_t VerbsConnection::remoteAcked() {

@@ -103,7 +103,7 @@ class VerbsConnection : public Connection, private CqSink {
   bool ackRemote() override;
   uint64_t remoteAcked() override;
   bool exposeDeviceForRead(const void* p, size_t n, int gpu, uint64_t* key) override;
-  bool readsIntoDevice(void* dst, size_t n, int gpu) override;
+  bool readsIntoDevice(void* dst, size_t n, int gpu, std::shared_ptr<void> keep) override;
 
  private:
   void release() noexcept;
@@ -154,6 +154,7 @@ class VerbsConnection : public Connection, private CqSink {
   size_t readDone_ = 0;
   MrCache::Lease deviceRead_;  // the GPU memory the message being read lands in (GPUDirect RDMA)
   int deviceGpu_ = -1;
+  std::shared_ptr<void> deviceKeep_;  // keeps that memory allocated while the NIC may write it
   char* bounce_ = nullptr;  // reads whose destination could not be registered land here
   ibv_mr* bounceMr_ = nullptr;
   std::chrono::steady_clock::time_point lastProbe_{};

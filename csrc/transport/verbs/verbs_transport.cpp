@@ -94,11 +94,12 @@ void logGdr(Device& d, const SetupContext& ctx) {
                 pm ? "loaded" : "not loaded", dmabuf || pm ? "" : ": CUDA buffers between hosts are staged through host memory");
   }
   for (const GpuNicPath& p : ctx.gpuNics) {
-    if (p.nic != d.name() || !said.insert(p.gpu + "|" + p.nic).second) continue;
+    if (p.nic != d.name()) continue;
     GdrFacts f{p.gpu, p.nic, p.path, ctx.config.netGdrLevel, it->second.first, it->second.second};
     GdrDecision decision = decideGdr(f);
-    RAILCC_INFO(IB, decision.line);
-    // "GPU <n>": the topology names GPUs in CUDA's order (engine/placement.cpp).
+    if (said.insert(p.gpu + "|" + p.nic).second) RAILCC_INFO(IB, decision.line);
+    // Every Device opened is told (one made after an earlier group's went away, too). "GPU <n>":
+    // the topology names GPUs in CUDA's order (engine/placement.cpp).
     if (p.gpu.rfind("GPU ", 0) == 0) d.setGdr(std::atoi(p.gpu.c_str() + 4), decision.mode, it->second.second);
   }
 }
