@@ -149,9 +149,19 @@ void CommImpl::failStalled(const std::vector<Transfer*>& pending, Millis timeout
   for (Transfer* t : pending) {
     os << "\n  " << (t->kind == Transfer::kSend ? "sending to " : "receiving from ") << peerName(t->peer) << ", "
        << t->done << " of " << t->bytes << " bytes moved";
-    if (t->lane >= 0 && t->lane < kLanes && !ch_.chan(t->lane, t->peer).conn)
+    const bool up = t->lane >= 0 && t->lane < kLanes && ch_.chan(t->lane, t->peer).conn;
+    if (!up)
       os << " (the connection, made at first use, is not up yet: that rank has not reached this op, or "
             "cannot be reached)";
+    // A send or receive of GPU memory that waits for the caller's stream (gpu_direct.cpp): this
+    // rank's GPU is what is late, not the peer.
+    if (t->device && ((t->kind == Transfer::kSend && up && t->hdrDone == 0) || t->dst == t->device->gpu)) {
+      os << " (waiting for this rank's GPU: the caller's CUDA stream on cuda:" << t->device->device
+         << " has not reached the call; the work queued on it before is still running)";
+      ranks.push_back(rank_);
+      hosts.push_back(peers_[static_cast<size_t>(rank_)].hostname);
+      continue;
+    }
     ranks.push_back(t->peer);
     hosts.push_back(peers_[static_cast<size_t>(t->peer)].hostname);
   }

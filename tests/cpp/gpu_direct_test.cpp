@@ -303,6 +303,40 @@ TEST(GpuDirectSendRecv, OverSharedMemoryAndTcpEveryByteGoesThroughHostMemory) {
   }
 }
 
+// A send whose caller's stream never reaches the call times out naming this rank's GPU, not the
+// peer (which is waiting too, and says so of the sender).
+TEST(GpuDirectSendRecv, ASendWhoseStreamNeverGetsThereNamesThisRanksGpu) {
+  UseSyncDevice dev;
+  Config cfg = Config::defaults();
+  cfg.initTimeoutSec = 30;
+  testing_util::runRanks(2, cfg, "gpu-direct-stall", [](Communicator& c) {
+    std::vector<uint8_t> host(4096), gpu(4096);
+    auto side = std::make_shared<DeviceSide>();
+    side->gpu = reinterpret_cast<char*>(gpu.data());
+    side->device = 0;
+    SyncDevice::Event busy;
+    busy.pendingPolls = 1 << 30;
+    side->ready = &busy;
+    RequestPtr req = c.rank() == 0 ? c.send(host.data(), host.size(), 1, 4, Millis(1500), side)
+                                   : c.recv(host.data(), host.size(), 0, 4, Millis(1500));
+    ASSERT_TRUE(req->wait(Millis(20000)));
+    ASSERT_TRUE(req->error() != nullptr) << "rank " << c.rank();
+    try {
+      std::rethrow_exception(req->error());
+    } catch (const Error& e) {
+      std::string m = e.what();
+      if (c.rank() == 0) {
+        EXPECT_EQ(e.code(), ErrorCode::kTimeout) << m;
+        EXPECT_NE(m.find("waiting for this rank's GPU: the caller's CUDA stream on cuda:0"), std::string::npos) << m;
+        EXPECT_EQ(e.ranks, std::vector<int>{0}) << m;
+      } else {
+        EXPECT_EQ(m.find("this rank's GPU"), std::string::npos) << m;  // its wait is on rank 0
+      }
+    }
+    c.abort("test done");
+  });
+}
+
 // --- Over real verbs (the Soft-RoCE VM) -------------------------------------------------------
 
 TEST(GpuDirectVerbs, RendezvousMovesGpuMemoryStraightWhereTheNicTakesIt) {
