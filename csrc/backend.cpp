@@ -817,6 +817,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::send(std::vector<at::Tensor>&
   return makeWork(OpType::SEND, "send", {req}, tensors, {src}, dev);
 }
 
+namespace {
+
+// After a receive of a CUDA tensor: the bytes that landed in host memory are copied in on the
+// group's stream, unless the NIC wrote them into the tensor itself (GPUDirect RDMA).
+std::function<void()> copyIn(at::Tensor t, at::Tensor host, std::shared_ptr<engine::DeviceSide> gpu) {
+  return [t, host, gpu]() mutable {
+    if (!gpu->direct.load(std::memory_order_acquire)) t.copy_(host, /*non_blocking=*/true);
+  };
+}
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
   const at::Tensor& t = single(tensors, "recv");
   checkRank(srcRank, getSize(), "recv", "source rank");
@@ -828,10 +840,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::recv(std::vector<at::Tensor>&
   auto req = guard("recv", [&] {
     return comm_->recv(dst.data_ptr(), static_cast<size_t>(dst.numel()) * dst.element_size(), srcRank, tag, Millis(0), gpu);
   });
-  std::function<void()> after;
-  if (dev) after = [t, dst, gpu]() mutable {
-    if (!gpu->direct.load(std::memory_order_acquire)) t.copy_(dst, /*non_blocking=*/true);
-  };
+  std::function<void()> after = dev ? copyIn(t, dst, gpu) : nullptr;
   return makeWork(OpType::RECV, "recv", {req}, tensors, {dst}, dev, after);
 }
 
@@ -843,10 +852,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::recvAnysource(std::vector<at:
   auto req = guard("recv", [&] {
     return comm_->recv(dst.data_ptr(), static_cast<size_t>(dst.numel()) * dst.element_size(), -1, tag, Millis(0), gpu);
   });
-  std::function<void()> after;
-  if (dev) after = [t, dst, gpu]() mutable {
-    if (!gpu->direct.load(std::memory_order_acquire)) t.copy_(dst, /*non_blocking=*/true);
-  };
+  std::function<void()> after = dev ? copyIn(t, dst, gpu) : nullptr;
   return makeWork(OpType::RECVANYSOURCE, "recv", {req}, tensors, {dst}, dev, after);
 }
 

@@ -19,11 +19,7 @@ namespace {
 // A registration pins the pages it was made on: if the memory were freed and the address handed
 // out again, a cached registration would read or write the old pages. No weak reference or
 // pointer comparison can tell that from the same memory, so the allocation itself is watched.
-class FreedFlag : public transport::MemoryOwner {
- public:
-  bool alive() const override { return !freed.load(std::memory_order_acquire); }
-  std::atomic<bool> freed{false};
-};
+using transport::FreedFlag;
 
 // Never destroyed: tensors may be freed during the process's exit, after static destructors.
 std::mutex& watchedMu = *new std::mutex;

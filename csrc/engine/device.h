@@ -34,7 +34,7 @@ struct DeviceSide {
   int device = -1;
   void* ready = nullptr;            // an event on the caller's stream: `gpu` may be touched once it is done
   std::atomic<bool> direct{false};  // the bytes moved straight from or into `gpu`
-  std::shared_ptr<void> keep;       // what keeps `ready` alive (the caller's event)
+  std::shared_ptr<void> keep;       // keeps `ready`, `gpu` and the host buffer alive (held past a failure)
 };
 
 /// The GPU runtime. The first call loads the CUDA plugin (librailcc_cuda.so next to the

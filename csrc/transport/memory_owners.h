@@ -7,6 +7,7 @@
 // it to the engine; the
 // transport caches a registration only under a living owner, and registers for one use
 // where there is none.
+#include <atomic>
 #include <cstddef>
 #include <memory>
 
@@ -17,6 +18,14 @@ class MemoryOwner {
   virtual ~MemoryOwner() = default;
   /// True while the allocation noted with this owner still holds the noted range. Thread-safe.
   virtual bool alive() const = 0;
+};
+
+/// The owner an allocator marks when it frees the memory (the glue's allocation watch, the
+/// engine's pinned staging).
+class FreedFlag : public MemoryOwner {
+ public:
+  bool alive() const override { return !freed.load(std::memory_order_acquire); }
+  std::atomic<bool> freed{false};
 };
 
 /// Buffers of at least this many bytes are worth noting (a transport registering user memory

@@ -289,6 +289,18 @@ std::vector<std::array<bool, 3>> sendGpuMemory(const Config& cfg, const std::vec
 
 const std::vector<size_t> kSizes = {0, 1, 4093, 300001, size_t(3) << 20};
 
+// Every rank a host of its own: whatever crosses between ranks goes over the network.
+void ownHost(int r, Config& c) { c.hostId = "gpu-direct-host-" + std::to_string(r); }
+
+// RAILCC_NET=verbs with a 256 KiB ring: send/recv of a ring or more goes by rendezvous.
+Config overVerbs() {
+  Config cfg = Config::defaults();
+  cfg.net = "verbs";
+  cfg.initTimeoutSec = 120;
+  cfg.buffSize = 256 << 10;
+  return cfg;
+}
+
 TEST(GpuDirectSendRecv, OverSharedMemoryAndTcpEveryByteGoesThroughHostMemory) {
   UseSyncDevice dev;
   for (bool shm : {true, false}) {
@@ -296,7 +308,7 @@ TEST(GpuDirectSendRecv, OverSharedMemoryAndTcpEveryByteGoesThroughHostMemory) {
     cfg.initTimeoutSec = 30;
     cfg.buffSize = 64 << 10;
     auto direct = sendGpuMemory(cfg, kSizes, [shm](int r, Config& c) {
-      if (!shm) c.hostId = "gpu-direct-host-" + std::to_string(r);
+      if (!shm) ownHost(r, c);
     });
     for (size_t k = 0; k < kSizes.size(); ++k)
       for (bool d : direct[k]) EXPECT_FALSE(d) << (shm ? "shm " : "tcp ") << kSizes[k] << " B";
@@ -347,12 +359,8 @@ TEST(GpuDirectVerbs, RendezvousMovesGpuMemoryStraightWhereTheNicTakesIt) {
   // No GPU in the VM: the decision is forced to nvidia_peermem for "GPU 0", whose memory here is
   // host memory, which a plain registration takes.
   for (auto& d : devs) d->setGdr(0, GdrMode::kPeermem, true);
-  Config cfg = Config::defaults();
-  cfg.net = "verbs";
-  cfg.initTimeoutSec = 120;
-  cfg.buffSize = 256 << 10;  // send/recv of a ring (256 KiB) or more goes by rendezvous
   const uint64_t gpuBytes = stat(Stat::kGpuDirect), flushes = SyncDevice::flushes;
-  auto direct = sendGpuMemory(cfg, kSizes, [](int r, Config& c) { c.hostId = "gpu-direct-host-" + std::to_string(r); });
+  auto direct = sendGpuMemory(overVerbs(), kSizes, ownHost);
   uint64_t expectGpu = 0, expectFlushes = 0;
   for (size_t k = 0; k < kSizes.size(); ++k) {
     const bool large = kSizes[k] >= (size_t(256) << 10);
@@ -370,14 +378,9 @@ TEST(GpuDirectVerbs, AStagedDecisionKeepsGpuMemoryOffTheNic) {
   if (devs.empty()) GTEST_SKIP() << "no RDMA device here (the Soft-RoCE VM runs this)";
   UseSyncDevice dev;
   for (auto& d : devs) d->setGdr(0, GdrMode::kStaged, false);
-  Config cfg = Config::defaults();
-  cfg.net = "verbs";
-  cfg.initTimeoutSec = 120;
-  cfg.buffSize = 256 << 10;
   const uint64_t gpuBytes = stat(Stat::kGpuDirect);
   // The receiver's stream stays busy throughout: through host memory nothing waits for it.
-  auto direct = sendGpuMemory(
-      cfg, kSizes, [](int r, Config& c) { c.hostId = "gpu-direct-host-" + std::to_string(r); }, 1 << 30);
+  auto direct = sendGpuMemory(overVerbs(), kSizes, ownHost, 1 << 30);
   for (size_t k = 0; k < kSizes.size(); ++k)
     for (bool d : direct[k]) EXPECT_FALSE(d) << kSizes[k] << " B";
   EXPECT_EQ(stat(Stat::kGpuDirect), gpuBytes);

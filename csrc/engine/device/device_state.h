@@ -52,11 +52,7 @@ struct DeviceState {
   size_t stageCap = 0;
   // The staging's owner for transports that keep registrations of it (RDMA rendezvous): alive
   // until the staging is freed, so they register it once, not per message.
-  struct StageOwner : transport::MemoryOwner {
-    std::atomic<bool> freed{false};
-    bool alive() const override { return !freed.load(std::memory_order_acquire); }
-  };
-  std::shared_ptr<StageOwner> stageOwner;
+  std::shared_ptr<transport::FreedFlag> stageOwner;
   void* stageEv[2] = {nullptr, nullptr};
   void* ownStream = nullptr;
   int devOf = -1;

@@ -158,14 +158,11 @@ std::string probeGpuDirect(int device) {
   const cuda::DeviceApi& api = deviceApi();
   const std::string dev = "cuda:" + std::to_string(device);
   if (!api.dmabufFd || !api.allocationRange || !api.deviceMalloc) return dev + ": this GPU runtime has no dma-buf export";
-  int caller = -1;
-  api.getDevice(&caller);
+  OnDevice on(api, device);
   std::string out;
   void* p = nullptr;
   constexpr size_t kBytes = size_t(2) << 20;
-  int e = api.setDevice(device);
-  if (e == 0) e = api.deviceMalloc(&p, kBytes);
-  if (e != 0) {
+  if (int e = api.deviceMalloc(&p, kBytes)) {
     out = dev + ": cannot allocate " + std::to_string(kBytes >> 20) + " MiB to try (" + api.errorString(e) + ")";
   } else {
     RuntimeGpuMemory gm(&api);
@@ -181,7 +178,6 @@ std::string probeGpuDirect(int device) {
     }
     api.deviceFree(p);
   }
-  if (caller >= 0) api.setDevice(caller);
   return out;
 }
 

@@ -37,6 +37,22 @@ void CommImpl::deviceWait(const cuda::DeviceApi& api, void* ev, int device, cons
   }
 }
 
+namespace {
+
+// Teardown: whether the work queued on `stream` so far finished within 10 s (a GPU that never
+// finishes must not hang it). False also where the event cannot be recorded.
+bool drained(const cuda::DeviceApi& api, void* ev, void* stream) {
+  if (!stream || !ev || api.eventRecord(ev, stream) != 0) return false;
+  auto until = Clock::now() + std::chrono::seconds(10);
+  while (api.eventQuery(ev) == api.notReady) {
+    if (Clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  return true;
+}
+
+}  // namespace
+
 void CommImpl::releaseDevice() {
   if (dev_.devOf < 0 && !dev_.stage && dev_.ipc.pool.empty() && dev_.sendDev < 0) return;
   const cuda::DeviceApi* api = nullptr;
@@ -52,21 +68,12 @@ void CommImpl::releaseDevice() {
   if (dev_.devOf >= 0) api->setDevice(dev_.devOf);
   // IPC ops may still run on the GPU (they complete once queued): let them finish before the
   // peers' pools are unmapped, but never hang teardown on a GPU that does not.
-  if (dev_.lastStream && dev_.stageEv[0] && api->eventRecord(dev_.stageEv[0], dev_.lastStream) == 0) {
-    auto until = Clock::now() + std::chrono::seconds(10);
-    while (api->eventQuery(dev_.stageEv[0]) == api->notReady && Clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
+  drained(*api, dev_.stageEv[0], dev_.lastStream);
   dev_.lastStream = nullptr;
   // A send's copy to host memory that failed while queued keeps its buffers until the copy is
   // done; one that never ends (a hung GPU) keeps them for the life of the process.
-  bool sendsDrained = true;
-  if (dev_.sendStream && dev_.sendEv && api->eventRecord(dev_.sendEv, dev_.sendStream) == 0) {
-    auto until = Clock::now() + std::chrono::seconds(10);
-    while ((sendsDrained = api->eventQuery(dev_.sendEv) != api->notReady) == false && Clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-  if (!sendsDrained) new std::vector<std::shared_ptr<void>>(std::move(dev_.sendKept));  // never freed, on purpose
+  if (!dev_.sendKept.empty() && !drained(*api, dev_.sendEv, dev_.sendStream))
+    new std::vector<std::shared_ptr<void>>(std::move(dev_.sendKept));  // never freed, on purpose
   dev_.sendKept.clear();
   releaseSendStaging(*api);
   releaseGpuWork(*api);
@@ -161,7 +168,7 @@ void CommImpl::runStaged(const DeviceOp& dv, DataType dt, size_t slots, std::vec
     checkDevice(api.hostAlloc(&p, need), "cudaHostAlloc (pinned staging)", d);
     dev_.stage = static_cast<char*>(p);
     dev_.stageCap = need;
-    dev_.stageOwner = std::make_shared<DeviceState::StageOwner>();
+    dev_.stageOwner = std::make_shared<transport::FreedFlag>();
     transport::noteMemoryOwner(p, need, dev_.stageOwner);
     RAILCC_INFO(COLL, "group '", opts_.name, "': ", need >> 10, " KiB of pinned staging for cuda:", d,
                 " (RAILCC_CUDA_STAGING_BYTES=", opts_.config.cudaStagingBytes, ")");
