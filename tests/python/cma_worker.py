@@ -66,6 +66,21 @@ for dtype in (torch.float32, torch.float64, torch.int32, torch.bfloat16, torch.u
             want = sum((value(r, count, dtype, 3) % 8).to(torch.float64) for r in range(n)).to(dtype)
             assert torch.equal(view, want), ("all_reduce", dtype, count)
 
+# An all-gather whose result is larger than the cache: each rank's own piece is written around
+# the cache (and, in the direct all-gather, while the peers read theirs). The output is a view
+# at an odd offset; in place, the input is this rank's piece of it.
+count = (12 << 20) // 4 + 3
+big = torch.full((n * count + 3,), -1.0)
+out = big[3:]
+mine = value(rank, count, torch.float32, 4)
+want = torch.cat([value(r, count, torch.float32, 4) for r in range(n)])
+dist.all_gather_into_tensor(out, mine)
+assert torch.equal(out, want) and torch.all(big[:3] == -1.0), "large all_gather out of place"
+out.fill_(-2.0)
+out[rank * count:(rank + 1) * count].copy_(mine)
+dist.all_gather_into_tensor(out, out[rank * count:(rank + 1) * count])
+assert torch.equal(out, want) and torch.all(big[:3] == -1.0), "large all_gather in place"
+
 # The transport counters (railcc.stats()) say which way an all-to-all's bytes went: read once
 # by the kernel, or copied into and out of the FIFOs.
 block = 1 << 20

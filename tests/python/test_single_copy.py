@@ -13,7 +13,7 @@ from harness import run_env_ranks
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _run(n, refuse, timeout=150):
+def _run(n, refuse, timeout=150, env=None):
     cmd = [sys.executable, os.path.join(HERE, "cma_worker.py")] + (["--refuse"] if refuse else [])
     if refuse and os.geteuid() == 0:
         # root reads any process (CAP_SYS_PTRACE): the ranks start without it.
@@ -21,7 +21,8 @@ def _run(n, refuse, timeout=150):
             pytest.skip("setpriv (util-linux) is needed to start ranks without CAP_SYS_PTRACE as root")
         cmd = ["setpriv", "--bounding-set=-sys_ptrace"] + cmd
     codes, outs = run_env_ranks(cmd, n, timeout=timeout,
-                                env={"RAILCC_CMA_BYTES": "4096", "RAILCC_DEBUG": "INFO", "RAILCC_DEBUG_SUBSYS": "SHM"})
+                                env={"RAILCC_CMA_BYTES": "4096", "RAILCC_DEBUG": "INFO", "RAILCC_DEBUG_SUBSYS": "SHM",
+                                     **(env or {})})
     for r, (code, out) in enumerate(zip(codes, outs)):
         assert code == 0 and f"rank {r} ok" in out, f"rank {r} exited {code}:\n{out[-4000:]}"
     return outs
@@ -30,6 +31,14 @@ def _run(n, refuse, timeout=150):
 @pytest.mark.timeout(200)
 def test_single_copy_matches_torch_on_views():
     outs = _run(3, refuse=False)
+    assert all("single copy (CMA) works" in o for o in outs), outs[0][-3000:]
+
+
+@pytest.mark.timeout(200)
+def test_single_copy_in_the_direct_all_gather_matches_torch():
+    # The all-gather whose sends are read by their peers (the rule picks the shm rings on one
+    # host): its own piece is copied while the peers read.
+    outs = _run(2, refuse=False, env={"RAILCC_ALGO": "direct"})
     assert all("single copy (CMA) works" in o for o in outs), outs[0][-3000:]
 
 

@@ -61,10 +61,21 @@ void CommImpl::runReduce(char* buf, size_t count, DataType dt, ReduceOp op, doub
   if (op == ReduceOp::kAvg) divideBy(buf, count, dt, n);
 }
 
+// An all-gather's own piece, from the input to its place in the output: written around the
+// cache where the whole result is larger than this rank's share of it (it saves reading every
+// destination line first; the FIFO receives of such a result do the same).
+static void copyOwnPiece(const Channels& ch, int n, char* own, const char* in, size_t bytes) {
+  const bool apart = own + bytes <= in || in + bytes <= own;
+  if (apart && ch.streamPiece(bytes * static_cast<size_t>(n), bytes)) transport::streamCopy(own, in, bytes);
+  else transport::moveBytes(own, in, bytes);
+}
+
 void CommImpl::runAllgather(const char* in, size_t bytes, const std::vector<char*>& outs) {
   int n = size_, r = rank_;
-  if (outs[static_cast<size_t>(r)] != in && bytes) transport::moveBytes(outs[static_cast<size_t>(r)], in, bytes);
+  char* own = outs[static_cast<size_t>(r)];
+  const bool copyOwn = own != in && bytes;
   const Algo algo = algoFor(AlgoOp::kAllgather, bytes);
+  if (algo != Algo::kDirect && copyOwn) copyOwnPiece(ch_, n, own, in, bytes);
   if (algo == Algo::kRings) return runAllgatherRing(in, std::vector<size_t>(outs.size(), bytes), outs, true);
   if (algo == Algo::kRing) return runAllgatherRingOrder(bytes, outs);
   if (algo == Algo::kHier) return runAllgatherHosts(bytes, outs);
@@ -79,7 +90,15 @@ void CommImpl::runAllgather(const char* in, size_t bytes, const std::vector<char
   }
   ch_.streamPieces(xs, bytes * static_cast<size_t>(n));
   ch_.singleCopy(xs);
-  ch_.exchange(xs);
+  ch_.post(xs);
+  if (copyOwn) {
+    // Our own piece is copied while the peers already take theirs: a send passed by address
+    // (single copy) is read from `in` by the peer's core meanwhile, one through the FIFO has
+    // filled it.
+    for (int s = 1; s < n; ++s) ch_.progress(kCollLane, (r + s) % n);
+    copyOwnPiece(ch_, n, own, in, bytes);
+  }
+  ch_.complete(xs);
 }
 
 void CommImpl::runReduceScatter(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
