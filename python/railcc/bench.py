@@ -100,7 +100,7 @@ from railcc_bench_report import (  # noqa: E402
     COLLS, DTYPES, REDOPS, SHARED_BOUND_COLLS, _fmt, average_busbw, avg_tolerance, bandwidths,
     bound_formula, bound_fraction, busbw_factor, canonical_dtype, count_wrong, cuda_device_index,
     elem_count, expected_output, extra_cells, failure_reason, make_record, make_report, parse_size,
-    pattern, pattern_kind, ratio, shared_device_min_time_us, size_sweep, split_ops, stat_sums, stats_line,
+    pattern, pattern_kind, plot, ratio, shared_device_min_time_us, size_sweep, split_ops, stat_sums, stats_line,
     table_header, table_row, per_call_stats,
 )
 from railcc_bench_timing import (  # noqa: E402
@@ -538,44 +538,6 @@ class Progress:
             self.shown = False
 
 
-def plot(path, records, backends, colls):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise RuntimeError(f"--plot needs matplotlib ({e}); pip install matplotlib") from None
-    # One panel per collective, log-log, one colour per backend. The fake group moves nothing:
-    # its "bandwidth" is not one, so it is left out of the picture (it is in the tables).
-    shown = [b for b in backends if b != "fake"]
-    cols = min(len(colls), 3)
-    rows = (len(colls) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.6 * rows), squeeze=False)
-    for i, c in enumerate(colls):
-        ax = axes[i // cols][i % cols]
-        for j, b in enumerate(shown):
-            pts = sorted(
-                (r["size"], r["busbw"])
-                for r in records
-                if r["op"] == c and r["backend"] == b and not r["inplace"] and r["busbw"]
-            )
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=b, color=f"C{j}")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("size (B)")
-        ax.set_ylabel("busbw (GB/s), out-of-place")
-        ax.set_title(c)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize="small")
-    for k in range(len(colls), rows * cols):
-        axes[k // cols][k % cols].axis("off")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
 def run_rank(cfg, rank, world_size, store=None):
     """Benchmarks on one rank; returns its exit status. Only rank 0 prints."""
     import datetime
@@ -692,7 +654,8 @@ def _bench(cfg, rank, n, timeout, device=None):
     if bench_mpi.NAME in cfg.backends:
         meta["openmpi"] = {"library": cfg.mpi_note, "launch": f"mpirun --bind-to {'core' if cfg.bind else 'none'} "
                            "--mca btl self,vader",
-                           "timing": "the same loop (bench_timing.iteration_times), mpi4py on numpy buffers"}
+                           "timing": "the same loop (bench_timing.iteration_times), mpi4py on numpy buffers "
+                           "on the pages torch's tensors get (bench_mpi.torch_hugepages)"}
     if cuda:
         meta["rank_devices"] = rank_devices
         meta["ranks_per_device"] = ranks_per_device
@@ -707,6 +670,8 @@ def _bench(cfg, rank, n, timeout, device=None):
     say(f"# time: {timing}" + ("; torch.cuda.synchronize() before each clock read" if cuda else ""))
     for r, (h, pid) in enumerate(who):
         say(f"#  rank {r:3d}  pid {pid:7d}  on {h}" + (f"  {rank_devices[r]}" if cuda else ""))
+    if bench_mpi.NAME in cfg.backends:
+        say(f"# {bench_mpi.NAME}: {cfg.mpi_note}")
 
     bound = None
     if cfg.bound:

@@ -42,11 +42,23 @@ def missing():
     return ""
 
 
+def torch_hugepages():
+    """Whether torch's CPU allocator puts large tensors on transparent huge pages in this
+    environment (THP_MEM_ALLOC_ENABLE=1, read by c10 at start-up; off by default)."""
+    return os.environ.get("THP_MEM_ALLOC_ENABLE", "").strip().lower() in ("1", "true", "on", "yes", "y")
+
+
 def launch(nprocs, argv, bind="none"):
     """The mpirun command line and environment of every Open MPI reference run: shared memory
-    through the vader BTL and the ob1 PML (named, so that a UCX PML is never chosen instead)."""
+    through the vader BTL and the ob1 PML (named, so that a UCX PML is never chosen instead).
+    numpy's buffers get the pages torch's tensors get: numpy asks for transparent huge pages on
+    large arrays by default and torch does not, and on huge pages a copy through the kernel
+    (CMA) ran twice as fast here (all_gather of 256 MiB: 11 against 22 ms), so the reference
+    would otherwise time other memory than the backends it is compared with. Run the bench with
+    THP_MEM_ALLOC_ENABLE=1 to time everything on huge pages."""
     cmd = ["mpirun", "-np", str(nprocs), "--bind-to", bind, "--mca", "btl", "self,vader", "--mca", "pml", "ob1", *argv]
     env = dict(os.environ)
+    env["NUMPY_MADVISE_HUGEPAGE"] = "1" if torch_hugepages() else "0"
     if os.geteuid() == 0:  # containers and CI run as root; Open MPI refuses that by default
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
@@ -91,7 +103,8 @@ def measure(cfg, nprocs, timeout=1800):
             return None, f"mpirun failed (exit {p.returncode}): " + " | ".join(tail)
         with open(out_path) as f:
             res = json.load(f)
-    return res["times"], res["version"]
+    pages = "transparent huge pages" if torch_hugepages() else "4 KiB pages"
+    return res["times"], f"{res['version'].strip()}; numpy buffers on {pages}, as torch's tensors"
 
 
 # ----------------------------------------------------------------------------------------------

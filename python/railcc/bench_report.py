@@ -464,3 +464,41 @@ def stats_line(coll, nbytes, inplace, s):
             f"{s['single_copied_bytes']:.0f} B; RDMA zero-copy {s['rdma_zero_copy_bytes']:.0f} B "
             f"(GPU memory {s['gpu_direct_bytes']:.0f} B); "
             f"registrations {s['registrations']:.2f}, cache hits {s['registration_cache_hits']:.2f}")
+
+
+def plot(path, records, backends, colls):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise RuntimeError(f"--plot needs matplotlib ({e}); pip install matplotlib") from None
+    # One panel per collective, log-log, one colour per backend. The fake group moves nothing:
+    # its "bandwidth" is not one, so it is left out of the picture (it is in the tables).
+    shown = [b for b in backends if b != "fake"]
+    cols = min(len(colls), 3)
+    rows = (len(colls) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.6 * rows), squeeze=False)
+    for i, c in enumerate(colls):
+        ax = axes[i // cols][i % cols]
+        for j, b in enumerate(shown):
+            pts = sorted(
+                (r["size"], r["busbw"])
+                for r in records
+                if r["op"] == c and r["backend"] == b and not r["inplace"] and r["busbw"]
+            )
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=b, color=f"C{j}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("size (B)")
+        ax.set_ylabel("busbw (GB/s), out-of-place")
+        ax.set_title(c)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+    for k in range(len(colls), rows * cols):
+        axes[k // cols][k % cols].axis("off")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

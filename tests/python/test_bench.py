@@ -900,6 +900,9 @@ def test_fake_and_openmpi_rows_beside_gloo(tmp_path):
     doc = json.loads(out.read_text())
     assert_schema(doc, 2, ["gloo", "fake", "openmpi"], colls)
     assert doc["meta"]["openmpi"]["library"].startswith("Open MPI"), doc["meta"]["openmpi"]
+    pages = "transparent huge pages" if os.environ.get("THP_MEM_ALLOC_ENABLE") == "1" else "4 KiB pages"
+    assert f"numpy buffers on {pages}" in doc["meta"]["openmpi"]["library"], doc["meta"]["openmpi"]
+    assert "# openmpi: Open MPI" in p.stdout, p.stdout
     # Both references are ratio columns against the first backend; neither result is checked.
     header = next(ln for ln in p.stdout.splitlines() if "backend" in ln and "gloo/fake" in ln)
     assert "gloo/openmpi" in header, header
@@ -907,6 +910,20 @@ def test_fake_and_openmpi_rows_beside_gloo(tmp_path):
         assert (r["wrong"] is None) == (r["backend"] != "gloo"), r
     sizes = {(r["op"], r["size"]) for r in doc["results"] if r["backend"] == "openmpi"}
     assert sizes == {(r["op"], r["size"]) for r in doc["results"] if r["backend"] == "gloo"}
+
+
+@pytest.mark.parametrize("thp, numpy_thp", [(None, "0"), ("0", "0"), ("1", "1")])
+def test_openmpi_buffers_get_the_pages_torch_tensors_get(monkeypatch, thp, numpy_thp):
+    # numpy puts large arrays on transparent huge pages unless told not to; torch does so only
+    # under THP_MEM_ALLOC_ENABLE=1. The reference must time the same kind of memory.
+    monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1" if numpy_thp == "0" else "0")  # overridden either way
+    if thp is None:
+        monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    else:
+        monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", thp)
+    cmd, env = bench.bench_mpi.launch(2, ["x"])
+    assert env["NUMPY_MADVISE_HUGEPAGE"] == numpy_thp
+    assert cmd[0] == "mpirun" and cmd[-1] == "x"
 
 
 @pytest.mark.timeout(300)
