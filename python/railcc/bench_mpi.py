@@ -104,7 +104,7 @@ def measure(cfg, nprocs, timeout=1800):
         with open(out_path) as f:
             res = json.load(f)
     pages = "transparent huge pages" if torch_hugepages() else "4 KiB pages"
-    return res["times"], f"{res['version'].strip()}; numpy buffers on {pages}, as torch's tensors"
+    return res["times"], f"{res['version']}; numpy buffers on {pages}, as torch's tensors"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -163,7 +163,7 @@ def _run(spec_path, out_path):
                     times[f"{coll}|{nbytes}|{int(inplace)}"] = statistics.median(per)
     if rank == 0:
         with open(out_path, "w") as f:
-            json.dump({"times": times, "version": MPI.Get_library_version().strip().splitlines()[0]}, f)
+            json.dump({"times": times, "version": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0]}, f)
 
 
 def _runner(comm, MPI, coll, op, root, rank, n, src, res, ip, inplace):
