@@ -29,11 +29,13 @@ namespace railcc {
     "4096; 0: RAILCC_BUFFSIZE. Smaller FIFOs keep the cache for the data when many ranks "    \
     "share a host (all-to-all), larger ones let pipelined ops run ahead (reduce, broadcast). " \
     "Must be equal on a host's ranks.")                                                       \
-  X(cmaBytes, int64_t, "RAILCC_CMA_BYTES", "", "1048576", "0..68719476736",                       \
+  X(cmaBytes, int64_t, "RAILCC_CMA_BYTES", "", "-1", "-1..68719476736",                          \
     "In all-gather and all-to-all steps (every rank sending and receiving at once), messages " \
     "of at least this many bytes (and 4096) between ranks of one host move in one copy: the " \
     "receiver reads the sender's buffer through the kernel (process_vm_readv) instead of both " \
-    "copying through a shared-memory FIFO. 0: never. Where the kernel refuses " \
+    "copying through a shared-memory FIFO. 0: never. -1: 1048576, or 65536 where the host's " \
+    "ranks outnumber their CPUs (a read that needs only the receiver running wins there). " \
+    "Where the kernel refuses " \
     "it (Yama ptrace_scope, seccomp, no CAP_SYS_PTRACE across users, another pid namespace) " \
     "the FIFO carries them and INFO (SHM) says why, once.")                                   \
   X(stagingSize, int64_t, "RAILCC_STAGING_SIZE", "", "1048576", "4096..1073741824",                               \

@@ -69,14 +69,14 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   for (const PeerInfo& p : peers_) shm.push_back(p.transport == "shm");
   ch_.setShmPeers(std::move(shm), localRanks_,
                   std::max<size_t>(transport::lastLevelCacheBytes() / localRanks_.size(), size_t(1) << 20),
-                  hostSharesCores_ ? 0 : opts_.config.spinUs);
+                  hostSharesCores_ ? 0 : opts_.config.spinUs, cmaBytesFor(opts_.config.cmaBytes, hostSharesCores_));
   place_.size = size_;
   place_.localRanks = static_cast<int>(localRanks_.size());
   place_.rings = ringsCover();
   place_.ringSlices = place_.rings && ringSlice() > 0;
   place_.hostsEven = !rail_.empty();
   place_.oneshotBytes = opts_.config.oneshotBytes;
-  place_.cmaBytes = opts_.config.cmaBytes;
+  place_.cmaBytes = cmaBytesFor(opts_.config.cmaBytes, hostSharesCores_);
   place_.cudaIpc = opts_.config.cudaIpc && size_ > 1 && static_cast<int>(localRanks_.size()) == size_;
   std::string ignored;
   prefer_ = parseAlgos(opts_.config.algo, &ignored);

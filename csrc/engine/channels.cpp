@@ -416,7 +416,6 @@ Channels::Channels(ChannelHost& host, const Config& config, Telemetry& tele, int
   }
   arrivals_.assign(static_cast<size_t>(size_), 0);
   shmPeer_.assign(static_cast<size_t>(size_), false);
-  if (config_.cmaBytes > 0) byAddressMin_ = std::max<size_t>(static_cast<size_t>(config_.cmaBytes), 4096);
   lastProgress_ = lastAliveCheck_ = Clock::now();
 }
 
@@ -425,7 +424,9 @@ Channels::~Channels() {
   if (wakeFd_ >= 0) ::close(wakeFd_);
 }
 
-void Channels::setShmPeers(std::vector<bool> shm, std::vector<int> localRanks, size_t streamMin, int64_t busyUs) {
+void Channels::setShmPeers(std::vector<bool> shm, std::vector<int> localRanks, size_t streamMin, int64_t busyUs,
+                           int64_t cmaBytes) {
+  byAddressMin_ = cmaBytes > 0 ? std::max<size_t>(static_cast<size_t>(cmaBytes), 4096) : ~size_t(0);
   shmPeer_ = std::move(shm);
   localRanks_ = std::move(localRanks);
   streamMin_ = streamMin;

@@ -128,8 +128,10 @@ class Channels {
     std::lock_guard<std::mutex> g(connMu_);
     local_ = std::move(d);
   }
-  /// Per peer: reached through shared memory (cache-bypassing receives, doorbell waits).
-  void setShmPeers(std::vector<bool> shm, std::vector<int> localRanks, size_t streamMin, int64_t busyUs);
+  /// Per peer: reached through shared memory (cache-bypassing receives, doorbell waits);
+  /// `cmaBytes`: single copy from this size (RAILCC_CMA_BYTES as cmaBytesFor resolved it).
+  void setShmPeers(std::vector<bool> shm, std::vector<int> localRanks, size_t streamMin, int64_t busyUs,
+                   int64_t cmaBytes);
 
   // ---- the op being run
   void begin(const OpStamp* op);

@@ -129,6 +129,20 @@ TEST(AlgoRule, RanksSharingCoresReduceThroughTheRingsFrom16KiB) {
   EXPECT_NE(rule.find("from 16385 B rings"), std::string::npos) << rule;
 }
 
+TEST(AlgoRule, SingleCopyStartsLowerWhereRanksShareCores) {
+  // RAILCC_CMA_BYTES=-1 (the default) resolves by placement; a value set is kept, 0 included.
+  EXPECT_EQ(cmaBytesFor(-1, false), 1 << 20);
+  EXPECT_EQ(cmaBytesFor(-1, true), 64 << 10);
+  EXPECT_EQ(cmaBytesFor(0, true), 0);
+  EXPECT_EQ(cmaBytesFor(4096, false), 4096);
+  EXPECT_EQ(cmaBytesFor(int64_t(1) << 30, true), int64_t(1) << 30);
+  AlgoPlace p = oneHost(4);
+  p.sharedCores = true;
+  p.cmaBytes = cmaBytesFor(-1, true);
+  std::string rule = describeRule(p, {});
+  EXPECT_NE(rule.find("of at least 65536 B in all-gather and all-to-all steps in one copy"), std::string::npos) << rule;
+}
+
 TEST(AlgoRule, GpuBuffersGoThroughCudaIpcOnlyWhereEveryRankMappedItsPeers) {
   AlgoPlace p = oneHost(4);
   const char* why = "";

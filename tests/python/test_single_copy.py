@@ -48,3 +48,42 @@ def test_single_copy_refused_by_the_kernel_falls_back_to_the_fifos():
     for o in outs:
         assert "single copy (CMA) is off" in o and "Operation not permitted" in o, o[-3000:]
         assert "single copy (CMA) works" not in o
+
+
+# Where a host's ranks outnumber their CPUs the default (RAILCC_CMA_BYTES=-1) reads messages of
+# 64 KiB and up through the kernel; with a CPU per rank only those of 1 MiB and up.
+_SHARED_CORES_WORKER = """
+import os, sys, torch, torch.distributed as dist
+import railcc
+cpus = sorted(os.sched_getaffinity(0))
+rank = int(os.environ["RANK"])
+os.sched_setaffinity(0, {cpus[0]} if sys.argv[1] == "shared" else {cpus[rank]})
+dist.init_process_group("railcc")
+n = dist.get_world_size()
+block = 64 << 10
+inp = torch.arange(n * block // 4, dtype=torch.float32) + rank * 1000003
+got = torch.empty_like(inp)
+dist.all_to_all_single(got, inp)
+railcc.reset_stats()
+dist.all_to_all_single(got, inp)
+st = railcc.stats()["shm"]
+want = torch.cat([(torch.arange(n * block // 4, dtype=torch.float32) + r * 1000003)[rank * block // 4:(rank + 1) * block // 4]
+                  for r in range(n)])
+assert torch.equal(got, want)
+print("single", st["single_copied_bytes"], "payload", (n - 1) * block, flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("placement", ["shared", "own"])
+def test_single_copy_threshold_follows_whether_ranks_share_cores(placement):
+    n = 3 if placement == "shared" else 2
+    if placement == "own" and len(os.sched_getaffinity(0)) < n:
+        pytest.skip(f"needs {n} CPUs")
+    codes, outs = run_env_ranks([sys.executable, "-c", _SHARED_CORES_WORKER, placement], n, timeout=150)
+    for r, (code, out) in enumerate(zip(codes, outs)):
+        assert code == 0, f"rank {r} exited {code}:\n{out[-4000:]}"
+        line = [ln for ln in out.splitlines() if ln.startswith("single ")][-1].split()
+        single, payload = int(line[1]), int(line[3])
+        assert single == (payload if placement == "shared" else 0), out[-2000:]

@@ -130,6 +130,11 @@ Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& p, const std::vector<A
   return Algo::kPairwise;
 }
 
+int64_t cmaBytesFor(int64_t configured, bool sharedCores) {
+  if (configured >= 0) return configured;
+  return sharedCores ? int64_t(64) << 10 : int64_t(1) << 20;
+}
+
 bool railRing(int railRanks, const std::vector<Algo>& prefer) {
   return railRanks >= kRingMinRanks || std::find(prefer.begin(), prefer.end(), Algo::kRing) != prefer.end();
 }

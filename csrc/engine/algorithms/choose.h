@@ -34,6 +34,12 @@ const char* algoName(Algo a);
 /// copies its whole buffer n-1 times where the rings copy about twice, and from 32 KiB on a
 /// 4-rank all-reduce on 2 cores was about twice as fast through the rings.
 constexpr int64_t kSharedCoresOneshotBytes = 16384;
+/// RAILCC_CMA_BYTES=-1 (its default): single copy between ranks of a host from 1 MiB, or from
+/// 64 KiB where the host's ranks share cores. There the FIFO's second copy needs the sender
+/// scheduled again, and a read through the kernel needs only the receiver: 4 ranks on 2 CPUs,
+/// all-to-all of 256 KiB 182 -> 94 us and of 1 MiB 435 -> 207 us (thresholds of 4 and 16 KiB
+/// were no better); with a CPU per rank, 64 KiB made 2-rank all-to-alls slower (25 -> 37 us).
+int64_t cmaBytesFor(int64_t configured, bool sharedCores);
 
 /// Across hosts, an all-reduce small enough for the one-shot runs by recursive doubling (tree)
 /// from this many ranks: every rank of the one-shot sends its buffer to each of n-1 peers. On

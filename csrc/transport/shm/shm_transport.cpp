@@ -18,7 +18,7 @@ class ShmSetup : public Setup {
  public:
   explicit ShmSetup(const SetupContext& ctx) : ctx_(ctx) {
     domain_ = std::make_shared<Domain>(static_cast<int>(ctx.localRanks.size()) * ctx.lanes, fifoBytes(ctx),
-                                       static_cast<size_t>(ctx.config.buffSize), ctx.config.cmaBytes > 0,
+                                       static_cast<size_t>(ctx.config.buffSize), ctx.config.cmaBytes != 0,
                                        static_cast<int>(ctx.localRanks.size()));
   }
 
