@@ -1,30 +1,11 @@
 #include "engine/comm_impl.h"
+
 #include <sched.h>
 
 #include "common/crypto.h"
 #include "engine/records.h"
 
 namespace railcc::engine {
-
-std::string hostIdentity(const Config& cfg) {
-  if (!cfg.hostId.empty()) {
-    // It travels inside '|'-separated store records: those characters would split it.
-    for (char c : cfg.hostId)
-      if (c == '|' || c == '\n' || c == '\r' || c == ';' || c == ' ' || static_cast<unsigned char>(c) < 0x20)
-        RAILCC_THROW(kInvalidUsage, "RAILCC_HOST_ID='", cfg.hostId, "' contains '", c == '\n' ? std::string("\\n") : std::string(1, c),
-                     "'; use letters, digits and - _ . : / @ (any string without '|', ';', spaces or control characters)");
-    if (cfg.hostId.size() > 256)
-      RAILCC_THROW(kInvalidUsage, "RAILCC_HOST_ID is ", cfg.hostId.size(), " characters long; at most 256 are accepted");
-    return cfg.hostId;
-  }
-  std::string boot;
-  std::ifstream f("/proc/sys/kernel/random/boot_id");
-  std::getline(f, boot);
-  struct stat st {};
-  unsigned long long netns = 0;
-  if (stat("/proc/self/ns/net", &st) == 0) netns = static_cast<unsigned long long>(st.st_ino);
-  return boot + ":" + std::to_string(netns);
-}
 
 // ---------------------------------------------------------------------------------------
 // Bootstrap
@@ -494,6 +475,7 @@ void CommImpl::bootstrap(Store& store) {
   }
 
   auto since = [](Clock::time_point t) { return std::chrono::duration_cast<Millis>(Clock::now() - t).count(); };
+  const long long cpu0 = processCpuMicros();
   const long long secretMs = since(t0);
   const Clock::time_point tPeers = Clock::now();  // then the topology, then the connections
   peers_.resize(static_cast<size_t>(size_));
@@ -583,17 +565,22 @@ void CommImpl::bootstrap(Store& store) {
   }
   if (opts_.config.spinUs < 0) RAILCC_THROW(kInvalidUsage, "RAILCC_SPIN_US must be 0 or more, got ", opts_.config.spinUs);
 
-  const long long peersMs = since(tPeers);
+  const long long peersMs = since(tPeers), peersCpu = processCpuMicros();
   const Clock::time_point tTopo = Clock::now();
   RailPlace place = placeRank();
-  const long long topoMs = since(tTopo);
+  const long long topoMs = since(tTopo), topoCpu = processCpuMicros();
   const Clock::time_point tConn = Clock::now();
   if (size_ > 1) connectPeers(store, secret, deadline, getAll, place);
 
-  // Where set-up time went: the waits include the slowest rank's lateness.
+  // Where set-up time went: the waits include the slowest rank's lateness; the CPU (of the
+  // whole process, from the group secret on) is this rank's own work.
+  auto ms = [](long long us) { return std::to_string(us / 1000) + "." + std::to_string(us % 1000 / 100); };
+  const long long cpuEnd = processCpuMicros();
   RAILCC_INFO(INIT, "group '", opts_.name, "' rank ", rank_, "/", size_, " ready in ", since(t0),
               " ms (group secret ", secretMs, " ms, peer records ", peersMs, ", topology ", topoMs,
-              ", endpoints and connections ", since(tConn), ")");
+              ", endpoints and connections ", since(tConn), "); CPU ", ms(cpuEnd - cpu0), " ms (peer records ",
+              ms(peersCpu - cpu0), ", topology ", ms(topoCpu - peersCpu), ", endpoints and connections ",
+              ms(cpuEnd - topoCpu), ")");
 }
 
 }  // namespace railcc::engine

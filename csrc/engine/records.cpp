@@ -1,15 +1,38 @@
 #include "engine/records.h"
 
 #include <sched.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/error.h"
 #include "common/strings.h"
+#include "engine/communicator.h"
 
 #include <algorithm>
+#include <fstream>
 #include <unordered_map>
 
 namespace railcc::engine {
+
+std::string hostIdentity(const Config& cfg) {
+  if (!cfg.hostId.empty()) {
+    // It travels inside '|'-separated store records: those characters would split it.
+    for (char c : cfg.hostId)
+      if (c == '|' || c == '\n' || c == '\r' || c == ';' || c == ' ' || static_cast<unsigned char>(c) < 0x20)
+        RAILCC_THROW(kInvalidUsage, "RAILCC_HOST_ID='", cfg.hostId, "' contains '", c == '\n' ? std::string("\\n") : std::string(1, c),
+                     "'; use letters, digits and - _ . : / @ (any string without '|', ';', spaces or control characters)");
+    if (cfg.hostId.size() > 256)
+      RAILCC_THROW(kInvalidUsage, "RAILCC_HOST_ID is ", cfg.hostId.size(), " characters long; at most 256 are accepted");
+    return cfg.hostId;
+  }
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  struct stat st {};
+  unsigned long long netns = 0;
+  if (stat("/proc/self/ns/net", &st) == 0) netns = static_cast<unsigned long long>(st.st_ino);
+  return boot + ":" + std::to_string(netns);
+}
 
 std::string pidNamespace() {
   char buf[64] = {0};

@@ -1,5 +1,6 @@
 #pragma once
 // What ranks tell each other through the store at set-up, and how little each must read.
+// (Also where this host's identity is made: hostIdentity, declared in communicator.h.)
 //
 // Every rank publishes its host record ("peer/<r>": host id, hostname, pid, pid namespace, CPU
 // mask), but only ranks of the same host read it. What every rank needs of every other rank,

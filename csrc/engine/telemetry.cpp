@@ -1,5 +1,7 @@
 #include "engine/telemetry.h"
 
+#include <ctime>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -10,6 +12,12 @@ namespace railcc::engine {
 int64_t wallMicros() {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+int64_t processCpuMicros() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
 }
 
 namespace {

@@ -11,6 +11,8 @@ namespace railcc::engine {
 /// Wall-clock microseconds since the epoch: comparable across ranks of one host, and across
 /// hosts as far as their clocks agree (NTP keeps that within about a millisecond).
 int64_t wallMicros();
+/// CPU time of this whole process, in microseconds.
+int64_t processCpuMicros();
 
 /// What one communicator remembers about its recent ops, its peers' arrival times and its
 /// links. Feeds the flight recorder dump, the progress record published through the store,

@@ -1,7 +1,9 @@
 // One discovery per machine for the processes that start together (discoverShared in
-// topology.h). The first to take the lock discovers with hwloc and leaves the XML in a file;
-// the others load that XML, about 0.1 ms against 7-17 ms of discovery per process here,
-// which 32 ranks on 2 cores paid about 250 ms of wall time for. The file is named by user and
+// topology.h). The first to take the lock discovers with hwloc and leaves the XML in a file,
+// and the topology as railcc sees it in a second (compact.cpp); the others read the second
+// without loading hwloc (microseconds, where loading hwloc and the XML took 1.4-2.3 ms of
+// CPU), or, where it is unusable or GPUs are named, load the XML; either against 7-17 ms of
+// discovery per process here, which 32 ranks on 2 cores paid about 250 ms of wall time for. The file is named by user and
 // boot, written only by its owner (mode 0600, renamed into place whole) and used only while
 // younger than the limit, so a NIC hot-plugged later is seen by the next job; anything wrong
 // with it (missing, old, not the owner's, not XML) means a discovery of our own.
@@ -14,6 +16,7 @@
 #include <cctype>
 #include <chrono>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "common/error.h"
@@ -76,6 +79,23 @@ bool loadShared(const DiscoverOptions& opts, const std::string& xmlPath, int64_t
   return true;
 }
 
+// The same from the compact file beside it: no hwloc. Only where no GPUs are named (their
+// order and the missing ones are worked out from the XML for the names asked).
+bool loadCompact(const DiscoverOptions& opts, const std::string& path, int64_t maxAgeSec, Topology& topo) {
+  if (!opts.gpuBusIds.empty() || !freshOwnFile(path, maxAgeSec)) return false;
+  std::ifstream f(path, std::ios::binary);
+  std::string text;
+  text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  if (!f.good() && !f.eof()) return false;
+  if (!decodeCompact(text, topo)) return false;
+  topo.method = "hwloc";
+  topo.source = "this machine (hwloc, discovered by another process of this user within " + std::to_string(maxAgeSec) +
+                " s and shared through " + path + ")";
+  char hn[256] = {0};
+  if (gethostname(hn, sizeof(hn) - 1) == 0 && hn[0]) topo.hostname = hn;
+  return true;
+}
+
 }  // namespace
 
 Topology discoverShared(const DiscoverOptions& opts, const std::string& dir, int64_t maxAgeSec) {
@@ -83,11 +103,11 @@ Topology discoverShared(const DiscoverOptions& opts, const std::string& dir, int
   const std::string boot = bootId();
   if (boot.empty()) return discover(opts);
   const std::string base = dir + "/railcc-topo-" + std::to_string(getuid()) + "-" + boot;
-  const std::string xmlPath = base + ".xml";
+  const std::string xmlPath = base + ".xml", compactPath = base + ".txt";
   // A fresh file is read without the lock: it was renamed into place whole, and readers that
   // queued for the lock one after another cost 32 ranks here 40-270 ms each.
   Topology topo;
-  if (loadShared(opts, xmlPath, maxAgeSec, topo)) return topo;
+  if (loadCompact(opts, compactPath, maxAgeSec, topo) || loadShared(opts, xmlPath, maxAgeSec, topo)) return topo;
   int lock = ::open((base + ".lock").c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   struct stat st {};
   if (lock >= 0 && (fstat(lock, &st) != 0 || st.st_uid != getuid())) {  // someone else's: not ours to trust
@@ -106,13 +126,13 @@ Topology discoverShared(const DiscoverOptions& opts, const std::string& dir, int
        !(locked = ::flock(lock, LOCK_EX | LOCK_NB) == 0) && std::chrono::steady_clock::now() < until;) {
     std::this_thread::sleep_for(nap);
     nap = std::min(nap * 2, std::chrono::milliseconds(16));
-    if (loadShared(opts, xmlPath, maxAgeSec, topo)) {
+    if (loadCompact(opts, compactPath, maxAgeSec, topo) || loadShared(opts, xmlPath, maxAgeSec, topo)) {
       ::close(lock);
       return topo;
     }
   }
   // The holder before us has most likely just written it.
-  if (!loadShared(opts, xmlPath, maxAgeSec, topo)) {
+  if (!loadCompact(opts, compactPath, maxAgeSec, topo) && !loadShared(opts, xmlPath, maxAgeSec, topo)) {
     try {
       topo = discover(opts);
     } catch (...) {
@@ -120,7 +140,12 @@ Topology discoverShared(const DiscoverOptions& opts, const std::string& dir, int
       ::close(lock);
       throw;
     }
-    if (topo.method == "hwloc" && !topo.xml.empty()) writeWhole(xmlPath, topo.xml);
+    if (topo.method == "hwloc" && !topo.xml.empty()) {
+      writeWhole(xmlPath, topo.xml);
+      // GPUs named in `opts` would be in that order, or marked missing: not the machine's own.
+      const std::string compact = opts.gpuBusIds.empty() ? encodeCompact(topo) : "";
+      if (!compact.empty()) writeWhole(compactPath, compact);
+    }
   }
   if (locked) ::flock(lock, LOCK_UN);
   ::close(lock);

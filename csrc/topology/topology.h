@@ -72,9 +72,16 @@ struct DiscoverOptions {
 Topology discover(const DiscoverOptions& opts);
 /// discover(), shared by the processes of one machine and user that start within `maxAgeSec`
 /// seconds of each other (shared.cpp): the first discovers and leaves the XML in `dir`
-/// (railcc-topo-<uid>-<boot id>.xml), the rest load it. An XML file named in `opts`, sysfs,
+/// (railcc-topo-<uid>-<boot id>.xml) and the same in its compact form (.txt, read without
+/// hwloc where `opts` names no GPUs), the rest load it. An XML file named in `opts`, sysfs,
 /// `maxAgeSec` <= 0 or an empty `dir`: plain discover(). Throws as discover() does.
 Topology discoverShared(const DiscoverOptions& opts, const std::string& dir, int64_t maxAgeSec);
+/// The topology as a few lines of text and back (compact.cpp): what discoverShared leaves for
+/// the processes after the first, read without loading hwloc. encodeCompact returns "" for a
+/// topology it cannot write faithfully; decodeCompact returns false on anything it does not
+/// recognise (method, source and hostname are the caller's to set).
+std::string encodeCompact(const Topology& t);
+bool decodeCompact(const std::string& text, Topology& t);
 /// Throws Error(kInvalidUsage) unless `path` is a readable regular file of a sane size for an
 /// hwloc XML file (a device or FIFO named by RAILCC_TOPO_FILE would be read without end).
 void checkTopologyFile(const std::string& path);

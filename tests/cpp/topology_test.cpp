@@ -148,6 +148,56 @@ TEST(Topology, DumpedXmlReadsBackTheSame) {
   std::remove(path.c_str());
 }
 
+// The compact form the processes after the first read instead of loading hwloc: everything
+// railcc uses of a topology comes back, and nothing that is not one is taken for one.
+TEST(Topology, CompactFormReadsBackTheSame) {
+  for (const char* name : {"dgx_h100.xml", "nics_on_socket1.xml", "vm_flat.xml"}) {
+    Topology t = load(name);
+    const std::string text = encodeCompact(t);
+    ASSERT_FALSE(text.empty()) << name;
+    Topology u;
+    ASSERT_TRUE(decodeCompact(text, u)) << name;
+    EXPECT_EQ(u.numaNodes, t.numaNodes) << name;
+    EXPECT_EQ(u.xml, t.xml) << name;
+    ASSERT_EQ(u.gpus.size(), t.gpus.size()) << name;
+    ASSERT_EQ(u.nics.size(), t.nics.size()) << name;
+    for (size_t g = 0; g < t.gpus.size(); ++g) {
+      EXPECT_EQ(u.gpus[g].found, t.gpus[g].found);
+      EXPECT_EQ(u.gpus[g].pci.busId, t.gpus[g].pci.busId);
+      EXPECT_EQ(u.gpus[g].pci.numa, t.gpus[g].pci.numa);
+      EXPECT_EQ(u.gpus[g].pci.linkGBs, t.gpus[g].pci.linkGBs);
+      EXPECT_EQ(u.gpus[g].pci.chain, t.gpus[g].pci.chain);
+      EXPECT_EQ(u.gpus[g].pci.root, t.gpus[g].pci.root);
+    }
+    for (size_t n = 0; n < t.nics.size(); ++n) {
+      EXPECT_EQ(u.nics[n].name, t.nics[n].name);
+      EXPECT_EQ(u.nics[n].rdma, t.nics[n].rdma);
+      EXPECT_EQ(u.nics[n].netdevs, t.nics[n].netdevs);
+      EXPECT_EQ(u.nics[n].pci.busId, t.nics[n].pci.busId);
+      EXPECT_EQ(u.nics[n].pci.chain, t.nics[n].pci.chain);
+    }
+    for (size_t g = 0; g < t.gpus.size(); ++g)
+      for (size_t n = 0; n < t.nics.size(); ++n) EXPECT_EQ(u.path(g, n), t.path(g, n)) << name;
+    EXPECT_EQ(u.railNics(), t.railNics()) << name;
+    // Cut short, a field too many, another version, an XML longer than said: refused.
+    Topology v;
+    EXPECT_FALSE(decodeCompact(text.substr(0, text.size() / 2), v)) << name;
+    EXPECT_FALSE(decodeCompact(text + "x", v)) << name;
+    EXPECT_FALSE(decodeCompact("railcc-topology 2" + text.substr(text.find('\n')), v)) << name;
+    std::string extra = text;
+    extra.insert(extra.find("\nnuma ") + 1, "gpu 1 0000:01:00.0 0 16 - - surplus\n");
+    EXPECT_FALSE(decodeCompact(extra, v)) << name;
+  }
+  Topology v;
+  EXPECT_FALSE(decodeCompact("", v));
+  EXPECT_FALSE(decodeCompact("<?xml version=\"1.0\"?>", v));
+  // A name a line could not hold is not written at all.
+  Topology odd = load("vm_flat.xml");
+  ASSERT_FALSE(odd.nics.empty());
+  odd.nics[0].name = "eth 0";
+  EXPECT_EQ(encodeCompact(odd), "");
+}
+
 TEST(Topology, BadFilesAndPathNamesAreClearErrors) {
   DiscoverOptions o;
   o.xmlFile = "/nonexistent/railcc-topo.xml";
@@ -230,8 +280,9 @@ TEST(RailCheck, AHostileRailCountIsReportedNotAllocated) {
 namespace {
 
 // Without hwloc (the GPU images may lack it) the topology comes from sysfs, and says so.
-// discoverShared: the second process of a machine loads the first one's XML; a file that
-// is not XML, or too old, is discovered anew; 0 s shares nothing.
+// discoverShared: the second process of a machine reads the first one's compact file (the
+// XML where GPUs are named, or the compact file is unusable); files that are neither, or
+// too old, are discovered anew; 0 s shares nothing.
 TEST(Topology, ProcessesOfOneMachineShareOneDiscovery) {
   char tmpl[] = "/tmp/railcc-topo-test-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
@@ -245,39 +296,63 @@ TEST(Topology, ProcessesOfOneMachineShareOneDiscovery) {
   std::ifstream boot("/proc/sys/kernel/random/boot_id");
   std::string id;
   std::getline(boot, id);
-  const std::string xmlPath = dir + "/railcc-topo-" + std::to_string(getuid()) + "-" + id + ".xml";
+  const std::string base = dir + "/railcc-topo-" + std::to_string(getuid()) + "-" + id;
+  const std::string xmlPath = base + ".xml", compactPath = base + ".txt";
   struct stat st {};
-  ASSERT_EQ(stat(xmlPath.c_str(), &st), 0) << xmlPath;
-  EXPECT_EQ(st.st_mode & 0777, 0600u);
-
-  Topology second = discoverShared(o, dir, 60);
-  EXPECT_NE(second.source.find("shared through " + xmlPath), std::string::npos) << second.source;
-  EXPECT_EQ(second.method, "hwloc");
-  EXPECT_EQ(second.numaNodes, first.numaNodes);
-  ASSERT_EQ(second.nics.size(), first.nics.size());
-  for (size_t i = 0; i < first.nics.size(); ++i) {
-    EXPECT_EQ(second.nics[i].name, first.nics[i].name);
-    EXPECT_EQ(second.nics[i].pci.busId, first.nics[i].pci.busId);
+  for (const std::string& path : {xmlPath, compactPath}) {
+    ASSERT_EQ(stat(path.c_str(), &st), 0) << path;
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << path;
   }
-  EXPECT_EQ(second.gpus.size(), first.gpus.size());
+  auto sameAsFirst = [&](const Topology& t) {
+    EXPECT_EQ(t.method, "hwloc");
+    EXPECT_EQ(t.numaNodes, first.numaNodes);
+    ASSERT_EQ(t.nics.size(), first.nics.size());
+    for (size_t i = 0; i < first.nics.size(); ++i) {
+      EXPECT_EQ(t.nics[i].name, first.nics[i].name);
+      EXPECT_EQ(t.nics[i].pci.busId, first.nics[i].pci.busId);
+    }
+    EXPECT_EQ(t.gpus.size(), first.gpus.size());
+  };
 
-  {  // not XML: discovered anew, and the file replaced by one that is
+  // The next process reads the compact file (no hwloc); one that names GPUs, the XML.
+  Topology second = discoverShared(o, dir, 60);
+  EXPECT_NE(second.source.find("shared through " + compactPath), std::string::npos) << second.source;
+  sameAsFirst(second);
+  EXPECT_EQ(second.xml, first.xml);  // what RAILCC_TOPO_DUMP_FILE writes
+  DiscoverOptions named;
+  named.gpuBusIds = {"0000:99:00.0"};
+  Topology withGpus = discoverShared(named, dir, 60);
+  EXPECT_NE(withGpus.source.find("shared through " + xmlPath), std::string::npos) << withGpus.source;
+  ASSERT_EQ(withGpus.gpus.size(), 1u);
+  EXPECT_FALSE(withGpus.gpus[0].found);
+
+  {  // a compact file that does not parse: the XML instead
+    std::ofstream junk(compactPath, std::ios::trunc);
+    junk << "railcc-topology 1\nnuma x\n";
+  }
+  Topology third = discoverShared(o, dir, 60);
+  EXPECT_NE(third.source.find("shared through " + xmlPath), std::string::npos) << third.source;
+  sameAsFirst(third);
+  {  // and neither usable: discovered anew, and both files replaced by ones that are
     std::ofstream junk(xmlPath, std::ios::trunc);
     junk << "not hwloc xml";
   }
-  Topology third = discoverShared(o, dir, 60);
-  EXPECT_EQ(third.source.find("shared"), std::string::npos) << third.source;
-  EXPECT_NE(discoverShared(o, dir, 60).source.find("shared"), std::string::npos);
+  Topology fourth = discoverShared(o, dir, 60);
+  EXPECT_EQ(fourth.source.find("shared"), std::string::npos) << fourth.source;
+  EXPECT_NE(discoverShared(o, dir, 60).source.find("shared through " + compactPath), std::string::npos);
 
   // Older than the limit: discovered anew.
   timespec old[2] = {{time(nullptr) - 120, 0}, {time(nullptr) - 120, 0}};
   ASSERT_EQ(utimensat(AT_FDCWD, xmlPath.c_str(), old, 0), 0);
+  ASSERT_EQ(utimensat(AT_FDCWD, compactPath.c_str(), old, 0), 0);
   EXPECT_EQ(discoverShared(o, dir, 60).source.find("shared"), std::string::npos);
 
   // 0 s: nothing shared, nothing written.
   std::remove(xmlPath.c_str());
+  std::remove(compactPath.c_str());
   EXPECT_EQ(discoverShared(o, dir, 0).source.find("shared"), std::string::npos);
   EXPECT_NE(stat(xmlPath.c_str(), &st), 0);
+  EXPECT_NE(stat(compactPath.c_str(), &st), 0);
 
   EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
 }
