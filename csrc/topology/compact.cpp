@@ -24,7 +24,8 @@ namespace {
 
 constexpr const char* kMagic = "railcc-topology 1";
 
-bool plain(const std::string& s) { return s.find_first_of(" ,\n\r\t") == std::string::npos && s != "-"; }
+// A name a field can hold as it is: not empty, no separator, not the mark of an empty field.
+bool plain(const std::string& s) { return !s.empty() && s.find_first_of(" ,\n\r\t") == std::string::npos && s != "-"; }
 
 std::string field(const std::string& s) { return s.empty() ? "-" : s; }
 

@@ -196,6 +196,11 @@ TEST(Topology, CompactFormReadsBackTheSame) {
   ASSERT_FALSE(odd.nics.empty());
   odd.nics[0].name = "eth 0";
   EXPECT_EQ(encodeCompact(odd), "");
+  odd.nics[0].name = "";
+  EXPECT_EQ(encodeCompact(odd), "");
+  odd.nics[0].name = "eth0";
+  odd.nics[0].netdevs = {"eth0", ""};
+  EXPECT_EQ(encodeCompact(odd), "");
 }
 
 TEST(Topology, BadFilesAndPathNamesAreClearErrors) {
