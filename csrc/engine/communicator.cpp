@@ -145,6 +145,17 @@ RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, st
   CommImpl* c = impl_.get();
   RAILCC_CHECK_ARG(static_cast<int>(outs.size()) == c->size_, "allgather: ", outs.size(),
                    " output buffers for a group of size ", c->size_);
+  // The input is sent while the pieces arrive and this rank's own is copied: one that shares
+  // bytes with a piece, unless it is this rank's own exactly (in place), would be overwritten
+  // before it is all sent.
+  const size_t bytes = count * dtypeSize(dt);
+  for (int p = 0; p < c->size_ && bytes > 0; ++p) {
+    const char *q = static_cast<const char*>(outs[static_cast<size_t>(p)]), *i8 = static_cast<const char*>(in);
+    RAILCC_CHECK_ARG(q + bytes <= i8 || i8 + bytes <= q || (p == c->rank_ && q == i8), "allgather: the input overlaps ",
+                     p == c->rank_ ? "this rank's own" : "rank " + std::to_string(p) + "'s",
+                     " piece of the output without being it; pass a separate input, or exactly this rank's piece (rank ",
+                     c->rank_, ") for an in-place call");
+  }
   auto o = c->collective(OpKind::kAllgather, dt, ReduceOp::kSum, 0, count, timeout);
   auto run = [c, dt](const char* in, size_t count, const std::vector<char*>& outs) {
     c->runAllgather(in, count * dtypeSize(dt), outs);

@@ -24,6 +24,11 @@ def rk_bad_arguments(rank, n):
     got = {}
     got["list_len"] = _catch(lambda: dist.all_gather([torch.empty(2)] * (n + 1), torch.ones(2)))
     got["size"] = _catch(lambda: dist.all_gather_into_tensor(torch.empty(3 * n + 1), torch.ones(3)))
+    # an input that shares bytes with a piece of the output other than exactly its own
+    out = torch.zeros(3 * n)
+    got["overlap_next"] = _catch(lambda: dist.all_gather_into_tensor(out, out[1:4]))
+    got["overlap_other"] = _catch(lambda: dist.all_gather_into_tensor(out, out[3 * ((rank + 1) % n):][:3]))
+    got["overlap_list"] = _catch(lambda: dist.all_gather([out[3 * i:3 * i + 3] for i in range(n)], out[1:4]))
     got["noncontig"] = _catch(lambda: dist.all_reduce(torch.ones(4, 4).t()))
     got["avg_int"] = _catch(lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.AVG))
     got["bxor_float"] = _catch(lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BXOR))
@@ -44,6 +49,7 @@ def test_bad_arguments_raise_value_errors_naming_the_problem(pools):
     for got in pools(n).run(rk_bad_arguments):
         assert got["after"] == [float(n)] * 2
         for key, needle in (("list_len", "output list"), ("size", "elements"), ("noncontig", "contiguous"),
+                            ("overlap_next", "overlaps"), ("overlap_other", "overlaps"), ("overlap_list", "overlaps"),
                             ("avg_int", "AVG"), ("bxor_float", "BXOR"), ("dtype", "dtype"), ("root", "root")):
             assert got[key] is not None, key
             assert got[key][0] in ("ValueError", "RuntimeError"), (key, got[key])
