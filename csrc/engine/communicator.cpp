@@ -149,8 +149,9 @@ RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, st
   // bytes with a piece, unless it is this rank's own exactly (in place), would be overwritten
   // before it is all sent.
   const size_t bytes = count * dtypeSize(dt);
+  const char* i8 = static_cast<const char*>(in);
   for (int p = 0; p < c->size_ && bytes > 0; ++p) {
-    const char *q = static_cast<const char*>(outs[static_cast<size_t>(p)]), *i8 = static_cast<const char*>(in);
+    const char* q = static_cast<const char*>(outs[static_cast<size_t>(p)]);
     RAILCC_CHECK_ARG(q + bytes <= i8 || i8 + bytes <= q || (p == c->rank_ && q == i8), "allgather: the input overlaps ",
                      p == c->rank_ ? "this rank's own" : "rank " + std::to_string(p) + "'s",
                      " piece of the output without being it; pass a separate input, or exactly this rank's piece (rank ",

@@ -60,6 +60,15 @@ void writeWhole(const std::string& path, const std::string& xml) {
   if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
 }
 
+// A topology read from another process's file: says so, and names this host.
+void markShared(Topology& topo, const std::string& path, int64_t maxAgeSec) {
+  topo.method = "hwloc";
+  topo.source = "this machine (hwloc, discovered by another process of this user within " + std::to_string(maxAgeSec) +
+                " s and shared through " + path + ")";
+  char hn[256] = {0};
+  if (gethostname(hn, sizeof(hn) - 1) == 0 && hn[0]) topo.hostname = hn;
+}
+
 // The machine's topology from another process's fresh file; false where there is none or
 // hwloc cannot read it (then the caller discovers, and replaces it).
 bool loadShared(const DiscoverOptions& opts, const std::string& xmlPath, int64_t maxAgeSec, Topology& topo) {
@@ -71,11 +80,7 @@ bool loadShared(const DiscoverOptions& opts, const std::string& xmlPath, int64_t
   } catch (const Error&) {
     return false;
   }
-  topo.method = "hwloc";
-  topo.source = "this machine (hwloc, discovered by another process of this user within " + std::to_string(maxAgeSec) +
-                " s and shared through " + xmlPath + ")";
-  char hn[256] = {0};
-  if (gethostname(hn, sizeof(hn) - 1) == 0 && hn[0]) topo.hostname = hn;
+  markShared(topo, xmlPath, maxAgeSec);
   return true;
 }
 
@@ -88,12 +93,13 @@ bool loadCompact(const DiscoverOptions& opts, const std::string& path, int64_t m
   text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
   if (!f.good() && !f.eof()) return false;
   if (!decodeCompact(text, topo)) return false;
-  topo.method = "hwloc";
-  topo.source = "this machine (hwloc, discovered by another process of this user within " + std::to_string(maxAgeSec) +
-                " s and shared through " + path + ")";
-  char hn[256] = {0};
-  if (gethostname(hn, sizeof(hn) - 1) == 0 && hn[0]) topo.hostname = hn;
+  markShared(topo, path, maxAgeSec);
   return true;
+}
+
+// Another process's discovery, from whichever of its two files serves: the compact one first.
+bool loadEither(const DiscoverOptions& opts, const std::string& base, int64_t maxAgeSec, Topology& topo) {
+  return loadCompact(opts, base + ".txt", maxAgeSec, topo) || loadShared(opts, base + ".xml", maxAgeSec, topo);
 }
 
 }  // namespace
@@ -107,7 +113,7 @@ Topology discoverShared(const DiscoverOptions& opts, const std::string& dir, int
   // A fresh file is read without the lock: it was renamed into place whole, and readers that
   // queued for the lock one after another cost 32 ranks here 40-270 ms each.
   Topology topo;
-  if (loadCompact(opts, compactPath, maxAgeSec, topo) || loadShared(opts, xmlPath, maxAgeSec, topo)) return topo;
+  if (loadEither(opts, base, maxAgeSec, topo)) return topo;
   int lock = ::open((base + ".lock").c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   struct stat st {};
   if (lock >= 0 && (fstat(lock, &st) != 0 || st.st_uid != getuid())) {  // someone else's: not ours to trust
@@ -126,13 +132,13 @@ Topology discoverShared(const DiscoverOptions& opts, const std::string& dir, int
        !(locked = ::flock(lock, LOCK_EX | LOCK_NB) == 0) && std::chrono::steady_clock::now() < until;) {
     std::this_thread::sleep_for(nap);
     nap = std::min(nap * 2, std::chrono::milliseconds(16));
-    if (loadCompact(opts, compactPath, maxAgeSec, topo) || loadShared(opts, xmlPath, maxAgeSec, topo)) {
+    if (loadEither(opts, base, maxAgeSec, topo)) {
       ::close(lock);
       return topo;
     }
   }
   // The holder before us has most likely just written it.
-  if (!loadCompact(opts, compactPath, maxAgeSec, topo) && !loadShared(opts, xmlPath, maxAgeSec, topo)) {
+  if (!loadEither(opts, base, maxAgeSec, topo)) {
     try {
       topo = discover(opts);
     } catch (...) {

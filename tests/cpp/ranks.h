@@ -6,10 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/error.h"
 #include "engine/communicator.h"
 #include "engine/store.h"
 
@@ -68,6 +70,19 @@ inline std::vector<std::string> initErrors(int size, const Config& cfg) {
     });
   for (auto& t : ts) t.join();
   return errs;
+}
+
+/// The railcc Error `req` ended in; nullopt where it did not end within `timeout`, ended
+/// without an error, or with an exception that is not an Error (each a test failure).
+inline std::optional<railcc::Error> failureOf(const RequestPtr& req, Millis timeout = Millis(20000)) {
+  if (!req->wait(timeout) || !req->error()) return std::nullopt;
+  try {
+    std::rethrow_exception(req->error());
+  } catch (const railcc::Error& e) {
+    return e;
+  } catch (...) {
+  }
+  return std::nullopt;
 }
 
 inline void waitOk(const RequestPtr& req) {
