@@ -399,14 +399,14 @@ class CommImpl : private ChannelHost {
   std::vector<Algo> prefer_;  // RAILCC_ALGO / NCCL_ALGO
   Algo algoFor(AlgoOp op, size_t bytes) const { return chooseAlgo(op, bytes, place_, prefer_, nullptr); }
 
-  bool oneshot(size_t bytes) const {
-    return size_ > 1 && static_cast<int64_t>(bytes) <= opts_.config.oneshotBytes;
-  }
+  bool oneshot(size_t bytes) const { return size_ > 1 && static_cast<int64_t>(bytes) <= opts_.config.oneshotBytes; }
   // One step: `blockOf(p)` goes to every peer p, and every peer's block for us lands in the
   // scratch area; then out = own (op) peer 0 (op) peer 1 ... in rank order, so every rank
-  // computes bit-identical results whatever order the messages arrived in.
+  // computes bit-identical results whatever order the messages arrived in (two ranks: pairReduce).
   void oneshotReduce(const std::function<const char*(int)>& blockOf, char* out, size_t count, DataType dt,
                      ReduceOp op, double scale);
+  bool pairFused(int peer, size_t bytes, ReduceOp op) const;
+  void pairReduce(const char* theirs, const char* mine, char* out, size_t count, DataType dt, ReduceOp op, double s);
   std::vector<Transfer> oneshotXs_;  // oneshotReduce()'s, kept between ops: no allocation per op
 
   // The op queue, the engine token and the progress thread (progress.cpp). `mu` guards what

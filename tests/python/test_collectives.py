@@ -714,6 +714,54 @@ def rk_lazy_connections(rank, n):
     return bad
 
 
+def rk_pair_reduce(rank, n):
+    # Two ranks of one host reduce each other's message straight out of the FIFO (the test runs
+    # with 16 KiB FIFOs: messages of at most 8 KiB take that path, larger ones the scratch area).
+    # Both ranks must end with the same bits, so the values are not exact in half precision.
+    bad = []
+    gen = torch.Generator().manual_seed(rank)
+    for dt in (torch.float32, torch.float16, torch.bfloat16, torch.int32):
+        for count in (2047, 8192 // dt.itemsize, 8192 // dt.itemsize + 1, 3001):
+            mine = (torch.randn(count, generator=gen) * 100).to(dt) if dt.is_floating_point else \
+                torch.randint(-1000, 1000, (count,), generator=gen, dtype=dt)
+            every = [torch.empty_like(mine) for _ in range(n)]
+            dist.all_gather(every, mine)
+            for name in ops_for(dt):
+                exp = reduce_ref(every, name, n)
+                t = mine.clone()
+                dist.all_reduce(t, op=op_obj(name))
+                theirs = [torch.empty_like(t) for _ in range(n)]
+                dist.all_gather(theirs, t)
+                if not torch.equal(theirs[0].view(torch.uint8), theirs[1].view(torch.uint8)):
+                    bad.append(f"all_reduce {dt} {name} count={count}: the ranks' results differ in their bits")
+                if name in ("SUM", "MIN", "MAX", "PRODUCT", "BAND", "BOR", "BXOR") and not torch.equal(t, exp):
+                    bad.append(f"all_reduce {dt} {name} count={count}: first bad indices {_first_bad(t, exp)}")
+                elif not close(t, exp):
+                    bad.append(f"all_reduce {dt} {name} count={count}: first bad indices {_first_bad(t, exp)}")
+            # reduce_scatter out of place, and into the input's own block (the block sent is the
+            # other one, which the send must have taken before the result is written)
+            full = torch.cat([mine, mine.flip(0)])
+            both = [torch.cat([e, e.flip(0)]) for e in every]
+            exp = reduce_ref(both, "SUM", n)[rank * count:(rank + 1) * count]
+            out = torch.empty_like(mine)
+            dist.reduce_scatter_tensor(out, full)
+            view = full.clone()
+            dist.reduce_scatter_tensor(view[rank * count:(rank + 1) * count], view)
+            for what, got in (("out of place", out), ("into its own block", view[rank * count:(rank + 1) * count])):
+                if not torch.equal(got, exp):
+                    bad.append(f"reduce_scatter {dt} {what} count={count}: first bad indices {_first_bad(got, exp)}")
+    # Many in flight at once: more than the FIFO holds, each send waiting for the peer to take
+    # the ones before it.
+    ts = [torch.full((2048,), float(rank + i), dtype=torch.float32) for i in range(40)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    for w in works:
+        w.wait()
+    for i, t in enumerate(ts):
+        if not torch.equal(t, torch.full_like(t, float(2 * i + 1))):
+            bad.append(f"async all_reduce {i} of 40: first bad indices {_first_bad(t, torch.full_like(t, 2 * i + 1.0))}")
+    return bad
+
+
 # ----------------------------------------------------------------------------- tests
 
 SIZES = [1, 2, 3, 4]
@@ -810,3 +858,9 @@ def test_reductions_without_oneshot(pools, n, fn):
     # The matrix above is small enough for the one-shot path; this runs the same checks through
     # the schedules used for larger messages (pairwise for 2 ranks, through the rings for more).
     check(pools(n, RAILCC_ONESHOT_BYTES="0"), fn)
+
+
+def test_two_ranks_reduce_out_of_the_fifo(pools):
+    # RAILCC_SHM_FIFO_BYTES=16384: 8 KiB messages reduce out of the FIFO, 8 KiB + 4 through the
+    # scratch area in rank order; the one-shot limit raised so that both are one-shot.
+    check(pools(2, RAILCC_SHM_FIFO_BYTES="16384", RAILCC_ONESHOT_BYTES="65536"), rk_pair_reduce)

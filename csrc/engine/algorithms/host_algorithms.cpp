@@ -1,3 +1,5 @@
+#include <cstring>
+
 #include "engine/algorithms/schedule.h"
 #include "engine/comm_impl.h"
 
@@ -12,6 +14,7 @@ void CommImpl::oneshotReduce(const std::function<const char*(int)>& blockOf, cha
                              ReduceOp op, double scale) {
   int n = size_, r = rank_;
   size_t bytes = count * dtypeSize(dt), stride = pad8(bytes);
+  if (n == 2 && pairFused(1 - r, bytes, op)) return pairReduce(blockOf(1 - r), blockOf(r), out, count, dt, op, scale);
   if (scratch_.size() < stride * static_cast<size_t>(n)) scratch_.resize(stride * static_cast<size_t>(n));
   char* sc = scratch_.data();
   auto slot = [&](int p) { return sc + stride * static_cast<size_t>(p); };
@@ -29,6 +32,33 @@ void CommImpl::oneshotReduce(const std::function<const char*(int)>& blockOf, cha
   else transport::copyBytes(out, slot(0), bytes);
   for (int p = 1; p < n; ++p) reduceInto(out, slot(p), count, dt, op, scale);
   if (op == ReduceOp::kAvg) divideBy(out, count, dt, n);
+}
+
+// Two ranks of one host: each rank's whole reduction is one operation on the same two
+// operands, and sum, product, min, max, avg and the bitwise ops give the same bits whichever
+// operand comes first (NaN payloads aside); so each reduces its peer's message straight out of
+// the FIFO into `out` (one copy per byte, into the FIFO) instead of through a scratch area in
+// rank order (four: into the FIFO, out of it, its own block, the first block into `out`).
+// premul_sum keeps rank order: in half precision fp16(fp16(s*a) + s*b) and fp16(fp16(s*b) +
+// s*a) can differ. The send completes before `out` is written (it may alias the block sent);
+// a message of at most half a FIFO always finds room once the peer takes the ones before it,
+// which it does without waiting on this rank (every earlier op of this rank has sent its part).
+bool CommImpl::pairFused(int peer, size_t bytes, ReduceOp op) const {
+  const int64_t fifo = opts_.config.shmFifoBytes > 0 ? opts_.config.shmFifoBytes : opts_.config.buffSize;
+  return op != ReduceOp::kPremulSum && ch_.shmPeer(peer) && static_cast<int64_t>(2 * bytes) <= fifo;
+}
+
+void CommImpl::pairReduce(const char* theirs, const char* mine, char* out, size_t count, DataType dt, ReduceOp op,
+                          double scale) {
+  const int peer = 1 - rank_;
+  const size_t bytes = count * dtypeSize(dt);
+  std::vector<Transfer>& xs = oneshotXs_;
+  xs.assign(1, ch_.sendTo(peer, theirs, bytes));
+  ch_.exchange(xs);
+  if (out != mine) std::memmove(out, mine, bytes);
+  xs.assign(1, ch_.recvReduce(peer, out, count, dt, op, scale));
+  ch_.exchange(xs);
+  if (op == ReduceOp::kAvg) divideBy(out, count, dt, 2);
 }
 
 // Broadcast when every rank shares this host: an all-gather through the rings in which only
