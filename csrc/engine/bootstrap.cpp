@@ -200,31 +200,32 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   std::vector<int> others;
   for (int r = 0; r < size_; ++r)
     if (r != rank_) others.push_back(r);
-  // Where one transport that connects at first use serves every other host, a peer there is
-  // only read about (its endpoint) when the pair first meets: set-up reads this host's ranks'.
-  Opened* firstUse = nullptr;
-  int inter = 0;
+  // Where every transport that reaches other hosts connects at first use, a peer there is
+  // only read about (its endpoint) when the pair first meets, and with several (verbs and TCP)
+  // the transport is chosen then, in the same order as here: set-up reads this host's ranks'.
+  std::vector<Opened*> firstUse;
   for (auto& o : open)
-    if (o.interHost) {
-      ++inter;
-      if (o.setup->lazy()) firstUse = &o;
-    }
-  if (inter != 1) firstUse = nullptr;
+    if (o.interHost) firstUse.push_back(o.setup->lazy() ? &o : nullptr);
+  if (std::find(firstUse.begin(), firstUse.end(), nullptr) != firstUse.end()) firstUse.clear();
   std::vector<int> readNow;
   for (int r : others) {
-    if (!firstUse || std::find(localRanks_.begin(), localRanks_.end(), r) != localRanks_.end()) {
+    if (firstUse.empty() || std::find(localRanks_.begin(), localRanks_.end(), r) != localRanks_.end()) {
       readNow.push_back(r);
       continue;
     }
     Choice& c = choice[static_cast<size_t>(r)];
-    c.via = firstUse;
-    c.channels = firstUse->setup->channels();
+    c.via = firstUse.front();  // the channel count of the pair: the first transport's
+    c.channels = c.via->setup->channels();
     c.rec = ctx.peers[static_cast<size_t>(r)];
     c.rec.channels = c.channels;
-    c.why = firstUse->setup->reach(c.rec) + "; its endpoint read then";
+    c.why = firstUse.size() == 1 ? c.via->setup->reach(c.rec) + "; its endpoint read then"
+                                 : std::string("the first of ");
+    for (size_t i = 0; firstUse.size() > 1 && i < firstUse.size(); ++i)
+      c.why += (i ? ", " : "") + firstUse[i]->name;
+    if (firstUse.size() > 1) c.why += " that both ends offer, chosen with its endpoint";
     c.endpointLater = true;
   }
-  if (rank_ == 0 && firstUse && !place.line.empty()) {
+  if (rank_ == 0 && !firstUse.empty() && !place.line.empty()) {
     // Rank 0's rail check needs a line per host, not per rank: each other host's first rank's.
     std::vector<int> heads;
     std::set<std::string> seen{peers_[static_cast<size_t>(rank_)].hostId};
@@ -308,6 +309,10 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
       l.channels = c.channels;
       l.via = c.via->name;
       l.endpointLater = c.endpointLater;
+      if (c.endpointLater && firstUse.size() > 1) {
+        for (Opened* o : firstUse) l.choices.push_back({o->name, o->setup.get()});
+        l.setup = nullptr;  // chosen with the peer's endpoint (readEndpoint)
+      }
       continue;
     }
     for (int lane = 0; lane < kLanes; ++lane)
@@ -343,12 +348,15 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     Choice& c = choice[static_cast<size_t>(r)];
     if (!c.via) continue;
     std::string desc;
-    if (links_.peers[static_cast<size_t>(r)].setup) {
+    if (links_.peers[static_cast<size_t>(r)].setup || !links_.peers[static_cast<size_t>(r)].choices.empty()) {
       for (int lane = 0; lane < kLanes; ++lane) ch_.pair(lane, r).resize(static_cast<size_t>(c.channels));
       // Until the first lane is up; then its connection's description (linkOf, under links_.mu).
-      peers_[static_cast<size_t>(r)].transport = c.via->name + " (connected at first use)";
+      std::string via;
+      for (const auto& [name, setup] : links_.peers[static_cast<size_t>(r)].choices) via += (via.empty() ? "" : " or ") + name;
+      if (via.empty()) via = c.via->name;
+      peers_[static_cast<size_t>(r)].transport = via + " (connected at first use)";
       RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", r, " (", peers_[static_cast<size_t>(r)].hostname, ") via ",
-                  c.via->name, " at first use (", c.why,
+                  via, " at first use (", c.why,
                   c.channels > 1 ? "; " + std::to_string(c.channels) + " channels" : std::string(), ")");
       continue;
     }
@@ -382,7 +390,10 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   }
   for (auto& o : open) {
     if (auto d = o.setup->localDomain()) ch_.setLocal(d);
-    bool serves = std::any_of(links_.peers.begin(), links_.peers.end(), [&](const LazyPeer& l) { return l.setup == o.setup.get(); });
+    bool serves = std::any_of(links_.peers.begin(), links_.peers.end(), [&](const LazyPeer& l) {
+      return l.setup == o.setup.get() ||
+             std::any_of(l.choices.begin(), l.choices.end(), [&](const auto& c) { return c.second == o.setup.get(); });
+    });
     if (serves) links_.setups.push_back(std::move(o.setup));  // it makes connections for the group's life
     else o.setup->finish();
   }

@@ -529,18 +529,18 @@ class CommImpl : private ChannelHost {
   std::function<void()> pump_;  // run between store waits during connectPeers
   void connectPeers(Store& store, const std::string& secretHex, Clock::time_point deadline,
                     const GetAll& getAll, const RailPlace& place);
-  // Connections made at first use (RAILCC_RUNTIME_CONNECT): the transports' set-ups that make
-  // them, kept for the group's life, and per peer the one that reaches it (null: connected at
-  // init, or ourselves). Also what names each peer's link (peers_[r].transport), which such a
-  // connection fills in later: `mu` guards it from then on (linkOf).
+  // Connections made at first use (RAILCC_RUNTIME_CONNECT): the transports' set-ups that make them, kept for the
+  // group's life, and per peer the one that reaches it (null: connected at init, or ourselves; or one of `choices`,
+  // chosen with the endpoint, which is `via`'s line of the peer's ep/ key). Also what names each peer's link
+  // (peers_[r].transport), which such a connection fills in later: `mu` guards it from then on (linkOf).
   struct LazyPeer {
     transport::Setup* setup = nullptr;
     transport::PeerRecord rec;
     int channels = 1;
     std::array<bool, kLanes> started{};  // per lane: connect()/accept() called
-    bool named = false;          // peers_[peer].transport names a real connection
-    bool endpointLater = false;  // rec.endpoint not read yet: `via`'s line of the peer's ep/ key
+    bool named = false, endpointLater = false;  // peers_[peer].transport is real; rec.endpoint not read yet
     std::string via;             // the set-up's transport name
+    std::vector<std::pair<std::string, transport::Setup*>> choices;
   };
   struct Links {
     mutable std::mutex mu;

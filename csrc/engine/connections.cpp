@@ -46,11 +46,14 @@ void checkFdLimit(size_t conns, const std::string& group, size_t want, const std
 
 bool CommImpl::connectPeer(int peer, int lane) {
   LazyPeer& l = links_.peers.at(static_cast<size_t>(peer));
-  if (!l.setup) RAILCC_THROW(kInternal, "no connection to ", rankName(peer), ", and none to make at first use");
+  if (!l.setup && l.choices.empty())
+    RAILCC_THROW(kInternal, "no connection to ", rankName(peer), ", and none to make at first use");
   const size_t ln = static_cast<size_t>(lane);
   try {
     if (l.endpointLater && !readEndpoint(peer, l)) {
-      l.setup->idle(Millis(0));  // meanwhile, serve the listener: peers that dial early, strangers
+      // Meanwhile, serve the listeners: peers that dial early, strangers.
+      if (l.setup) l.setup->idle(Millis(0));
+      for (const auto& c : l.choices) c.second->idle(Millis(0));
       return false;
     }
     if (!l.started[ln]) {
@@ -101,14 +104,50 @@ bool CommImpl::readEndpoint(int peer, LazyPeer& l) {
   const std::string who = "railcc group '" + opts_.name + "': " + rankName(peer) + " (host " +
                           peers_[static_cast<size_t>(peer)].hostname + ")";
   auto theirs = parseEndpoints(v, who);
+  // Several transports between hosts: the first, in the order both ranks open them, that the
+  // peer offers and this rank can reach it by (as set-up chooses for the pairs it reads about).
+  std::string tried;
+  for (const auto& [name, setup] : l.choices) {
+    auto offer = theirs.find(name);
+    if (offer == theirs.end()) {
+      tried += "; " + name + ": not offered there";
+      continue;
+    }
+    transport::PeerRecord rec = l.rec;
+    rec.channels = offer->second.first;
+    rec.endpoint = offer->second.second;
+    const std::string why = setup->reach(rec);
+    if (why.empty()) {
+      tried += "; " + name + ": cannot reach it from here";
+      continue;
+    }
+    l.setup = setup;
+    l.via = name;
+    RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", peer, " via ", name, " (", why, "), chosen at first use");
+    break;
+  }
+  if (!l.choices.empty() && !l.setup) {
+    Error err(ErrorCode::kInvalidUsage, who + ": no transport between hosts reaches it from rank " +
+                                            std::to_string(rank_) + tried);
+    err.ranks = {peer};
+    err.hosts = {peers_[static_cast<size_t>(peer)].hostname};
+    throw err;
+  }
+  const bool chosen = !l.choices.empty();
+  l.choices.clear();
   auto it = theirs.find(l.via);
   if (it == theirs.end())
     RAILCC_THROW(kInvalidUsage, who, " offers no ", l.via, " endpoint, the transport rank ", rank_,
                  " reaches other hosts through (set RAILCC_NET/NCCL_NET alike on every rank)");
   if (it->second.first != l.channels)
     RAILCC_THROW(kInvalidUsage, who, " offers ", it->second.first, " ", l.via, " channels per lane where rank ", rank_,
-                 " has ", l.channels, ": set the channel count (RAILCC_NCHANNELS, or NCCL_NSOCKS_PERTHREAD x "
-                 "NCCL_SOCKET_NTHREADS) alike on every rank");
+                 chosen ? " set up the pair's " + std::to_string(l.channels) +
+                              " for its first transport between hosts (a pair chosen at first use keeps the count): "
+                              "give the transports the same count (RAILCC_NCHANNELS for TCP, the NICs x "
+                              "RAILCC_IB_QPS_PER_CONNECTION for verbs), set RAILCC_NET alike on every rank, or "
+                              "RAILCC_RUNTIME_CONNECT=0"
+                        : " has " + std::to_string(l.channels) + ": set the channel count (RAILCC_NCHANNELS, or "
+                              "NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS) alike on every rank");
   l.rec.endpoint = it->second.second;
   l.endpointLater = false;
   return true;

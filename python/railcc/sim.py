@@ -132,8 +132,8 @@ def format_job(job):
     ch = job["channels"]
     out += ["", f"Set-up per rank: at most {s['store_keys_read']} store keys in {s['store_reads']} reads, "
                 f"{_human(s['store_bytes_read'])} over TCP (the host map and this host's records; another host's "
-                f"endpoint at the pair's first use; where verbs and TCP are both open, every rank's endpoint is "
-                f"read at init), {s['store_keys_written']} written. Shared memory per host: "
+                f"endpoint at the pair's first use, where the transport between verbs and TCP is chosen), "
+                f"{s['store_keys_written']} written. Shared memory per host: "
                 f"{_human(s['shm_bytes_per_host'])} mapped (a FIFO's pages reserved as it is first written). "
                 f"RDMA verbs, pinned per rank: {_human(s['verbs_pinned_if_lazy'])} for the network peers above "
                 f"(queue pairs made at first use), {_human(s['verbs_pinned_today'])} connected at init "

@@ -9,10 +9,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <thread>
 
 #include "common/error.h"
 #include "collective_checks.h"
@@ -83,7 +85,12 @@ class PipeConnection : public transport::Connection {
 // which is what makes connect and accept resumable.
 class PipeSetup : public transport::Setup {
  public:
-  explicit PipeSetup(const transport::SetupContext& ctx) : ctx_(ctx) {}
+  explicit PipeSetup(const transport::SetupContext& ctx, bool lazy = false) : ctx_(ctx), lazy_(lazy) {}
+  bool lazy() const override { return lazy_; }
+  bool ready(int peer, int lane, int ch) override {
+    auto it = pending_.find({peer, lane, ch});
+    return it != pending_.end() && it->second.wfd >= 0 && (it->second.dialer || it->second.hello);
+  }
   ~PipeSetup() override {
     for (auto& [k, c] : pending_) {
       if (c.rfd >= 0) close(c.rfd);
@@ -167,17 +174,29 @@ class PipeSetup : public transport::Setup {
     return std::to_string(r) + "-" + std::to_string(lane) + "-" + std::to_string(ch);
   }
   transport::SetupContext ctx_;
+  bool lazy_;
   std::string dir_;
   std::map<std::tuple<int, int, int>, Pending> pending_;
 };
 
+// `lazy`: connects at first use; `absentOn`: a rank where it does not open (as verbs on a host
+// without an RDMA NIC).
 class PipeTransport : public transport::Transport {
  public:
+  explicit PipeTransport(bool lazy = false, int absentOn = -1) : lazy_(lazy), absentOn_(absentOn) {}
   std::string name() const override { return "pipe"; }
   bool interHost() const override { return true; }
-  std::unique_ptr<transport::Setup> open(const transport::SetupContext& ctx, std::string&) override {
-    return std::make_unique<PipeSetup>(ctx);
+  std::unique_ptr<transport::Setup> open(const transport::SetupContext& ctx, std::string& whyNot) override {
+    if (ctx.rank == absentOn_) {
+      whyNot = "not on this rank (the test's choice)";
+      return nullptr;
+    }
+    return std::make_unique<PipeSetup>(ctx, lazy_);
   }
+
+ private:
+  bool lazy_;
+  int absentOn_;
 };
 
 // Every rank its own "host", so nothing goes through shared memory, and RAILCC_NET=pipe.
@@ -216,6 +235,83 @@ TEST(Pipes, ForcingAnUnregisteredTransportNamesTheRegisteredOnes) {
   for (auto& e : errs) {
     EXPECT_NE(e.find("carrier-pigeon"), std::string::npos) << e;
     EXPECT_NE(e.find("socket"), std::string::npos) << e;
+  }
+}
+
+// Counts the reads of ranks' endpoints ("ep/<rank>") through it.
+class EndpointReads : public Store {
+ public:
+  explicit EndpointReads(Store& base) : base_(base) {}
+  void set(const std::string& k, const std::string& v) override { base_.set(k, v); }
+  std::string get(const std::string& k, Millis t) override {
+    note(k);
+    return base_.get(k, t);
+  }
+  int64_t add(const std::string& k, int64_t d) override { return base_.add(k, d); }
+  std::vector<std::string> getAll(const std::vector<std::string>& keys, Millis t) override {
+    for (const std::string& k : keys) note(k);
+    return base_.getAll(keys, t);
+  }
+  std::atomic<int> reads{0};
+
+ private:
+  void note(const std::string& k) {
+    if (k.rfind("ep/", 0) == 0 || k.find("/ep/") != std::string::npos) ++reads;
+  }
+  Store& base_;
+};
+
+TEST(Pipes, WithTwoTransportsBetweenHostsEachPairChoosesAtFirstUse) {
+  // Two transports between hosts, both connecting at first use (the toy, preferred, on ranks
+  // 0-2 only, and TCP): set-up reads no other rank's endpoint (before, every rank read every
+  // rank's: N store reads per rank at init); each pair reads its peer's at first use and takes
+  // the first transport both ends offer, the same on both sides.
+  signal(SIGPIPE, SIG_IGN);
+  const int n = 4;
+  transport::registerTransport("pipe", 50, [] { return std::make_unique<PipeTransport>(true, 3); });
+  Config cfg = Config::defaults();
+  cfg.initTimeoutSec = 30;
+  cfg.nchannels = 2;  // the toy's count: a pair keeps the count of this rank's first transport
+  cfg.channelMinBytes = 4096;
+  MemoryStore store;
+  std::vector<std::unique_ptr<EndpointReads>> stores;
+  for (int r = 0; r < n; ++r) stores.push_back(std::make_unique<EndpointReads>(store));
+  std::vector<int> atInit(n, -1);
+  std::vector<std::vector<std::string>> via(n, std::vector<std::string>(n));
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        CommOptions o;
+        o.rank = r;
+        o.size = n;
+        o.name = "two-nets";
+        o.timeout = Millis(60000);
+        o.config = cfg;
+        o.config.hostId = "two-nets-host-" + std::to_string(r);
+        Communicator c(*stores[static_cast<size_t>(r)], o);
+        atInit[static_cast<size_t>(r)] = stores[static_cast<size_t>(r)]->reads.load();
+        testing_util::everyCollectiveIsBitExact(c, n, "", 4099);  // named before the first op: see below
+        for (int p = 0; p < n; ++p)
+          if (p != r) via[static_cast<size_t>(r)][static_cast<size_t>(p)] = c.transportTo(p);
+        c.shutdown();
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  transport::unregisterTransport("pipe");
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+    // Rank 0 may read one endpoint per other host for its rail check (when the topology has rails).
+    EXPECT_LE(atInit[static_cast<size_t>(r)], r == 0 ? n - 1 : 0) << "rank " << r << " read endpoints at init";
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
+      const std::string& v = via[static_cast<size_t>(r)][static_cast<size_t>(p)];
+      const char* want = (r == 3 || p == 3) ? "socket" : "pipe";
+      EXPECT_EQ(v.rfind(want, 0), 0u) << "rank " << r << " -> " << p << ": " << v;
+    }
   }
 }
 

@@ -66,6 +66,21 @@ def test_every_collective_dtype_and_op_is_exact_over_verbs(vm, case, n):
     assert "GPUDirect RDMA on rxe0: dma-buf unsupported, nvidia_peermem not loaded" in log, log[-6000:]
 
 
+def test_with_verbs_and_tcp_open_each_pair_chooses_verbs_at_first_use(vm):
+    ranks = _ranks(vm, "both_nets")
+    assert sorted(ranks) == [0, 1, 2], _read(vm, "job.txt")[-6000:]
+    for r, res in ranks.items():
+        assert "error" not in res, f"rank {r}: {res['error']}"
+        assert res["bad"] == [], f"rank {r}: {res['bad'][:10]}"
+    log = _read(vm, "job.txt")
+    # Set-up left the choice to the pair's first use; then every pair took verbs.
+    assert "via verbs or socket at first use (the first of verbs, socket that both ends offer" in log, log[-6000:]
+    for r in range(3):
+        for p in range(3):
+            if p != r:
+                assert f"rank {r} -> peer {p} via verbs (both have RDMA ports (rxe" in log, log[-6000:]
+
+
 def test_a_peer_killed_mid_all_reduce_is_named_within_seconds(vm):
     ranks = _ranks(vm, "killed")
     assert 0 in ranks, _read(vm, "job.txt")[-6000:]

@@ -272,6 +272,10 @@ run("refused_registration", 2, refused_registration, dict(VERBS, RAILCC_BUFFSIZE
 run("n3_qps2", 3, sweep, dict(VERBS, RAILCC_IB_QPS_PER_CONNECTION="2", RAILCC_ALGO="ring", RAILCC_RUNTIME_CONNECT="0"), 400)
 # The same sweep with rendezvous forced off: every message through the rings.
 run("n3_eager", 3, sweep, dict(VERBS, RAILCC_IB_RNDV_BYTES="0"), 400)
+# Verbs and TCP both open (RAILCC_NET unset, as on an RDMA cluster by default): set-up reads no
+# other host's endpoint, and each pair chooses verbs when it first meets.
+SWEEP = [tc.rk_allreduce, tc.rk_allgather, tc.rk_broadcast]
+run("both_nets", 3, sweep, {k: v for k, v in VERBS.items() if k != "RAILCC_NET"}, 300)
 # A dead peer is found by the empty writes that probe it: 1 ms a try, 3 tries. With a topology
 # that puts GPU k and rxe<k> under PCIe switch k, each rank also logs the GPUDirect decisions
 # for its rail's device (the VM has no GPU: the topology file stands in for the PCI tree).
