@@ -405,7 +405,6 @@ class CommImpl : private ChannelHost {
   // computes bit-identical results whatever order the messages arrived in (two ranks: pairReduce).
   void oneshotReduce(const std::function<const char*(int)>& blockOf, char* out, size_t count, DataType dt,
                      ReduceOp op, double scale);
-  bool pairFused(int peer, size_t bytes, ReduceOp op) const;
   void pairReduce(const char* theirs, const char* mine, char* out, size_t count, DataType dt, ReduceOp op, double s);
   std::vector<Transfer> oneshotXs_;  // oneshotReduce()'s, kept between ops: no allocation per op
 

@@ -715,9 +715,9 @@ def rk_lazy_connections(rank, n):
 
 
 def rk_pair_reduce(rank, n):
-    # Two ranks of one host reduce each other's message straight out of the FIFO (the test runs
-    # with 16 KiB FIFOs: messages of at most 8 KiB take that path, larger ones the scratch area).
-    # Both ranks must end with the same bits, so the values are not exact in half precision.
+    # Two ranks reduce each other's block in whichever order (a op b on one, b op a on the other)
+    # rather than in rank order: both must still end with the same bits, so the values here are
+    # not exact in half precision. Counts around 8 KiB: the test's FIFOs are 16 KiB.
     bad = []
     gen = torch.Generator().manual_seed(rank)
     for dt in (torch.float32, torch.float16, torch.bfloat16, torch.int32):
@@ -860,7 +860,8 @@ def test_reductions_without_oneshot(pools, n, fn):
     check(pools(n, RAILCC_ONESHOT_BYTES="0"), fn)
 
 
-def test_two_ranks_reduce_out_of_the_fifo(pools):
-    # RAILCC_SHM_FIFO_BYTES=16384: 8 KiB messages reduce out of the FIFO, 8 KiB + 4 through the
-    # scratch area in rank order; the one-shot limit raised so that both are one-shot.
-    check(pools(2, RAILCC_SHM_FIFO_BYTES="16384", RAILCC_ONESHOT_BYTES="65536"), rk_pair_reduce)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_two_ranks_reduce_in_either_order(pools, transport):
+    # Small FIFOs (16 KiB): the 40 all_reduces in flight fill them. Every count is one-shot.
+    env = dict(TRANSPORTS[transport], RAILCC_SHM_FIFO_BYTES="16384", RAILCC_ONESHOT_BYTES="65536")
+    check(pools(2, **env), rk_pair_reduce)

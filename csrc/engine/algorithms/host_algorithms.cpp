@@ -14,7 +14,7 @@ void CommImpl::oneshotReduce(const std::function<const char*(int)>& blockOf, cha
                              ReduceOp op, double scale) {
   int n = size_, r = rank_;
   size_t bytes = count * dtypeSize(dt), stride = pad8(bytes);
-  if (n == 2 && pairFused(1 - r, bytes, op)) return pairReduce(blockOf(1 - r), blockOf(r), out, count, dt, op, scale);
+  if (n == 2 && op != ReduceOp::kPremulSum) return pairReduce(blockOf(1 - r), blockOf(r), out, count, dt, op, scale);
   if (scratch_.size() < stride * static_cast<size_t>(n)) scratch_.resize(stride * static_cast<size_t>(n));
   char* sc = scratch_.data();
   auto slot = [&](int p) { return sc + stride * static_cast<size_t>(p); };
@@ -34,30 +34,24 @@ void CommImpl::oneshotReduce(const std::function<const char*(int)>& blockOf, cha
   if (op == ReduceOp::kAvg) divideBy(out, count, dt, n);
 }
 
-// Two ranks of one host: each rank's whole reduction is one operation on the same two
-// operands, and sum, product, min, max, avg and the bitwise ops give the same bits whichever
-// operand comes first (NaN payloads aside); so each reduces its peer's message straight out of
-// the FIFO into `out` (one copy per byte, into the FIFO) instead of through a scratch area in
-// rank order (four: into the FIFO, out of it, its own block, the first block into `out`).
-// premul_sum keeps rank order: in half precision fp16(fp16(s*a) + s*b) and fp16(fp16(s*b) +
-// s*a) can differ. The send completes before `out` is written (it may alias the block sent);
-// a message of at most half a FIFO always finds room once the peer takes the ones before it,
-// which it does without waiting on this rank (every earlier op of this rank has sent its part).
-bool CommImpl::pairFused(int peer, size_t bytes, ReduceOp op) const {
-  const int64_t fifo = opts_.config.shmFifoBytes > 0 ? opts_.config.shmFifoBytes : opts_.config.buffSize;
-  return op != ReduceOp::kPremulSum && ch_.shmPeer(peer) && static_cast<int64_t>(2 * bytes) <= fifo;
-}
-
+// Two ranks: each rank's whole reduction is one operation on the same two operands, and sum,
+// product, min, max, avg and the bitwise ops give the same bits whichever operand comes first
+// (NaN payloads aside); so each reduces its peer's block into `out` without putting both in rank
+// order first: two copies per byte (into the FIFO or socket, out of it) instead of four (also
+// its own block into the scratch area, and the first block from there into `out`). premul_sum
+// keeps rank order: in half precision fp16(fp16(s*a) + s*b) and fp16(fp16(s*b) + s*a) can
+// differ. Reducing straight out of the FIFO instead (one copy) was slower where the two CPUs
+// were slow to pass cache lines (docs/benchmarks.md).
 void CommImpl::pairReduce(const char* theirs, const char* mine, char* out, size_t count, DataType dt, ReduceOp op,
                           double scale) {
   const int peer = 1 - rank_;
   const size_t bytes = count * dtypeSize(dt);
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
   std::vector<Transfer>& xs = oneshotXs_;
-  xs.assign(1, ch_.sendTo(peer, theirs, bytes));
+  xs.assign({ch_.sendTo(peer, theirs, bytes), ch_.recvFrom(peer, scratch_.data(), bytes)});
   ch_.exchange(xs);
   if (out != mine) std::memmove(out, mine, bytes);
-  xs.assign(1, ch_.recvReduce(peer, out, count, dt, op, scale));
-  ch_.exchange(xs);
+  reduceInto(out, scratch_.data(), count, dt, op, scale);
   if (op == ReduceOp::kAvg) divideBy(out, count, dt, 2);
 }
 
