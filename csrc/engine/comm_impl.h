@@ -401,8 +401,8 @@ class CommImpl : private ChannelHost {
 
   bool oneshot(size_t bytes) const { return size_ > 1 && static_cast<int64_t>(bytes) <= opts_.config.oneshotBytes; }
   // One step: `blockOf(p)` goes to every peer p, and every peer's block for us lands in the
-  // scratch area; then out = own (op) peer 0 (op) peer 1 ... in rank order, so every rank
-  // computes bit-identical results whatever order the messages arrived in (two ranks: pairReduce).
+  // scratch area; then block 0 (op) block 1 (op) ... in rank order, so every rank computes
+  // bit-identical results whatever order the messages arrived in (two ranks: pairReduce).
   void oneshotReduce(const std::function<const char*(int)>& blockOf, char* out, size_t count, DataType dt,
                      ReduceOp op, double scale);
   void pairReduce(const char* theirs, const char* mine, char* out, size_t count, DataType dt, ReduceOp op, double s);

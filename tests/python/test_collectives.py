@@ -762,6 +762,24 @@ def rk_pair_reduce(rank, n):
     return bad
 
 
+def rk_oneshot_into_own_block(rank, n):
+    # The one-shot reduction keeps its running result in the output (rank 0) or in the scratch
+    # area (the others) and reads the rank's own block where it is: a reduce_scatter whose
+    # output is the input's own block must still see that block unreduced.
+    bad = []
+    for dt in (torch.float32, torch.bfloat16, torch.int32):
+        for name in ops_for(dt):
+            count = 1001
+            full = make_ragged(rank, dt, count * n, salt=5)
+            exp = reduce_ref([make_ragged(r, dt, count * n, salt=5) for r in range(n)], name, n)
+            own = full[rank * count:(rank + 1) * count]
+            dist.reduce_scatter_tensor(own, full, op=op_obj(name))
+            if not close(own, exp[rank * count:(rank + 1) * count]):
+                bad.append(f"reduce_scatter into its own block {dt} {name}: first bad indices "
+                           f"{_first_bad(own, exp[rank * count:(rank + 1) * count])}")
+    return bad
+
+
 # ----------------------------------------------------------------------------- tests
 
 SIZES = [1, 2, 3, 4]
@@ -865,3 +883,8 @@ def test_two_ranks_reduce_in_either_order(pools, transport):
     # Small FIFOs (16 KiB): the 40 all_reduces in flight fill them. Every count is one-shot.
     env = dict(TRANSPORTS[transport], RAILCC_SHM_FIFO_BYTES="16384", RAILCC_ONESHOT_BYTES="65536")
     check(pools(2, **env), rk_pair_reduce)
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_oneshot_into_own_block(pools, n):
+    check(pools(n), rk_oneshot_into_own_block)

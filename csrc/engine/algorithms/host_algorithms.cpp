@@ -18,6 +18,11 @@ void CommImpl::oneshotReduce(const std::function<const char*(int)>& blockOf, cha
   if (scratch_.size() < stride * static_cast<size_t>(n)) scratch_.resize(stride * static_cast<size_t>(n));
   char* sc = scratch_.data();
   auto slot = [&](int p) { return sc + stride * static_cast<size_t>(p); };
+  const char* own = blockOf(r);
+  // Rank 0 accumulates in `out`, starting from its own block; the others in slot 0 (rank 0's
+  // block as received), taking their own block from where it is, then copy the sum out once.
+  // (Rank 0 whose `out` overlaps its block in part goes through slot 0 too.)
+  const bool inOut = r == 0 && (out == own || out + bytes <= own || own + bytes <= out);
   std::vector<Transfer>& xs = oneshotXs_;  // kept between calls: no allocation per op
   xs.clear();
   xs.reserve(2 * static_cast<size_t>(n));
@@ -26,11 +31,14 @@ void CommImpl::oneshotReduce(const std::function<const char*(int)>& blockOf, cha
       xs.push_back(ch_.sendTo(p, blockOf(p), bytes));
       xs.push_back(ch_.recvFrom(p, slot(p), bytes));
     }
-  transport::copyBytes(slot(r), blockOf(r), bytes);  // `out` may alias our own block
-  ch_.exchange(xs);
-  if (op == ReduceOp::kPremulSum) scaleCopy(out, slot(0), count, dt, scale);
-  else transport::copyBytes(out, slot(0), bytes);
-  for (int p = 1; p < n; ++p) reduceInto(out, slot(p), count, dt, op, scale);
+  if (r == 0 && !inOut) transport::copyBytes(slot(0), own, bytes);
+  ch_.exchange(xs);  // every block sent: `out` may be written now
+  char* acc = inOut ? out : slot(0);
+  const char* first = inOut ? own : slot(0);
+  if (op == ReduceOp::kPremulSum) scaleCopy(acc, first, count, dt, scale);
+  else if (acc != first) std::memmove(acc, first, bytes);
+  for (int p = 1; p < n; ++p) reduceInto(acc, p == r ? own : slot(p), count, dt, op, scale);
+  if (!inOut) transport::copyBytes(out, acc, bytes);
   if (op == ReduceOp::kAvg) divideBy(out, count, dt, n);
 }
 
