@@ -207,6 +207,8 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   for (auto& o : open)
     if (o.interHost) firstUse.push_back(o.setup->lazy() ? &o : nullptr);
   if (std::find(firstUse.begin(), firstUse.end(), nullptr) != firstUse.end()) firstUse.clear();
+  std::string firstUseNames;  // "verbs or socket"
+  for (Opened* o : firstUse) firstUseNames += (firstUseNames.empty() ? "" : " or ") + o->name;
   std::vector<int> readNow;
   for (int r : others) {
     if (firstUse.empty() || std::find(localRanks_.begin(), localRanks_.end(), r) != localRanks_.end()) {
@@ -219,10 +221,7 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     c.rec = ctx.peers[static_cast<size_t>(r)];
     c.rec.channels = c.channels;
     c.why = firstUse.size() == 1 ? c.via->setup->reach(c.rec) + "; its endpoint read then"
-                                 : std::string("the first of ");
-    for (size_t i = 0; firstUse.size() > 1 && i < firstUse.size(); ++i)
-      c.why += (i ? ", " : "") + firstUse[i]->name;
-    if (firstUse.size() > 1) c.why += " that both ends offer, chosen with its endpoint";
+                                 : std::string("the first that both ends offer, chosen with its endpoint");
     c.endpointLater = true;
   }
   if (rank_ == 0 && !firstUse.empty() && !place.line.empty()) {
@@ -238,32 +237,23 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     }
   }
   const std::vector<std::string> eps = getAll("ep/", readNow, "transport endpoints");
+  std::vector<std::pair<std::string, transport::Setup*>> candidates;
+  for (auto& o : open) candidates.push_back({o.name, o.setup.get()});
   for (size_t i = 0; i < readNow.size(); ++i) {
     const int r = readNow[i];
     auto theirs = parseEndpoints(eps[i], "railcc init of group '" + opts_.name + "': " + rankName(r));
     if (theirs.count("rails")) railLines.push_back(theirs["rails"].second);
     Choice& c = choice[static_cast<size_t>(r)];
-    std::string tried;
-    for (auto& o : open) {
-      auto it = theirs.find(o.name);
-      if (it == theirs.end()) {
-        tried += "\n  " + o.name + ": " + rankName(r) + " does not offer it";
-        continue;
-      }
-      transport::PeerRecord rec = ctx.peers[static_cast<size_t>(r)];
-      rec.channels = it->second.first;
-      rec.endpoint = it->second.second;
-      std::string why = o.setup->reach(rec);
-      if (why.empty()) {
-        tried += "\n  " + o.name + ": cannot reach it from here";
-        continue;
-      }
+    std::string why, tried;
+    transport::PeerRecord rec = ctx.peers[static_cast<size_t>(r)];
+    const int k = firstReaching(candidates, theirs, rankName(r), rec, why, tried);
+    if (k >= 0) {
+      Opened& o = open[static_cast<size_t>(k)];
       c.via = &o;
       c.channels = std::max(1, std::min(o.setup->channels(), rec.channels));
       c.rec = rec;
       if (o.interHost) peers_[static_cast<size_t>(r)].addr = rec.endpoint;
       c.why = why + (o.interHost && !forced.empty() ? ", forced by RAILCC_NET/NCCL_NET" : "");
-      break;
     }
     if (!c.via) {
       Error err(ErrorCode::kInvalidUsage, "railcc init of group '" + opts_.name + "': no transport reaches " +
@@ -309,10 +299,8 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
       l.channels = c.channels;
       l.via = c.via->name;
       l.endpointLater = c.endpointLater;
-      if (c.endpointLater && firstUse.size() > 1) {
-        for (Opened* o : firstUse) l.choices.push_back({o->name, o->setup.get()});
-        l.setup = nullptr;  // chosen with the peer's endpoint (readEndpoint)
-      }
+      l.chooseLater = c.endpointLater && firstUse.size() > 1;
+      if (l.chooseLater) l.setup = nullptr;  // chosen with the peer's endpoint (readEndpoint)
       continue;
     }
     for (int lane = 0; lane < kLanes; ++lane)
@@ -348,12 +336,11 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     Choice& c = choice[static_cast<size_t>(r)];
     if (!c.via) continue;
     std::string desc;
-    if (links_.peers[static_cast<size_t>(r)].setup || !links_.peers[static_cast<size_t>(r)].choices.empty()) {
+    const LazyPeer& l = links_.peers[static_cast<size_t>(r)];
+    if (l.setup || l.chooseLater) {
       for (int lane = 0; lane < kLanes; ++lane) ch_.pair(lane, r).resize(static_cast<size_t>(c.channels));
       // Until the first lane is up; then its connection's description (linkOf, under links_.mu).
-      std::string via;
-      for (const auto& [name, setup] : links_.peers[static_cast<size_t>(r)].choices) via += (via.empty() ? "" : " or ") + name;
-      if (via.empty()) via = c.via->name;
+      const std::string via = l.chooseLater ? firstUseNames : c.via->name;
       peers_[static_cast<size_t>(r)].transport = via + " (connected at first use)";
       RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", r, " (", peers_[static_cast<size_t>(r)].hostname, ") via ",
                   via, " at first use (", c.why,
@@ -388,12 +375,13 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     }
     if (!waitFor.empty()) getAll("ready/", waitFor, "connection set-up");
   }
+  const bool chooseLater = std::any_of(links_.peers.begin(), links_.peers.end(), [](const LazyPeer& l) { return l.chooseLater; });
   for (auto& o : open) {
     if (auto d = o.setup->localDomain()) ch_.setLocal(d);
-    bool serves = std::any_of(links_.peers.begin(), links_.peers.end(), [&](const LazyPeer& l) {
-      return l.setup == o.setup.get() ||
-             std::any_of(l.choices.begin(), l.choices.end(), [&](const auto& c) { return c.second == o.setup.get(); });
-    });
+    const bool choice = chooseLater && std::find(firstUse.begin(), firstUse.end(), &o) != firstUse.end();
+    if (choice) links_.choices.push_back({o.name, o.setup.get()});
+    bool serves = choice || std::any_of(links_.peers.begin(), links_.peers.end(),
+                                        [&](const LazyPeer& l) { return l.setup == o.setup.get(); });
     if (serves) links_.setups.push_back(std::move(o.setup));  // it makes connections for the group's life
     else o.setup->finish();
   }

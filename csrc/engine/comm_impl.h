@@ -402,10 +402,9 @@ class CommImpl : private ChannelHost {
   bool oneshot(size_t bytes) const { return size_ > 1 && static_cast<int64_t>(bytes) <= opts_.config.oneshotBytes; }
   // One step: `blockOf(p)` goes to every peer p, and every peer's block for us lands in the
   // scratch area; then block 0 (op) block 1 (op) ... in rank order, so every rank computes
-  // bit-identical results whatever order the messages arrived in (two ranks: pairReduce).
+  // bit-identical results whatever order the messages arrived in.
   void oneshotReduce(const std::function<const char*(int)>& blockOf, char* out, size_t count, DataType dt,
                      ReduceOp op, double scale);
-  void pairReduce(const char* theirs, const char* mine, char* out, size_t count, DataType dt, ReduceOp op, double s);
   std::vector<Transfer> oneshotXs_;  // oneshotReduce()'s, kept between ops: no allocation per op
 
   // The op queue, the engine token and the progress thread (progress.cpp). `mu` guards what
@@ -529,21 +528,23 @@ class CommImpl : private ChannelHost {
   void connectPeers(Store& store, const std::string& secretHex, Clock::time_point deadline,
                     const GetAll& getAll, const RailPlace& place);
   // Connections made at first use (RAILCC_RUNTIME_CONNECT): the transports' set-ups that make them, kept for the
-  // group's life, and per peer the one that reaches it (null: connected at init, or ourselves; or one of `choices`,
-  // chosen with the endpoint, which is `via`'s line of the peer's ep/ key). Also what names each peer's link
+  // group's life, and per peer the one that reaches it (null: connected at init, or ourselves; or, with
+  // `chooseLater`, one of `choices`, the first the peer's endpoint allows). Also what names each peer's link
   // (peers_[r].transport), which such a connection fills in later: `mu` guards it from then on (linkOf).
   struct LazyPeer {
     transport::Setup* setup = nullptr;
     transport::PeerRecord rec;
     int channels = 1;
     std::array<bool, kLanes> started{};  // per lane: connect()/accept() called
-    bool named = false, endpointLater = false;  // peers_[peer].transport is real; rec.endpoint not read yet
+    bool named = false;          // peers_[peer].transport names a real connection
+    bool endpointLater = false;  // rec.endpoint not read yet: `via`'s line of the peer's ep/ key
+    bool chooseLater = false;    // `setup` and `via` chosen among links_.choices with that endpoint
     std::string via;             // the set-up's transport name
-    std::vector<std::pair<std::string, transport::Setup*>> choices;
   };
   struct Links {
     mutable std::mutex mu;
     std::vector<std::unique_ptr<transport::Setup>> setups;  // engine thread (bootstrap) writes, then fixed
+    std::vector<std::pair<std::string, transport::Setup*>> choices;  // several between hosts, in preference order
     std::vector<LazyPeer> peers;                              // engine thread
   } links_;
   bool readEndpoint(int peer, LazyPeer& l);  // connections.cpp

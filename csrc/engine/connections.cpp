@@ -46,14 +46,14 @@ void checkFdLimit(size_t conns, const std::string& group, size_t want, const std
 
 bool CommImpl::connectPeer(int peer, int lane) {
   LazyPeer& l = links_.peers.at(static_cast<size_t>(peer));
-  if (!l.setup && l.choices.empty())
+  if (!l.setup && !l.chooseLater)
     RAILCC_THROW(kInternal, "no connection to ", rankName(peer), ", and none to make at first use");
   const size_t ln = static_cast<size_t>(lane);
   try {
     if (l.endpointLater && !readEndpoint(peer, l)) {
       // Meanwhile, serve the listeners: peers that dial early, strangers.
       if (l.setup) l.setup->idle(Millis(0));
-      for (const auto& c : l.choices) c.second->idle(Millis(0));
+      else for (const auto& c : links_.choices) c.second->idle(Millis(0));
       return false;
     }
     if (!l.started[ln]) {
@@ -106,35 +106,23 @@ bool CommImpl::readEndpoint(int peer, LazyPeer& l) {
   auto theirs = parseEndpoints(v, who);
   // Several transports between hosts: the first, in the order both ranks open them, that the
   // peer offers and this rank can reach it by (as set-up chooses for the pairs it reads about).
-  std::string tried;
-  for (const auto& [name, setup] : l.choices) {
-    auto offer = theirs.find(name);
-    if (offer == theirs.end()) {
-      tried += "; " + name + ": not offered there";
-      continue;
-    }
+  if (l.chooseLater) {
+    std::string why, tried;
     transport::PeerRecord rec = l.rec;
-    rec.channels = offer->second.first;
-    rec.endpoint = offer->second.second;
-    const std::string why = setup->reach(rec);
-    if (why.empty()) {
-      tried += "; " + name + ": cannot reach it from here";
-      continue;
+    const int k = firstReaching(links_.choices, theirs, rankName(peer), rec, why, tried);
+    if (k < 0) {
+      Error err(ErrorCode::kInvalidUsage, who + ": no transport between hosts reaches it from rank " +
+                                              std::to_string(rank_) + ":" + tried);
+      err.ranks = {peer};
+      err.hosts = {peers_[static_cast<size_t>(peer)].hostname};
+      throw err;
     }
-    l.setup = setup;
-    l.via = name;
-    RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", peer, " via ", name, " (", why, "), chosen at first use");
-    break;
+    l.setup = links_.choices[static_cast<size_t>(k)].second;
+    l.via = links_.choices[static_cast<size_t>(k)].first;
+    RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", peer, " via ", l.via, " (", why, "), chosen at first use");
   }
-  if (!l.choices.empty() && !l.setup) {
-    Error err(ErrorCode::kInvalidUsage, who + ": no transport between hosts reaches it from rank " +
-                                            std::to_string(rank_) + tried);
-    err.ranks = {peer};
-    err.hosts = {peers_[static_cast<size_t>(peer)].hostname};
-    throw err;
-  }
-  const bool chosen = !l.choices.empty();
-  l.choices.clear();
+  const bool chosen = l.chooseLater;
+  l.chooseLater = false;
   auto it = theirs.find(l.via);
   if (it == theirs.end())
     RAILCC_THROW(kInvalidUsage, who, " offers no ", l.via, " endpoint, the transport rank ", rank_,

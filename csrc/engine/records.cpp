@@ -165,8 +165,8 @@ std::vector<std::string> parsePeerRecord(const std::string& v, const std::string
   return f;
 }
 
-std::map<std::string, std::pair<int, std::string>> parseEndpoints(const std::string& v, const std::string& who) {
-  std::map<std::string, std::pair<int, std::string>> out;
+Endpoints parseEndpoints(const std::string& v, const std::string& who) {
+  Endpoints out;
   for (const std::string& line : split(v, '\n')) {
     auto a = line.find(' '), b = line.find(' ', a + 1);
     if (a == std::string::npos || b == std::string::npos) continue;
@@ -178,6 +178,29 @@ std::map<std::string, std::pair<int, std::string>> parseEndpoints(const std::str
     out[line.substr(0, a)] = {static_cast<int>(channels), line.substr(b + 1)};
   }
   return out;
+}
+
+int firstReaching(const std::vector<std::pair<std::string, transport::Setup*>>& candidates, const Endpoints& offers,
+                  const std::string& peer, transport::PeerRecord& rec, std::string& why, std::string& tried) {
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const auto& [name, setup] = candidates[i];
+    auto offer = offers.find(name);
+    if (offer == offers.end()) {
+      tried += "\n  " + name + ": " + peer + " does not offer it";
+      continue;
+    }
+    transport::PeerRecord r = rec;
+    r.channels = offer->second.first;
+    r.endpoint = offer->second.second;
+    why = setup->reach(r);
+    if (why.empty()) {
+      tried += "\n  " + name + ": cannot reach it from here";
+      continue;
+    }
+    rec = r;
+    return static_cast<int>(i);
+  }
+  return -1;
 }
 
 }  // namespace railcc::engine

@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "transport/transport.h"
+
 namespace railcc::engine {
 
 /// The hosts of a run of consecutive ranks.
@@ -54,6 +56,14 @@ bool ranksOutnumberCpus(const std::vector<std::string>& masks);
 std::vector<std::string> parsePeerRecord(const std::string& v, const std::string& who);
 
 /// A peer's published endpoints: one line per transport, "name channels blob" -> {channels, blob}.
-std::map<std::string, std::pair<int, std::string>> parseEndpoints(const std::string& v, const std::string& who);
+using Endpoints = std::map<std::string, std::pair<int, std::string>>;
+Endpoints parseEndpoints(const std::string& v, const std::string& who);
+
+/// Which transport reaches a peer: the first of `candidates` (name and set-up, in preference
+/// order) that its endpoints offer and whose set-up can reach it by the offer. Returns its index,
+/// with `rec` given the offer's channels and endpoint and `why` the set-up's reason; else -1,
+/// with `tried` saying for each why not ("\n  name: ..."; `peer` names the peer there).
+int firstReaching(const std::vector<std::pair<std::string, transport::Setup*>>& candidates, const Endpoints& offers,
+                  const std::string& peer, transport::PeerRecord& rec, std::string& why, std::string& tried);
 
 }  // namespace railcc::engine

@@ -89,7 +89,7 @@ class PipeSetup : public transport::Setup {
   bool lazy() const override { return lazy_; }
   bool ready(int peer, int lane, int ch) override {
     auto it = pending_.find({peer, lane, ch});
-    return it != pending_.end() && it->second.wfd >= 0 && (it->second.dialer || it->second.hello);
+    return it != pending_.end() && up(it->second);
   }
   ~PipeSetup() override {
     for (auto& [k, c] : pending_) {
@@ -125,7 +125,7 @@ class PipeSetup : public transport::Setup {
   bool progress(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds) override {
     bool all = true;
     for (auto& [k, c] : pending_) {
-      if (c.wfd >= 0 && (c.dialer || c.hello)) continue;
+      if (up(c)) continue;
       if (!c.dialer && c.rfd < 0) {  // the dialer made both FIFOs before it opened one
         c.rfd = open((c.base + ".up").c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
         if (c.rfd < 0) {
@@ -145,7 +145,7 @@ class PipeSetup : public transport::Setup {
         char h = 0;
         c.hello = read(c.rfd, &h, 1) == 1;
       }
-      all = all && c.wfd >= 0 && (c.dialer || c.hello);
+      all = all && up(c);
     }
     if (!all && std::chrono::steady_clock::now() > deadline) RAILCC_THROW(kTimeout, "pipe connections not set up");
     if (!all) usleep(1000);
@@ -170,6 +170,7 @@ class PipeSetup : public transport::Setup {
     std::string base;
     int rfd = -1, wfd = -1;
   };
+  static bool up(const Pending& c) { return c.wfd >= 0 && (c.dialer || c.hello); }
   static std::string name(int r, int lane, int ch) {
     return std::to_string(r) + "-" + std::to_string(lane) + "-" + std::to_string(ch);
   }

@@ -14,15 +14,19 @@ void CommImpl::oneshotReduce(const std::function<const char*(int)>& blockOf, cha
                              ReduceOp op, double scale) {
   int n = size_, r = rank_;
   size_t bytes = count * dtypeSize(dt), stride = pad8(bytes);
-  if (n == 2 && op != ReduceOp::kPremulSum) return pairReduce(blockOf(1 - r), blockOf(r), out, count, dt, op, scale);
   if (scratch_.size() < stride * static_cast<size_t>(n)) scratch_.resize(stride * static_cast<size_t>(n));
   char* sc = scratch_.data();
   auto slot = [&](int p) { return sc + stride * static_cast<size_t>(p); };
   const char* own = blockOf(r);
-  // Rank 0 accumulates in `out`, starting from its own block; the others in slot 0 (rank 0's
-  // block as received), taking their own block from where it is, then copy the sum out once.
-  // (Rank 0 whose `out` overlaps its block in part goes through slot 0 too.)
-  const bool inOut = r == 0 && (out == own || out + bytes <= own || own + bytes <= out);
+  // The sum starts from block `lead` (rank 0's) and takes the others in rank order. With two
+  // ranks each starts from its own instead: a op b and b op a round alike for sum, avg,
+  // product, min, max and the bitwise ops (NaN payloads aside), not for premul_sum (in half
+  // precision fp16(fp16(s*a) + s*b) and fp16(fp16(s*b) + s*a) can differ). The rank that leads
+  // accumulates in `out` from its own block where it is; the others in the lead's slot, reading
+  // their own block where it is, and copy the sum out once. (A lead whose `out` overlaps its
+  // block in part goes through its slot too.)
+  const int lead = n == 2 && op != ReduceOp::kPremulSum ? r : 0;
+  const bool inOut = r == lead && (out == own || out + bytes <= own || own + bytes <= out);
   std::vector<Transfer>& xs = oneshotXs_;  // kept between calls: no allocation per op
   xs.clear();
   xs.reserve(2 * static_cast<size_t>(n));
@@ -31,36 +35,16 @@ void CommImpl::oneshotReduce(const std::function<const char*(int)>& blockOf, cha
       xs.push_back(ch_.sendTo(p, blockOf(p), bytes));
       xs.push_back(ch_.recvFrom(p, slot(p), bytes));
     }
-  if (r == 0 && !inOut) transport::copyBytes(slot(0), own, bytes);
+  if (r == lead && !inOut) transport::copyBytes(slot(lead), own, bytes);
   ch_.exchange(xs);  // every block sent: `out` may be written now
-  char* acc = inOut ? out : slot(0);
-  const char* first = inOut ? own : slot(0);
+  char* acc = inOut ? out : slot(lead);
+  const char* first = inOut ? own : slot(lead);
   if (op == ReduceOp::kPremulSum) scaleCopy(acc, first, count, dt, scale);
   else if (acc != first) std::memmove(acc, first, bytes);
-  for (int p = 1; p < n; ++p) reduceInto(acc, p == r ? own : slot(p), count, dt, op, scale);
+  for (int p = 0; p < n; ++p)
+    if (p != lead) reduceInto(acc, p == r ? own : slot(p), count, dt, op, scale);
   if (!inOut) transport::copyBytes(out, acc, bytes);
   if (op == ReduceOp::kAvg) divideBy(out, count, dt, n);
-}
-
-// Two ranks: each rank's whole reduction is one operation on the same two operands, and sum,
-// product, min, max, avg and the bitwise ops give the same bits whichever operand comes first
-// (NaN payloads aside); so each reduces its peer's block into `out` without putting both in rank
-// order first: two copies per byte (into the FIFO or socket, out of it) instead of four (also
-// its own block into the scratch area, and the first block from there into `out`). premul_sum
-// keeps rank order: in half precision fp16(fp16(s*a) + s*b) and fp16(fp16(s*b) + s*a) can
-// differ. Reducing straight out of the FIFO instead (one copy) was slower where the two CPUs
-// were slow to pass cache lines (docs/benchmarks.md).
-void CommImpl::pairReduce(const char* theirs, const char* mine, char* out, size_t count, DataType dt, ReduceOp op,
-                          double scale) {
-  const int peer = 1 - rank_;
-  const size_t bytes = count * dtypeSize(dt);
-  if (scratch_.size() < bytes) scratch_.resize(bytes);
-  std::vector<Transfer>& xs = oneshotXs_;
-  xs.assign({ch_.sendTo(peer, theirs, bytes), ch_.recvFrom(peer, scratch_.data(), bytes)});
-  ch_.exchange(xs);
-  if (out != mine) std::memmove(out, mine, bytes);
-  reduceInto(out, scratch_.data(), count, dt, op, scale);
-  if (op == ReduceOp::kAvg) divideBy(out, count, dt, 2);
 }
 
 // Broadcast when every rank shares this host: an all-gather through the rings in which only
