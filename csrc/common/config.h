@@ -90,11 +90,15 @@ namespace railcc {
     "A message is split across a pair's channels only into shares of at least this many "    \
     "bytes. Must be equal on all ranks.")                                                    \
   X(runtimeConnect, bool, "RAILCC_RUNTIME_CONNECT", "NCCL_RUNTIME_CONNECT", "1", "",             \
-    "1: a TCP connection (per peer, lane and channel) is made at the first op that moves "    \
-    "bytes over it: a ring or tree all-reduce meets a few peers, not all, and init connects " \
-    "none; a rank waiting for a peer to dial knocks on that peer's listener, so a peer that "  \
-    "died first is still named within seconds. 0: every one at init. Shared memory and RDMA " \
-    "verbs always connect at init. Should be equal on all ranks.")                            \
+    "1: a connection between hosts (TCP: per peer, lane and channel; RDMA verbs: a queue pair " \
+    "and its rings) is made at the first op that moves bytes over it: a ring or tree "         \
+    "all-reduce meets a few peers, not all, and init connects none; a rank waiting for a peer " \
+    "to dial knocks on that peer's listener, so a peer that died first is still named within " \
+    "seconds. 0: init connects the peers this rank's collectives meet (all-reduce, "           \
+    "reduce-scatter, all-gather, barrier, broadcast from rank 0, at every size the rule "      \
+    "distinguishes) and fails naming any it cannot reach; other roots, send/recv and "         \
+    "all-to-all still connect at first use. Shared memory always connects at init. Should be " \
+    "equal on all ranks.")                                                                     \
   X(ibDisable, bool, "RAILCC_IB_DISABLE", "NCCL_IB_DISABLE", "0", "",                            \
     "1: never use RDMA verbs between hosts (TCP instead); logged once at INFO.")            \
   X(ibverbsLib, std::string, "RAILCC_IBVERBS_LIB", "", "", "",                                  \

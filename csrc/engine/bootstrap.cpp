@@ -63,6 +63,14 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   prefer_ = parseAlgos(opts_.config.algo, &ignored);
   if (!ignored.empty()) RAILCC_INFO(COLL, "RAILCC_ALGO/NCCL_ALGO: railcc has no ", ignored, " algorithm; the rule decides instead");
   if (rank_ == 0) RAILCC_INFO(COLL, "group '", opts_.name, "' algorithms: ", describeRule(place_, prefer_));
+  if (size_ > 1 && !opts_.config.runtimeConnect) {
+    try {
+      connectAtInit(Clock::now() + Millis(opts_.config.initTimeoutSec * 1000));
+    } catch (const Error& e) {
+      publishInitFailure(store, e);
+      std::rethrow_exception(globalized(std::current_exception()));
+    }
+  }
   // A first progress record now, so that a rank frozen before the watchdog's first beat is
   // still told apart from one that never published anything.
   if (size_ > 1 && opts_.config.progressIntervalMs > 0) store.set("progress/" + std::to_string(rank_), progressRecord());
@@ -220,7 +228,8 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     c.channels = c.via->setup->channels();
     c.rec = ctx.peers[static_cast<size_t>(r)];
     c.rec.channels = c.channels;
-    c.why = firstUse.size() == 1 ? c.via->setup->reach(c.rec) + "; its endpoint read then"
+    c.why = firstUse.size() == 1 ? c.via->setup->reach(c.rec) + "; its endpoint read then" +
+                                       (forced.empty() ? "" : ", forced by RAILCC_NET/NCCL_NET")
                                  : std::string("the first that both ends offer, chosen with its endpoint");
     c.endpointLater = true;
   }

@@ -338,8 +338,7 @@ class CommImpl : private ChannelHost {
     return g == r ? "rank " + std::to_string(r) : "rank " + std::to_string(g) + " (group rank " + std::to_string(r) + ")";
   }
   int globalRank(int r) const {
-    const auto& gr = opts_.globalRanks;
-    return r >= 0 && static_cast<size_t>(r) < gr.size() ? gr[static_cast<size_t>(r)] : r;
+    return r >= 0 && static_cast<size_t>(r) < opts_.globalRanks.size() ? opts_.globalRanks[static_cast<size_t>(r)] : r;
   }
   // The error with its ranks as users know them (see rankName).
   std::exception_ptr globalized(std::exception_ptr err) const {
@@ -398,7 +397,6 @@ class CommImpl : private ChannelHost {
   AlgoPlace place_;
   std::vector<Algo> prefer_;  // RAILCC_ALGO / NCCL_ALGO
   Algo algoFor(AlgoOp op, size_t bytes) const { return chooseAlgo(op, bytes, place_, prefer_, nullptr); }
-
   bool oneshot(size_t bytes) const { return size_ > 1 && static_cast<int64_t>(bytes) <= opts_.config.oneshotBytes; }
   // One step: `blockOf(p)` goes to every peer p, and every peer's block for us lands in the
   // scratch area; then block 0 (op) block 1 (op) ... in rank order, so every rank computes
@@ -547,7 +545,9 @@ class CommImpl : private ChannelHost {
     std::vector<std::pair<std::string, transport::Setup*>> choices;  // several between hosts, in preference order
     std::vector<LazyPeer> peers;                              // engine thread
   } links_;
-  bool readEndpoint(int peer, LazyPeer& l);  // connections.cpp
+  bool readEndpoint(int peer, LazyPeer& l);       // connections.cpp, as connectAtInit (RAILCC_RUNTIME_CONNECT=0)
+  void connectAtInit(Clock::time_point deadline);
+  std::vector<int> collectivePeers();              // algorithms/peers.cpp: what it connects
   void progressLoop();
   // Takes the engine token; with `drain`, also moves the queued ops on (drainQueue) under the same lock.
   bool tryAcquire(bool drain = false);

@@ -2,6 +2,7 @@
 // init), and those made at first use (RAILCC_RUNTIME_CONNECT): the channel layer asks for a
 // (peer, lane) it meets without a connection; bootstrap kept the set-up that reaches the peer.
 #include <dirent.h>
+#include <poll.h>
 #include <sys/resource.h>
 
 #include "engine/comm_impl.h"
@@ -139,6 +140,41 @@ bool CommImpl::readEndpoint(int peer, LazyPeer& l) {
   l.rec.endpoint = it->second.second;
   l.endpointLater = false;
   return true;
+}
+
+// RAILCC_RUNTIME_CONNECT=0: the pairs this rank's collectives meet (collectivePeers), connected
+// before init returns, through the same first-use set-ups (both ends list the pair); every
+// other pair still connects at its first use. A peer that does not answer by the deadline
+// fails init naming it; one that died is named as at first use.
+void CommImpl::connectAtInit(Clock::time_point deadline) {
+  std::vector<int> left;
+  for (int p : collectivePeers()) {
+    const LazyPeer& l = links_.peers.at(static_cast<size_t>(p));
+    if (l.setup || l.chooseLater) left.push_back(p);
+  }
+  const size_t total = left.size();
+  const Clock::time_point t0 = Clock::now();
+  std::vector<pollfd> fds;
+  while (!left.empty()) {
+    left.erase(std::remove_if(left.begin(), left.end(), [&](int p) { return connectPeer(p, kCollLane); }), left.end());
+    if (left.empty()) break;
+    if (Clock::now() >= deadline) {
+      std::string names, hosts;
+      for (int p : left) names += (names.empty() ? "" : ", ") + rankName(p) + " (host " + peers_[static_cast<size_t>(p)].hostname + ")";
+      Error err(ErrorCode::kTimeout, "railcc init of group '" + opts_.name + "' (RAILCC_RUNTIME_CONNECT=0): no connection to " +
+                                         names + " within RAILCC_INIT_TIMEOUT: still in its init, or unreachable");
+      err.ranks = left;
+      for (int p : left) err.hosts.push_back(peers_[static_cast<size_t>(p)].hostname);
+      throw err;
+    }
+    fds.clear();
+    const int ms = connectingFds(fds);
+    poll(fds.data(), fds.size(), std::max(1, ms));
+  }
+  if (total)
+    RAILCC_INFO(INIT, "rank ", rank_, ": connected at init the ", total, " peer(s) on other hosts its collectives meet (",
+                std::chrono::duration_cast<Millis>(Clock::now() - t0).count(),
+                " ms; RAILCC_RUNTIME_CONNECT=0); the rest at first use");
 }
 
 int CommImpl::connectingFds(std::vector<pollfd>& out) {

@@ -77,6 +77,10 @@ def simulate_job(n, a):
 
     rules = _C.rules
     rows = []
+    L = a.per_host
+    # Per rank, the network peers of every op simulated (a pair counts on both ends): what
+    # RAILCC_RUNTIME_CONNECT=0 connects at init (the barrier is a one-byte all-reduce).
+    at_init = [set() for _ in range(n)]
     for op in a.ops:
         for size in a.sizes:
             block = size // n if op in ("reduce_scatter", "all_gather") else size
@@ -85,22 +89,27 @@ def simulate_job(n, a):
                 block = a.elem_size  # one element per rank: the smallest op of its kind
             whole = block * (n if op in ("reduce_scatter", "all_gather") else 1)
             try:
-                r = rules.simulate(n, a.per_host, op, block, a.elem_size, oneshot_bytes=a.oneshot_bytes, algo=a.algo)
+                r = rules.simulate(n, a.per_host, op, block, a.elem_size, oneshot_bytes=a.oneshot_bytes, algo=a.algo,
+                                   per_rank=True)
             except Exception as e:  # noqa: BLE001 - the engine says what it cannot model; the row says it
                 rows.append({"op": op, "bytes": whole, "error": str(e)})
                 continue
             # The least any algorithm sends per rank: (n-1)/n of the buffer for a reduce-scatter
             # or all-gather, twice that for an all-reduce; a broadcast's root sends it once.
             bound = {"all_reduce": 2 * (n - 1) / n * whole, "broadcast": whole}.get(op, (n - 1) / n * whole)
+            for src, sent in enumerate(r.pop("sent")):
+                for dst, _ in sent:
+                    if dst // L != src // L:
+                        at_init[src].add(dst)
+                        at_init[dst].add(src)
             rows.append({"op": op, "bytes": whole, **r, "sent_vs_least": r["bytes_sent"] / bound if bound else 0})
-    L = a.per_host
-    remote = n - L
+    # Collectives use one lane of a pair (send/recv the other): its channels' rings, per peer.
+    coll_peers = max(len(p) for p in at_init)
     setup = {**_setup_reads(n, L),
         "shm_bytes_per_host": L * rules.shm_segment_bytes(L * 2, a.buffsize, a.buffsize) if L > 1 else 0,
-        "verbs_pinned_today": remote * 2 * a.channels * rules.verbs_connection_bytes(a.buffsize, True),
+        "coll_net_peers": coll_peers,
+        "verbs_pinned_if_lazy": coll_peers * a.channels * rules.verbs_connection_bytes(a.buffsize, True),
     }
-    net = max((r["net_peers"] for r in rows if "error" not in r), default=0)
-    setup["verbs_pinned_if_lazy"] = net * 2 * a.channels * rules.verbs_connection_bytes(a.buffsize, True)
     return {"ranks": n, "per_host": L, "channels": a.channels, "ops": rows, "setup": setup}
 
 
@@ -135,9 +144,11 @@ def format_job(job):
                 f"endpoint at the pair's first use, where the transport between verbs and TCP is chosen), "
                 f"{s['store_keys_written']} written. Shared memory per host: "
                 f"{_human(s['shm_bytes_per_host'])} mapped (a FIFO's pages reserved as it is first written). "
-                f"RDMA verbs, pinned per rank: {_human(s['verbs_pinned_if_lazy'])} for the network peers above "
-                f"(queue pairs made at first use), {_human(s['verbs_pinned_today'])} connected at init "
-                f"(RAILCC_RUNTIME_CONNECT=0: every remote rank x 2 lanes x {ch} channels)."]
+                f"RDMA verbs, pinned per rank: {_human(s['verbs_pinned_if_lazy'])} for the "
+                f"{s['coll_net_peers']} network peers (at most, per rank) that all the ops above meet together, "
+                f"{ch} channels each on the collectives' lane; their queue pairs are made when a pair first "
+                f"meets, or at init with RAILCC_RUNTIME_CONNECT=0 (send/recv and all-to-all add their own peers "
+                f"at first use)."]
     return "\n".join(out)
 
 

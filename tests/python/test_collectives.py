@@ -714,6 +714,58 @@ def rk_lazy_connections(rank, n):
     return bad
 
 
+def _collective_peers_ring(rank, n):
+    """Independent of railcc's code: the peers a rank's collectives meet with RAILCC_ALGO=ring
+    on ranks in rank order: the ring's neighbours (all-reduce, reduce-scatter, all-gather, and
+    the barrier, a one-byte all-reduce) and the chain broadcast's (its neighbours; the tail
+    tells the root, its neighbour too)."""
+    return {(rank + 1) % n, (rank - 1) % n} - {rank}
+
+
+def rk_connected_at_init(rank, n):
+    """RAILCC_RUNTIME_CONNECT=0 over TCP: a new group is connected, before it returns, to exactly
+    the peers its collectives meet; those collectives then make no connection; an all-to-all
+    connects the rest at first use."""
+    bad = []
+    _LAZY_RUNS[0] += 1
+    run = _LAZY_RUNS[0]
+    before = _sockets()
+    g = dist.new_group(list(range(n)))
+    harness.store_barrier(f"eager/{run}/init", n)  # every rank's init over: its dials arrived
+    made = _sockets() - before - 1  # the group's listener, kept for first-use connections
+    want = _collective_peers_ring(rank, n)
+    if made != len(want):
+        bad.append(f"init made {made} connections, not {len(want)} (peers {sorted(want)})")
+    x = make_input(rank, torch.float32, 300_001)
+    dist.all_reduce(x, group=g)
+    if not close(x, reduce_ref([make_input(r, torch.float32, 300_001) for r in range(n)], "SUM", n)):
+        bad.append("all_reduce result")
+    b = torch.arange(1001, dtype=torch.float64) if rank == 0 else torch.zeros(1001, dtype=torch.float64)
+    dist.broadcast(b, 0, group=g)
+    if not torch.equal(b, torch.arange(1001, dtype=torch.float64)):
+        bad.append("broadcast from rank 0")
+    outs = [torch.empty(1000) for _ in range(n)]
+    dist.all_gather(outs, torch.full((1000,), float(rank)), group=g)
+    if any(not torch.equal(outs[j], torch.full((1000,), float(j))) for j in range(n)):
+        bad.append("all_gather result")
+    dist.barrier(group=g)
+    harness.store_barrier(f"eager/{run}/ops", n)
+    if _sockets() - before - 1 != made:
+        bad.append(f"the collectives made {_sockets() - before - 1 - made} more connections")
+    harness.store_barrier(f"eager/{run}/ops-counted", n)
+    ins = [torch.full((7,), float(rank * 100 + j)) for j in range(n)]
+    outs = [torch.empty(7) for _ in range(n)]
+    dist.all_to_all(outs, ins, group=g)
+    harness.store_barrier(f"eager/{run}/a2a", n)
+    if any(not torch.equal(outs[j], torch.full((7,), float(j * 100 + rank))) for j in range(n)):
+        bad.append("all_to_all result")
+    if _sockets() - before - 1 != n - 1:
+        bad.append(f"after an all_to_all {_sockets() - before - 1} connections, not {n - 1}")
+    harness.store_barrier(f"eager/{run}/a2a-counted", n)
+    dist.destroy_process_group(g)
+    return bad
+
+
 def rk_pair_reduce(rank, n):
     # Two ranks reduce each other's block in whichever order (a op b on one, b op a on the other)
     # rather than in rank order: both must still end with the same bits, so the values here are
@@ -822,6 +874,12 @@ def test_ring_and_tree_over_tcp(pools, algo, n):
 @pytest.mark.parametrize("n", [2, 5])
 def test_lazy_connections(pools, n):
     check(pools(n, RAILCC_ALGO="ring", RAILCC_SHM_DISABLE="1", RAILCC_RUNTIME_CONNECT="1"), rk_lazy_connections)
+
+
+@pytest.mark.parametrize("n", [2, 8])
+def test_runtime_connect_0_connects_the_collectives_peers_at_init(pools, n):
+    # At 8 ranks the ring and the chain meet 2 of each rank's 7 peers.
+    check(pools(n, RAILCC_ALGO="ring", RAILCC_SHM_DISABLE="1", RAILCC_RUNTIME_CONNECT="0"), rk_connected_at_init)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

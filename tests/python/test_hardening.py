@@ -259,11 +259,10 @@ def rk_listening_sockets(rank, n):
     return _listening_ports(os.getpid())
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_no_tcp_listener_survives_set_up(pools, transport):
-    # Connecting at init: nothing listens once set-up is done.
-    env = {"RAILCC_SHM_DISABLE": "1", "RAILCC_SOCKET_IFNAME": "lo"} if transport == "tcp" else {}
-    assert pools(2, RAILCC_RUNTIME_CONNECT="0", **env).run(rk_listening_sockets) == [[], []]
+@pytest.mark.parametrize("runtime_connect", ["0", "1"])
+def test_no_tcp_listener_between_ranks_of_one_host(pools, runtime_connect):
+    # Shared memory only: nothing listens once set-up is done, whenever connections are made.
+    assert pools(2, RAILCC_RUNTIME_CONNECT=runtime_connect).run(rk_listening_sockets) == [[], []]
 
 
 def test_connecting_at_first_use_each_rank_keeps_one_listener(pools):

@@ -58,10 +58,11 @@ def test_every_collective_dtype_and_op_is_exact_over_verbs(vm, case, n):
         assert res["bad"] == [], f"rank {r}: {res['bad'][:10]}"
     log = _read(vm, "job.txt")
     # Each pair went over verbs, said so at INFO with the reason, on both rxe devices: at first
-    # use (n2: its queue pairs made when the pair first met), and at init (n3_qps2).
+    # use (n2: its queue pairs made when the pair first met), and at init for the peers its
+    # collectives meet (n3_qps2: RAILCC_RUNTIME_CONNECT=0, the ring's two).
     assert "via verbs rxe0:1/vrail0" in log and "rxe1:1/vrail1" in log, log[-6000:]
-    assert "(verbs: both have RDMA ports" in log and "forced by RAILCC_NET" in log, log[-6000:]
-    assert "via verbs at first use (RDMA ports here (rxe" in log, log[-6000:]
+    assert "via verbs at first use (RDMA ports here (rxe" in log and "forced by RAILCC_NET" in log, log[-6000:]
+    assert "connected at init the 2 peer(s) on other hosts its collectives meet" in log, log[-6000:]
     assert "connected at first use via verbs rxe" in log, log[-6000:]
     assert "GPUDirect RDMA on rxe0: dma-buf unsupported, nvidia_peermem not loaded" in log, log[-6000:]
 

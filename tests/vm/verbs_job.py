@@ -267,8 +267,9 @@ tc.DTYPES = [torch.float32]
 # Rendezvous: what the transport counters say about copies and registrations.
 run("zero_copy", 2, zero_copy, VERBS, 300)
 run("refused_registration", 2, refused_registration, dict(VERBS, RAILCC_BUFFSIZE="65536"), 200, pre=limit_pinned_memory)
-# This one connects every pair at init (RAILCC_RUNTIME_CONNECT=0); the others at first use (the
-# transport's GoogleTests run 3 ranks x 2 QPs at first use).
+# This one connects at init the pairs its collectives meet (RAILCC_RUNTIME_CONNECT=0: with 3
+# ranks, all of them); the others at first use (the transport's GoogleTests run 3 ranks x 2 QPs
+# at first use).
 run("n3_qps2", 3, sweep, dict(VERBS, RAILCC_IB_QPS_PER_CONNECTION="2", RAILCC_ALGO="ring", RAILCC_RUNTIME_CONNECT="0"), 400)
 # The same sweep with rendezvous forced off: every message through the rings.
 run("n3_eager", 3, sweep, dict(VERBS, RAILCC_IB_RNDV_BYTES="0"), 400)

@@ -75,15 +75,14 @@ class SocketSetup : public Setup {
   }
 
   std::string endpoint() override {
-    // Connecting at init, only a rank that some peer on another host dials (a lower rank)
-    // listens, and only until set-up is done. Connecting at first use, every rank with a peer
-    // on another host listens for the group's life: the peers it dials knock on it (probe.h)
+    // Connections are made when a pair first meets (at its first op, or at init for those
+    // RAILCC_RUNTIME_CONNECT=0 has the engine connect then), so every rank with a peer on
+    // another host listens for the group's life: the peers it dials knock on it (probe.h)
     // while they wait, to learn whether it still exists.
     const auto& local = ctx_.localRanks;
-    bool dialed = false;
-    for (int r = 0; r < (lazy() ? ctx_.size : ctx_.rank); ++r)
-      dialed = dialed || std::find(local.begin(), local.end(), r) == local.end();
-    if (!dialed) return "-";
+    bool remote = false;
+    for (int r = 0; r < ctx_.size; ++r) remote = remote || std::find(local.begin(), local.end(), r) == local.end();
+    if (!remote) return "-";
     std::string blob, names;
     if (myRail_ >= 0) {  // a listener on every rail: a peer dials the one of the pair's rail
       for (auto& [r, itf] : railIf_) {
@@ -101,8 +100,7 @@ class SocketSetup : public Setup {
         names += (i ? ", " : "") + ifs_[i].name + " " + formatAddr(listeners_.back()->addr());
       }
     }
-    RAILCC_INFO(INIT, "listening on ", names,
-                lazy() ? " for the group's life (connections at first use)" : " until the peers on other hosts have connected");
+    RAILCC_INFO(INIT, "listening on ", names, " for the group's life (connections when a pair first meets)");
     return blob;
   }
 
@@ -129,10 +127,9 @@ class SocketSetup : public Setup {
 
   void accept(const PeerRecord& peer, int lane, int channel) override {
     rv().expect(peer.rank, lane * kMaxChannels + channel);
-    if (lazy()) {  // nothing of the peer's to watch until it dials: knock on its listener
-      Blob b = parseBlob(peer.endpoint);
-      if (!b.addrs.empty()) rv().watch(peer.rank, parseAddr(b.addrs.front().first));
-    }
+    // Nothing of the peer's to watch until it dials: knock on its listener.
+    Blob b = parseBlob(peer.endpoint);
+    if (!b.addrs.empty()) rv().watch(peer.rank, parseAddr(b.addrs.front().first));
   }
 
   void idle(std::chrono::milliseconds budget) override {
@@ -143,11 +140,11 @@ class SocketSetup : public Setup {
 
   bool progress(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds budget) override {
     if (!rv_) return true;
-    rv_->keepOpen(lazy());
+    rv_->keepOpen(true);
     return rv_->step(deadline, budget);
   }
 
-  bool lazy() const override { return ctx_.config.runtimeConnect; }
+  bool lazy() const override { return true; }
   int pollFds(std::vector<pollfd>& out) override { return rv_ ? rv_->pollFds(out) : 100; }
   void markFailed() override {
     // shutdown() of a listening socket resets the connections in its backlog and refuses new

@@ -1,17 +1,13 @@
 // Set-up of the verbs transport: which ports serve this rank, the endpoint blob, and
 // connecting queue pairs.
 //
-// At first use (RAILCC_RUNTIME_CONNECT, the default) the blob names only this rank's ports, and
-// a pair's queue pairs are made when the pair first meets: each side makes its own (with its
-// ring) and publishes it under a key of the pair (QPN, PSN, the ring's address and rkey), reads
-// the peer's, moves its queue pair to RTR and RTS, and says so under a second key; it writes to
-// the peer only once the peer has said so, so no write reaches a queue pair not yet ready to
-// receive. A rank pins rings only for the peers its ops meet.
-//
-// Connected at init (RAILCC_RUNTIME_CONNECT=0), queue pairs are made when the endpoint is
-// published, one per (peer, lane, channel), so the blob carries everything a peer needs and
-// connecting is two local state changes on each side; the engine's store round-trip after
-// set-up (finishAfterPeers) ensures that no rank writes before its peer is ready to receive.
+// The blob names only this rank's ports, and a pair's queue pairs are made when the pair
+// first meets (at its first op, or at init for the pairs RAILCC_RUNTIME_CONNECT=0 has the
+// engine connect then): each side makes its own (with its ring) and publishes it under a key
+// of the pair (QPN, PSN, the ring's address and rkey), reads the peer's, moves its queue pair
+// to RTR and RTS, and says so under a second key; it writes to the peer only once the peer has
+// said so, so no write reaches a queue pair not yet ready to receive. A rank pins rings only
+// for the peers its ops meet, and the blob's size does not grow with the job.
 
 #include <unistd.h>
 
@@ -114,85 +110,30 @@ class VerbsSetup : public Setup {
   }
 
   int channels() const override { return channels_; }
-  bool lazy() const override { return ctx_.config.runtimeConnect && ctx_.publish && ctx_.peek; }
+  bool lazy() const override { return true; }
 
   std::string endpoint() override {
     std::string s = "verbs1";
     for (auto& d : devs_) s += ";" + devLine(*d);
-    if (lazy()) return s;  // queue pairs are made per pair at first use
-    for (const PeerRecord& p : ctx_.peers) {
-      if (p.rank == ctx_.rank ||
-          std::find(ctx_.localRanks.begin(), ctx_.localRanks.end(), p.rank) != ctx_.localRanks.end())
-        continue;
-      for (int lane = 0; lane < ctx_.lanes; ++lane)
-        for (int ch = 0; ch < channels_; ++ch) {
-          size_t dev = static_cast<size_t>(ch) % devs_.size();
-          auto c = std::make_unique<VerbsConnection>(devs_[dev], ring_, ctx_.config, peerName(p), hubFor(dev));
-          QpInfo q = c->local();
-          s += ";c," + std::to_string(p.rank) + "," + std::to_string(lane) + "," + std::to_string(ch) + "," +
-               std::to_string(dev) + "," + std::to_string(q.qpn) + "," + std::to_string(q.psn) + "," + std::to_string(q.ringAddr) + "," +
-               std::to_string(q.rkey) + "," + std::to_string(q.ringBytes);
-          conns_[{p.rank, lane, ch}] = std::move(c);
-        }
-    }
-    return s;
+    return s;  // queue pairs are made per pair when it first meets
   }
 
   std::string reach(const PeerRecord& peer) override {
-    Blob b;
-    if (lazy() && peer.endpoint.empty())  // read at the pair's first use, and checked then
+    if (peer.endpoint.empty())  // read at the pair's first use, and checked then
       return std::string("RDMA ports here (") + devs_[0]->name() + (devs_[0]->roce() ? " RoCE" : " InfiniBand") + ")" +
              railWhy_;
-    if (lazy()) {
-      const Blob* theirs = portsOf(peer);
-      if (!theirs) return "";
-      return std::string("both have RDMA ports (") + devs_[0]->name() + (devs_[0]->roce() ? " RoCE" : " InfiniBand") +
-             " <-> " + theirs->devs[0].dev + ")" + railWhy_;
-    }
-    if (!parseBlob(peer.endpoint, &b) || b.devs.empty()) return "";
-    auto mine = conns_.find({peer.rank, 0, 0});
-    auto theirs = b.conns.find({ctx_.rank, 0, 0});
-    if (mine == conns_.end() || theirs == b.conns.end()) return "";
-    QpInfo here = mine->second->local();
-    if (here.roce != theirs->second.roce) return "";  // InfiniBand and Ethernet ports cannot talk
-    blobs_[peer.rank] = std::move(b);
-    return std::string("both have RDMA ports (") + here.dev + (here.roce ? " RoCE" : " InfiniBand") + " <-> " +
-           theirs->second.dev + ")" + railWhy_;
+    const Blob* theirs = portsOf(peer);
+    if (!theirs) return "";
+    return std::string("both have RDMA ports (") + devs_[0]->name() + (devs_[0]->roce() ? " RoCE" : " InfiniBand") +
+           " <-> " + theirs->devs[0].dev + ")" + railWhy_;
   }
 
   void connect(const PeerRecord& peer, int lane, int channel) override { start(peer, lane, channel); }
   void accept(const PeerRecord& peer, int lane, int channel) override { start(peer, lane, channel); }
 
   bool progress(std::chrono::steady_clock::time_point, std::chrono::milliseconds) override {
-    if (lazy()) {
-      exchange();
-      return false;  // connections at first use never end
-    }
-    for (const Key& k : want_) {
-      auto [peer, lane, ch] = k;
-      auto missing = [&, peer = peer, lane = lane, ch = ch] {
-        Error e(ErrorCode::kInvalidUsage, "verbs set-up: rank " + std::to_string(peer) + " published no queue pair for lane " +
-                                              std::to_string(lane) + " channel " + std::to_string(ch) + " towards rank " +
-                                              std::to_string(ctx_.rank));
-        e.ranks = {peer};
-        return e;
-      };
-      auto bit = blobs_.find(peer);
-      auto cit = conns_.find(k);
-      if (bit == blobs_.end() || cit == conns_.end()) throw missing();
-      auto rit = bit->second.conns.find({ctx_.rank, lane, ch});
-      if (rit == bit->second.conns.end()) throw missing();
-      try {
-        cit->second->connectTo(rit->second);
-      } catch (Error& e) {
-        e.ranks = {peer};
-        throw;
-      }
-      done_[k] = std::move(cit->second);
-      conns_.erase(cit);
-    }
-    want_.clear();
-    return true;
+    exchange();
+    return false;  // connections at first use never end
   }
 
   bool ready(int peer, int lane, int channel) override { return done_.count({peer, lane, channel}) != 0; }
@@ -206,11 +147,7 @@ class VerbsSetup : public Setup {
     return c;
   }
 
-  void finish() override {
-    conns_.clear();  // queue pairs made for peers that another transport serves, or spare channels
-    blobs_.clear();
-  }
-  bool finishAfterPeers() const override { return true; }
+  void finish() override { blobs_.clear(); }
 
  private:
   // A queue pair made at first use, until the peer's is known and then until the peer's is ready.
@@ -250,10 +187,6 @@ class VerbsSetup : public Setup {
   }
 
   void start(const PeerRecord& peer, int lane, int ch) {
-    if (!lazy()) {
-      want_.push_back({peer.rank, lane, ch});
-      return;
-    }
     if (!portsOf(peer)) {
       Error e(ErrorCode::kInvalidUsage, "verbs: " + peerName(peer) + " offers no RDMA port this rank's " +
                                             devs_[0]->name() + " can talk to (its endpoint: '" +
@@ -318,9 +251,8 @@ class VerbsSetup : public Setup {
   std::string railWhy_;
   int channels_ = 1;
   size_t ring_ = 0;
-  std::map<Key, std::unique_ptr<VerbsConnection>> conns_, done_;
+  std::map<Key, std::unique_ptr<VerbsConnection>> done_;
   std::map<int, Blob> blobs_;
-  std::vector<Key> want_;
   std::map<Key, Pending> pending_;
   Key turn_{-1, -1, -1};  // the pending pair read last
 };
@@ -332,6 +264,10 @@ class VerbsTransport : public railcc::transport::Transport {
   std::unique_ptr<Setup> open(const SetupContext& ctx, std::string& whyNot) override {
     if (ctx.config.ibDisable) {
       whyNot = "disabled by RAILCC_IB_DISABLE/NCCL_IB_DISABLE=1";
+      return nullptr;
+    }
+    if (!ctx.publish || !ctx.peek) {  // a pair's queue pairs are exchanged through the group's store
+      whyNot = "no store to exchange queue pairs through";
       return nullptr;
     }
     std::vector<std::shared_ptr<Device>> devs = openDevices(ctx.config, &whyNot);

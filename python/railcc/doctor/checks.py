@@ -380,15 +380,14 @@ def check_memlock(ctx):
     ports = sum(1 for d in ctx.rdma for p in d.ports if p.state == "ACTIVE") or 1
     staging = int(ctx.param("RAILCC_CUDA_STAGING_BYTES", 32 << 20)) if ctx.gpus else 0
     remote = max(ctx.world - ctx.local_ranks, 0)
-    # Connected at first use (RAILCC_RUNTIME_CONNECT, the default), a rank pins rings only for the
-    # peers its ops meet: its collectives' at most log2(world) + 3 (as the engine's own fd
-    # estimate); send/recv and all_to_all to every peer would pin the rest as they meet them.
-    lazy = str(ctx.param("RAILCC_RUNTIME_CONNECT", "1")).lower() not in ("0", "false", "no", "off")
-    peers = min(remote, max(ctx.world - 1, 1).bit_length() + 3) if lazy else remote
+    # A rank pins rings only for the peers its ops meet, as each pair first meets (or, with
+    # RAILCC_RUNTIME_CONNECT=0, its collectives' peers at init): its collectives' at most
+    # log2(world) + 3 (as the engine's own fd estimate); send/recv and all_to_all to every peer
+    # would pin the rest as they meet them.
+    peers = min(remote, max(ctx.world - 1, 1).bit_length() + 3)
     rndv = int(ctx.param("RAILCC_IB_RNDV_BYTES", 65536)) > 0
     need = peers * 2 * ports * qps * rules.verbs_connection_bytes(buff, rndv) + staging
-    met = f"{peers} of {remote} remote peer(s), those a rank's collectives meet at first use" if lazy else \
-        f"{remote} remote peer(s)"
+    met = f"{peers} of {remote} remote peer(s), those a rank's collectives meet"
     how = (f"{_mib(need)} for {met} ({ctx.world_from}) x 2 lanes x {ports * qps} channel(s) "
            f"({ports} active port(s) x RAILCC_IB_QPS_PER_CONNECTION {qps}) x 2 rings of RAILCC_BUFFSIZE {_mib(ring)}"
            + (" and a 1 MiB rendezvous bounce buffer" if rndv else "")
