@@ -28,6 +28,9 @@ What is measured, per rank:
             the parent's pages; a page they write becomes private, so this counts what init
             allocated and what it touched of the parent's. Shared memory (/dev/shm segments,
             mapped by every rank of a fake host by design) is reported per host apart.
+            heap: bytes the C heap holds in use (glibc mallinfo2: arenas plus mmapped
+            blocks) added over the same span, the backend's and torch's allocations apart
+            from pages touched.
   fds       entries of /proc/self/fd after the first all_reduce, and how many init added.
   sockets   fds that are sockets. Of the process's TCP sockets (/proc/self/net/tcp{,6}), the
             established connections to anything but the store that init added: the measure
@@ -79,6 +82,7 @@ COLUMNS = [
     ("cpu_ms", "init CPU ms", "{:.1f}"),
     ("private_mib", "private +MiB", "{:.1f}"),
     ("rss_mib", "RSS +MiB", "{:.1f}"),
+    ("heap_kib", "heap +KiB", "{:.0f}"),
     ("fds", "fds", "{:d}"),
     ("fds_added", "+fds", "{:d}"),
     ("sockets", "sockets", "{:d}"),
@@ -140,7 +144,24 @@ def _memory_kib():
             key, _, value = line.partition(":")
             if key in ("Rss", "Private_Clean", "Private_Dirty"):
                 got[key] = int(value.split()[0])
-    return {"private": got["Private_Clean"] + got["Private_Dirty"], "rss": got["Rss"]}
+    return {"private": got["Private_Clean"] + got["Private_Dirty"], "rss": got["Rss"], "heap": _heap_kib()}
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def _heap_kib():
+    """Bytes of the C heap in use (glibc's mallinfo2: allocated in arenas plus mmapped), KiB."""
+    try:
+        f = ctypes.CDLL(None).mallinfo2
+    except (AttributeError, OSError):
+        return 0.0
+    f.restype = _MallInfo2
+    m = f()
+    return (m.uordblks + m.hblkhd) / 1024
 
 
 def _fd_links():
@@ -327,6 +348,7 @@ def rank_main(job, rank, go_fd):
             "cpu_ms": (cpu1 - cpu0) * 1e3,
             "private_mib": (mem1["private"] - mem0["private"]) / 1024,
             "rss_mib": (mem1["rss"] - mem0["rss"]) / 1024,
+            "heap_kib": mem1["heap"] - mem0["heap"],
             "private_before_mib": mem0["private"] / 1024,
             "fds": desc1["fds"],
             "fds_added": desc1["fds"] - desc0["fds"],

@@ -56,7 +56,8 @@ struct SetupContext {
   std::string group;              // for logs
   Config config;
   std::vector<uint8_t> secret;    // the group secret, for transports that authenticate
-  std::vector<PeerRecord> peers;  // every rank, without endpoints (those come later)
+  std::vector<PeerRecord> peers;  // every rank, without endpoints (those come later); for the
+                                  // constructor of a Setup (one kept for the group's life drops it)
   std::vector<int> localRanks;    // ranks that share this host's memory, this one included
   // From the topology, when known (else -1 and empty): this rank's rail, and per rail of this
   // host the network interface of its NIC ("" where it has none with an IPv4 address).
@@ -67,7 +68,7 @@ struct SetupContext {
   // The group's store, for what a pair made at first use must tell each other beyond the
   // endpoints (a verbs queue pair's number): publish sets a key of this group; peek reads one
   // without waiting more than a few milliseconds (false while it is unset). Unset in tests
-  // that drive a Setup alone (then such a transport connects at init).
+  // that drive a Setup alone (verbs, which needs them, then does not open).
   std::function<void(const std::string&, const std::string&)> publish;
   std::function<bool(const std::string&, std::string&)> peek;
 };

@@ -78,9 +78,19 @@ def simulate_job(n, a):
     rules = _C.rules
     rows = []
     L = a.per_host
-    # Per rank, the network peers of every op simulated (a pair counts on both ends): what
-    # RAILCC_RUNTIME_CONNECT=0 connects at init (the barrier is a one-byte all-reduce).
+    # Per rank, the network peers of every op simulated (a pair counts on both ends), and of the
+    # barrier, which the simulation does not play: below 16 ranks a dissemination (rank +- 2^k,
+    # csrc/engine/algorithms/direct.cpp), from 16 across hosts a one-byte all-reduce (its peers
+    # are the 8-byte all-reduce's). What RAILCC_RUNTIME_CONNECT=0 connects at init.
     at_init = [set() for _ in range(n)]
+    barrier = [set() for _ in range(n)]
+    k = 1
+    while k < n and n < 16:
+        for r in range(n):
+            for p in ((r + k) % n, (r - k) % n):
+                if p // L != r // L:
+                    barrier[r].add(p)
+        k *= 2
     for op in a.ops:
         for size in a.sizes:
             block = size // n if op in ("reduce_scatter", "all_gather") else size
@@ -105,9 +115,11 @@ def simulate_job(n, a):
             rows.append({"op": op, "bytes": whole, **r, "sent_vs_least": r["bytes_sent"] / bound if bound else 0})
     # Collectives use one lane of a pair (send/recv the other): its channels' rings, per peer.
     coll_peers = max(len(p) for p in at_init)
+    with_barrier = max(len(p | b) for p, b in zip(at_init, barrier))
     setup = {**_setup_reads(n, L),
         "shm_bytes_per_host": L * rules.shm_segment_bytes(L * 2, a.buffsize, a.buffsize) if L > 1 else 0,
         "coll_net_peers": coll_peers,
+        "coll_net_peers_with_barrier": with_barrier,
         "verbs_pinned_if_lazy": coll_peers * a.channels * rules.verbs_connection_bytes(a.buffsize, True),
     }
     return {"ranks": n, "per_host": L, "channels": a.channels, "ops": rows, "setup": setup}
@@ -147,8 +159,9 @@ def format_job(job):
                 f"RDMA verbs, pinned per rank: {_human(s['verbs_pinned_if_lazy'])} for the "
                 f"{s['coll_net_peers']} network peers (at most, per rank) that all the ops above meet together, "
                 f"{ch} channels each on the collectives' lane; their queue pairs are made when a pair first "
-                f"meets, or at init with RAILCC_RUNTIME_CONNECT=0 (send/recv and all-to-all add their own peers "
-                f"at first use)."]
+                f"meets, or at init with RAILCC_RUNTIME_CONNECT=0, which also connects the barrier's "
+                f"({s['coll_net_peers_with_barrier']} network peers with the ops'); send/recv and all-to-all add "
+                f"their own peers at first use."]
     return "\n".join(out)
 
 

@@ -12,6 +12,7 @@ import json
 import multiprocessing as mp
 import os
 import queue
+import random
 import signal
 import socket
 import subprocess
@@ -171,7 +172,24 @@ def store_barrier(key, n):
 
 
 def free_port():
-    """A TCP port free on 127.0.0.1 now (for a job's MASTER_PORT)."""
+    """A TCP port free on 127.0.0.1 now (for a job's MASTER_PORT), below the kernel's ephemeral
+    range (ip_local_port_range), so that no socket bound to port 0 meanwhile (a listener or an
+    outgoing connection of another test's ranks) takes it before the job's store listens."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -716,10 +716,15 @@ def rk_lazy_connections(rank, n):
 
 def _collective_peers_ring(rank, n):
     """Independent of railcc's code: the peers a rank's collectives meet with RAILCC_ALGO=ring
-    on ranks in rank order: the ring's neighbours (all-reduce, reduce-scatter, all-gather, and
-    the barrier, a one-byte all-reduce) and the chain broadcast's (its neighbours; the tail
-    tells the root, its neighbour too)."""
-    return {(rank + 1) % n, (rank - 1) % n} - {rank}
+    on ranks in rank order: the ring's neighbours (all-reduce, reduce-scatter, all-gather), the
+    chain broadcast's (its neighbours; the tail tells the root, its neighbour too), and the
+    barrier's dissemination partners (rank +- 2^k)."""
+    peers = {(rank + 1) % n, (rank - 1) % n}
+    k = 1
+    while k < n:
+        peers |= {(rank + k) % n, (rank - k) % n}
+        k *= 2
+    return peers - {rank}
 
 
 def rk_connected_at_init(rank, n):
@@ -878,7 +883,7 @@ def test_lazy_connections(pools, n):
 
 @pytest.mark.parametrize("n", [2, 8])
 def test_runtime_connect_0_connects_the_collectives_peers_at_init(pools, n):
-    # At 8 ranks the ring and the chain meet 2 of each rank's 7 peers.
+    # At 8 ranks the ring, the chain and the barrier meet 5 of each rank's 7 peers.
     check(pools(n, RAILCC_ALGO="ring", RAILCC_SHM_DISABLE="1", RAILCC_RUNTIME_CONNECT="0"), rk_connected_at_init)
 
 

@@ -411,7 +411,7 @@ os._exit(0)
 
 
 def test_store_host_exiting_is_said_once_without_backtraces():
-    port = _free_port()
+    port = harness.free_port()
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="3")
     procs = [subprocess.Popen([sys.executable, "-c", _STORE_HOST_EXITS], env=dict(env, RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(3)]
@@ -422,12 +422,6 @@ def test_store_host_exiting_is_said_once_without_backtraces():
         assert "Exception raised from" not in out and "frame #" not in out, out[-3000:]
         store_lines = [ln for ln in out.splitlines() if "c10d store" in ln and "RAILCC" in ln]
         assert len(store_lines) <= 1, store_lines
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------ failed inits leak nothing (9)
@@ -615,7 +609,7 @@ def test_set_up_waits_on_the_store_without_expiring_waits():
     # that expires prints "... likely a timeout" and formats the socket's address with
     # getnameinfo, a reverse DNS lookup that stalls the rank for the resolver's timeout where
     # DNS is slow (as here: 5 s per expiry). Set-up asks whether keys exist instead.
-    port = _free_port()
+    port = harness.free_port()
     ps = [_spawn(r, 3, f"tcp:{port}", {"RAILCC_SOCKET_IFNAME": "lo"}, ("--delay", "3" if r == 2 else "0"))
           for r in range(3)]
     try:

@@ -3,6 +3,8 @@ op, the bytes every rank sent to every peer, as its flight recorder counted them
 simulation says for the same job. The simulation plays the engine's own rule and step
 functions; this checks that the way it strings an algorithm's stages together is the engine's."""
 
+import time
+
 import pytest
 
 import railcc
@@ -45,6 +47,15 @@ def _traffic(rank, world, ops):
         assert torch.equal(out, want), f"rank {rank}: {op} of {nbytes} B gave wrong values"
         last = railcc.dump_trace()["ops"][-1]
         seen.append((last["op"], {int(p): b for p, b in last["bytes_sent"].items()}))
+    # The barrier: nobody leaves it before the last rank (rank 0, late on purpose) arrives.
+    dist.barrier()
+    if rank == 0:
+        time.sleep(0.5)
+    t0 = time.monotonic()
+    dist.barrier()
+    waited = time.monotonic() - t0
+    last = railcc.dump_trace()["ops"][-1]
+    seen.append((last["op"], {int(p): b for p, b in last["bytes_sent"].items() if b}, waited))
     return seen
 
 
@@ -65,6 +76,14 @@ def test_simulation_sends_what_real_ranks_send(world, per_host, algo, ops):
     finally:
         pool.close()
     rules = railcc._C.rules
+    # From 16 ranks across hosts the barrier is a one-byte all-reduce: the 8-byte one's peers.
+    small = rules.simulate(world, per_host, "all_reduce", 8, 4, algo=algo, per_rank=True)
+    for r in range(world):
+        op, peers, waited = got[r][-1]
+        assert op == "barrier", got[r][-1]
+        assert r == 0 or waited > 0.3, f"rank {r} left the barrier {waited:.3f} s after entering it, before rank 0 came"
+        if world >= 16:
+            assert set(peers) == {p for p, _ in small["sent"][r]}, (r, peers, small["sent"][r])
     for k, (op, nbytes) in enumerate(ops):
         sim = rules.simulate(world, per_host, op, _block(op, nbytes, world), 4, algo=algo, per_rank=True)
         for r in range(world):

@@ -102,6 +102,12 @@ bool railRing(int railRanks, const std::vector<Algo>& prefer);
 /// from kRingMinRanks hosts of equal rank counts.
 inline bool railTree(int railRanks) { return railRanks >= kRingMinRanks; }
 
+/// The barrier is a one-byte all-reduce (its peers are the small all-reduce's) from
+/// kTreeMinRanks ranks across hosts, where a dissemination would meet 2 log2 n network peers;
+/// below, a dissemination over all ranks (a few peers, and a stray message of an op the ranks
+/// disagreed on is read, and named, by the barrier that follows it).
+inline bool barrierByAllreduce(const AlgoPlace& p) { return p.localRanks < p.size && p.size >= kTreeMinRanks; }
+
 /// The rule as it applies to this group, one line per op: logged by rank 0 at INFO (COLL).
 std::string describeRule(const AlgoPlace& place, const std::vector<Algo>& prefer);
 

@@ -8,8 +8,8 @@ namespace railcc::engine {
 
 // ---------------------------------------------------------------------------------------
 // The peers this rank's collectives meet on the collective lane, by the rule (chooseAlgo) at
-// every size where its answer can change and the schedules the algorithms run by: all_reduce
-// (and the barrier, a one-byte one), reduce_scatter, all_gather, and broadcast from rank 0 (DDP's and FSDP's root; a
+// every size where its answer can change and the schedules the algorithms run by: all_reduce,
+// reduce_scatter, all_gather, the barrier, and broadcast from rank 0 (DDP's and FSDP's root; a
 // broadcast from another root, reduce, gather, scatter, send/recv and all-to-all meet their
 // peers at first use). RAILCC_RUNTIME_CONNECT=0 connects these at init. The relation is
 // symmetric (a ring's neighbours, a tree's parent and children, exchange partners), so both
@@ -79,6 +79,10 @@ std::vector<int> CommImpl::collectivePeers() {
           }
           break;
       }
+  for (int k = 1; k < size_ && !barrierByAllreduce(place_); k *= 2) {  // the barrier's dissemination rounds
+    add((rank_ + k) % size_);
+    add((rank_ - k + size_) % size_);
+  }
   return {out.begin(), out.end()};
 }
 
