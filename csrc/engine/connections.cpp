@@ -159,7 +159,7 @@ void CommImpl::connectAtInit(Clock::time_point deadline) {
     left.erase(std::remove_if(left.begin(), left.end(), [&](int p) { return connectPeer(p, kCollLane); }), left.end());
     if (left.empty()) break;
     if (Clock::now() >= deadline) {
-      std::string names, hosts;
+      std::string names;
       for (int p : left) names += (names.empty() ? "" : ", ") + rankName(p) + " (host " + peers_[static_cast<size_t>(p)].hostname + ")";
       Error err(ErrorCode::kTimeout, "railcc init of group '" + opts_.name + "' (RAILCC_RUNTIME_CONNECT=0): no connection to " +
                                          names + " within RAILCC_INIT_TIMEOUT: still in its init, or unreachable");
