@@ -662,6 +662,22 @@ def _sockets():
 _LAZY_RUNS = [0]  # store keys of their own per run: a pool's store outlives a test
 
 
+def _all_to_all_meets_everyone(rank, n, g, key, connections):
+    """An all-to-all on `g`, checked against its expected values; afterwards `connections()`
+    must count a connection to every peer. Returns what went wrong."""
+    bad = []
+    ins = [torch.full((7,), float(rank * 100 + j)) for j in range(n)]
+    outs = [torch.empty(7) for _ in range(n)]
+    dist.all_to_all(outs, ins, group=g)
+    harness.store_barrier(f"{key}/a2a", n)
+    if any(not torch.equal(outs[j], torch.full((7,), float(j * 100 + rank))) for j in range(n)):
+        bad.append("all_to_all result")
+    if connections() != n - 1:
+        bad.append(f"after an all_to_all {connections()} connections, not {n - 1}")
+    harness.store_barrier(f"{key}/a2a-counted", n)
+    return bad
+
+
 def rk_lazy_connections(rank, n):
     """Connections between hosts made at first use (RAILCC_RUNTIME_CONNECT=1, TCP for every
     peer): a ring all-reduce connects the two neighbours only, an all-to-all then everyone,
@@ -680,15 +696,7 @@ def rk_lazy_connections(rank, n):
     harness.store_barrier(f"lazy/{run}/ring-counted", n)
     if ring != min(2, n - 1):
         bad.append(f"a ring all_reduce made {ring} connections, not {min(2, n - 1)} (its neighbours)")
-    ins = [torch.full((7,), float(rank * 100 + j)) for j in range(n)]
-    outs = [torch.empty(7) for _ in range(n)]
-    dist.all_to_all(outs, ins, group=g)
-    harness.store_barrier(f"lazy/{run}/a2a", n)
-    if any(not torch.equal(outs[j], torch.full((7,), float(j * 100 + rank))) for j in range(n)):
-        bad.append("all_to_all result")
-    if _sockets() - before != n - 1:
-        bad.append(f"after an all_to_all {_sockets() - before} connections, not {n - 1}")
-    harness.store_barrier(f"lazy/{run}/a2a-counted", n)
+    bad += _all_to_all_meets_everyone(rank, n, g, f"lazy/{run}", lambda: _sockets() - before)
     # send/recv on its own lane: a ring, then everyone to rank 0 from any source
     right, left = (rank + 1) % n, (rank - 1) % n
     r = torch.empty(5)
@@ -758,15 +766,7 @@ def rk_connected_at_init(rank, n):
     if _sockets() - before - 1 != made:
         bad.append(f"the collectives made {_sockets() - before - 1 - made} more connections")
     harness.store_barrier(f"eager/{run}/ops-counted", n)
-    ins = [torch.full((7,), float(rank * 100 + j)) for j in range(n)]
-    outs = [torch.empty(7) for _ in range(n)]
-    dist.all_to_all(outs, ins, group=g)
-    harness.store_barrier(f"eager/{run}/a2a", n)
-    if any(not torch.equal(outs[j], torch.full((7,), float(j * 100 + rank))) for j in range(n)):
-        bad.append("all_to_all result")
-    if _sockets() - before - 1 != n - 1:
-        bad.append(f"after an all_to_all {_sockets() - before - 1} connections, not {n - 1}")
-    harness.store_barrier(f"eager/{run}/a2a-counted", n)
+    bad += _all_to_all_meets_everyone(rank, n, g, f"eager/{run}", lambda: _sockets() - before - 1)
     dist.destroy_process_group(g)
     return bad
 

@@ -80,10 +80,7 @@ class SocketSetup : public Setup {
     // RAILCC_RUNTIME_CONNECT=0 has the engine connect then), so every rank with a peer on
     // another host listens for the group's life: the peers it dials knock on it (probe.h)
     // while they wait, to learn whether it still exists.
-    const auto& local = ctx_.localRanks;
-    bool remote = false;
-    for (int r = 0; r < ctx_.size; ++r) remote = remote || std::find(local.begin(), local.end(), r) == local.end();
-    if (!remote) return "-";
+    if (static_cast<int>(ctx_.localRanks.size()) >= ctx_.size) return "-";  // every rank shares this host
     std::string blob, names;
     if (myRail_ >= 0) {  // a listener on every rail: a peer dials the one of the pair's rail
       for (auto& [r, itf] : railIf_) {
