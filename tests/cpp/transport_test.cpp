@@ -376,7 +376,40 @@ TEST(Rendezvous, AWaitingRankKnocksOnItsPeerAndNamesItOnceNothingListens) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kPeerFailure);
     EXPECT_EQ(e.ranks, std::vector<int>{0});
-    EXPECT_NE(std::string(e.what()).find("has not connected to this rank yet"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("has not finished connecting with this rank"), std::string::npos) << e.what();
+    EXPECT_LT(Clock::now() - gone, std::chrono::seconds(3)) << "promise: about 0.5 s";
+  }
+}
+
+TEST(Rendezvous, ADialThePeerHoldsUnansweredEndsOnceItsListenerCloses) {
+  // Connections made at first use: rank 0 dials rank 1 before rank 1 has met rank 0, so rank 1
+  // holds the hello unanswered. Rank 1 then gives up on the group (its listener shut, as a
+  // failed group's is) without ever answering: rank 0 must name it within about a second,
+  // not wait on the held socket until its op times out.
+  sockaddr_in lo{};
+  socket::pickInterface("=lo", lo);
+  socket::Listener peerListener(lo);
+  socket::Rendezvous peer(secretOf(4), 1, &peerListener);
+  peer.keepOpen(true);
+  socket::Rendezvous dialer(secretOf(4), 0, nullptr);
+  dialer.keepOpen(true);
+  dialer.dial(1, 0, peerListener.addr());
+  auto far = Clock::now() + std::chrono::hours(1);
+  auto until = Clock::now() + std::chrono::milliseconds(1000);
+  while (Clock::now() < until) {
+    EXPECT_FALSE(dialer.step(far, std::chrono::milliseconds(5)));
+    peer.step(far, std::chrono::milliseconds(5));
+  }
+  EXPECT_FALSE(peer.ready(0, 0)) << "rank 1 never expected rank 0: the hello stays held";
+  ::shutdown(peerListener.fd(), SHUT_RDWR);  // what a failed group does (the held socket stays open)
+  auto gone = Clock::now();
+  try {
+    while (Clock::now() - gone < std::chrono::seconds(10)) dialer.step(far, std::chrono::milliseconds(5));
+    ADD_FAILURE() << "the dialer waited on past its peer's closed listener";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kPeerFailure);
+    EXPECT_EQ(e.ranks, std::vector<int>{1});
+    EXPECT_NE(std::string(e.what()).find("has not finished connecting with this rank"), std::string::npos) << e.what();
     EXPECT_LT(Clock::now() - gone, std::chrono::seconds(3)) << "promise: about 0.5 s";
   }
 }

@@ -9,8 +9,9 @@
 
 namespace railcc::transport::socket {
 
-ListenerProbe::ListenerProbe(const sockaddr_in& to, std::chrono::milliseconds every, std::chrono::milliseconds gone)
-    : to_(to), every_(every), gone_(gone) {}
+ListenerProbe::ListenerProbe(const sockaddr_in& to, std::chrono::milliseconds every, std::chrono::milliseconds gone,
+                             Clock::time_point first)
+    : to_(to), every_(every), gone_(gone), nextAt_(first) {}
 
 ListenerProbe::~ListenerProbe() {
   if (fd_ >= 0) ::close(fd_);

@@ -20,8 +20,10 @@ constexpr uint64_t kProbeMagic = 0x7261696c63637072ull;
 class ListenerProbe {
  public:
   using Clock = std::chrono::steady_clock;
-  /// Knocks on `to` every `every`; refusals that go on for `gone` mean nothing listens there.
-  ListenerProbe(const sockaddr_in& to, std::chrono::milliseconds every, std::chrono::milliseconds gone);
+  /// Knocks on `to` every `every`, the first time at `first` (at once by default); refusals
+  /// that go on for `gone` mean nothing listens there.
+  ListenerProbe(const sockaddr_in& to, std::chrono::milliseconds every, std::chrono::milliseconds gone,
+                Clock::time_point first = {});
   ~ListenerProbe();
   ListenerProbe(const ListenerProbe&) = delete;
   ListenerProbe& operator=(const ListenerProbe&) = delete;
@@ -40,7 +42,7 @@ class ListenerProbe {
   sockaddr_in to_{};
   std::chrono::milliseconds every_, gone_;
   int fd_ = -1;
-  Clock::time_point nextAt_{}, startedAt_{}, refusedSince_{};
+  Clock::time_point nextAt_, startedAt_{}, refusedSince_{};
   bool refusing_ = false;
   std::string lastError_;
 };

@@ -156,6 +156,11 @@ void Rendezvous::dial(int peer, int lane, const sockaddr_in& to, const sockaddr_
   if (from) c->from = *from;
   c->retryAt = Clock::now();
   conns_.push_back(std::move(c));
+  // At first use the peer may hold our hello unanswered (parked until its own first use of
+  // this pair) and then fail without ever taking it: knock on its listener meanwhile, so a
+  // peer whose group went away is reported instead of waited for until the op times out.
+  // The first knock waits a while: a live peer has answered by then, and costs no probe.
+  if (open_) watch(peer, to, Clock::now() + std::chrono::milliseconds(250));
 }
 
 void Rendezvous::expect(int peer, int lane) {
@@ -163,8 +168,8 @@ void Rendezvous::expect(int peer, int lane) {
   expected_[{peer, lane}] = false;
 }
 
-void Rendezvous::watch(int peer, const sockaddr_in& listener) {
-  probes_.try_emplace(peer, listener, std::chrono::milliseconds(250), kRefusedMeansGone);
+void Rendezvous::watch(int peer, const sockaddr_in& listener, Clock::time_point firstKnock) {
+  probes_.try_emplace(peer, listener, std::chrono::milliseconds(250), kRefusedMeansGone, firstKnock);
 }
 
 void Rendezvous::knock(Clock::time_point now) {
@@ -173,15 +178,16 @@ void Rendezvous::knock(Clock::time_point now) {
     bool waiting = false;
     for (auto it = expected_.lower_bound({peer, INT32_MIN}); it != expected_.end() && it->first.first == peer; ++it)
       waiting = waiting || !it->second;
-    if (!waiting) {  // it dialed: nothing more to knock for (a later accept() watches anew)
+    for (auto& c : conns_) waiting = waiting || (c->dialer && c->peer == peer);
+    if (!waiting) {  // it dialed, or answered ours: nothing more to knock for (a later accept() or dial() watches anew)
       p = probes_.erase(p);
       continue;
     }
     if (p->second.refused(now)) {
-      Error e(ErrorCode::kPeerFailure, "rank " + std::to_string(peer) + " has not connected to this rank yet, and its " +
+      Error e(ErrorCode::kPeerFailure, "rank " + std::to_string(peer) + " has not finished connecting with this rank, and its " +
                                            "listener at " + formatAddr(p->second.address()) + " refused connections for " +
                                            std::to_string(kRefusedMeansGone.count()) + " ms (" + p->second.lastError() +
-                                           "): the process has exited");
+                                           "): its process has exited or given up on the group");
       e.ranks = {peer};
       throw e;
     }

@@ -45,10 +45,12 @@ class Rendezvous {
   void dial(int peer, int lane, const sockaddr_in& to, const sockaddr_in* from = nullptr);
   /// `peer` connects to this rank for `lane`. Blocks: no.
   void expect(int peer, int lane);
-  /// While the rendezvous is open and `peer` has a connection expected that has not arrived,
+  /// While the rendezvous is open and `peer` has a connection expected that has not arrived
+  /// (or one this rank dials that has not finished: dial() watches on its own while open),
   /// knock on its listener at `listener` now and then (probe.h): once it has refused for 0.5 s,
-  /// step() throws kPeerFailure naming the peer (its process is gone). Blocks: no.
-  void watch(int peer, const sockaddr_in& listener);
+  /// step() throws kPeerFailure naming the peer (its process or its group is gone). Blocks: no.
+  void watch(int peer, const sockaddr_in& listener,
+             std::chrono::steady_clock::time_point firstKnock = std::chrono::steady_clock::time_point{});
 
   /// Drives every handshake until all are done. Blocks: yes, until then or `deadline`.
   /// Throws railcc::Error with the peer in `ranks`: kPeerFailure when a peer refuses or fails
