@@ -106,15 +106,16 @@ uint64_t Telemetry::opQueued(uint64_t seq, const char* op, const char* dtype, co
   std::lock_guard<std::mutex> g(mu_);
   uint64_t id = nextId_++;
   OpTrace& t = ring_[id % ring_.size()];
-  // Reuse the slot's per-peer vectors: recording an op allocates nothing once the ring is warm.
-  std::vector<uint64_t> sent = std::move(t.sent), recvd = std::move(t.recvd);
+  // Reuse the slot's rows: recording an op allocates nothing once the ring is warm. Rows an
+  // op with many peers needed (all-to-all) are let go, so that the ring holds only what
+  // recent ops of few peers use.
+  std::vector<OpTrace::PeerBytes> rows = std::move(t.bytes);
   std::vector<int> waiting = std::move(t.waitingOn);
   t = OpTrace{};
-  sent.assign(static_cast<size_t>(size_), 0);
-  recvd.assign(static_cast<size_t>(size_), 0);
+  rows.clear();
+  if (rows.capacity() > kKeepRows) rows.shrink_to_fit();
   waiting.clear();
-  t.sent = std::move(sent);
-  t.recvd = std::move(recvd);
+  t.bytes = std::move(rows);
   t.waitingOn = std::move(waiting);
   t.id = id;
   t.seq = seq;
@@ -140,24 +141,52 @@ void Telemetry::opStarted(uint64_t id, uint64_t seq, int64_t nowUs) {
   }
 }
 
+namespace {
+// Rows sorted by peer, one per peer, in place.
+void compact(std::vector<Telemetry::OpTrace::PeerBytes>& v) {
+  std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.peer < b.peer; });
+  size_t out = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (out > 0 && v[out - 1].peer == v[i].peer) {
+      v[out - 1].sent += v[i].sent;
+      v[out - 1].recvd += v[i].recvd;
+    } else {
+      v[out++] = v[i];
+    }
+  }
+  v.resize(out);
+}
+}  // namespace
+
+void Telemetry::addBytes(OpTrace& t, int peer, uint64_t sent, uint64_t recvd) {
+  if (sent == 0 && recvd == 0) return;
+  // The same peer again (a ring's neighbour step after step) most often: the last rows.
+  for (size_t i = t.bytes.size(), k = 0; i > 0 && k < 4; --i, ++k)
+    if (t.bytes[i - 1].peer == peer) {
+      t.bytes[i - 1].sent += sent;
+      t.bytes[i - 1].recvd += recvd;
+      return;
+    }
+  t.bytes.push_back({peer, sent, recvd});
+  // Otherwise rows pile up, merged once they double: O(log) per row whatever the op's peers.
+  if (t.bytes.size() >= std::max<size_t>(t.compactAt, 16)) {
+    compact(t.bytes);
+    t.compactAt = 2 * t.bytes.size();
+  }
+}
+
 void Telemetry::opBytes(uint64_t id, int peer, uint64_t sent, uint64_t recvd) {
   if (peer < 0 || peer >= size_) return;
   std::lock_guard<std::mutex> g(mu_);
-  if (OpTrace* t = find(id)) {
-    t->sent[static_cast<size_t>(peer)] += sent;
-    t->recvd[static_cast<size_t>(peer)] += recvd;
-  }
+  if (OpTrace* t = find(id)) addBytes(*t, peer, sent, recvd);
 }
 
 void Telemetry::opBytes(uint64_t id, const std::vector<std::array<uint64_t, 3>>& rows) {
   std::lock_guard<std::mutex> g(mu_);
   OpTrace* t = find(id);
   if (!t) return;
-  for (auto& [peer, sent, recvd] : rows) {
-    if (peer >= static_cast<uint64_t>(size_)) continue;
-    t->sent[static_cast<size_t>(peer)] += sent;
-    t->recvd[static_cast<size_t>(peer)] += recvd;
-  }
+  for (auto& [peer, sent, recvd] : rows)
+    if (peer < static_cast<uint64_t>(size_)) addBytes(*t, static_cast<int>(peer), sent, recvd);
 }
 
 void Telemetry::opFinished(uint64_t id, uint64_t seq, const std::string& error, const std::vector<int>& waitingOn,
@@ -252,13 +281,15 @@ std::string Telemetry::opsJson() const {
        << ", \"count\": " << t->count << ", \"redop\": " << jsonString(t->redop) << ", \"root\": " << t->root
        << ", \"state\": \"" << stateName(t->state) << "\", \"enqueue_us\": " << t->enqueueUs
        << ", \"start_us\": " << orNull(t->startUs) << ", \"end_us\": " << orNull(t->endUs);
+    std::vector<OpTrace::PeerBytes> rows = t->bytes;
+    compact(rows);
     for (int dir = 0; dir < 2; ++dir) {
-      const auto& v = dir == 0 ? t->sent : t->recvd;
       os << (dir == 0 ? ", \"bytes_sent\": {" : ", \"bytes_recv\": {");
       bool first = true;
-      for (size_t p = 0; p < v.size(); ++p) {
-        if (static_cast<int>(p) == rank_ || v[p] == 0) continue;
-        os << (first ? "" : ", ") << "\"" << p << "\": " << v[p];
+      for (auto& r : rows) {
+        uint64_t b = dir == 0 ? r.sent : r.recvd;
+        if (r.peer == rank_ || b == 0) continue;
+        os << (first ? "" : ", ") << "\"" << r.peer << "\": " << b;
         first = false;
       }
       os << "}";

@@ -32,7 +32,15 @@ class Telemetry {
     uint64_t count = 0;
     State state = State::kQueued;
     int64_t enqueueUs = 0, startUs = 0, endUs = 0;
-    std::vector<uint64_t> sent, recvd;  // bytes per peer rank
+    // Bytes per peer the op moved, one row per peer it met (a few for most algorithms, every
+    // peer only for all-to-all): not one slot per rank of the group, so the recorder's memory
+    // does not grow with the job. Rows of one peer may repeat until compacted (rowsOf()).
+    struct PeerBytes {
+      int peer;
+      uint64_t sent, recvd;
+    };
+    std::vector<PeerBytes> bytes;
+    size_t compactAt = 0;  // compact `bytes` once it holds this many rows
     std::vector<int> waitingOn;         // peers with unfinished transfers when it failed
     std::string error;                  // first line
   };
@@ -89,6 +97,8 @@ class Telemetry {
  private:
   void arrivalsLocked(const std::vector<int64_t>& startUs);  // with mu_ held
   OpTrace* find(uint64_t id);  // under mu_; null once overwritten
+  static void addBytes(OpTrace& t, int peer, uint64_t sent, uint64_t recvd);  // under mu_
+  static constexpr size_t kKeepRows = 64;  // a slot keeps room for this many rows between ops
 
   int rank_, size_;
   size_t window_;
