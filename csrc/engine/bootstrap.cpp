@@ -304,9 +304,9 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     if (c.via->setup->lazy()) {
       LazyPeer& l = links_.peers[static_cast<size_t>(r)];
       l.setup = c.via->setup.get();
-      l.rec = c.rec;
+      l.endpoint = c.rec.endpoint;
       l.channels = c.channels;
-      l.via = c.via->name;
+      l.via = links_.nameOf(c.via->name);
       l.endpointLater = c.endpointLater;
       l.chooseLater = c.endpointLater && firstUse.size() > 1;
       if (l.chooseLater) l.setup = nullptr;  // chosen with the peer's endpoint (readEndpoint)
@@ -347,7 +347,7 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     std::string desc;
     const LazyPeer& l = links_.peers[static_cast<size_t>(r)];
     if (l.setup || l.chooseLater) {
-      for (int lane = 0; lane < kLanes; ++lane) ch_.pair(lane, r).resize(static_cast<size_t>(c.channels));
+      ch_.setChannels(r, c.channels);  // the pair's channels are made when it first meets
       // Until the first lane is up; then its connection's description (linkOf, under links_.mu).
       const std::string via = l.chooseLater ? firstUseNames : c.via->name;
       peers_[static_cast<size_t>(r)].transport = via + " (connected at first use)";
@@ -356,9 +356,9 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
                   c.channels > 1 ? "; " + std::to_string(c.channels) + " channels" : std::string(), ")");
       continue;
     }
+    ch_.setChannels(r, c.channels);
     for (int lane = 0; lane < kLanes; ++lane) {
       auto& chs = ch_.pair(lane, r);
-      chs.resize(static_cast<size_t>(c.channels));
       for (int ch = 0; ch < c.channels; ++ch) chs[static_cast<size_t>(ch)].conn = c.via->setup->take(r, lane, ch);
     }
     for (int ch = 0; ch < c.channels; ++ch) {

@@ -410,10 +410,8 @@ Channels::Channels(ChannelHost& host, const Config& config, Telemetry& tele, int
   wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   RAILCC_SYSCHECK(wakeFd_, "eventfd");
   chans_.resize(kLanes);
-  for (auto& lane : chans_) {
-    lane.resize(static_cast<size_t>(size_));
-    for (auto& peer : lane) peer.resize(1);  // ourselves included: an idle channel 0
-  }
+  for (auto& lane : chans_) lane.resize(static_cast<size_t>(size_));
+  nchan_.assign(static_cast<size_t>(size_), 1);
   arrivals_.assign(static_cast<size_t>(size_), 0);
   shmPeer_.assign(static_cast<size_t>(size_), false);
   lastProgress_ = lastAliveCheck_ = Clock::now();
@@ -455,6 +453,12 @@ void Channels::wake(bool ifSleeping) {
   }
   uint64_t one = 1;
   if (write(wakeFd_, &one, sizeof(one)) < 0) { /* wake-up is best effort */ }
+}
+
+void Channels::makePair(std::vector<Channel>& v, int peer) {
+  // Under connMu_: wake(), markFailed() and close() walk every pair from other threads.
+  std::lock_guard<std::mutex> g(connMu_);
+  v.resize(std::max<size_t>(nchan_[static_cast<size_t>(peer)], 1));
 }
 
 void Channels::markFailed() {

@@ -117,12 +117,27 @@ class Channels {
   Channels& operator=(const Channels&) = delete;
 
   // ---- set-up (bootstrap)
-  std::vector<Channel>& pair(int lane, int peer) { return chans_[static_cast<size_t>(lane)][static_cast<size_t>(peer)]; }
+  /// The channels of (lane, peer), made the first time the pair is asked for (idle until a
+  /// connection joins them): a rank keeps channels only for the peers it meets, not one per
+  /// rank of the group. Engine thread.
+  std::vector<Channel>& pair(int lane, int peer) {
+    auto& v = chans_[static_cast<size_t>(lane)][static_cast<size_t>(peer)];
+    if (v.empty()) makePair(v, peer);
+    return v;
+  }
   Channel& chan(int lane, int peer, int c = 0) { return pair(lane, peer)[static_cast<size_t>(c)]; }
+  /// The pair's channels if it was ever asked for, else null (a scan over every rank).
+  std::vector<Channel>* findPair(int lane, int peer) {
+    auto& v = chans_[static_cast<size_t>(lane)][static_cast<size_t>(peer)];
+    return v.empty() ? nullptr : &v;
+  }
+  /// How many channels a pair with `peer` has, on each lane (1 unless set before it is made).
+  void setChannels(int peer, int n) { nchan_[static_cast<size_t>(peer)] = static_cast<uint8_t>(n); }
   /// A connection made after set-up (at first use) joins its channel.
   void adopt(int lane, int peer, int c, std::unique_ptr<transport::Connection> conn) {
+    Channel& ch = chan(lane, peer, c);  // made first: makePair takes connMu_ itself
     std::lock_guard<std::mutex> g(connMu_);
-    chan(lane, peer, c).conn = std::move(conn);
+    ch.conn = std::move(conn);
   }
   void setLocal(std::shared_ptr<transport::LocalDomain> d) {
     std::lock_guard<std::mutex> g(connMu_);
@@ -283,7 +298,9 @@ class Channels {
   Telemetry& tele_;
   const int rank_, size_;
   std::mutex connMu_;  // guards chans_' connections and local_ against wake/markFailed/close
-  std::vector<std::vector<std::vector<Channel>>> chans_;  // [lane][peer][channel]
+  std::vector<std::vector<std::vector<Channel>>> chans_;  // [lane][peer][channel], empty until asked for
+  std::vector<uint8_t> nchan_;                            // per peer: its pairs' channel count
+  void makePair(std::vector<Channel>& v, int peer);
   std::shared_ptr<transport::LocalDomain> local_;         // same-host rings and doorbells
   std::vector<bool> shmPeer_;
   std::vector<int> localRanks_;

@@ -529,22 +529,25 @@ class CommImpl : private ChannelHost {
   // group's life, and per peer the one that reaches it (null: connected at init, or ourselves; or, with
   // `chooseLater`, one of `choices`, the first the peer's endpoint allows). Also what names each peer's link
   // (peers_[r].transport), which such a connection fills in later: `mu` guards it from then on (linkOf).
-  struct LazyPeer {
+  struct LazyPeer {  // one per rank: the rest of the peer's record is peers_'s (recordOf)
     transport::Setup* setup = nullptr;
-    transport::PeerRecord rec;
+    std::string endpoint;  // the peer's blob for `via`
     int channels = 1;
     std::array<bool, kLanes> started{};  // per lane: connect()/accept() called
     bool named = false;          // peers_[peer].transport names a real connection
-    bool endpointLater = false;  // rec.endpoint not read yet: `via`'s line of the peer's ep/ key
+    bool endpointLater = false;  // endpoint not read yet: `via`'s line of the peer's ep/ key
     bool chooseLater = false;    // `setup` and `via` chosen among links_.choices with that endpoint
-    std::string via;             // the set-up's transport name
+    uint8_t via = 0;             // the set-up's transport name: links_.names[via]
   };
   struct Links {
     mutable std::mutex mu;
     std::vector<std::unique_ptr<transport::Setup>> setups;  // engine thread (bootstrap) writes, then fixed
     std::vector<std::pair<std::string, transport::Setup*>> choices;  // several between hosts, in preference order
     std::vector<LazyPeer> peers;                              // engine thread
+    std::vector<std::string> names;                           // LazyPeer::via
+    uint8_t nameOf(const std::string& n);                     // its index in names, added if new
   } links_;
+  transport::PeerRecord recordOf(int peer, const LazyPeer& l) const;  // connections.cpp
   bool readEndpoint(int peer, LazyPeer& l);       // connections.cpp, as connectAtInit (RAILCC_RUNTIME_CONNECT=0)
   void connectAtInit(Clock::time_point deadline);
   std::vector<int> collectivePeers();              // algorithms/peers.cpp: what it connects
@@ -555,13 +558,7 @@ class CommImpl : private ChannelHost {
   void failQueued(std::exception_ptr broken);
   std::exception_ptr runCollective(Op& op);
   void helpRun(const Request* req);
-  void poke() {
-    {
-      std::lock_guard<std::mutex> g(q_.mu);
-      q_.kick = true;
-    }
-    q_.cv.notify_one();
-  }
+  void poke();  // wakes the progress thread to take the token (progress.cpp)
 
  private:
   void drainQueue();

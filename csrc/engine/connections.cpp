@@ -45,6 +45,17 @@ void checkFdLimit(size_t conns, const std::string& group, size_t want, const std
                " in the job's shell, or LimitNOFILE= for a systemd service)");
 }
 
+uint8_t CommImpl::Links::nameOf(const std::string& n) {
+  auto it = std::find(names.begin(), names.end(), n);
+  if (it == names.end()) it = names.insert(it, n);
+  return static_cast<uint8_t>(it - names.begin());
+}
+
+transport::PeerRecord CommImpl::recordOf(int peer, const LazyPeer& l) const {
+  const PeerInfo& p = peers_[static_cast<size_t>(peer)];
+  return {p.rank, p.hostId, p.hostname, p.pid, p.pidNs, l.endpoint, l.channels};
+}
+
 bool CommImpl::connectPeer(int peer, int lane) {
   LazyPeer& l = links_.peers.at(static_cast<size_t>(peer));
   if (!l.setup && !l.chooseLater)
@@ -63,9 +74,10 @@ bool CommImpl::connectPeer(int peer, int lane) {
       checkFdLimit(static_cast<size_t>(l.channels), opts_.name, 0,
                    "connecting to " + rankName(peer) + " at first use");
       l.started[ln] = true;
+      const transport::PeerRecord rec = recordOf(peer, l);
       for (int ch = 0; ch < l.channels; ++ch) {
-        if (peer > rank_) l.setup->connect(l.rec, lane, ch);
-        else l.setup->accept(l.rec, lane, ch);
+        if (peer > rank_) l.setup->connect(rec, lane, ch);
+        else l.setup->accept(rec, lane, ch);
       }
     }
     // Moves every handshake of the set-up on (and answers peers that dialed early); the op's
@@ -109,7 +121,7 @@ bool CommImpl::readEndpoint(int peer, LazyPeer& l) {
   // peer offers and this rank can reach it by (as set-up chooses for the pairs it reads about).
   if (l.chooseLater) {
     std::string why, tried;
-    transport::PeerRecord rec = l.rec;
+    transport::PeerRecord rec = recordOf(peer, l);
     const int k = firstReaching(links_.choices, theirs, rankName(peer), rec, why, tried);
     if (k < 0) {
       Error err(ErrorCode::kInvalidUsage, who + ": no transport between hosts reaches it from rank " +
@@ -119,17 +131,18 @@ bool CommImpl::readEndpoint(int peer, LazyPeer& l) {
       throw err;
     }
     l.setup = links_.choices[static_cast<size_t>(k)].second;
-    l.via = links_.choices[static_cast<size_t>(k)].first;
-    RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", peer, " via ", l.via, " (", why, "), chosen at first use");
+    l.via = links_.nameOf(links_.choices[static_cast<size_t>(k)].first);
+    RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", peer, " via ", links_.names[l.via], " (", why, "), chosen at first use");
   }
+  const std::string& via = links_.names[l.via];
   const bool chosen = l.chooseLater;
   l.chooseLater = false;
-  auto it = theirs.find(l.via);
+  auto it = theirs.find(via);
   if (it == theirs.end())
-    RAILCC_THROW(kInvalidUsage, who, " offers no ", l.via, " endpoint, the transport rank ", rank_,
+    RAILCC_THROW(kInvalidUsage, who, " offers no ", via, " endpoint, the transport rank ", rank_,
                  " reaches other hosts through (set RAILCC_NET/NCCL_NET alike on every rank)");
   if (it->second.first != l.channels)
-    RAILCC_THROW(kInvalidUsage, who, " offers ", it->second.first, " ", l.via, " channels per lane where rank ", rank_,
+    RAILCC_THROW(kInvalidUsage, who, " offers ", it->second.first, " ", via, " channels per lane where rank ", rank_,
                  chosen ? " set up the pair's " + std::to_string(l.channels) +
                               " for its first transport between hosts (a pair chosen at first use keeps the count): "
                               "give the transports the same count (RAILCC_NCHANNELS for TCP, the NICs x "
@@ -137,7 +150,7 @@ bool CommImpl::readEndpoint(int peer, LazyPeer& l) {
                               "RAILCC_RUNTIME_CONNECT=0"
                         : " has " + std::to_string(l.channels) + ": set the channel count (RAILCC_NCHANNELS, or "
                               "NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS) alike on every rank");
-  l.rec.endpoint = it->second.second;
+  l.endpoint = it->second.second;
   l.endpointLater = false;
   return true;
 }

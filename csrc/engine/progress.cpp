@@ -122,6 +122,14 @@ bool CommImpl::tryAcquire(bool drain) {
   return true;
 }
 
+void CommImpl::poke() {
+  {
+    std::lock_guard<std::mutex> g(q_.mu);
+    q_.kick = true;
+  }
+  q_.cv.notify_one();
+}
+
 void CommImpl::release(bool wakeProgress) {
   bool more = wakeProgress && (!q_.coll.empty() || !q_.p2p.empty() || !q_.anySource.empty());
   {
@@ -251,8 +259,9 @@ void CommImpl::progressLoop() {
         if (moved == 0 && (!q_.p2p.empty() || !q_.anySource.empty())) {
           std::vector<std::pair<int, int>> on;
           for (int r = 0; r < size_; ++r) {
-            auto& ch = ch_.chan(kP2PLane, r);
-            if (!ch.sendq.empty() || !ch.recvq.empty() || (!q_.anySource.empty() && r != rank_)) on.push_back({kP2PLane, r});
+            auto* chs = ch_.findPair(kP2PLane, r);
+            const bool queued = chs && (!(*chs)[0].sendq.empty() || !(*chs)[0].recvq.empty());
+            if (queued || (!q_.anySource.empty() && r != rank_)) on.push_back({kP2PLane, r});
           }
           Millis to = !q_.p2p.empty() ? q_.p2p.front()->timeout : q_.anySource.front()->timeout;
           ch_.idle(on, to, "send/recv");
@@ -325,8 +334,8 @@ size_t CommImpl::progressP2P() {
     it = q_.anySource.erase(it);
   }
   for (int r = 0; r < size_; ++r) {
-    Channel& ch = ch_.chan(kP2PLane, r);
-    if (!ch.sendq.empty() || !ch.recvq.empty()) moved += ch_.progress(kP2PLane, r);
+    auto* chs = ch_.findPair(kP2PLane, r);
+    if (chs && (!(*chs)[0].sendq.empty() || !(*chs)[0].recvq.empty())) moved += ch_.progress(kP2PLane, r);
   }
   if (moved) ch_.touch();
   return moved;
