@@ -44,8 +44,10 @@ bool Channels::recvWhole(Channel& ch, Transfer& t, int lane, int peer, size_t& m
 void Channels::acceptHeader(Channel& ch, Transfer& t, int lane, int peer) {
   checkHeader(t, ch.inHdr, peer);
   t.matched = true;
-  if (lane == kCollLane && arrivals_[static_cast<size_t>(peer)] == 0)
+  if (lane == kCollLane && arrivals_[static_cast<size_t>(peer)] == 0 && ch.inHdr.startUs > 0) {
     arrivals_[static_cast<size_t>(peer)] = ch.inHdr.startUs;
+    arrived_.push_back({peer, ch.inHdr.startUs});
+  }
 }
 
 bool Channels::readHeader(Channel& ch, size_t& moved) {
@@ -435,7 +437,8 @@ void Channels::setShmPeers(std::vector<bool> shm, std::vector<int> localRanks, s
 void Channels::begin(const OpStamp* op) {
   op_ = op;
   lastProgress_ = Clock::now();
-  std::fill(arrivals_.begin(), arrivals_.end(), 0);
+  for (auto& [peer, us] : arrived_) arrivals_[static_cast<size_t>(peer)] = 0;
+  arrived_.clear();
   waitingOn_.clear();
 }
 

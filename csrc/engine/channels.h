@@ -152,8 +152,9 @@ class Channels {
   void begin(const OpStamp* op);
   void end() { op_ = nullptr; }
   const OpStamp* current() const { return op_; }
-  /// Per peer: the start time stamped in its first message of the current op (0: none yet).
-  std::vector<int64_t>& arrivals() { return arrivals_; }
+  /// (peer, start time stamped in its first message) of the current op, one per peer heard
+  /// from; the owner may add its own.
+  std::vector<std::pair<int, int64_t>>& arrivals() { return arrived_; }
   /// The peers of the transfers that were unfinished when a step failed.
   const std::vector<int>& waitingOn() const { return waitingOn_; }
 
@@ -312,7 +313,10 @@ class Channels {
   std::atomic<bool> sleeping_{false};
   // The op being run (engine thread only, like everything below).
   const OpStamp* op_ = nullptr;
+  // Per peer: its start time in the current op (0: not heard from yet), and the peers heard
+  // from (begin() clears only those: no pass over every rank per op).
   std::vector<int64_t> arrivals_;
+  std::vector<std::pair<int, int64_t>> arrived_;
   std::vector<int> waitingOn_;
   Clock::time_point lastProgress_{}, lastAliveCheck_{};
   // Kept between steps, so that a warm step allocates nothing.

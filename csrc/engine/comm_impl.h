@@ -425,6 +425,7 @@ class CommImpl : private ChannelHost {
     std::deque<std::unique_ptr<Op>> coll;
     std::vector<std::unique_ptr<Op>> p2p;
     std::vector<std::unique_ptr<Op>> anySource;
+    std::vector<int> p2pPeers;  // p2pPeers()'s, kept between calls
     std::thread thread;
     std::atomic<bool> stop{false};  // shutdown: finish what is queued, then exit
   } q_;
@@ -566,6 +567,7 @@ class CommImpl : private ChannelHost {
   void distributeDrained();  // q_.drained to q_.coll and the started p2p ops
   void startP2P(std::unique_ptr<Op> op);
   size_t progressP2P();
+  const std::vector<int>& p2pPeers();  // the peers of q_.p2p, sorted, once each
   void finishP2P();
   // Keeps sends and receives moving while a collective waits; returns bytes moved.
   size_t pumpP2P() {

@@ -180,7 +180,7 @@ std::exception_ptr CommImpl::runCollective(Op& op) {
   // the closed connections it left behind.
   if (err && health_.memberDown) err = brokenError();
   // One lock for the trace and the arrival lags (stragglers) of a successful op.
-  if (!err && size_ > 1) ch_.arrivals()[static_cast<size_t>(rank_)] = op.fp.startUs;
+  if (!err && size_ > 1 && op.fp.startUs > 0) ch_.arrivals().push_back({rank_, op.fp.startUs});
   tele_->opFinished(op.traceId, op.fp.seq, what, ch_.waitingOn(), !err && size_ > 1 ? &ch_.arrivals() : nullptr);
   if (err) {
     fail(err);
@@ -258,11 +258,10 @@ void CommImpl::progressLoop() {
         finishP2P();
         if (moved == 0 && (!q_.p2p.empty() || !q_.anySource.empty())) {
           std::vector<std::pair<int, int>> on;
-          for (int r = 0; r < size_; ++r) {
-            auto* chs = ch_.findPair(kP2PLane, r);
-            const bool queued = chs && (!(*chs)[0].sendq.empty() || !(*chs)[0].recvq.empty());
-            if (queued || (!q_.anySource.empty() && r != rank_)) on.push_back({kP2PLane, r});
-          }
+          for (int r : p2pPeers()) on.push_back({kP2PLane, r});
+          if (!q_.anySource.empty())  // any peer may send it
+            for (int r = 0; r < size_; ++r)
+              if (r != rank_ && !std::binary_search(q_.p2pPeers.begin(), q_.p2pPeers.end(), r)) on.push_back({kP2PLane, r});
           Millis to = !q_.p2p.empty() ? q_.p2p.front()->timeout : q_.anySource.front()->timeout;
           ch_.idle(on, to, "send/recv");
         }
@@ -333,12 +332,19 @@ size_t CommImpl::progressP2P() {
     q_.p2p.push_back(std::move(*it));
     it = q_.anySource.erase(it);
   }
-  for (int r = 0; r < size_; ++r) {
-    auto* chs = ch_.findPair(kP2PLane, r);
-    if (chs && (!(*chs)[0].sendq.empty() || !(*chs)[0].recvq.empty())) moved += ch_.progress(kP2PLane, r);
-  }
+  for (int r : p2pPeers()) moved += ch_.progress(kP2PLane, r);
   if (moved) ch_.touch();
   return moved;
+}
+
+const std::vector<int>& CommImpl::p2pPeers() {
+  // The peers of the sends and receives under way, not a pass over every rank of the group.
+  std::vector<int>& v = q_.p2pPeers;
+  v.clear();
+  for (auto& op : q_.p2p) v.push_back(op->xfer.peer);
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
 }
 
 void CommImpl::finishP2P() {

@@ -190,7 +190,7 @@ void Telemetry::opBytes(uint64_t id, const std::vector<std::array<uint64_t, 3>>&
 }
 
 void Telemetry::opFinished(uint64_t id, uint64_t seq, const std::string& error, const std::vector<int>& waitingOn,
-                           const std::vector<int64_t>* startUs) {
+                           const std::vector<std::pair<int, int64_t>>* startUs) {
   std::lock_guard<std::mutex> g(mu_);
   if (startUs) arrivalsLocked(*startUs);
   if (seq > 0 && error.empty()) progress_.completed = std::max(progress_.completed, seq);
@@ -203,17 +203,17 @@ void Telemetry::opFinished(uint64_t id, uint64_t seq, const std::string& error, 
   t->waitingOn = waitingOn;
 }
 
-void Telemetry::arrivalsLocked(const std::vector<int64_t>& startUs) {
+void Telemetry::arrivalsLocked(const std::vector<std::pair<int, int64_t>>& startUs) {
   int64_t first = 0;
-  for (int64_t s : startUs)
+  for (auto& [r, s] : startUs)
     if (s > 0 && (first == 0 || s < first)) first = s;
   if (first == 0) return;
-  for (size_t r = 0; r < startUs.size() && r < lag_.size(); ++r) {
-    if (startUs[r] <= 0) continue;
-    auto& w = lag_[r];
-    double lag = static_cast<double>(startUs[r] - first);
+  for (auto& [r, s] : startUs) {
+    if (s <= 0 || r < 0 || static_cast<size_t>(r) >= lag_.size()) continue;
+    auto& w = lag_[static_cast<size_t>(r)];
+    double lag = static_cast<double>(s - first);
     if (w.size() < window_) w.push_back(lag);
-    else w[lagPos_[r]++ % window_] = lag;
+    else w[lagPos_[static_cast<size_t>(r)]++ % window_] = lag;
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdint>
+#include <utility>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -68,11 +69,11 @@ class Telemetry {
   void opBytes(uint64_t id, int peer, uint64_t sent, uint64_t recvd);
   /// Several peers' bytes under one lock: {peer, sent, received} each.
   void opBytes(uint64_t id, const std::vector<std::array<uint64_t, 3>>& rows);
-  /// With `startUs`, the start times of the op: this rank's and what each peer stamped in its
-  /// messages (0 where nothing arrived); they update the lag window of every rank, under the
+  /// With `startUs`, the start times of the op as (rank, time): this rank's and what each peer
+  /// it heard from stamped in its messages; they update those ranks' lag windows, under the
   /// same lock as the trace.
   void opFinished(uint64_t id, uint64_t seq, const std::string& error, const std::vector<int>& waitingOn,
-                  const std::vector<int64_t>* startUs = nullptr);
+                  const std::vector<std::pair<int, int64_t>>* startUs = nullptr);
   /// One transfer of `bytes` that kept a link busy for `busyUs`.
   void linkSample(int peer, bool send, uint64_t bytes, int64_t busyUs);
 
@@ -95,7 +96,7 @@ class Telemetry {
   std::string lagsJson() const;
 
  private:
-  void arrivalsLocked(const std::vector<int64_t>& startUs);  // with mu_ held
+  void arrivalsLocked(const std::vector<std::pair<int, int64_t>>& startUs);  // with mu_ held
   OpTrace* find(uint64_t id);  // under mu_; null once overwritten
   static void addBytes(OpTrace& t, int peer, uint64_t sent, uint64_t recvd);  // under mu_
   static constexpr size_t kKeepRows = 64;  // a slot keeps room for this many rows between ops

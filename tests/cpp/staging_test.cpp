@@ -57,6 +57,11 @@ struct FakeEvent {
   int polls = 0;
   FakeEvent* self() { return alias ? alias : this; }
 };
+// Destroyed streams and events, kept to the end of the process: a stream that waits on
+// another rank's event may look at it after that rank's teardown (the work it waits for is
+// done; on a GPU the wait is then a no-op), and the fake must not read freed memory there.
+std::vector<std::unique_ptr<FakeStream>> gDeadStreams;
+std::vector<std::unique_ptr<FakeEvent>> gDeadEvents;
 
 struct Fake {
   static const char* errorString(int) { return "fake device error"; }
@@ -71,10 +76,18 @@ struct Fake {
   }
   static int hostFree(void* p) { return std::free(p), 0; }
   static int streamCreate(void** s) { return *s = new FakeStream, 0; }
-  static int streamDestroy(void* s) { return delete static_cast<FakeStream*>(s), 0; }
+  static int streamDestroy(void* s) {
+    std::lock_guard<std::recursive_mutex> g(gFakeMu);
+    gDeadStreams.emplace_back(static_cast<FakeStream*>(s));
+    return 0;
+  }
   static int streamSynchronize(void* s) { return drain(static_cast<FakeStream*>(s), ~uint64_t(0)), 0; }
   static int eventCreate(void** e) { return *e = new FakeEvent, 0; }
-  static int eventDestroy(void* e) { return delete static_cast<FakeEvent*>(e), 0; }
+  static int eventDestroy(void* e) {
+    std::lock_guard<std::recursive_mutex> g(gFakeMu);
+    gDeadEvents.emplace_back(static_cast<FakeEvent*>(e));
+    return 0;
+  }
   static int eventRecord(void* e, void* s) {
     std::lock_guard<std::recursive_mutex> g(gFakeMu);
     auto* ev = static_cast<FakeEvent*>(e)->self();
@@ -605,6 +618,10 @@ TEST(StagedErrors, GpuWorkThatNeverFinishesIsTimedOutByTheWatchdog) {
     checked.fetch_add(1);
     while (checked.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     gHung = false;
+    // What the hung stream still holds reads `v`: let it run before `v` goes (a real GPU would
+    // have run it on its own by now).
+    Fake::streamSynchronize(caller);
+    Fake::streamSynchronize(s);
   });
   setDeviceApiForTesting(nullptr);
 }
