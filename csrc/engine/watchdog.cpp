@@ -191,11 +191,17 @@ void CommImpl::checkStragglers() {
   auto lags = tele_->lags();
   double limit = static_cast<double>(cfg.stragglerLagMs) * 1000.0;
   int minOps = static_cast<int>(std::min<int64_t>(8, cfg.stragglerWindow));
-  for (size_t r = 0; r < lags.size(); ++r) {
+  // Only ranks this one heard from have lags (its algorithms' peers: a few at any job size),
+  // so the comparison runs over those, not over every pair of ranks of the group.
+  std::vector<size_t> heard;
+  for (size_t r = 0; r < lags.size(); ++r)
+    if (lags[r].ops > 0) heard.push_back(r);
+  std::vector<double> others;
+  for (size_t r : heard) {
     const auto& l = lags[r];
-    std::vector<double> others;  // the typical rank, this one left out (with 2 ranks: the other)
-    for (size_t q = 0; q < lags.size(); ++q)
-      if (q != r && lags[q].ops > 0) others.push_back(lags[q].meanUs);
+    others.clear();  // the typical rank, this one left out (with 2 ranks: the other)
+    for (size_t q : heard)
+      if (q != r) others.push_back(lags[q].meanUs);
     double med = median(others);
     bool bad = l.ops >= minOps && l.meanUs > limit && l.meanUs > 4 * med;
     if (bad && !strag_.lagFlagged[r]) {
