@@ -414,6 +414,36 @@ TEST(Rendezvous, ADialThePeerHoldsUnansweredEndsOnceItsListenerCloses) {
   }
 }
 
+TEST(Rendezvous, ShutdownAllEndsConnectionsNeverTakenFromAnotherThread) {
+  // Rank 1 finished a handshake with rank 0 but failed before taking the connection: rank 0
+  // holds it as connected. Rank 1's shutdownAll() (from another thread, as a failing group's)
+  // must end it, so rank 0's wait ends at once.
+  sockaddr_in lo{};
+  socket::pickInterface("=lo", lo);
+  socket::Listener l(lo);
+  socket::Rendezvous acceptor(secretOf(5), 1, &l);
+  acceptor.keepOpen(true);
+  acceptor.expect(0, 0);
+  socket::Rendezvous dialer(secretOf(5), 0, nullptr);
+  dialer.dial(1, 0, l.addr());
+  auto far = Clock::now() + std::chrono::hours(1);
+  auto until = Clock::now() + std::chrono::seconds(10);
+  while (!dialer.ready(1, 0) && Clock::now() < until) {
+    dialer.step(far, std::chrono::milliseconds(5));
+    acceptor.step(far, std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(dialer.ready(1, 0));
+  for (int i = 0; i < 5 && !acceptor.ready(0, 0); ++i) acceptor.step(far, std::chrono::milliseconds(5));
+  ASSERT_TRUE(acceptor.ready(0, 0)) << "the acceptor's side is done, not taken";
+  int fd = dialer.take(1, 0);
+  std::thread([&] { acceptor.shutdownAll(); }).join();
+  pollfd p{fd, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 3000), 1) << "the connection stayed open";
+  char b;
+  EXPECT_EQ(::recv(fd, &b, 1, 0), 0) << "the peer's end was shut down: end of stream";
+  ::close(fd);
+}
+
 TEST(Socket, InterfaceSpecSyntax) {
   sockaddr_in a{};
   EXPECT_EQ(socket::pickInterface("=lo", a), "lo");

@@ -143,11 +143,14 @@ Rendezvous::Rendezvous(std::vector<uint8_t> secret, int rank, Listener* listener
 void Rendezvous::addListener(Listener* listener) { listeners_.push_back(listener); }
 
 Rendezvous::~Rendezvous() {
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  conns_.clear();
   for (auto& [key, v] : done_)
     if (v.first >= 0) ::close(v.first);
 }
 
 void Rendezvous::dial(int peer, int lane, const sockaddr_in& to, const sockaddr_in* from) {
+  std::lock_guard<std::recursive_mutex> g(mu_);
   auto c = std::make_unique<Conn>();
   c->dialer = true;
   c->peer = peer;
@@ -164,6 +167,7 @@ void Rendezvous::dial(int peer, int lane, const sockaddr_in& to, const sockaddr_
 }
 
 void Rendezvous::expect(int peer, int lane) {
+  std::lock_guard<std::recursive_mutex> g(mu_);
   RAILCC_CHECK_ARG(!listeners_.empty(), "rendezvous: rank ", peer, " is expected to connect, but nothing listens");
   expected_[{peer, lane}] = false;
 }
@@ -391,6 +395,7 @@ void Rendezvous::run(Clock::time_point deadline) {
 }
 
 bool Rendezvous::step(Clock::time_point deadline, std::chrono::milliseconds budget) {
+  std::lock_guard<std::recursive_mutex> g(mu_);
   {
     // Finished connections leave the list; their fds wait in done_.
     for (size_t i = 0; i < conns_.size();) {
@@ -565,12 +570,21 @@ void Rendezvous::closeStrangers() {
 }
 
 int Rendezvous::take(int peer, int lane) {
+  std::lock_guard<std::recursive_mutex> g(mu_);
   auto it = done_.find({peer, lane});
   RAILCC_CHECK_ARG(it != done_.end() && it->second.first >= 0, "rendezvous: no connection for rank ", peer, " lane ",
                    lane);
   int fd = it->second.first;
   it->second.first = -1;
   return fd;
+}
+
+void Rendezvous::shutdownAll() {
+  std::lock_guard<std::recursive_mutex> g(mu_);
+  for (auto& c : conns_)
+    if (c->fd >= 0) ::shutdown(c->fd, SHUT_RDWR);
+  for (auto& [key, v] : done_)
+    if (v.first >= 0) ::shutdown(v.first, SHUT_RDWR);
 }
 
 std::string Rendezvous::remoteAddress(int peer, int lane) const {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,7 +30,7 @@ class Listener;
 /// refused by the dialer; a dialer that does not is dropped by the acceptor and logged with
 /// its address. Connections are returned blocking-free (O_NONBLOCK) and tuned for collectives.
 ///
-/// Not thread-safe: one thread runs a rendezvous from start to end.
+/// One thread runs a rendezvous from start to end; only shutdownAll() may come from another.
 class Rendezvous {
  public:
   /// `listener` may be null when no peer connects to this rank.
@@ -81,6 +82,11 @@ class Rendezvous {
   std::string remoteAddress(int peer, int lane) const;
   /// One line per connection dropped because it failed the handshake: "ip:port: why".
   const std::vector<std::string>& dropped() const { return dropped_; }
+  /// The group failed here: every connection this rendezvous still holds (mid-handshake, or
+  /// finished and not taken) is shut down, so the peer at its other end, which may hold it as
+  /// connected already, learns at once instead of at its op's timeout. Any thread; the fds stay
+  /// this rendezvous's (closed by it), so its owner's poll is safe.
+  void shutdownAll();
 
  private:
   struct Conn;
@@ -99,6 +105,9 @@ class Rendezvous {
   void finishServerHello(Conn& c);
   void finishProof(Conn& c);
 
+  // Held by the owner's thread while it changes the connections (dial, expect, step, take,
+  // teardown), and by shutdownAll(): no fd is shut after it was closed and its number reused.
+  mutable std::recursive_mutex mu_;
   std::vector<uint8_t> secret_;
   int rank_;
   std::vector<Listener*> listeners_;

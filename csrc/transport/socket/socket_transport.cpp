@@ -99,6 +99,7 @@ class SocketSetup : public Setup {
       }
     }
     RAILCC_INFO(INIT, "listening on ", names, " for the group's life (connections when a pair first meets)");
+    rv();  // made now, on the set-up's thread: markFailed() may come from another
     return blob;
   }
 
@@ -148,6 +149,9 @@ class SocketSetup : public Setup {
     // shutdown() of a listening socket resets the connections in its backlog and refuses new
     // ones; the fd stays ours (closed with the setup), so the engine thread's poll is safe.
     for (auto& l : listeners_) ::shutdown(l->fd(), SHUT_RDWR);
+    // And what the rendezvous holds: a peer that finished a handshake with us that we never
+    // took counts the connection as up, and would wait on it until its op timed out.
+    if (rv_) rv_->shutdownAll();
   }
   bool ready(int peer, int lane, int channel) override {
     return rv_ && rv_->ready(peer, lane * kMaxChannels + channel);
