@@ -151,6 +151,7 @@ class CommImpl : private ChannelHost {
   // algorithms/direct.cpp: the other ops' host algorithms (the rule where there is a choice)
   void runBroadcast(char* buf, size_t bytes, int root);
   void runBroadcastChain(char* buf, size_t bytes, int root);
+  void runBroadcastRailChain(char* buf, size_t bytes, int root);  // the chain where hosts hold equal counts
   void runReduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale, int root);
   void runAllgather(const char* in, size_t bytes, const std::vector<char*>& outs);
   void runReduceScatter(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op, double scale);

@@ -27,7 +27,7 @@ uint64_t blockBytes(size_t count, int m, int j, size_t es) {
 }
 
 enum class Kind { kRingReduce, kRingGather, kPairReduce, kPairGather, kPairSeparate, kPairBlocks, kAll, kDoubling, kTree, kChain,
-                  kBcastTree };
+                  kBcastTree, kRailChain };
 
 // One stage of a rank's schedule: `count` elements over `g` (kAll, kPairSeparate, kChain,
 // kPairBlocks: `count` is a byte count per message; kPairBlocks sends `per` of them a step).
@@ -110,6 +110,7 @@ class Planner {
       else unsupported(a, op);
     } else if (op == "broadcast") {  // from rank 0
       if (a == Algo::kTree) ph.push_back({Kind::kBcastTree, all, bytes, 0});
+      else if (a == Algo::kChain && railLinks()) ph.push_back({Kind::kRailChain, all, bytes, 0});
       else if (a == Algo::kChain) ph.push_back({Kind::kChain, all, bytes, r == 0 ? 1 : 2});
       else unsupported(a, op);
     }
@@ -195,6 +196,20 @@ class Planner {
         }
         break;
       }
+      case Kind::kRailChain: {  // from the rail or host before; on, with the acknowledgements; up the rail
+        const schedule::ChainLinks c = chainLinks(r);
+        const int j = k - (c.from >= 0 ? 1 : 0);
+        if (j < 0) {
+          out.recvs.push_back(c.from);
+        } else if (j == 0 && (c.nto > 0 || c.nacks > 0 || c.tailAck >= 0)) {
+          for (int t = 0; t < c.nto; ++t) out.sends.push_back({c.to[t], p.count});
+          for (int t = 0; t < c.nacks; ++t) out.recvs.push_back(c.acksFrom[t]);
+          if (c.tailAck >= 0) out.sends.push_back({c.tailAck, 0});
+        } else {
+          out.sends.push_back({c.ackTo, 0});
+        }
+        break;
+      }
       case Kind::kChain:  // from position 0: receive, then forward; the tail tells the root
         if (i == 0) {
           if (m > 1) out.sends.push_back({g.at(1), p.count});
@@ -210,6 +225,7 @@ class Planner {
 
   int stepsOf(const Phase& p, int r) const {
     if (p.kind == Kind::kBcastTree) return schedule::bcastSteps(bcastLinks(r));
+    if (p.kind == Kind::kRailChain) return schedule::railChainSteps(chainLinks(r));
     if (p.kind == Kind::kTree) return schedule::treeSteps(schedule::binaryTree(p.g.m, p.g.pos(r)));
     if (p.kind != Kind::kDoubling) return p.steps;
     return schedule::doublingSteps(schedule::doubling(p.g.m, p.g.pos(r)));
@@ -221,6 +237,12 @@ class Planner {
   schedule::BcastLinks bcastLinks(int r) const {
     const int L = job_.perHost > 1 && job_.perHost < job_.size ? job_.perHost : 1;
     return schedule::bcastTree(job_.size / L, L, 0, 0, r / L, r % L);
+  }
+  // The large broadcast from rank 0 along rails, where hosts hold two or more ranks each.
+  bool railLinks() const { return job_.perHost > 1 && job_.perHost < job_.size; }
+  schedule::ChainLinks chainLinks(int r) const {
+    const int L = job_.perHost;
+    return schedule::railChain(job_.size / L, L, 0, 0, r / L, r % L);
   }
   [[noreturn]] static void unsupported(Algo a, const std::string& op) {
     RAILCC_THROW(kInvalidUsage, "railcc sim: ", op, " by ", algoName(a),
@@ -260,6 +282,7 @@ SimResult simulateOp(const SimJob& job, const std::string& op, size_t bytes, siz
   res.algo = algoName(a);
   if (a == Algo::kHier) res.algo += aop != AlgoOp::kAllreduce || rails ? " (rails: ring)" : " (rails: pairwise)";
   if (a == Algo::kTree && (aop == AlgoOp::kBroadcast ? place.hostsEven : treeRails)) res.algo += " (rails: binary tree)";
+  if (a == Algo::kChain && place.hostsEven) res.algo += " (rails)";
   if (perRank) res.sent.resize(static_cast<size_t>(n));
   if (n == 1) return res;
 

@@ -951,3 +951,16 @@ def test_two_ranks_reduce_in_either_order(pools, transport):
 @pytest.mark.parametrize("n", [3, 4])
 def test_oneshot_into_own_block(pools, n):
     check(pools(n), rk_oneshot_into_own_block)
+
+
+@pytest.mark.parametrize("hosts,per_host", [(3, 2), (2, 3)], ids=["3x2", "2x3"])
+def test_broadcast_along_rails(hosts, per_host):
+    # Fake hosts with equal rank counts: a broadcast between hosts runs along the root's rail and
+    # then through each host (schedule::railChain), forwarding as bytes arrive. Every root, every
+    # dtype at zero, one and odd counts, and 70 KB-6 MB payloads, against the root's tensor.
+    pool = harness.RankPool(hosts * per_host, rank_env=lambda r: {"RAILCC_HOST_ID": f"h{r // per_host}"})
+    try:
+        check(pool, rk_broadcast)
+        check(pool, rk_broadcast_large, timeout=180)
+    finally:
+        pool.kill()

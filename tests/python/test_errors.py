@@ -113,15 +113,17 @@ def rk_broadcast_disagreement(rank, n, case):
     return {"type": None, "value": t[0].item()}
 
 
-@pytest.mark.parametrize("ring", ["fits", "smaller", "tree"])
+@pytest.mark.parametrize("ring", ["fits", "smaller", "tree", "rails"])
 @pytest.mark.parametrize("case", ["root", "count", "op", "small_root"])
 def test_broadcast_disagreements_fail_on_every_rank(case, ring):
     # A broadcast that fits the ring is written before anyone's header is checked; one larger
     # than the ring (256 KiB here) has the root check every header first. The tree (the small
-    # broadcast across hosts, forced here) has the root wait for every subtree's acknowledgement.
+    # broadcast across hosts, forced here) has the root wait for every subtree's acknowledgement;
+    # so does the chain along rails (two fake hosts of two ranks).
     n = 4
     env = {"smaller": {"RAILCC_BUFFSIZE": str(256 << 10)}, "tree": {"RAILCC_ALGO": "tree"}}.get(ring)
-    pool = harness.RankPool(n, env=env)
+    rank_env = (lambda r: {"RAILCC_HOST_ID": f"h{r // 2}"}) if ring == "rails" else None
+    pool = harness.RankPool(n, env=env, rank_env=rank_env)
     try:
         got = pool.run(rk_broadcast_disagreement, case, timeout=60)
     finally:

@@ -125,7 +125,9 @@ Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& p, const std::vector<A
       if (op == AlgoOp::kAllgather && acrossHosts && p.size >= kRingMinRanks)
         return p.hostsEven ? pick(Algo::kHier, "16 or more ranks, hosts with equal rank counts: rings along rails")
                            : pick(Algo::kRing, "16 or more ranks across hosts: two peers per rank");
-      return op == AlgoOp::kBroadcast ? pick(Algo::kChain, "otherwise") : pick(Algo::kDirect, "otherwise");
+      if (op == AlgoOp::kBroadcast)
+        return pick(Algo::kChain, p.hostsEven ? "otherwise; along the root's rail, then through each host" : "otherwise");
+      return pick(Algo::kDirect, "otherwise");
   }
   return Algo::kPairwise;
 }

@@ -15,7 +15,37 @@ void CommImpl::runBroadcast(char* buf, size_t bytes, int root) {
   const Algo algo = algoFor(AlgoOp::kBroadcast, bytes);
   if (algo == Algo::kRings) return runBroadcastRing(buf, bytes, root);
   if (algo == Algo::kTree) return runBroadcastTree(buf, bytes, root);
+  if (!rail_.empty()) return runBroadcastRailChain(buf, bytes, root);
   runBroadcastChain(buf, bytes, root);
+}
+
+// Hosts with equal numbers of ranks (two or more): a chain along the root's rail, and from each
+// of its ranks one through that host (schedule::railChain), in ringOrder()'s host-by-host order.
+void CommImpl::runBroadcastRailChain(char* buf, size_t bytes, int root) {
+  const std::vector<int>& order = ringOrder();
+  const int L = static_cast<int>(localRanks_.size()), H = size_ / L;
+  const int me = positionIn(order, rank_), top = positionIn(order, root);
+  const schedule::ChainLinks c = schedule::railChain(H, L, top / L, top % L, me / L, me % L);
+  auto rankAt = [&](int i) { return order[static_cast<size_t>(i)]; };
+  std::vector<Transfer> xs;
+  xs.reserve(5);  // no reallocation: the forwarding sends point at the receive
+  if (c.from >= 0) xs.push_back(ch_.recvFrom(rankAt(c.from), buf, bytes));
+  for (int k = 0; k < c.nto; ++k) {
+    xs.push_back(ch_.sendTo(rankAt(c.to[k]), buf, bytes));
+    if (c.from >= 0) xs.back().limit = &xs.front().done;
+  }
+  for (int k = 0; k < c.nacks; ++k) xs.push_back(ch_.recvFrom(rankAt(c.acksFrom[k]), nullptr, 0));
+  if (c.tailAck >= 0) {  // as the chain's tail: once the header is in, not the whole payload
+    xs.front().gates = true;
+    xs.push_back(ch_.sendTo(rankAt(c.tailAck), nullptr, 0));
+    xs.back().after = &xs.front();
+  }
+  ch_.zeroCopy(xs);
+  ch_.exchange(xs);
+  if (c.ackTo >= 0) {
+    std::vector<Transfer> ack{ch_.sendTo(rankAt(c.ackTo), nullptr, 0)};
+    ch_.exchange(ack);
+  }
 }
 
 void CommImpl::runBroadcastChain(char* buf, size_t bytes, int root) {

@@ -57,9 +57,18 @@ std::vector<int> CommImpl::collectivePeers() {
           else addRing(rail_);
           break;
         case Algo::kRing: addRing(ringOrder()); break;
-        case Algo::kChain:  // from rank 0: each rank's neighbours in rank order; the tail tells the root
-          add((rank_ + 1) % size_);
-          add((rank_ + size_ - 1) % size_);
+        case Algo::kChain:
+          if (!rail_.empty()) {  // as runBroadcastRailChain, from rank 0
+            const std::vector<int>& order = ringOrder();
+            const int L = static_cast<int>(localRanks_.size()), me = positionIn(order, rank_),
+                      top = positionIn(order, 0);
+            const schedule::ChainLinks c = schedule::railChain(size_ / L, L, top / L, top % L, me / L, me % L);
+            for (int p : {c.from, c.to[0], c.to[1], c.acksFrom[0], c.acksFrom[1], c.tailAck, c.ackTo})
+              if (p >= 0) add(order[static_cast<size_t>(p)]);
+          } else {  // from rank 0: each rank's neighbours in rank order; the tail tells the root
+            add((rank_ + 1) % size_);
+            add((rank_ + size_ - 1) % size_);
+          }
           break;
         case Algo::kTree:
           if (op == AlgoOp::kBroadcast) {  // as runBroadcastTree, from rank 0

@@ -116,4 +116,47 @@ inline BcastLinks bcastTree(int H, int L, int hr, int lr, int h, int l) {
 
 inline int bcastSteps(const BcastLinks& b) { return (b.parent >= 0 ? 2 : 0) + (b.nkids > 0 ? 1 : 0); }
 
+/// The large broadcast across hosts of L >= 2 ranks each (direct.cpp), ranks numbered h*L + l,
+/// from the root at (hr, lr): a pipelined chain along the root's rail (H - 1 hops), and from
+/// each rank of it a chain through its host's other ranks (L - 1 hops): the last rank has the
+/// payload H + L - 2 hops after the root, where one chain through every rank takes n - 1.
+/// Every rank forwards bytes as they arrive. Acknowledgements: a host's last rank tells its
+/// host's rail rank once it took a header naming the same root; a rail rank, once it has the
+/// whole payload and both its host's and the next host's acknowledgements, tells the rail rank
+/// before it; so the root returns once every rank has agreed.
+struct ChainLinks {
+  int from = -1;                // the payload comes from
+  int to[2] = {-1, -1};         // and goes on to (the next host's rail rank first)
+  int nto = 0;
+  int acksFrom[2] = {-1, -1};   // acknowledgements awaited with the payload
+  int nacks = 0;
+  int tailAck = -1;             // a host's last rank: acknowledges here once its header is in
+  int ackTo = -1;               // a rail rank: acknowledges here once everything above is done
+};
+
+inline ChainLinks railChain(int H, int L, int hr, int lr, int h, int l) {
+  ChainLinks c;
+  const int p = mod(h - hr, H), q = mod(l - lr, L);
+  auto at = [&](int hp, int lq) { return mod(hp + hr, H) * L + mod(lq + lr, L); };
+  if (q == 0) {
+    if (p > 0) c.from = c.ackTo = at(p - 1, 0);
+    if (p < H - 1) c.to[c.nto++] = c.acksFrom[c.nacks++] = at(p + 1, 0);
+    if (L > 1) {
+      c.to[c.nto++] = at(p, 1);
+      c.acksFrom[c.nacks++] = at(p, L - 1);
+    }
+  } else {
+    c.from = at(p, q - 1);
+    if (q < L - 1) c.to[c.nto++] = at(p, q + 1);
+    else c.tailAck = at(p, 0);
+  }
+  return c;
+}
+
+/// Steps as the simulation counts them: take the payload; forward it (and await or send the
+/// acknowledgements); a rail rank with a rail rank before it acknowledges in a step of its own.
+inline int railChainSteps(const ChainLinks& c) {
+  return (c.from >= 0 ? 1 : 0) + (c.nto > 0 || c.nacks > 0 || c.tailAck >= 0 ? 1 : 0) + (c.ackTo >= 0 ? 1 : 0);
+}
+
 }  // namespace railcc::engine::schedule
