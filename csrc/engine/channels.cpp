@@ -516,6 +516,13 @@ void Channels::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
       }
     host_.stalled(pending, timeout);
   }
+  // A peer that failed but lives on (a mismatch it saw, its own timeout) may hold a connection
+  // that looks healthy from here, or never make the one we wait for: after a second without
+  // progress, once a second, look for its report in the store.
+  if (now - lastProgress_ > Millis(1000) && now - lastReportCheck_ > Millis(1000)) {
+    lastReportCheck_ = now;
+    host_.checkPeersReported(waitOn);
+  }
   // Dead peers on shared memory cannot close anything: look for them a few times a second.
   // Every lane of the pair: one still being connected hears of a cut cable through the other.
   if (now - lastAliveCheck_ > Millis(200)) {

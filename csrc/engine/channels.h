@@ -93,6 +93,9 @@ class ChannelHost {
   virtual int connectingFds(std::vector<pollfd>& out) = 0;
   /// Fails the group naming `peer`, which a connection found dead.
   [[noreturn]] virtual void peerFailed(int peer, const std::string& detail) = 0;
+  /// A step has waited a while without progress: fails the group naming a peer it waits on
+  /// that published a failure of its own (alive, so no connection of its closes), if any.
+  virtual void checkPeersReported(const std::vector<std::pair<int, int>>& waitOn) = 0;
   /// Fails the op that moved nothing for `timeout`, naming the transfers it waits on.
   [[noreturn]] virtual void stalled(const std::vector<Transfer*>& pending, Millis timeout) = 0;
   /// "rank G (group rank r)", and with host and transport, for messages.
@@ -318,7 +321,7 @@ class Channels {
   std::vector<int64_t> arrivals_;
   std::vector<std::pair<int, int64_t>> arrived_;
   std::vector<int> waitingOn_;
-  Clock::time_point lastProgress_{}, lastAliveCheck_{};
+  Clock::time_point lastProgress_{}, lastAliveCheck_{}, lastReportCheck_{};
   // Kept between steps, so that a warm step allocates nothing.
   std::vector<std::pair<int, int>> completeChans_, completeWaitOn_;
   std::vector<std::array<uint64_t, 3>> byteRows_;

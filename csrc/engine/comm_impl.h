@@ -325,9 +325,8 @@ class CommImpl : private ChannelHost {
   }
   bool shuttingDown() const override { return q_.stop; }
   bool opsQueued() const override { return q_.queued.load() > 0; }
-  [[noreturn]] void stalled(const std::vector<Transfer*>& pending, Millis timeout) override {
-    failStalled(pending, timeout);
-  }
+  void checkPeersReported(const std::vector<std::pair<int, int>>& waitOn) override;  // failure.cpp
+  [[noreturn]] void stalled(const std::vector<Transfer*>& pending, Millis timeout) override;  // failStalled
   const std::string& hostOf(int r) const override { return peers_[static_cast<size_t>(r)].hostname; }
   bool deviceReady(const DeviceSide& d) override;  // device/gpu_direct.cpp
   void stageDeviceSend(Transfer& t) override;
@@ -486,6 +485,7 @@ class CommImpl : private ChannelHost {
   bool ownDump(const std::string& path) const;  // absent, or written by this process
   std::string stragglerReport();
   std::string describePeerProgress(uint64_t seq, std::vector<int>& culprits);
+  size_t reportTurn_ = 0;  // checkPeersReported's place among the peers waited on
   // Links are compared with others of the same transport and direction: a send into a shm
   // FIFO with room is a memcpy, a receive waits for the sender's copy.
   std::string linkClass(const Telemetry::LinkStats& l) const {

@@ -74,6 +74,25 @@ void CommImpl::fail(std::exception_ptr err) {
   }
 }
 
+void CommImpl::stalled(const std::vector<Transfer*>& pending, Millis timeout) { failStalled(pending, timeout); }
+
+void CommImpl::checkPeersReported(const std::vector<std::pair<int, int>>& waitOn) {
+  if (opts_.config.progressIntervalMs <= 0) return;  // no background store traffic asked for
+  // A few peers a second (an all-to-all waits on many), in turn across checks.
+  constexpr size_t kPerCheck = 8;
+  std::vector<int> peers;
+  for (auto& [lane, p] : waitOn)
+    if (p != rank_ && std::find(peers.begin(), peers.end(), p) == peers.end()) peers.push_back(p);
+  const size_t n = std::min(peers.size(), kPerCheck);
+  for (size_t i = 0; i < n; ++i) {
+    const int p = peers[(reportTurn_ + i) % peers.size()];
+    std::string reason;
+    if (storeTryGet("failed/" + std::to_string(p), Millis(2), reason) && !reason.empty())
+      peerFailed(p, "it reported a failure of its own");
+  }
+  reportTurn_ += n;
+}
+
 void CommImpl::peerFailed(int peer, const std::string& detail) {
   const PeerInfo& p = peers_[static_cast<size_t>(peer)];
   std::string reason;
