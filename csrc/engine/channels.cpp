@@ -516,9 +516,8 @@ void Channels::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeo
       }
     host_.stalled(pending, timeout);
   }
-  // A peer that failed but lives on (a mismatch it saw, its own timeout) may hold a connection
-  // that looks healthy from here, or never make the one we wait for: after a second without
-  // progress, once a second, look for its report in the store.
+  // A peer that failed but lives on may hold a connection that looks healthy from here, or never
+  // make the one we wait for: after a second without progress, once a second, read its report.
   if (now - lastProgress_ > Millis(1000) && now - lastReportCheck_ > Millis(1000)) {
     lastReportCheck_ = now;
     host_.checkPeersReported(waitOn);

@@ -442,6 +442,7 @@ class CommImpl : private ChannelHost {
     // Set-up: an error that came from a peer's published init failure, and when we last looked.
     bool initFailSeen = false;
     Clock::time_point lastInitFailCheck{};
+    size_t reportTurn = 0;  // checkPeersReported's place among the peers waited on (engine thread)
   } health_;
   std::string hostname_;
   // Runs c10d Future callbacks and comm hooks off the progress thread (Request::runUserCode).
@@ -485,7 +486,6 @@ class CommImpl : private ChannelHost {
   bool ownDump(const std::string& path) const;  // absent, or written by this process
   std::string stragglerReport();
   std::string describePeerProgress(uint64_t seq, std::vector<int>& culprits);
-  size_t reportTurn_ = 0;  // checkPeersReported's place among the peers waited on
   // Links are compared with others of the same transport and direction: a send into a shm
   // FIFO with room is a memcpy, a receive waits for the sender's copy.
   std::string linkClass(const Telemetry::LinkStats& l) const {

@@ -85,12 +85,12 @@ void CommImpl::checkPeersReported(const std::vector<std::pair<int, int>>& waitOn
     if (p != rank_ && std::find(peers.begin(), peers.end(), p) == peers.end()) peers.push_back(p);
   const size_t n = std::min(peers.size(), kPerCheck);
   for (size_t i = 0; i < n; ++i) {
-    const int p = peers[(reportTurn_ + i) % peers.size()];
+    const int p = peers[(health_.reportTurn + i) % peers.size()];
     std::string reason;
     if (storeTryGet("failed/" + std::to_string(p), Millis(2), reason) && !reason.empty())
       peerFailed(p, "it reported a failure of its own");
   }
-  reportTurn_ += n;
+  health_.reportTurn += n;
 }
 
 void CommImpl::peerFailed(int peer, const std::string& detail) {
