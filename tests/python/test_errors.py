@@ -135,20 +135,25 @@ def test_broadcast_disagreements_fail_on_every_rank(case, ring):
     assert any(g["type"] == "CollectiveMismatchError" for g in got), got
 
 
-@pytest.mark.parametrize("case", ["root", "count"])
-def test_tree_broadcast_disagreements_at_16_ranks_fail_on_every_rank(case):
-    # 16 ranks on 8 fake hosts: the broadcast tree along rails, where each rank builds its tree
-    # from the root it was given, so a rank may wait on a parent that never sends to it; the
-    # failures of the ranks that saw the mismatch must still reach every rank within seconds.
-    pool = harness.RankPool(16, env={"RAILCC_ALGO": "tree"}, rank_env=lambda r: {"RAILCC_HOST_ID": f"h{r // 2}"})
+def _every_rank_fails_fast(pool, fn, case, timeout):
+    """Runs a disagreement on every rank: each must raise within 10 s, one naming the mismatch."""
     try:
-        got = pool.run(rk_broadcast_disagreement, case, timeout=90)
+        got = pool.run(fn, case, timeout=timeout)
     finally:
         pool.kill()
     for g in got:
         assert g["type"] in ("CollectiveMismatchError", "PeerFailureError"), g
         assert g["secs"] < 10, g
     assert any(g["type"] == "CollectiveMismatchError" for g in got), got
+
+
+@pytest.mark.parametrize("case", ["root", "count"])
+def test_tree_broadcast_disagreements_at_16_ranks_fail_on_every_rank(case):
+    # 16 ranks on 8 fake hosts: the broadcast tree along rails, where each rank builds its tree
+    # from the root it was given, so a rank may wait on a parent that never sends to it; the
+    # failures of the ranks that saw the mismatch must still reach every rank within seconds.
+    pool = harness.RankPool(16, env={"RAILCC_ALGO": "tree"}, rank_env=lambda r: {"RAILCC_HOST_ID": f"h{r // 2}"})
+    _every_rank_fails_fast(pool, rk_broadcast_disagreement, case, timeout=90)
 
 
 def rk_allreduce_disagreement(rank, n, case):
@@ -184,14 +189,7 @@ def rk_allreduce_disagreement(rank, n, case):
 def test_allreduce_disagreements_fail_on_every_rank(case):
     n = 4
     pool = harness.RankPool(n)
-    try:
-        got = pool.run(rk_allreduce_disagreement, case, timeout=60)
-    finally:
-        pool.kill()
-    for g in got:
-        assert g["type"] in ("CollectiveMismatchError", "PeerFailureError"), g
-        assert g["secs"] < 10, g
-    assert any(g["type"] == "CollectiveMismatchError" for g in got), got
+    _every_rank_fails_fast(pool, rk_allreduce_disagreement, case, timeout=60)
 
 
 def rk_listen_address(rank, n):
