@@ -80,6 +80,7 @@ COLUMNS = [
     ("init_ms", "init ms", "{:.1f}"),
     ("first_op_ms", "of it 1st op ms", "{:.1f}"),
     ("cpu_ms", "init CPU ms", "{:.1f}"),
+    ("first_op_cpu_ms", "of it 1st op CPU ms", "{:.1f}"),
     ("private_mib", "private +MiB", "{:.1f}"),
     ("rss_mib", "RSS +MiB", "{:.1f}"),
     ("heap_kib", "heap +KiB", "{:.0f}"),
@@ -332,7 +333,7 @@ def rank_main(job, rank, go_fd):
         t_go = float(store.get("go"))
         t_wake, cpu0 = time.monotonic(), time.process_time()
         dist.init_process_group(backend, store=store, rank=rank, world_size=n, timeout=timeout)
-        t_group = time.monotonic()
+        t_group, cpu_group = time.monotonic(), time.process_time()
         t = torch.ones(1, dtype=torch.float32)  # 4 bytes
         dist.all_reduce(t)
         t_done, cpu1 = time.monotonic(), time.process_time()
@@ -349,6 +350,7 @@ def rank_main(job, rank, go_fd):
             "wake_ms": (t_wake - t_go) * 1e3,
             "first_op_ms": (t_done - t_group) * 1e3,
             "cpu_ms": (cpu1 - cpu0) * 1e3,
+            "first_op_cpu_ms": (cpu1 - cpu_group) * 1e3,
             "private_mib": (mem1["private"] - mem0["private"]) / 1024,
             "rss_mib": (mem1["rss"] - mem0["rss"]) / 1024,
             "heap_kib": mem1["heap"] - mem0["heap"],

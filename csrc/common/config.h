@@ -20,8 +20,8 @@ namespace railcc {
     "Write the log to this file instead of stderr; %h is replaced by the host, %p by the pid.") \
   X(buffSize, int64_t, "RAILCC_BUFFSIZE", "NCCL_BUFFSIZE", "4194304", "4096..68719476736",                         \
     "Bytes of each rank's shared-memory broadcast ring and, unless RAILCC_SHM_FIFO_BYTES "    \
-    "says otherwise, of each FIFO (shm memory: the ring reserved at init, a FIFO as it is "   \
-    "first written); and of the verbs "                                                       \
+    "says otherwise, of each FIFO (shm memory: reserved as it is first written); and of the " \
+    "verbs "                                                                                  \
     "transport's receive ring and send staging area, each capped at 512 MiB and pinned, per "  \
     "connection (peer on another host, lane and channel). Must be equal on a host's ranks.")  \
   X(shmFifoBytes, int64_t, "RAILCC_SHM_FIFO_BYTES", "", "0", "0..68719476736",                               \

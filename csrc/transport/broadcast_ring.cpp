@@ -17,6 +17,7 @@ size_t BroadcastRing::write(const void* p, size_t n, const std::vector<int>& con
   if (k == 0) return 0;
   size_t off = static_cast<size_t>(tail % cap_);
   size_t first = k < cap_ - off ? k : cap_ - off;
+  need(k > first ? cap_ : off + first);
   copyBytes(data_ + off, p, first);
   if (k > first) copyBytes(data_, static_cast<const char*>(p) + first, k - first);
   tail_->store(tail + k, std::memory_order_seq_cst);
@@ -61,7 +62,9 @@ char* BroadcastRing::reserve(size_t n, const std::vector<int>& consumers) const 
   // seq_cst, as in canWrite(): this also runs as the recheck after raising the sleeping flag.
   for (int c : consumers) low = std::min<uint64_t>(low, head(c).load(std::memory_order_seq_cst));
   uint64_t s = blockStart(tail, n, cap_);
-  return s + n - low <= cap_ ? data_ + s % cap_ : nullptr;
+  if (s + n - low > cap_) return nullptr;
+  need(static_cast<size_t>(s % cap_) + n);
+  return data_ + s % cap_;
 }
 
 void BroadcastRing::publish(size_t n, const std::vector<Doorbell*>& wakeUp) {

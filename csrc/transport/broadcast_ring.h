@@ -14,12 +14,25 @@
 
 namespace railcc::transport {
 
+/// Makes a ring's pages exist before its producer first writes to them, where the memory
+/// under it reserves pages as they are first used (shared memory: see shm_segment.h). Owned
+/// by whatever maps the ring; only the producer's ring has one.
+class RingPages {
+ public:
+  virtual ~RingPages() = default;
+  /// Makes the ring's bytes [0, end) exist. Throws kSystem where there is no room for them.
+  virtual void reserveUpTo(size_t end) = 0;
+  size_t ready = 0;  // bytes from the ring's start that exist
+};
+
 class BroadcastRing {
  public:
   BroadcastRing() = default;
   /// `owner`: the producer's doorbell, rung when a consumer frees space it may wait for.
   BroadcastRing(Doorbell* owner, std::atomic<uint64_t>* tail, char* heads, char* data, size_t cap)
       : owner_(owner), tail_(tail), heads_(heads), data_(data), cap_(cap) {}
+  BroadcastRing(Doorbell* owner, std::atomic<uint64_t>* tail, char* heads, char* data, size_t cap, RingPages* pages)
+      : owner_(owner), tail_(tail), heads_(heads), data_(data), cap_(cap), pages_(pages) {}
 
   // Producer side. `consumers` are the local indices that read this ring; `wakeUp` their doorbells.
   size_t write(const void* p, size_t n, const std::vector<int>& consumers, const std::vector<Doorbell*>& wakeUp);
@@ -46,11 +59,16 @@ class BroadcastRing {
 
  private:
   std::atomic<uint64_t>& head(int c) const { return *reinterpret_cast<std::atomic<uint64_t>*>(heads_ + 64 * c); }
+  // The producer is about to write the ring's bytes below `end` (an offset from its start).
+  void need(size_t end) const {
+    if (pages_ != nullptr && end > pages_->ready) pages_->reserveUpTo(end);
+  }
   Doorbell* owner_ = nullptr;
   std::atomic<uint64_t>* tail_ = nullptr;
   char* heads_ = nullptr;
   char* data_ = nullptr;
   size_t cap_ = 0;
+  RingPages* pages_ = nullptr;
 };
 
 }  // namespace railcc::transport

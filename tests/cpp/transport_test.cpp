@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/types.h"
+#include "transport/broadcast_ring.h"
 #include "transport/shm/shm_segment.h"
 #include "common/crypto.h"
 #include "transport/socket/rendezvous.h"
@@ -39,6 +41,60 @@ TEST(Shm, FifoWrapsAndPreservesOrder) {
     got += ba->recv(dst.data() + got, dst.size() - got);
   }
   EXPECT_EQ(0, std::memcmp(src.data(), dst.data(), src.size()));
+}
+
+namespace {
+// Bytes of /dev/shm a segment holds (its pages that exist), read through its name.
+size_t shmBytesHeld(const std::string& name) {
+  struct stat st {};
+  if (stat(("/dev/shm" + name).c_str(), &st) != 0) return 0;
+  return static_cast<size_t>(st.st_blocks) * 512;
+}
+}  // namespace
+
+TEST(Shm, ReservationStepsGrowFromAFewPagesToAPiece) {
+  const size_t piece = 256u << 10, cap = 4u << 20;
+  EXPECT_EQ(shm::nextReserve(0, 8, cap, piece), 16u << 10);                // a small message
+  EXPECT_EQ(shm::nextReserve(0, 100000, cap, piece), 102400u);             // all it needs, in pages
+  EXPECT_EQ(shm::nextReserve(16u << 10, (16u << 10) + 1, cap, piece), 32u << 10);  // doubling
+  EXPECT_EQ(shm::nextReserve(1u << 20, (1u << 20) + 1, cap, piece), (1u << 20) + piece);  // a piece at most
+  EXPECT_EQ(shm::nextReserve(cap - 4096, cap, cap, piece), cap);           // never past the end
+  EXPECT_EQ(shm::nextReserve(0, 10, 5000, piece), 8192u);                  // the end's whole page
+}
+
+TEST(Shm, BroadcastRingPagesAreReservedAsTheProducerReachesThem) {
+  if (!shm::lazyReservation()) GTEST_SKIP() << "this kernel has no MADV_POPULATE_WRITE: every page is reserved at init";
+  shm::Domain a(2, 4096, 4u << 20), b(2, 4096, 4u << 20);
+  b.attach(0, a.segmentName());
+  const size_t atInit = shmBytesHeld(a.segmentName());
+  EXPECT_LT(atInit, 1u << 20) << "the 4 MiB ring was reserved at init";
+  BroadcastRing own = a.broadcastRing(-1), seen = b.broadcastRing(0);
+  const std::vector<int> consumers{1};
+  const std::vector<Doorbell*> none;
+  const char msg[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  ASSERT_EQ(own.write(msg, sizeof(msg), consumers, none), sizeof(msg));
+  const size_t afterSmall = shmBytesHeld(a.segmentName());
+  EXPECT_GT(afterSmall, atInit);
+  EXPECT_LE(afterSmall - atInit, 16u << 10) << "an 8-byte write reserved more than a first step";
+  auto [p, n] = seen.peek(1);
+  ASSERT_EQ(n, sizeof(msg));
+  EXPECT_EQ(0, std::memcmp(p, msg, sizeof(msg)));
+  seen.consume(1, n);
+  // A block reserved where the ring wraps reaches the end: the whole ring then exists, and a
+  // second lap reads what was written.
+  std::vector<char> big(3u << 20, 7);
+  size_t put = 0, got = 0;
+  std::vector<char> back(big.size());
+  for (int lap = 0; lap < 2; ++lap, put = got = 0)
+    while (got < big.size()) {
+      put += own.write(big.data() + put, big.size() - put, consumers, none);
+      auto [q, k] = seen.peek(1);
+      std::memcpy(back.data() + got, q, k);
+      seen.consume(1, k);
+      got += k;
+    }
+  EXPECT_EQ(back, big);
+  EXPECT_GE(shmBytesHeld(a.segmentName()), atInit + (4u << 20));
 }
 
 TEST(Shm, PeersWithOtherSizesAreRefusedByName) {

@@ -366,9 +366,11 @@ def test_shared_memory_too_small_fails_init_with_a_message():
     assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"railcc-{os.getuid()}-")], "segment left behind"
 
 
-def test_shared_memory_filled_after_init_is_an_error_not_a_sigbus():
-    # FIFO pages are reserved by their writer at first use (not all at init): a /dev/shm that
-    # another process fills in the meantime must fail the op with a message on every rank.
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast"])
+def test_shared_memory_filled_after_init_is_an_error_not_a_sigbus(op):
+    # FIFO and broadcast ring pages are reserved by their writer at first use (not all at init):
+    # a /dev/shm that another process fills in the meantime must fail the op with a message on
+    # every rank.
     # A tmpfs of its own on /dev/shm, in a mount namespace, so nothing else on the machine fills.
     import json
     import shutil
@@ -382,9 +384,11 @@ def test_shared_memory_filled_after_init_is_an_error_not_a_sigbus():
     if probe.returncode != 0:
         pytest.skip(f"no private /dev/shm here: {probe.stderr.strip()[:200]}")
     worker = os.path.join(os.path.dirname(__file__), "shm_full_worker.py")
-    # 2 ranks' segments (4 FIFOs of 4 MiB and a 4 MiB ring each) fit in 48 MiB, empty.
+    # 2 ranks' segments (4 FIFOs of 4 MiB and a 4 MiB ring each) fit in 48 MiB, empty; the
+    # broadcast's 3 ranks' (6 FIFOs and a ring each) in 96 MiB.
+    size, arg = ("48m", "") if op == "all_reduce" else ("96m", "broadcast")
     got = subprocess.run(["unshare", "-m", "sh", "-c",
-                          f"mount -t tmpfs -o size=48m none /dev/shm && exec {sys.executable} {worker} --launch"],
+                          f"mount -t tmpfs -o size={size} none /dev/shm && exec {sys.executable} {worker} --launch {arg}"],
                          capture_output=True, text=True, timeout=100)
     line = next((ln for ln in got.stdout.splitlines() if ln.startswith("LAUNCH ")), None)
     assert line is not None, (got.stdout[-3000:], got.stderr[-3000:])
@@ -394,4 +398,7 @@ def test_shared_memory_filled_after_init_is_an_error_not_a_sigbus():
         result = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), "")
         assert result.startswith("RESULT error"), f"rank {r}: {result or out[-3000:]}"
     assert "FILLED" in res["outs"][0], res["outs"][0][-2000:]
-    assert any("/dev/shm is full" in out for out in res["outs"]), [o[-1500:] for o in res["outs"]]
+    full = "/dev/shm is full" + (": no room for the next" if op == "all_reduce" else "")
+    assert any(full in out for out in res["outs"]), [o[-1500:] for o in res["outs"]]
+    if op == "broadcast":
+        assert "broadcast ring" in res["outs"][0], res["outs"][0][-1500:]

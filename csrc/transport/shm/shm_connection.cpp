@@ -123,8 +123,7 @@ class ShmConnection : public Connection {
   // The peer's FIFO pages this side writes, made to exist before the first write reaches them
   // (shm_segment.h, lazyReservation): a /dev/shm that has run out is an error here, not a SIGBUS.
   void reserveUpTo(size_t end) {
-    const size_t limit = (cap_ + 4095) / 4096 * 4096;
-    const size_t to = std::min(limit, (end + kPiece - 1) / kPiece * kPiece);
+    const size_t to = nextReserve(populated_, end, cap_, kPiece);
     int err = populateForWrite(outData_ + populated_, to - populated_);
     if (err == ENOMEM || err == EFAULT)  // EFAULT: the write would have raised SIGBUS
       RAILCC_THROW(kSystem, "/dev/shm is full: no room for the next ", (to - populated_) >> 10,

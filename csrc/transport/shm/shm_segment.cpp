@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -80,6 +81,12 @@ int populateForWrite(char* p, size_t bytes) {
     if (errno != EINTR) return errno;
   }
   return 0;
+}
+
+size_t nextReserve(size_t reserved, size_t end, size_t cap, size_t maxStep) {
+  constexpr size_t kFirstStep = 16u << 10;
+  const size_t step = std::min(std::max(reserved, kFirstStep), maxStep);
+  return std::min(alignUp(cap, 4096), std::max(alignUp(end, 4096), reserved + step));
 }
 
 bool lazyReservation() {
@@ -161,6 +168,27 @@ size_t slotOffset(int i, size_t fifoBytes) {
 }
 size_t fifosEnd(int nslots, size_t fifoBytes) { return slotOffset(nslots, fifoBytes); }
 size_t bcastHeaderBytes(int nslots) { return alignUp(64 * (1 + static_cast<size_t>(nslots)), 4096); }
+
+// This rank's broadcast ring, reserved as its producer first reaches it (as a FIFO is): a job
+// whose broadcasts are small, or that has none, reserves a few pages of it, not all of them.
+class OwnRingPages : public RingPages {
+ public:
+  OwnRingPages(char* data, size_t cap) : data_(data), cap_(cap) {}
+  void reserveUpTo(size_t end) override {
+    const size_t to = nextReserve(ready, end, cap_, 1u << 20);
+    int err = populateForWrite(data_ + ready, to - ready);
+    if (err == ENOMEM || err == EFAULT)
+      RAILCC_THROW(kSystem, "/dev/shm is full: no room for the next ", (to - ready) >> 10,
+                   " KiB of this rank's shared-memory broadcast ring (docker: --shm-size; or lower RAILCC_BUFFSIZE)");
+    if (err != 0)
+      RAILCC_THROW(kSystem, "reserving ", to - ready, " bytes of this rank's shared-memory broadcast ring: ", strerror(err));
+    ready = to;
+  }
+
+ private:
+  char* data_;
+  size_t cap_;
+};
 }  // namespace
 
 size_t Domain::segmentBytes(int nslots, size_t fifoBytes, size_t ringBytes) {
@@ -172,7 +200,7 @@ BroadcastRing Domain::broadcastRing(int index) {
   RAILCC_CHECK_ARG(seg != nullptr, "shm peer ", index, " not attached");
   char* base = seg->data() + fifosEnd(nslots_, fifoBytes_);
   return BroadcastRing(&reinterpret_cast<SegmentHeader*>(seg->data())->door, reinterpret_cast<std::atomic<uint64_t>*>(base),
-                   base + 64, base + bcastHeaderBytes(nslots_), ringBytes_);
+                       base + 64, base + bcastHeaderBytes(nslots_), ringBytes_, index < 0 ? ringPages_.get() : nullptr);
 }
 
 SegmentHeader* Domain::headerOf(int index) {
@@ -202,7 +230,11 @@ Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy, 
   // process of this user is declared (as Open MPI's CMA path does). EINVAL: no Yama, nothing
   // to declare.
   if (singleCopy_) (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-  cleanStale();
+  // Once per process: a segment goes stale only where its creator died in the moment between
+  // creating it and its peers mapping it, and the sweep reads all of /dev/shm (hundreds of
+  // entries on a busy host), which every group's set-up paid before.
+  static std::once_flag swept;
+  std::call_once(swept, [] { cleanStale(); });
   // The pid is for people reading /dev/shm; nothing decides by it.
   std::string name = "/railcc-" + std::to_string(getuid()) + "-" + std::to_string(getpid()) + "-" + randomToken();
   const size_t bytes = segmentBytes(nslots, fifoBytes, ringBytes);
@@ -213,7 +245,9 @@ Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy, 
     // FIFO's data pages are reserved by its producer as it reaches them (ShmConnection::send).
     own_->reserve(0, kSegHeaderBytes);
     for (int i = 0; i < nslots; ++i) own_->reserve(slotOffset(i, fifoBytes), kFifoHeaderBytes);
-    own_->reserve(fifosEnd(nslots, fifoBytes), bytes - fifosEnd(nslots, fifoBytes));
+    own_->reserve(fifosEnd(nslots, fifoBytes), bcastHeaderBytes(nslots));
+    ringPages_ = std::make_unique<OwnRingPages>(own_->data() + fifosEnd(nslots, fifoBytes) + bcastHeaderBytes(nslots),
+                                                ringBytes);
   } else {
     own_->reserve(0, bytes);  // no populate-on-request here: every page now, or a SIGBUS later
   }
@@ -327,6 +361,12 @@ int Domain::cleanStale() {
   while (struct dirent* e = readdir(d)) {
     std::string n = e->d_name;
     if (n.compare(0, prefix.size(), prefix) != 0) continue;
+    // The pid in the name is a live process here: most likely the creator, which holds the
+    // lock. Not opened, then: a host's ranks each sweep at set-up, and opening and locking the
+    // segment of every live peer made set-up cost O(ranks on the host) syscalls per rank. (A
+    // stale segment whose pid another process took since is left for a later sweep.)
+    pid_t pid = static_cast<pid_t>(std::strtol(n.c_str() + prefix.size(), nullptr, 10));
+    if (pid > 0 && (kill(pid, 0) == 0 || errno == EPERM)) continue;
     int fd = shm_open(("/" + n).c_str(), O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) continue;
     struct stat st {};

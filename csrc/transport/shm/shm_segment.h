@@ -92,7 +92,7 @@ class Domain : public LocalDomain {
  public:
   /// `nslots` incoming FIFOs of `fifoBytes` each and a broadcast ring of `ringBytes`, in a
   /// segment with a random name (/railcc-<uid>-<pid>-<random>). Stale segments of this user
-  /// are removed first. Every rank of the host must use the same sizes (attach() checks).
+  /// are removed first (by the process's first Domain). Every rank of the host must use the same sizes (attach() checks).
   /// `singleCopy`: let same-host peers read this process's memory (prctl PR_SET_PTRACER, for
   /// Yama) and test, at connect(), whether we can read theirs.
   /// `hostRanks`: the ranks of this host that make one each, whose sum must fit in /dev/shm
@@ -151,6 +151,7 @@ class Domain : public LocalDomain {
   std::vector<std::unique_ptr<Segment>> peers_;
   bool singleCopy_ = false;
   std::vector<int> readable_;  // per peer: -1 not tested, 0 refused, 1 readable
+  std::unique_ptr<RingPages> ringPages_;  // our broadcast ring's pages, reserved as first written
 };
 
 /// The shared-memory transport for the registry (shm_transport.cpp).
@@ -168,6 +169,11 @@ int populateForWrite(char* p, size_t bytes);
 /// Whether FIFO data pages are reserved by their producer at first use (this kernel populates
 /// on request); where not, a segment's creator reserves every page at init.
 bool lazyReservation();
+/// Where a region of `cap` bytes reserved lazily, [0, `reserved`) so far, must be reserved to
+/// before a write that reaches `end`: at least to `end` in whole pages, and one step further
+/// that doubles with what exists (16 KiB first, `maxStep` at most). A small message makes a
+/// few pages exist, not a piece of them; a stream makes one call per `maxStep`.
+size_t nextReserve(size_t reserved, size_t end, size_t cap, size_t maxStep);
 
 /// Reads n bytes at `addr` in process `pid` into dst (process_vm_readv, in as many calls as
 /// the kernel needs). Returns 0, or the errno of the call that failed.
