@@ -133,7 +133,8 @@ def straggler_report(group=None):
     * "links": this rank's links (src, dst, hosts, transport, gbps) with the median gbps of the
       links of the same transport, and whether each is slow,
     * "stragglers": ranks flagged as stragglers, and "slow_links": slow links flagged here or
-      published by other ranks.
+      published by other ranks (their progress records, read for 2 s at most: "records_unread"
+      counts the ranks not read in that time, 0 unless the store is slow).
 
     Not a collective: it reads what this rank measured and what the others published."""
     return _json.loads(backend_of(group).straggler_report_json())

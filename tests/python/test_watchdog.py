@@ -201,7 +201,8 @@ def rk_compute_straggler(rank, n, slow, raise_):
     rep = railcc.straggler_report(g)
     dist.barrier(group=g)
     dist.destroy_process_group(g)
-    return {"stragglers": rep["stragglers"], "lags": [r["lag_us_mean"] for r in rep["ranks"]], "raised": raised}
+    return {"stragglers": rep["stragglers"], "lags": [r["lag_us_mean"] for r in rep["ranks"]], "raised": raised,
+            "unread": rep["records_unread"]}
 
 
 def test_compute_straggler_is_reported(pools):
@@ -211,6 +212,7 @@ def test_compute_straggler_is_reported(pools):
         assert g["stragglers"] == [2], (r, g)
         assert g["lags"][2] > 50_000, (r, g)  # it arrives ~80 ms late every time
         assert g["raised"] is None, (r, g)  # the default action only warns
+        assert g["unread"] == 0, (r, g)  # every peer's progress record read
 
 
 def test_straggler_raises_when_asked(pools):
