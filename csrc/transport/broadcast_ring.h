@@ -29,9 +29,9 @@ class BroadcastRing {
  public:
   BroadcastRing() = default;
   /// `owner`: the producer's doorbell, rung when a consumer frees space it may wait for.
-  BroadcastRing(Doorbell* owner, std::atomic<uint64_t>* tail, char* heads, char* data, size_t cap)
-      : owner_(owner), tail_(tail), heads_(heads), data_(data), cap_(cap) {}
-  BroadcastRing(Doorbell* owner, std::atomic<uint64_t>* tail, char* heads, char* data, size_t cap, RingPages* pages)
+  /// `pages`: where the producer's ring makes its pages exist as it first reaches them.
+  BroadcastRing(Doorbell* owner, std::atomic<uint64_t>* tail, char* heads, char* data, size_t cap,
+                RingPages* pages = nullptr)
       : owner_(owner), tail_(tail), heads_(heads), data_(data), cap_(cap), pages_(pages) {}
 
   // Producer side. `consumers` are the local indices that read this ring; `wakeUp` their doorbells.

@@ -402,6 +402,23 @@ TEST(Rendezvous, ImpostorListenerLearnsNothingAndIsRefused) {
       << "secret bytes on the wire";
 }
 
+namespace {
+// Steps `r` from now, when its peer `rank` went away without finishing the handshake: the wait
+// must end in a peer failure naming that rank as not finished connecting, within 3 s.
+void expectUnfinishedPeerNamed(socket::Rendezvous& r, int rank, const char* ifNever) {
+  const auto far = Clock::now() + std::chrono::hours(1), gone = Clock::now();
+  try {
+    while (Clock::now() - gone < std::chrono::seconds(10)) r.step(far, std::chrono::milliseconds(5));
+    ADD_FAILURE() << ifNever;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kPeerFailure);
+    EXPECT_EQ(e.ranks, std::vector<int>{rank});
+    EXPECT_NE(std::string(e.what()).find("has not finished connecting with this rank"), std::string::npos) << e.what();
+    EXPECT_LT(Clock::now() - gone, std::chrono::seconds(3)) << "promise: about 0.5 s";
+  }
+}
+}  // namespace
+
 TEST(Rendezvous, AWaitingRankKnocksOnItsPeerAndNamesItOnceNothingListens) {
   // Connections made at first use: rank 1 waits for rank 0 to dial. While rank 0's listener
   // is there, rank 1's knocks cost rank 0 nothing (no log line, no drop) and rank 1 waits on;
@@ -425,16 +442,7 @@ TEST(Rendezvous, AWaitingRankKnocksOnItsPeerAndNamesItOnceNothingListens) {
   }
   EXPECT_TRUE(peer.dropped().empty()) << peer.dropped().front();
   peerListener.reset();  // what an exiting process leaves behind: nothing listening
-  auto gone = Clock::now();
-  try {
-    while (Clock::now() - gone < std::chrono::seconds(10)) waiting.step(far, std::chrono::milliseconds(5));
-    ADD_FAILURE() << "the waiting rank never noticed its peer's listener was gone";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kPeerFailure);
-    EXPECT_EQ(e.ranks, std::vector<int>{0});
-    EXPECT_NE(std::string(e.what()).find("has not finished connecting with this rank"), std::string::npos) << e.what();
-    EXPECT_LT(Clock::now() - gone, std::chrono::seconds(3)) << "promise: about 0.5 s";
-  }
+  expectUnfinishedPeerNamed(waiting, 0, "the waiting rank never noticed its peer's listener was gone");
 }
 
 TEST(Rendezvous, ADialThePeerHoldsUnansweredEndsOnceItsListenerCloses) {
@@ -458,16 +466,7 @@ TEST(Rendezvous, ADialThePeerHoldsUnansweredEndsOnceItsListenerCloses) {
   }
   EXPECT_FALSE(peer.ready(0, 0)) << "rank 1 never expected rank 0: the hello stays held";
   ::shutdown(peerListener.fd(), SHUT_RDWR);  // what a failed group does (the held socket stays open)
-  auto gone = Clock::now();
-  try {
-    while (Clock::now() - gone < std::chrono::seconds(10)) dialer.step(far, std::chrono::milliseconds(5));
-    ADD_FAILURE() << "the dialer waited on past its peer's closed listener";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kPeerFailure);
-    EXPECT_EQ(e.ranks, std::vector<int>{1});
-    EXPECT_NE(std::string(e.what()).find("has not finished connecting with this rank"), std::string::npos) << e.what();
-    EXPECT_LT(Clock::now() - gone, std::chrono::seconds(3)) << "promise: about 0.5 s";
-  }
+  expectUnfinishedPeerNamed(dialer, 1, "the dialer waited on past its peer's closed listener");
 }
 
 TEST(Rendezvous, ShutdownAllEndsConnectionsNeverTakenFromAnotherThread) {

@@ -1,11 +1,12 @@
-"""One rank of a 2-rank (3 with `broadcast`) job whose /dev/shm fills up after init (run by test_errors.py inside a
-mount namespace with a small tmpfs of its own on /dev/shm). The FIFOs' and broadcast rings'
-pages are reserved as they are first written, so the all_reduce (or, with `broadcast`, the
-broadcast through rank 0's ring: rings are used from 3 ranks on a host) that first needs pages the full /dev/shm cannot give must fail
-with an error naming /dev/shm, on every rank, never with a SIGBUS or a wrong result.
+"""One rank of a 2-rank job (3 with `broadcast`) whose /dev/shm fills up after init (run by
+test_errors.py inside a mount namespace with a small tmpfs of its own on /dev/shm). The FIFOs'
+and broadcast rings' pages are reserved as they are first written, so the all_reduce (or, with
+`broadcast`, the broadcast through rank 0's ring: rings are used from 3 ranks on a host) that
+first needs pages the full /dev/shm cannot give must fail with an error naming /dev/shm, on
+every rank, never with a SIGBUS or a wrong result.
 
     python shm_full_worker.py [broadcast]            # a rank (env:// variables set by the launcher)
-    python shm_full_worker.py --launch [broadcast]   # starts both ranks, prints one JSON line of results
+    python shm_full_worker.py --launch [broadcast]   # starts the ranks, prints one JSON line of results
 """
 import json
 import os

@@ -123,16 +123,8 @@ class ShmConnection : public Connection {
   // The peer's FIFO pages this side writes, made to exist before the first write reaches them
   // (shm_segment.h, lazyReservation): a /dev/shm that has run out is an error here, not a SIGBUS.
   void reserveUpTo(size_t end) {
-    const size_t to = nextReserve(populated_, end, cap_, kPiece);
-    int err = populateForWrite(outData_ + populated_, to - populated_);
-    if (err == ENOMEM || err == EFAULT)  // EFAULT: the write would have raised SIGBUS
-      RAILCC_THROW(kSystem, "/dev/shm is full: no room for the next ", (to - populated_) >> 10,
-                   " KiB of the shared-memory FIFO to the same-host process ", peerHdr_->pid,
-                   " (docker: --shm-size; or lower RAILCC_BUFFSIZE)");
-    if (err != 0)
-      RAILCC_THROW(kSystem, "reserving ", to - populated_, " bytes of the shared-memory FIFO to the same-host process ",
-                   peerHdr_->pid, ": ", strerror(err));
-    populated_ = to;
+    reserveAhead(outData_, populated_, end, cap_, kPiece,
+                 "the shared-memory FIFO to the same-host process " + std::to_string(peerHdr_->pid));
   }
 
   FifoHeader* out_;

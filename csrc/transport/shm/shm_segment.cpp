@@ -89,6 +89,16 @@ size_t nextReserve(size_t reserved, size_t end, size_t cap, size_t maxStep) {
   return std::min(alignUp(cap, 4096), std::max(alignUp(end, 4096), reserved + step));
 }
 
+void reserveAhead(char* data, size_t& reserved, size_t end, size_t cap, size_t maxStep, const std::string& what) {
+  const size_t to = nextReserve(reserved, end, cap, maxStep);
+  int err = populateForWrite(data + reserved, to - reserved);
+  if (err == ENOMEM || err == EFAULT)  // EFAULT: the write would have raised SIGBUS
+    RAILCC_THROW(kSystem, "/dev/shm is full: no room for the next ", (to - reserved) >> 10, " KiB of ", what,
+                 " (docker: --shm-size; or lower RAILCC_BUFFSIZE)");
+  if (err != 0) RAILCC_THROW(kSystem, "reserving ", to - reserved, " bytes of ", what, ": ", strerror(err));
+  reserved = to;
+}
+
 bool lazyReservation() {
   // Whether this kernel populates shared pages on request (MADV_POPULATE_WRITE, Linux 5.14),
   // telling a failure by its return value instead of a SIGBUS: tried once on a page of a scratch
@@ -175,14 +185,7 @@ class OwnRingPages : public RingPages {
  public:
   OwnRingPages(char* data, size_t cap) : data_(data), cap_(cap) {}
   void reserveUpTo(size_t end) override {
-    const size_t to = nextReserve(ready, end, cap_, 1u << 20);
-    int err = populateForWrite(data_ + ready, to - ready);
-    if (err == ENOMEM || err == EFAULT)
-      RAILCC_THROW(kSystem, "/dev/shm is full: no room for the next ", (to - ready) >> 10,
-                   " KiB of this rank's shared-memory broadcast ring (docker: --shm-size; or lower RAILCC_BUFFSIZE)");
-    if (err != 0)
-      RAILCC_THROW(kSystem, "reserving ", to - ready, " bytes of this rank's shared-memory broadcast ring: ", strerror(err));
-    ready = to;
+    reserveAhead(data_, ready, end, cap_, 1u << 20, "this rank's shared-memory broadcast ring");
   }
 
  private:

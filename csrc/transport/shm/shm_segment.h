@@ -92,7 +92,8 @@ class Domain : public LocalDomain {
  public:
   /// `nslots` incoming FIFOs of `fifoBytes` each and a broadcast ring of `ringBytes`, in a
   /// segment with a random name (/railcc-<uid>-<pid>-<random>). Stale segments of this user
-  /// are removed first (by the process's first Domain). Every rank of the host must use the same sizes (attach() checks).
+  /// are removed first (by the process's first Domain). Every rank of the host must use the
+  /// same sizes (attach() checks).
   /// `singleCopy`: let same-host peers read this process's memory (prctl PR_SET_PTRACER, for
   /// Yama) and test, at connect(), whether we can read theirs.
   /// `hostRanks`: the ranks of this host that make one each, whose sum must fit in /dev/shm
@@ -174,6 +175,10 @@ bool lazyReservation();
 /// that doubles with what exists (16 KiB first, `maxStep` at most). A small message makes a
 /// few pages exist, not a piece of them; a stream makes one call per `maxStep`.
 size_t nextReserve(size_t reserved, size_t end, size_t cap, size_t maxStep);
+/// Makes the pages of such a region at `data` exist up to nextReserve()'s answer (populateForWrite)
+/// and moves `reserved` there. Throws kSystem, naming /dev/shm where it is full and `what` (the
+/// region, as "the shared-memory FIFO to ..."), never leaving a write to raise SIGBUS.
+void reserveAhead(char* data, size_t& reserved, size_t end, size_t cap, size_t maxStep, const std::string& what);
 
 /// Reads n bytes at `addr` in process `pid` into dst (process_vm_readv, in as many calls as
 /// the kernel needs). Returns 0, or the errno of the call that failed.
