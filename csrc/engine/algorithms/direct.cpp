@@ -36,9 +36,11 @@ void CommImpl::runBroadcastRailChain(char* buf, size_t bytes, int root) {
   }
   for (int k = 0; k < c.nacks; ++k) xs.push_back(ch_.recvFrom(rankAt(c.acksFrom[k]), nullptr, 0));
   if (c.tailAck >= 0) {  // as the chain's tail: once the header is in, not the whole payload
-    xs.front().gates = true;
     xs.push_back(ch_.sendTo(rankAt(c.tailAck), nullptr, 0));
-    xs.back().after = &xs.front();
+    if (c.from != c.tailAck) {  // else at once (runBroadcastChain)
+      xs.front().gates = true;
+      xs.back().after = &xs.front();
+    }
   }
   ch_.zeroCopy(xs);
   ch_.exchange(xs);
@@ -56,7 +58,10 @@ void CommImpl::runBroadcastChain(char* buf, size_t bytes, int root) {
   // that header (so every rank before it agreed on the root), it sends the root an empty
   // message: a root that the others do not agree on fails in this call, on both sides,
   // instead of returning as if its data had been taken (and the mismatch surfacing one op
-  // later). The root waits for the tail's header, not for its whole payload.
+  // later). The root waits for the tail's header, not for its whole payload. A tail right
+  // after the root (two ranks) vouches only for itself, and the root checks that itself in the
+  // acknowledgement's header: it sends it as it enters the call, not after the root's header
+  // has come, so the root waits a one-way trip, as an all-reduce's ranks do, not a round trip.
   std::vector<Transfer> xs;
   xs.reserve(3);
   if (pos > 0) xs.push_back(ch_.recvFrom((r - 1 + n) % n, buf, bytes));
@@ -67,9 +72,11 @@ void CommImpl::runBroadcastChain(char* buf, size_t bytes, int root) {
   if (pos == 0) {
     xs.push_back(ch_.recvFrom((root + n - 1) % n, nullptr, 0));
   } else if (pos == n - 1) {
-    xs.front().gates = true;
     xs.push_back(ch_.sendTo(root, nullptr, 0));
-    xs.back().after = &xs.front();
+    if (pos > 1) {
+      xs.front().gates = true;
+      xs.back().after = &xs.front();
+    }
   }
   ch_.zeroCopy(xs);  // the root's send (a forwarding send streams what has arrived)
   ch_.exchange(xs);
