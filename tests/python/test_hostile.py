@@ -186,6 +186,35 @@ def test_broadcast_roots_that_disagree_fail_in_the_call_itself(n):
             assert g["t"] == [0.0, 0.0], got
 
 
+def rk_two_rank_broadcast_disagreement(rank, n, case):
+    import railcc
+
+    count = 64 + (rank if case == "count" else 0)
+    dtype = torch.float64 if case == "dtype" and rank == 1 else torch.float32
+    t = torch.full((count,), float(rank), dtype=dtype)
+    try:
+        dist.broadcast(t, src=0)
+    except (railcc.CollectiveMismatchError, railcc.PeerFailureError) as e:
+        return {"raised": type(e).__name__, "msg": str(e)}
+    return {"raised": None}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", ["count", "dtype"])
+def test_two_rank_broadcast_root_fails_in_the_call_when_the_other_rank_disagrees(case):
+    # On two ranks the tail acknowledges as it enters the call (not once the root's header has
+    # come): the root still checks that acknowledgement's header, so it fails in its own call.
+    pool = harness.RankPool(2)
+    try:
+        got = pool.run(rk_two_rank_broadcast_disagreement, case, timeout=60)
+    finally:
+        pool.kill()
+    for g in got:
+        assert g["raised"] is not None, got
+    assert got[0]["raised"] == "CollectiveMismatchError", got
+    assert "broadcast" in got[0]["msg"], got
+
+
 # ----------------------------------------- set-up failures peers hear of at once (items 9, 10)
 
 
