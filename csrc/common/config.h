@@ -33,8 +33,8 @@ namespace railcc {
     "In all-gather and all-to-all steps (every rank sending and receiving at once), messages " \
     "of at least this many bytes (and 4096) between ranks of one host move in one copy: the " \
     "receiver reads the sender's buffer through the kernel (process_vm_readv) instead of both " \
-    "copying through a shared-memory FIFO. 0: never. -1: 1048576, or 65536 where the host's " \
-    "ranks outnumber their CPUs (a read that needs only the receiver running wins there). " \
+    "copying through a shared-memory FIFO. 0: never. -1: 16384, or 65536 where the host's " \
+    "ranks outnumber their CPUs (measured: below those sizes the FIFO's two copies win). " \
     "Where the kernel refuses " \
     "it (Yama ptrace_scope, seccomp, no CAP_SYS_PTRACE across users, another pid namespace) " \
     "the FIFO carries them and INFO (SHM) says why, once.")                                   \

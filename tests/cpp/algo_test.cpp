@@ -131,7 +131,7 @@ TEST(AlgoRule, RanksSharingCoresReduceThroughTheRingsFrom16KiB) {
 
 TEST(AlgoRule, SingleCopyStartsLowerWhereRanksShareCores) {
   // RAILCC_CMA_BYTES=-1 (the default) resolves by placement; a value set is kept, 0 included.
-  EXPECT_EQ(cmaBytesFor(-1, false), 1 << 20);
+  EXPECT_EQ(cmaBytesFor(-1, false), 16 << 10);
   EXPECT_EQ(cmaBytesFor(-1, true), 64 << 10);
   EXPECT_EQ(cmaBytesFor(0, true), 0);
   EXPECT_EQ(cmaBytesFor(4096, false), 4096);

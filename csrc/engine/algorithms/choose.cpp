@@ -134,7 +134,7 @@ Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& p, const std::vector<A
 
 int64_t cmaBytesFor(int64_t configured, bool sharedCores) {
   if (configured >= 0) return configured;
-  return sharedCores ? int64_t(64) << 10 : int64_t(1) << 20;
+  return sharedCores ? int64_t(64) << 10 : int64_t(16) << 10;
 }
 
 bool railRing(int railRanks, const std::vector<Algo>& prefer) {
