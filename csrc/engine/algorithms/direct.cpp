@@ -10,6 +10,19 @@ namespace railcc::engine {
 // the barrier. Each op's
 // entry here asks the rule (chooseAlgo, through algoFor) where there is a choice.
 
+namespace {
+// A chain's tail acknowledges to `to` once the header of its receive (xs.front(), from `from`)
+// is in: every rank before it then agreed on the call. A tail whose predecessor is `to` itself
+// vouches only for itself, which `to` checks in the acknowledgement's header: it sends it at
+// once, so that rank waits a one-way trip, not a round trip (two ranks; a host of two).
+void tailAcknowledges(const Channels& ch, std::vector<Transfer>& xs, int from, int to) {
+  xs.push_back(ch.sendTo(to, nullptr, 0));
+  if (from == to) return;
+  xs.front().gates = true;
+  xs.back().after = &xs.front();
+}
+}  // namespace
+
 void CommImpl::runBroadcast(char* buf, size_t bytes, int root) {
   if (size_ == 1) return;
   const Algo algo = algoFor(AlgoOp::kBroadcast, bytes);
@@ -35,13 +48,7 @@ void CommImpl::runBroadcastRailChain(char* buf, size_t bytes, int root) {
     if (c.from >= 0) xs.back().limit = &xs.front().done;
   }
   for (int k = 0; k < c.nacks; ++k) xs.push_back(ch_.recvFrom(rankAt(c.acksFrom[k]), nullptr, 0));
-  if (c.tailAck >= 0) {  // as the chain's tail: once the header is in, not the whole payload
-    xs.push_back(ch_.sendTo(rankAt(c.tailAck), nullptr, 0));
-    if (c.from != c.tailAck) {  // else at once (runBroadcastChain)
-      xs.front().gates = true;
-      xs.back().after = &xs.front();
-    }
-  }
+  if (c.tailAck >= 0) tailAcknowledges(ch_, xs, rankAt(c.from), rankAt(c.tailAck));  // the header, not the payload
   ch_.zeroCopy(xs);
   ch_.exchange(xs);
   if (c.ackTo >= 0) {
@@ -58,10 +65,8 @@ void CommImpl::runBroadcastChain(char* buf, size_t bytes, int root) {
   // that header (so every rank before it agreed on the root), it sends the root an empty
   // message: a root that the others do not agree on fails in this call, on both sides,
   // instead of returning as if its data had been taken (and the mismatch surfacing one op
-  // later). The root waits for the tail's header, not for its whole payload. A tail right
-  // after the root (two ranks) vouches only for itself, and the root checks that itself in the
-  // acknowledgement's header: it sends it as it enters the call, not after the root's header
-  // has come, so the root waits a one-way trip, as an all-reduce's ranks do, not a round trip.
+  // later). The root waits for the tail's header, not for its whole payload; on two ranks
+  // not even that (tailAcknowledges).
   std::vector<Transfer> xs;
   xs.reserve(3);
   if (pos > 0) xs.push_back(ch_.recvFrom((r - 1 + n) % n, buf, bytes));
@@ -72,11 +77,7 @@ void CommImpl::runBroadcastChain(char* buf, size_t bytes, int root) {
   if (pos == 0) {
     xs.push_back(ch_.recvFrom((root + n - 1) % n, nullptr, 0));
   } else if (pos == n - 1) {
-    xs.push_back(ch_.sendTo(root, nullptr, 0));
-    if (pos > 1) {
-      xs.front().gates = true;
-      xs.back().after = &xs.front();
-    }
+    tailAcknowledges(ch_, xs, (r - 1 + n) % n, root);
   }
   ch_.zeroCopy(xs);  // the root's send (a forwarding send streams what has arrived)
   ch_.exchange(xs);
