@@ -174,7 +174,9 @@ namespace railcc {
   X(progressIntervalMs, int64_t, "RAILCC_PROGRESS_INTERVAL_MS", "", "1000", "0..3600000",                   \
     "How often each rank publishes its progress record (last op called, started, finished) "   \
     "through the store, from a watchdog thread. Timeouts use it to tell ranks that never "     \
-    "called an op from ranks that froze. 0 turns it off.")                                    \
+    "called an op from ranks that froze, and a rank waiting on a peer it has no connection "    \
+    "to yet judges that peer gone once its record has not changed for 10 of its intervals "     \
+    "(2 s at least). 0 turns it off.")                                                        \
   X(stragglerAction, std::string, "RAILCC_STRAGGLER_ACTION", "", "warn", "warn|raise|off",                      \
     "warn: log a straggling rank or slow link once per episode; raise: also fail the next "    \
     "wait with railcc.StragglerError; off: do not check.")                                    \

@@ -350,7 +350,7 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
       ch_.setChannels(r, c.channels);  // the pair's channels are made when it first meets
       // Until the first lane is up; then its connection's description (linkOf, under links_.mu).
       const std::string via = l.chooseLater ? firstUseNames : c.via->name;
-      peers_[static_cast<size_t>(r)].transport = via + " (connected at first use)";
+      peers_[static_cast<size_t>(r)].transport = via + " (not connected yet: connects at first use)";
       RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", r, " (", peers_[static_cast<size_t>(r)].hostname, ") via ",
                   via, " at first use (", c.why,
                   c.channels > 1 ? "; " + std::to_string(c.channels) + " channels" : std::string(), ")");

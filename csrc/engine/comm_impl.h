@@ -307,13 +307,7 @@ class CommImpl : private ChannelHost {
   void releaseGpuWork(const cuda::DeviceApi& api);
   // Records `e` on this rank's stream, tells every peer, and orders this rank's stream after
   // every peer's record of `e`.
-  void ipcStep(const cuda::DeviceApi& api, void* stream, int d, IpcEvent e) {
-    checkDevice(api.eventRecord(dev_.ipc.ev[static_cast<size_t>(rank_)][e], stream), "cudaEventRecord", d);
-    syncRound();
-    for (int q = 0; q < size_; ++q)
-      if (q != rank_)
-        checkDevice(api.streamWaitEvent(stream, dev_.ipc.ev[static_cast<size_t>(q)][e]), "cudaStreamWaitEvent (peer's IPC event)", d);
-  }
+  void ipcStep(const cuda::DeviceApi& api, void* stream, int d, IpcEvent e);  // device/cuda_ipc.cpp
 
   // ChannelHost: what the channel layer asks of the engine while a step waits.
   size_t pumpBeside() override { return pumpP2P(); }
@@ -443,6 +437,11 @@ class CommImpl : private ChannelHost {
     bool initFailSeen = false;
     Clock::time_point lastInitFailCheck{};
     size_t reportTurn = 0;  // checkPeersReported's place among the peers waited on (engine thread)
+    struct Beat {
+      std::string record;        // the peer's progress record as last read
+      Clock::time_point since{};  // when it was first read so
+    };
+    std::map<int, Beat> beats;  // peers waited on without a connection (checkHeartbeat; engine thread)
   } health_;
   std::string hostname_;
   // Runs c10d Future callbacks and comm hooks off the progress thread (Request::runUserCode).
@@ -481,6 +480,7 @@ class CommImpl : private ChannelHost {
   bool storeTryGet(const std::string& key, Millis wait, std::string& out);
   void checkStragglers();
   std::string progressRecord() const;
+  void checkHeartbeat(int peer);  // watchdog.cpp: a peer without a connection whose record stopped
   std::string traceJson(const std::string& reason) const;
   std::string writeTrace(const std::string& reason, const std::string& dir = "") const;
   bool ownDump(const std::string& path) const;  // absent, or written by this process

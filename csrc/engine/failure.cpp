@@ -80,15 +80,21 @@ void CommImpl::checkPeersReported(const std::vector<std::pair<int, int>>& waitOn
   if (opts_.config.progressIntervalMs <= 0) return;  // no background store traffic asked for
   // A few peers a second (an all-to-all waits on many), in turn across checks.
   constexpr size_t kPerCheck = 8;
-  std::vector<int> peers;
-  for (auto& [lane, p] : waitOn)
-    if (p != rank_ && std::find(peers.begin(), peers.end(), p) == peers.end()) peers.push_back(p);
+  std::vector<std::pair<int, bool>> peers;  // and whether every lane waited on has a connection to it
+  for (auto& [lane, p] : waitOn) {
+    if (p == rank_) continue;
+    const bool up = static_cast<bool>(ch_.chan(lane, p).conn);
+    auto it = std::find_if(peers.begin(), peers.end(), [p = p](const auto& e) { return e.first == p; });
+    if (it == peers.end()) peers.emplace_back(p, up);
+    else it->second = it->second && up;
+  }
   const size_t n = std::min(peers.size(), kPerCheck);
   for (size_t i = 0; i < n; ++i) {
-    const int p = peers[(health_.reportTurn + i) % peers.size()];
+    const auto [p, up] = peers[(health_.reportTurn + i) % peers.size()];
     std::string reason;
     if (storeTryGet("failed/" + std::to_string(p), Millis(2), reason) && !reason.empty())
       peerFailed(p, "it reported a failure of its own");
+    if (!up) checkHeartbeat(p);
   }
   health_.reportTurn += n;
 }

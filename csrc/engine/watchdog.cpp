@@ -53,6 +53,7 @@ std::string CommImpl::progressRecord() const {
   Telemetry::Progress p = tele_->progress();
   std::ostringstream os;
   os << "{\"rank\": " << rank_ << ", \"pid\": " << getpid() << ", \"wall_us\": " << wallMicros()
+     << ", \"every_ms\": " << opts_.config.progressIntervalMs
      << ", \"enqueued\": " << p.enqueued << ", \"started\": " << p.started << ", \"completed\": " << p.completed
      << ", \"last_op\": " << jsonString(p.lastOp) << ", \"slow_links\": [";
   std::lock_guard<std::mutex> g(strag_.mu);
@@ -104,6 +105,31 @@ bool CommImpl::storeTryGet(const std::string& key, Millis wait, std::string& out
   if (!slot->cv.wait_for(g, wait + Millis(100), [&] { return slot->done; })) return false;
   out = slot->value;
   return slot->ok;
+}
+
+// A peer this rank waits on but has no connection to (made at first use: verbs pairs meet
+// through the store, so nothing closes or refuses when the peer is gone) is alive while its
+// watchdog rewrites its progress record. Unchanged for ten of its intervals (2 s at least), it
+// is gone: the op fails now, naming it, instead of at its timeout.
+void CommImpl::checkHeartbeat(int peer) {
+  std::string rec;
+  if (!storeTryGet("progress/" + std::to_string(peer), Millis(2), rec)) return;  // none yet, or a slow store: no verdict
+  const auto now = Clock::now();
+  auto& b = health_.beats[peer];
+  if (b.record != rec || b.since == Clock::time_point{}) {
+    b.record = rec;
+    b.since = now;
+    return;
+  }
+  long long every = 0;
+  if (!jsonNumber(rec, "every_ms", every) || every <= 0) every = opts_.config.progressIntervalMs;
+  const Millis limit = std::max(Millis(2000), Millis(10 * every));
+  if (now - b.since < limit) return;
+  const double s = static_cast<double>(std::chrono::duration_cast<Millis>(now - b.since).count()) / 1000.0;
+  health_.beats.erase(peer);
+  peerFailed(peer, "no connection to it is up for this op (made at first use), and its progress record in the store, "
+                   "rewritten every " + std::to_string(every) + " ms while its process group lives, has not changed for " +
+                   fmt("%.1f", s) + " s");
 }
 
 void CommImpl::watchdogLoop(std::shared_ptr<WatchdogShared> w) {

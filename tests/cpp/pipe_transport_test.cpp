@@ -358,4 +358,116 @@ TEST(Pipes, RequestsAndRegisteredMemoryOverAConnection) {
   EXPECT_TRUE(refused);
 }
 
+// Passes everything through, except one rank's progress records once `mute` is set: as the
+// records of a process that died stop.
+class MutedRecords : public Store {
+ public:
+  explicit MutedRecords(Store& base) : base_(base) {}
+  void set(const std::string& k, const std::string& v) override {
+    if (mute && k.find("progress/") != std::string::npos) return;
+    base_.set(k, v);
+  }
+  std::string get(const std::string& k, Millis t) override { return base_.get(k, t); }
+  int64_t add(const std::string& k, int64_t d) override { return base_.add(k, d); }
+  std::vector<std::string> getAll(const std::vector<std::string>& keys, Millis t) override { return base_.getAll(keys, t); }
+  std::atomic<bool> mute{false};
+
+ private:
+  Store& base_;
+};
+
+// Three ranks on three hosts over the toy connecting at first use, where nothing refuses or
+// closes when a peer is gone (as verbs, whose pairs meet through the store). Ranks 0 and 1
+// connect to each other only, then all_reduce with rank 2, which never came to the pair.
+// `dies`: rank 2's progress records stop after init and it never calls; else it calls 3 s
+// late, its records flowing meanwhile. Returns each rank's error ("" for none) and seconds.
+std::vector<std::pair<std::string, double>> allReduceWithAPeerNeverMet(bool dies) {
+  signal(SIGPIPE, SIG_IGN);
+  const int n = 3;
+  transport::registerTransport("pipe", 50, [] { return std::make_unique<PipeTransport>(true); });
+  Config cfg = Config::defaults();
+  cfg.net = "pipe";
+  cfg.initTimeoutSec = 30;
+  cfg.progressIntervalMs = 100;  // a peer is judged gone after 2 s (10 intervals, 2 s at least)
+  MemoryStore store;
+  std::vector<std::unique_ptr<MutedRecords>> stores;
+  for (int r = 0; r < n; ++r) stores.push_back(std::make_unique<MutedRecords>(store));
+  std::vector<std::pair<std::string, double>> out(n);
+  std::atomic<int> finished{0};
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        CommOptions o;
+        o.rank = r;
+        o.size = n;
+        o.name = dies ? "never-met-dead" : "never-met-late";
+        o.timeout = Millis(60000);
+        o.config = cfg;
+        o.config.hostId = "never-met-host-" + std::to_string(r);
+        Communicator c(*stores[static_cast<size_t>(r)], o);
+        std::vector<int> x(5, r + 1);
+        if (r < 2) {
+          int v = 7;
+          waitOk(r == 0 ? c.send(&v, sizeof v, 1, 0) : c.recv(&v, sizeof v, 0, 0));
+        } else if (dies) {
+          stores[2]->mute = true;
+          while (finished.load() < 2) std::this_thread::sleep_for(Millis(10));
+          c.abort("the test's dead rank");
+          return;
+        } else {
+          std::this_thread::sleep_for(Millis(3000));
+        }
+        auto t0 = std::chrono::steady_clock::now();
+        RequestPtr req = c.allreduce(x.data(), x.size(), DataType::kInt32, ReduceOp::kSum);
+        if (!req->wait(Millis(30000))) {
+          out[static_cast<size_t>(r)].first = "did not end within 30 s";
+        } else if (req->error()) {
+          try {
+            std::rethrow_exception(req->error());
+          } catch (const Error& e) {
+            out[static_cast<size_t>(r)].first = e.what();
+            if (e.code() != ErrorCode::kPeerFailure || e.ranks != std::vector<int>{2})
+              out[static_cast<size_t>(r)].first += " [not a peer failure naming rank 2 alone]";
+          }
+        } else if (x != std::vector<int>(5, 6)) {
+          out[static_cast<size_t>(r)].first = "wrong sum";
+        }
+        out[static_cast<size_t>(r)].second =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        ++finished;
+        if (out[static_cast<size_t>(r)].first.empty()) c.shutdown();
+        else c.abort("test done");
+      } catch (const std::exception& e) {
+        out[static_cast<size_t>(r)].first = std::string("threw: ") + e.what();
+        ++finished;
+      }
+    });
+  for (auto& t : ts) t.join();
+  transport::unregisterTransport("pipe");
+  return out;
+}
+
+TEST(Pipes, AWaitedPeerThatNeverConnectedIsNamedOnceItsRecordsStop) {
+  // A rank that dies before any pair with it was made closes nothing: its peers learn of it
+  // from its progress record, which stops changing, well before the op's 60 s timeout.
+  auto out = allReduceWithAPeerNeverMet(true);
+  for (int r = 0; r < 2; ++r) {
+    const std::string& m = out[static_cast<size_t>(r)].first;
+    EXPECT_NE(m.find("rank 2 (host "), std::string::npos) << "rank " << r << ": " << m;
+    EXPECT_NE(m.find("not connected yet: connects at first use)) is gone: no connection to it is up for this op"), std::string::npos) << "rank " << r << ": " << m;
+    EXPECT_NE(m.find("has not changed for"), std::string::npos) << "rank " << r << ": " << m;
+    EXPECT_EQ(m.find("[not a peer failure"), std::string::npos) << "rank " << r << ": " << m;
+    EXPECT_LT(out[static_cast<size_t>(r)].second, 10.0) << "rank " << r << ": " << m;
+  }
+}
+
+TEST(Pipes, AWaitedPeerThatIsLateButAliveIsWaitedFor) {
+  // The same wait on a rank that is alive but 3 s late (longer than the 2 s a stopped record
+  // takes to condemn it): its records keep changing, so the op waits and is exact.
+  auto out = allReduceWithAPeerNeverMet(false);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(out[static_cast<size_t>(r)].first, "") << "rank " << r;
+  EXPECT_GT(out[0].second, 2.0);  // it did wait for rank 2
+}
+
 }  // namespace

@@ -92,6 +92,24 @@ def test_a_peer_killed_mid_all_reduce_is_named_within_seconds(vm):
     assert res["seconds"] < 30, res
 
 
+def test_a_peer_killed_before_any_pair_with_it_was_made_is_named(vm):
+    """Issue 32: with connections at first use, a rank that dies before its peers ever met it
+    leaves no queue pair to break; their all_reduce still fails naming it, in about ten of its
+    progress intervals (1 s each), not at the op's timeout."""
+    ranks = _ranks(vm, "never_met")
+    assert sorted(ranks) == [0, 1], _read(vm, "job.txt")[-6000:]
+    for r, res in ranks.items():
+        assert "error" not in res, f"rank {r}: {res['error']}"
+        assert res["raised"] == "PeerFailureError", res
+        assert "rank 2 (host" in res["message"] and "verbs" in res["message"], res["message"]
+        assert "progress record in the store" in res["message"], res["message"]
+        assert res["seconds"] < 30, res
+        # Ranks 0 and 1 met over verbs; no pair with rank 2 was ever made.
+        assert any(t.startswith("verbs") for t in res["transports"] if t != "self"), res
+    print(f"\nrank killed before any pair with it: named after "
+          f"{max(res['seconds'] for res in ranks.values()):.1f} s")
+
+
 def test_survivors_shrink_the_group_and_all_reduce_over_verbs(vm):
     ranks = _ranks(vm, "shrink")
     assert sorted(ranks) == [0, 1], _read(vm, "job.txt")[-6000:]

@@ -53,6 +53,27 @@ def killed_peer(rank, n):
         return {"raised": type(e).__name__, "message": str(e)[:3000], "seconds": time.monotonic() - t0}
 
 
+def never_met(rank, n):
+    """Ranks 0 and 1 connect to each other only (a send/recv); rank 2 is SIGKILLed right after
+    init, before any pair with it was made, so no queue pair of its breaks. The all_reduce of
+    ranks 0 and 1 that needs it fails naming it (its progress record stopped changing)."""
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t = torch.ones(1000)
+    if rank == 0:
+        dist.send(t, 1)
+    else:
+        dist.recv(t, 0)
+    transports = railcc.backend_of().peer_transports()
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        return {"raised": None}
+    except Exception as e:  # noqa: BLE001
+        return {"raised": type(e).__name__, "message": str(e)[:3000], "seconds": time.monotonic() - t0,
+                "transports": transports}
+
+
 def shrunk_after_kill(rank, n):
     """The last rank is SIGKILLed; the others catch the error, shrink the default group without
     it and all_reduce over verbs on the result (issue 33)."""
@@ -285,6 +306,9 @@ with open(topo, "w") as f:
     f.write(make_topologies.gpu_rdma_host("railcc-vm", [("rxe0", "vrail0"), ("rxe1", "vrail1")]))
 # A rank killed and the survivors shrinking the group without it (verbs between the survivors).
 run("shrink", 3, shrunk_after_kill, dict(VERBS, RAILCC_IB_TIMEOUT="8", RAILCC_IB_RETRY_CNT="2"), 200)
+# A rank killed before any pair with it was made (connections at first use, the default): no
+# queue pair breaks; its peers learn of it from its progress record, which stops.
+run("never_met", 3, never_met, VERBS, 120)
 run("killed", 2, killed_peer, dict(VERBS, RAILCC_IB_TIMEOUT="8", RAILCC_IB_RETRY_CNT="2", RAILCC_TOPO_FILE=topo), 120)
 
 

@@ -5,6 +5,14 @@ namespace railcc::engine {
 // ---------------------------------------------------------------------------------------
 // Device buffers: CUDA IPC between the processes of one host
 
+void CommImpl::ipcStep(const cuda::DeviceApi& api, void* stream, int d, IpcEvent e) {
+  checkDevice(api.eventRecord(dev_.ipc.ev[static_cast<size_t>(rank_)][e], stream), "cudaEventRecord", d);
+  syncRound();
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_)
+      checkDevice(api.streamWaitEvent(stream, dev_.ipc.ev[static_cast<size_t>(q)][e]), "cudaStreamWaitEvent (peer's IPC event)", d);
+}
+
 void CommImpl::releaseIpc(const cuda::DeviceApi& api, bool peersDone) {
   const size_t me = static_cast<size_t>(rank_);
   for (size_t r = 0; r < dev_.ipc.pool.size(); ++r) {
