@@ -26,7 +26,9 @@ What is measured, per rank:
             just before init and after the first all_reduce (read once every rank is past
             it, so that no rank's reading costs another's init CPU). Forked ranks start sharing
             the parent's pages; a page they write becomes private, so this counts what init
-            allocated and what it touched of the parent's. Shared memory (/dev/shm segments,
+            allocated and what it touched of the parent's (the parent's Python objects are
+            frozen, gc.freeze, before the forks, so a garbage collection in a rank does not
+            count the parent's pages it would scan). Shared memory (/dev/shm segments,
             mapped by every rank of a fake host by design) is reported per host apart.
             heap: bytes the C heap holds in use (glibc mallinfo2: arenas plus mmapped
             blocks) added over the same span, the backend's and torch's allocations apart
@@ -52,6 +54,7 @@ has failed the others get a few seconds to fail too before they are killed. No r
 this process (each asks the kernel to kill it when its parent dies).
 """
 
+import gc
 import os
 
 # One intra-op thread per rank: set before torch is imported, so no rank starts an OpenMP pool
@@ -738,6 +741,11 @@ def main(argv=None):
         where = f", railcc from {os.path.dirname(railcc.__file__)}"
 
     _START_FDS.update(_open_fds())
+    # The objects made so far (torch's) move out of the collector's reach, as a fork server
+    # does: a collection in a rank would otherwise write to the parent's pages it scans and
+    # make them private, adding 0.1-0.5 MiB to one run's "private" and not another's.
+    gc.collect()
+    gc.freeze()
     # A SIGTERM unwinds like an error: Job.run's finally kills its ranks.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(f"# railcc scale harness: {os.cpu_count()} CPUs, torch {torch.__version__}, "
