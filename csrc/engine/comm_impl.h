@@ -439,7 +439,7 @@ class CommImpl : private ChannelHost {
     size_t reportTurn = 0;  // checkPeersReported's place among the peers waited on (engine thread)
     struct Beat {
       std::string record;        // the peer's progress record as last read
-      Clock::time_point since{};  // when it was first read so
+      Clock::time_point since;    // when it was first read so
     };
     std::map<int, Beat> beats;  // peers waited on without a connection (checkHeartbeat; engine thread)
   } health_;

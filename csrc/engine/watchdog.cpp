@@ -130,7 +130,7 @@ void CommImpl::checkHeartbeat(int peer) {
   if (!storeTryGet("progress/" + std::to_string(peer), Millis(2), rec)) return;  // none yet, or a slow store: no verdict
   const auto now = Clock::now();
   auto& b = health_.beats[peer];
-  if (b.record != rec || b.since == Clock::time_point{}) {
+  if (b.record != rec) {  // first read (a record is never empty), or it moved: alive
     b.record = rec;
     b.since = now;
     return;

@@ -239,11 +239,15 @@ TEST(Pipes, ForcingAnUnregisteredTransportNamesTheRegisteredOnes) {
   }
 }
 
-// Counts the reads of ranks' endpoints ("ep/<rank>") through it.
-class EndpointReads : public Store {
+// One rank's view of the shared store: counts its reads of ranks' endpoints ("ep/<rank>"),
+// and once `mute` is set drops its progress records, as a process that died stops writing them.
+class RankStore : public Store {
  public:
-  explicit EndpointReads(Store& base) : base_(base) {}
-  void set(const std::string& k, const std::string& v) override { base_.set(k, v); }
+  explicit RankStore(Store& base) : base_(base) {}
+  void set(const std::string& k, const std::string& v) override {
+    if (mute && k.find("progress/") != std::string::npos) return;
+    base_.set(k, v);
+  }
   std::string get(const std::string& k, Millis t) override {
     note(k);
     return base_.get(k, t);
@@ -254,6 +258,7 @@ class EndpointReads : public Store {
     return base_.getAll(keys, t);
   }
   std::atomic<int> reads{0};
+  std::atomic<bool> mute{false};
 
  private:
   void note(const std::string& k) {
@@ -275,8 +280,8 @@ TEST(Pipes, WithTwoTransportsBetweenHostsEachPairChoosesAtFirstUse) {
   cfg.nchannels = 2;  // the toy's count: a pair keeps the count of this rank's first transport
   cfg.channelMinBytes = 4096;
   MemoryStore store;
-  std::vector<std::unique_ptr<EndpointReads>> stores;
-  for (int r = 0; r < n; ++r) stores.push_back(std::make_unique<EndpointReads>(store));
+  std::vector<std::unique_ptr<RankStore>> stores;
+  for (int r = 0; r < n; ++r) stores.push_back(std::make_unique<RankStore>(store));
   std::vector<int> atInit(n, -1);
   std::vector<std::vector<std::string>> via(n, std::vector<std::string>(n));
   std::vector<std::string> errors(n);
@@ -358,24 +363,6 @@ TEST(Pipes, RequestsAndRegisteredMemoryOverAConnection) {
   EXPECT_TRUE(refused);
 }
 
-// Passes everything through, except one rank's progress records once `mute` is set: as the
-// records of a process that died stop.
-class MutedRecords : public Store {
- public:
-  explicit MutedRecords(Store& base) : base_(base) {}
-  void set(const std::string& k, const std::string& v) override {
-    if (mute && k.find("progress/") != std::string::npos) return;
-    base_.set(k, v);
-  }
-  std::string get(const std::string& k, Millis t) override { return base_.get(k, t); }
-  int64_t add(const std::string& k, int64_t d) override { return base_.add(k, d); }
-  std::vector<std::string> getAll(const std::vector<std::string>& keys, Millis t) override { return base_.getAll(keys, t); }
-  std::atomic<bool> mute{false};
-
- private:
-  Store& base_;
-};
-
 // Three ranks on three hosts over the toy connecting at first use, where nothing refuses or
 // closes when a peer is gone (as verbs, whose pairs meet through the store). Ranks 0 and 1
 // connect to each other only, then all_reduce with rank 2, which never came to the pair.
@@ -390,8 +377,8 @@ std::vector<std::pair<std::string, double>> allReduceWithAPeerNeverMet(bool dies
   cfg.initTimeoutSec = 30;
   cfg.progressIntervalMs = 100;  // a peer is judged gone after 2 s (10 intervals, 2 s at least)
   MemoryStore store;
-  std::vector<std::unique_ptr<MutedRecords>> stores;
-  for (int r = 0; r < n; ++r) stores.push_back(std::make_unique<MutedRecords>(store));
+  std::vector<std::unique_ptr<RankStore>> stores;
+  for (int r = 0; r < n; ++r) stores.push_back(std::make_unique<RankStore>(store));
   std::vector<std::pair<std::string, double>> out(n);
   std::atomic<int> finished{0};
   std::vector<std::thread> ts;
@@ -429,6 +416,8 @@ std::vector<std::pair<std::string, double>> allReduceWithAPeerNeverMet(bool dies
             out[static_cast<size_t>(r)].first = e.what();
             if (e.code() != ErrorCode::kPeerFailure || e.ranks != std::vector<int>{2})
               out[static_cast<size_t>(r)].first += " [not a peer failure naming rank 2 alone]";
+          } catch (...) {
+            out[static_cast<size_t>(r)].first = "failed with an exception that is not a railcc Error";
           }
         } else if (x != std::vector<int>(5, 6)) {
           out[static_cast<size_t>(r)].first = "wrong sum";
