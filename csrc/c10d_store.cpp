@@ -45,29 +45,41 @@ class C10dStore : public engine::Store {
   }
   std::string get(const std::string& k, Millis timeout) override { return getAll({k}, timeout).front(); }
   int64_t add(const std::string& k, int64_t d) override { return s_->add(k, d); }
-  // Waits by asking whether every key exists, napping between asks (0.1 ms doubling to 10 ms),
+  // Waits by asking whether the keys exist, napping between asks (0.1 ms doubling to 10 ms),
   // never by a c10d wait that can expire: an expired TCPStore wait prints a warning and formats
   // the socket's address with getnameinfo, a reverse DNS lookup that blocks for the resolver's
-  // timeout (5 s) where DNS is slow, and every rank waiting on this one with it. Then one
-  // multi_get: two round trips for a whole group's records instead of two per rank.
+  // timeout (5 s) where DNS is slow, and every rank waiting on this one with it.
+  // A few keys (a set-up step's, a peer's endpoint or record) are read one at a time, each ask
+  // also the read (readNow): one round trip per ask where check, wait and get are three. More
+  // keys (a whole host's records) are asked for together and read in one multi_get.
   std::vector<std::string> getAll(const std::vector<std::string>& keys, Millis timeout) override {
     if (keys.empty()) return {};
     auto until = std::chrono::steady_clock::now() + timeout;
     auto nap = std::chrono::microseconds(100);
-    std::vector<std::vector<uint8_t>> vals;
+    std::vector<std::string> out(keys.size());
+    const bool oneByOne = keys.size() <= kReadEach;
+    size_t have = 0;  // keys[0, have) are read into out
+    auto there = [&] {
+      if (!oneByOne || noCompareSet_) return checkKeys(std::vector<std::string>(keys.begin() + static_cast<long>(have), keys.end()));
+      while (have < keys.size() && readNow(keys[have], out[have])) ++have;
+      return have == keys.size();
+    };
     try {
-      while (!checkKeys(keys)) {
+      while (!there()) {
         auto now = std::chrono::steady_clock::now();
         if (now >= until) {
-          for (const std::string& k : keys)
-            if (!checkKeys({k}))
-              RAILCC_THROW(kTimeout, "store key '", k, "' did not appear within ", timeout.count(), " ms");
+          for (size_t i = have; i < keys.size(); ++i)
+            if (!checkKeys({keys[i]}))
+              RAILCC_THROW(kTimeout, "store key '", keys[i], "' did not appear within ", timeout.count(), " ms");
           break;  // all there now
         }
         std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(nap, until - now));
         nap = std::min(nap * 2, std::chrono::microseconds(10000));
       }
-      vals = s_->multiGet(keys);
+      if (have < keys.size()) {  // asked with check: read what is left in one multi_get
+        auto vals = s_->multiGet(std::vector<std::string>(keys.begin() + static_cast<long>(have), keys.end()));
+        for (size_t i = have; i < keys.size(); ++i) out[i].assign(vals[i - have].begin(), vals[i - have].end());
+      }
     } catch (const c10::DistNetworkError& e) {
       lost_.store(true);
       RAILCC_THROW(kPeerFailure, "the c10d store is unreachable: ", firstLine(e));
@@ -77,9 +89,6 @@ class C10dStore : public engine::Store {
       RAILCC_THROW(kTimeout, "store keys '", keys.front(), "' ... did not appear within ", timeout.count(), " ms (",
                    firstLine(e), ")");
     }
-    std::vector<std::string> out;
-    out.reserve(vals.size());
-    for (auto& v : vals) out.emplace_back(v.begin(), v.end());
     return out;
   }
   // The store is watched (engine/store_watch.h) through torch's own client socket, never a
@@ -97,6 +106,32 @@ class C10dStore : public engine::Store {
   }
 
  private:
+  static constexpr size_t kReadEach = 3;  // up to this many keys, read one at a time (getAll)
+
+  // The key's value, or false while it is missing, in one round trip that never waits: a
+  // compare-and-set expecting a value no record holds (NULs inside) is answered with the stored
+  // value, or, for a missing key, with that expected value and nothing stored (TCPStore, its
+  // prefix, file and hash stores alike). The libuv TCPStore server also wakes the key's waiters
+  // on such a miss: harmless, as railcc waits on no key it has not seen exist. A store without
+  // compare_set (a Python store may lack it) is asked by check() and read by multi_get instead.
+  bool readNow(const std::string& k, std::string& out) {
+    static constexpr char kAbsent[] = "\0railcc: no such key\0";
+    static const std::vector<uint8_t> absent(kAbsent, kAbsent + sizeof(kAbsent) - 1);
+    if (noCompareSet_) return false;
+    std::vector<uint8_t> v;
+    try {
+      v = s_->compareSet(k, absent, absent);
+    } catch (const c10::DistNetworkError&) {
+      throw;
+    } catch (const std::exception&) {
+      noCompareSet_ = true;
+      return false;
+    }
+    if (v == absent) return false;
+    out.assign(v.begin(), v.end());
+    return true;
+  }
+
   // Whether the keys exist. A store without check() (a Python store may lack it) is asked with a
   // short wait instead, as before.
   bool checkKeys(const std::vector<std::string>& keys) {
@@ -126,6 +161,7 @@ class C10dStore : public engine::Store {
   std::shared_ptr<engine::StoreWatch> watch_;
   std::atomic<bool> lost_{false};
   std::atomic<bool> noCheck_{false};
+  std::atomic<bool> noCompareSet_{false};
 };
 
 }  // namespace
