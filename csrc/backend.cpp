@@ -195,7 +195,7 @@ static c10::intrusive_ptr<c10d::Store> perAttempt(const c10::intrusive_ptr<c10d:
 ProcessGroupRailcc::ProcessGroupRailcc(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                        std::chrono::milliseconds timeout, std::string groupName,
                                        std::vector<int> globalRanks)
-    : c10d::Backend(rank, size), store_(makeC10dStore(perAttempt(store))), timeout_(timeout),
+    : c10d::Backend(rank, size), store_(makeC10dStore(perAttempt(store), size)), timeout_(timeout),
       c10dStore_(perAttempt(store)),
       groupName_(groupName), globalRanks_(static_cast<int>(globalRanks.size()) == size ? globalRanks : std::vector<int>{}) {
   for (int r = static_cast<int>(globalRanks_.size()); r < size; ++r) globalRanks_.push_back(r);

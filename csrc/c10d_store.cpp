@@ -5,6 +5,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -27,7 +28,8 @@ std::string firstLine(const std::exception& e) {
 
 class C10dStore : public engine::Store {
  public:
-  explicit C10dStore(c10::intrusive_ptr<c10d::Store> s) : s_(std::move(s)) {
+  C10dStore(c10::intrusive_ptr<c10d::Store> s, int askers)
+      : s_(std::move(s)), napCap_(std::clamp(std::chrono::microseconds(150) * std::max(askers, 1), kNapMin, kNapMax)) {
     c10::intrusive_ptr<c10d::Store> base = s_;
     if (auto* p = dynamic_cast<c10d::PrefixStore*>(base.get())) base = p->getUnderlyingNonPrefixStore();
     if (auto* tcp = dynamic_cast<c10d::TCPStore*>(base.get())) {
@@ -45,7 +47,7 @@ class C10dStore : public engine::Store {
   }
   std::string get(const std::string& k, Millis timeout) override { return getAll({k}, timeout).front(); }
   int64_t add(const std::string& k, int64_t d) override { return s_->add(k, d); }
-  // Waits by asking whether the keys exist, napping between asks (0.1 ms doubling to 10 ms),
+  // Waits by asking whether the keys exist, napping between asks (0.1 ms doubling to napCap_),
   // never by a c10d wait that can expire: an expired TCPStore wait prints a warning and formats
   // the socket's address with getnameinfo, a reverse DNS lookup that blocks for the resolver's
   // timeout (5 s) where DNS is slow, and every rank waiting on this one with it.
@@ -74,7 +76,7 @@ class C10dStore : public engine::Store {
           break;  // all there now
         }
         std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(nap, until - now));
-        nap = std::min(nap * 2, std::chrono::microseconds(10000));
+        nap = std::min(nap * 2, napCap_);
       }
       if (have < keys.size()) {  // asked with check: read what is left in one multi_get
         auto vals = s_->multiGet(std::vector<std::string>(keys.begin() + static_cast<long>(have), keys.end()));
@@ -107,6 +109,11 @@ class C10dStore : public engine::Store {
 
  private:
   static constexpr size_t kReadEach = 3;  // up to this many keys, read one at a time (getAll)
+  // The longest nap between asks grows with the group: its ranks wait together (for the last
+  // one to arrive, at set-up), so the store hears from each less often the more they are: 10 ms
+  // up to 66 ranks, 150 us per rank above, at most 50 ms (a wait then overshoots by that much).
+  // 128 ranks on fake hosts here asked ~17 times each for rank 0's placement record with 10 ms.
+  static constexpr std::chrono::microseconds kNapMin{10000}, kNapMax{50000};
 
   // The key's value, or false while it is missing, in one round trip that never waits: a
   // compare-and-set expecting a value no record holds (NULs inside) is answered with the stored
@@ -162,12 +169,13 @@ class C10dStore : public engine::Store {
   std::atomic<bool> lost_{false};
   std::atomic<bool> noCheck_{false};
   std::atomic<bool> noCompareSet_{false};
+  const std::chrono::microseconds napCap_;
 };
 
 }  // namespace
 
-std::shared_ptr<engine::Store> makeC10dStore(c10::intrusive_ptr<c10d::Store> s) {
-  return std::make_shared<C10dStore>(std::move(s));
+std::shared_ptr<engine::Store> makeC10dStore(c10::intrusive_ptr<c10d::Store> s, int askers) {
+  return std::make_shared<C10dStore>(std::move(s), askers);
 }
 
 }  // namespace railcc
