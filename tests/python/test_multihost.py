@@ -521,10 +521,13 @@ def test_each_rank_sends_over_its_own_rail_and_a_slow_rail_is_named(tmp_path):
         # Rail 0 between the hosts was never slow. Links within one host (loopback TCP, shared
         # memory being off) are left out: four ranks on two cores can starve one of them for a
         # window, which the report then rightly calls slow, but that is the CPU, not a cable.
+        # So are a rank's TCP send links: their rate is how fast its kernel took the bytes into
+        # the socket buffer (39-262 GB/s over rail 0 in one run, where a starved window read
+        # "slow" against the rest); the cable shows in the receiving rank's links.
         hosts = {h.hostname_of(0), h.hostname_of(1)}
         for ln in warned:
             m = re.search(r"\((\S+) -> (\S+), ", ln)
-            if m and m.group(1) != m.group(2):
+            if m and m.group(1) != m.group(2) and "socket send links" not in ln:
                 assert "(rail 0)" not in ln, ln
         for rank, r in res.results.items():
             for link in r["extra"]["straggler_report"]["slow_links"]:
