@@ -163,7 +163,7 @@ void Rendezvous::dial(int peer, int lane, const sockaddr_in& to, const sockaddr_
   // this pair) and then fail without ever taking it: knock on its listener meanwhile, so a
   // peer whose group went away is reported instead of waited for until the op times out.
   // The first knock waits a while: a live peer has answered by then, and costs no probe.
-  if (open_) watch(peer, to, Clock::now() + std::chrono::milliseconds(250));
+  if (open_) watch(peer, to, Clock::now() + kFirstKnockAfter);
 }
 
 void Rendezvous::expect(int peer, int lane) {

@@ -52,6 +52,9 @@ class Rendezvous {
   /// step() throws kPeerFailure naming the peer (its process or its group is gone). Blocks: no.
   void watch(int peer, const sockaddr_in& listener,
              std::chrono::steady_clock::time_point firstKnock = std::chrono::steady_clock::time_point{});
+  /// How long a side waiting at first use lets the peer answer before its first knock (a live
+  /// peer has by then, and costs no knock: a whole TCP connection on both sides).
+  static constexpr std::chrono::milliseconds kFirstKnockAfter{250};
 
   /// Drives every handshake until all are done. Blocks: yes, until then or `deadline`.
   /// Throws railcc::Error with the peer in `ranks`: kPeerFailure when a peer refuses or fails

@@ -127,11 +127,10 @@ class SocketSetup : public Setup {
   void accept(const PeerRecord& peer, int lane, int channel) override {
     rv().expect(peer.rank, lane * kMaxChannels + channel);
     // Nothing of the peer's to watch until it dials: knock on its listener, the first time
-    // after a while, as a dialer does (a live peer has dialed by then, and costs no knock: a
-    // knock is a whole TCP connection on both sides, which the pairs of a first op paid each).
+    // after the same wait as a dialer's.
     Blob b = parseBlob(peer.endpoint);
     if (!b.addrs.empty())
-      rv().watch(peer.rank, parseAddr(b.addrs.front().first), std::chrono::steady_clock::now() + std::chrono::milliseconds(250));
+      rv().watch(peer.rank, parseAddr(b.addrs.front().first), std::chrono::steady_clock::now() + Rendezvous::kFirstKnockAfter);
   }
 
   void idle(std::chrono::milliseconds budget) override {
