@@ -1,11 +1,14 @@
 #include "common/crypto.h"
 
 #include <sys/random.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "common/strings.h"
 
 namespace railcc {
@@ -119,6 +122,26 @@ std::vector<uint8_t> randomBytes(size_t n) {
 std::string randomHex(size_t n) {
   std::vector<uint8_t> b = randomBytes(n);
   return toHex(b.data(), b.size());
+}
+
+std::vector<uint8_t> readKeyFile(const std::string& path, const char* setting) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0)
+    RAILCC_THROW(kInvalidUsage, setting, "=", path, ": ", detail::errnoString());
+  if (!S_ISREG(st.st_mode)) RAILCC_THROW(kInvalidUsage, setting, "=", path, " is not a regular file");
+  if (st.st_size < 16 || st.st_size > (64 << 10))
+    RAILCC_THROW(kInvalidUsage, setting, "=", path, " holds ", st.st_size,
+                 " bytes; a key needs 16 to 65536 (for example: head -c 32 /dev/urandom > key)");
+  if (st.st_mode & 077) {
+    char mode[8];
+    snprintf(mode, sizeof(mode), "%03o", static_cast<unsigned>(st.st_mode & 0777));
+    RAILCC_WARN(INIT, setting, "=", path, " can be read by other users (mode ", mode, "); chmod 600 it");
+  }
+  std::ifstream f(path, std::ios::binary);
+  std::vector<uint8_t> key(static_cast<size_t>(st.st_size));
+  if (!f.read(reinterpret_cast<char*>(key.data()), static_cast<std::streamsize>(key.size())))
+    RAILCC_THROW(kInvalidUsage, setting, "=", path, ": cannot read it");
+  return key;
 }
 
 }  // namespace railcc

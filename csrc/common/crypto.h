@@ -28,4 +28,9 @@ std::vector<uint8_t> randomBytes(size_t n);
 /// Lower-case hex of `n` random bytes: names and tokens that must not be guessable.
 std::string randomHex(size_t n);
 
+/// A secret key's file (`setting` names where its path came from, for errors): a regular file
+/// of 16 bytes to 64 KiB, read whole. Throws kInvalidUsage naming the problem; warns once
+/// where other users may read it.
+std::vector<uint8_t> readKeyFile(const std::string& path, const char* setting);
+
 }  // namespace railcc

@@ -96,27 +96,6 @@ struct Opened {
   bool done = false;
 };
 
-// RAILCC_AUTH_KEY_FILE's content: a regular file of 16 bytes to 64 KiB.
-std::vector<uint8_t> readAuthKey(const std::string& path) {
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0)
-    RAILCC_THROW(kInvalidUsage, "RAILCC_AUTH_KEY_FILE=", path, ": ", detail::errnoString());
-  if (!S_ISREG(st.st_mode)) RAILCC_THROW(kInvalidUsage, "RAILCC_AUTH_KEY_FILE=", path, " is not a regular file");
-  if (st.st_size < 16 || st.st_size > (64 << 10))
-    RAILCC_THROW(kInvalidUsage, "RAILCC_AUTH_KEY_FILE=", path, " holds ", st.st_size,
-                 " bytes; a key needs 16 to 65536 (for example: head -c 32 /dev/urandom > key)");
-  if (st.st_mode & 077) {
-    char mode[8];
-    snprintf(mode, sizeof(mode), "%03o", static_cast<unsigned>(st.st_mode & 0777));
-    RAILCC_WARN(INIT, "RAILCC_AUTH_KEY_FILE=", path, " can be read by other users (mode ", mode, "); chmod 600 it");
-  }
-  std::ifstream f(path, std::ios::binary);
-  std::vector<uint8_t> key(static_cast<size_t>(st.st_size));
-  if (!f.read(reinterpret_cast<char*>(key.data()), static_cast<std::streamsize>(key.size())))
-    RAILCC_THROW(kInvalidUsage, "RAILCC_AUTH_KEY_FILE=", path, ": cannot read it");
-  return key;
-}
-
 }  // namespace
 
 void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::time_point deadline,
@@ -135,10 +114,10 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   if (!cfg.authKeyFile.empty()) {
     // The store's secret alone proves only that a process can read the store; the key file's
     // content, which never enters the store, is what a connecting rank must also hold.
-    Digest d = hmacSha256(readAuthKey(cfg.authKeyFile), ctx.secret);
+    Digest d = hmacSha256(readKeyFile(cfg.authKeyFile, "RAILCC_AUTH_KEY_FILE"), ctx.secret);
     ctx.secret.assign(d.begin(), d.end());
   }
-  for (const PeerInfo& p : peers_) ctx.peers.push_back({p.rank, p.hostId, p.hostname, p.pid, p.pidNs, "", 1});
+  ctx.pidNs = peers_[static_cast<size_t>(rank_)].pidNs;
   ctx.localRanks = localRanks_;
   ctx.rail = place.rail;
   ctx.railIfs = place.railIfs;
@@ -189,14 +168,27 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   store.set("ep/" + std::to_string(rank_), mine);
   std::vector<std::string> railLines{place.line};
 
+  // Per rank, as little as the choice needs: a peer's record is made from peers_ when a
+  // transport needs it, and the reasons (the same for most peers) are kept once each.
   struct Choice {
     Opened* via = nullptr;
     int channels = 1;
-    transport::PeerRecord rec;
-    std::string why;
+    int why = -1;                // index in whys
     bool endpointLater = false;  // read at the pair's first use
+    std::string endpoint;        // the peer's blob for `via`, where read now
   };
   std::vector<Choice> choice(static_cast<size_t>(size_));
+  std::vector<std::string> whys;
+  auto whyOf = [&whys](const std::string& w) {
+    auto it = std::find(whys.begin(), whys.end(), w);
+    if (it == whys.end()) it = whys.insert(it, w);
+    return static_cast<int>(it - whys.begin());
+  };
+  auto recordOf = [this, &choice](int r) {
+    const PeerInfo& p = peers_[static_cast<size_t>(r)];
+    const Choice& c = choice[static_cast<size_t>(r)];
+    return transport::PeerRecord{p.rank, p.hostId, p.hostname, p.pid, p.pidNs, c.endpoint, c.channels};
+  };
   // While peers' endpoints are awaited, the transports serve what already reaches them.
   pump_ = [&open] {
     for (auto& o : open) o.setup->idle(Millis(open.size() > 1 ? 2 : 5));
@@ -226,11 +218,9 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     Choice& c = choice[static_cast<size_t>(r)];
     c.via = firstUse.front();  // the channel count of the pair: the first transport's
     c.channels = c.via->setup->channels();
-    c.rec = ctx.peers[static_cast<size_t>(r)];
-    c.rec.channels = c.channels;
-    c.why = firstUse.size() == 1 ? c.via->setup->reach(c.rec) + "; its endpoint read then" +
-                                       (forced.empty() ? "" : ", forced by RAILCC_NET/NCCL_NET")
-                                 : std::string("the first that both ends offer, chosen with its endpoint");
+    c.why = whyOf(firstUse.size() == 1 ? c.via->setup->reach(recordOf(r)) + "; its endpoint read then" +
+                                             (forced.empty() ? "" : ", forced by RAILCC_NET/NCCL_NET")
+                                       : std::string("the first that both ends offer, chosen with its endpoint"));
     c.endpointLater = true;
   }
   if (rank_ == 0 && !firstUse.empty() && !place.line.empty()) {
@@ -254,15 +244,15 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     if (theirs.count("rails")) railLines.push_back(theirs["rails"].second);
     Choice& c = choice[static_cast<size_t>(r)];
     std::string why, tried;
-    transport::PeerRecord rec = ctx.peers[static_cast<size_t>(r)];
+    transport::PeerRecord rec = recordOf(r);
     const int k = firstReaching(candidates, theirs, rankName(r), rec, why, tried);
     if (k >= 0) {
       Opened& o = open[static_cast<size_t>(k)];
       c.via = &o;
       c.channels = std::max(1, std::min(o.setup->channels(), rec.channels));
-      c.rec = rec;
+      c.endpoint = rec.endpoint;
       if (o.interHost) peers_[static_cast<size_t>(r)].addr = rec.endpoint;
-      c.why = why + (o.interHost && !forced.empty() ? ", forced by RAILCC_NET/NCCL_NET" : "");
+      c.why = whyOf(why + (o.interHost && !forced.empty() ? ", forced by RAILCC_NET/NCCL_NET" : ""));
     }
     if (!c.via) {
       Error err(ErrorCode::kInvalidUsage, "railcc init of group '" + opts_.name + "': no transport reaches " +
@@ -304,7 +294,7 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     if (c.via->setup->lazy()) {
       LazyPeer& l = links_.peers[static_cast<size_t>(r)];
       l.setup = c.via->setup.get();
-      l.endpoint = c.rec.endpoint;
+      l.endpoint = c.endpoint;
       l.channels = c.channels;
       l.via = links_.nameOf(c.via->name);
       l.endpointLater = c.endpointLater;
@@ -312,10 +302,11 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
       if (l.chooseLater) l.setup = nullptr;  // chosen with the peer's endpoint (readEndpoint)
       continue;
     }
+    const transport::PeerRecord rec = recordOf(r);
     for (int lane = 0; lane < kLanes; ++lane)
       for (int ch = 0; ch < c.channels; ++ch) {
-        if (r > rank_) c.via->setup->connect(c.rec, lane, ch);
-        else c.via->setup->accept(c.rec, lane, ch);
+        if (r > rank_) c.via->setup->connect(rec, lane, ch);
+        else c.via->setup->accept(rec, lane, ch);
       }
   }
 
@@ -352,7 +343,7 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
       const std::string via = l.chooseLater ? firstUseNames : c.via->name;
       peers_[static_cast<size_t>(r)].transport = via + " (not connected yet: connects at first use)";
       RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", r, " (", peers_[static_cast<size_t>(r)].hostname, ") via ",
-                  via, " at first use (", c.why,
+                  via, " at first use (", whys[static_cast<size_t>(c.why)],
                   c.channels > 1 ? "; " + std::to_string(c.channels) + " channels" : std::string(), ")");
       continue;
     }
@@ -367,7 +358,7 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     }
     PeerInfo& p = peers_[static_cast<size_t>(r)];
     p.transport = desc;
-    RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", r, " (", p.hostname, ") via ", desc, " (", c.via->name, ": ", c.why,
+    RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", r, " (", p.hostname, ") via ", desc, " (", c.via->name, ": ", whys[static_cast<size_t>(c.why)],
                 c.channels > 1 ? "; " + std::to_string(c.channels) + " channels" : std::string(), ")");
   }
 

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <string_view>
 #include <unordered_map>
 
 namespace railcc::engine {
@@ -103,21 +104,32 @@ std::string HostMap::encode() const {
 
 HostMap HostMap::decode(const std::string& s, const std::string& who) {
   HostMap p;
-  auto bad = [&](const std::string& line, const char* why) {
-    RAILCC_THROW(kInvalidUsage, who, ": its placement record in the store has the line '", line.substr(0, 120), "' (",
-                 why, "; a store record written by something other than railcc?)");
+  auto bad = [&](std::string_view line, const char* why) {
+    RAILCC_THROW(kInvalidUsage, who, ": its placement record in the store has the line '",
+                 std::string(line.substr(0, 120)), "' (", why, "; a store record written by something other than railcc?)");
   };
-  for (const std::string& line : split(s, '\n')) {
+  // Read in place, a line and its fields at a time: one record of 4,096 hosts would otherwise
+  // make a string per line and per field, a few hundred KiB of heap each rank keeps touched.
+  size_t lines = 0;
+  for (char c : s) lines += c == '\n';
+  p.hosts.reserve(lines);
+  std::string_view rest(s);
+  while (!rest.empty()) {
+    const size_t eol = rest.find('\n');
+    const std::string_view line = rest.substr(0, eol);
+    rest = eol == std::string_view::npos ? std::string_view() : rest.substr(eol + 1);
     if (line.empty()) continue;
-    auto f = split(line, '|');
-    if (f.size() != 3 || f[0].size() != 1) bad(line, "not 3 fields separated by '|'");
-    if (f[0] == "h") {
-      if (f[1].empty()) bad(line, "an empty host id");
-      p.hosts.push_back({f[1], f[2]});
-    } else if (f[0] == "r") {
+    const size_t a = line.find('|'), b = a == std::string_view::npos ? a : line.find('|', a + 1);
+    if (a != 1 || b == std::string_view::npos || b + 1 == line.size() || line.find('|', b + 1) != std::string_view::npos)
+      bad(line, "not 3 fields separated by '|'");
+    const std::string_view f1 = line.substr(2, b - 2), f2 = line.substr(b + 1);
+    if (line[0] == 'h') {
+      if (f1.empty()) bad(line, "an empty host id");
+      p.hosts.push_back({std::string(f1), std::string(f2)});
+    } else if (line[0] == 'r') {
       long long h = 0, n = 0;
-      if (!parseInt(f[1], 0, static_cast<long long>(p.hosts.size()) - 1, h)) bad(line, "a host index out of range");
-      if (!parseInt(f[2], 1, 1 << 24, n)) bad(line, "a rank count that is not a number from 1");
+      if (!parseInt(std::string(f1), 0, static_cast<long long>(p.hosts.size()) - 1, h)) bad(line, "a host index out of range");
+      if (!parseInt(std::string(f2), 1, 1 << 24, n)) bad(line, "a rank count that is not a number from 1");
       p.runs.push_back({static_cast<int>(h), static_cast<int>(n)});
     } else {
       bad(line, "neither a host nor a run");

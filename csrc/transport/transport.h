@@ -56,8 +56,8 @@ struct SetupContext {
   std::string group;              // for logs
   Config config;
   std::vector<uint8_t> secret;    // the group secret, for transports that authenticate
-  std::vector<PeerRecord> peers;  // every rank, without endpoints (those come later); for the
-                                  // constructor of a Setup (one kept for the group's life drops it)
+  std::string pidNs;              // this rank's pid namespace (PeerRecord::pidNs); a peer's record
+                                  // comes with connect()/accept()/reach(), never a list of every rank
   std::vector<int> localRanks;    // ranks that share this host's memory, this one included
   // From the topology, when known (else -1 and empty): this rank's rail, and per rail of this
   // host the network interface of its NIC ("" where it has none with an IPv4 address).

@@ -75,7 +75,8 @@ TEST(HostMap, StaysSmallWhereHostsHoldConsecutiveRanks) {
 }
 
 TEST(HostMap, MalformedRecordsAreRefusedNamingTheRank) {
-  for (const char* bad : {"", "junk", "h|a|b\nr|1|1\n", "h|a|b\nr|0|0\n", "x|a|b\n", "h||b\nr|0|1\n", "h|a|b\n"}) {
+  for (const char* bad : {"", "junk", "h|a|b\nr|1|1\n", "h|a|b\nr|0|0\n", "x|a|b\n", "h||b\nr|0|1\n", "h|a|b\n",
+                          "h|a|\nr|0|1\n", "h|a|b|c\nr|0|1\n", "h|a|b\nr|0|\n", "h|a|b\nr|0|1|\n", "hh|a|b\nr|0|1\n"}) {
     try {
       HostMap::decode(bad, "rank 5");
       FAIL() << "accepted '" << bad << "'";

@@ -58,7 +58,7 @@ class ShmSetup : public Setup {
     return static_cast<int>(std::find(l.begin(), l.end(), r) - l.begin());
   }
   void open(const PeerRecord& peer, int lane) {
-    bool samePidNs = peer.pidNs == ctx_.peers[static_cast<size_t>(ctx_.rank)].pidNs;
+    bool samePidNs = peer.pidNs == ctx_.pidNs;
     if (attached_.insert(peer.rank).second) {
       std::istringstream is(peer.endpoint);
       std::string name;

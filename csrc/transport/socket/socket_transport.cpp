@@ -65,7 +65,6 @@ Blob parseBlob(const std::string& s) {
 class SocketSetup : public Setup {
  public:
   explicit SocketSetup(const SetupContext& ctx) : ctx_(ctx) {
-    std::vector<PeerRecord>().swap(ctx_.peers);  // kept for the group's life: a pair's record comes with connect()
     const Config& c = ctx.config;
     ifs_ = pickInterfaces(c.socketIfname);
     int64_t n = c.nchannels > 0 ? c.nchannels : c.nsocksPerThread * c.socketNthreads;

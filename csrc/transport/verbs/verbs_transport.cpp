@@ -104,7 +104,6 @@ class VerbsSetup : public Setup {
  public:
   VerbsSetup(const SetupContext& ctx, std::vector<std::shared_ptr<Device>> devs, std::string railWhy)
       : ctx_(ctx), devs_(std::move(devs)), railWhy_(std::move(railWhy)) {
-    std::vector<PeerRecord>().swap(ctx_.peers);  // kept for the group's life: a pair's record comes with connect()
     channels_ = static_cast<int>(devs_.size() * static_cast<size_t>(ctx_.config.ibQpsPerConn));
     ring_ = ringBytes(ctx_.config.buffSize);
     for (auto& d : devs_) logGdr(*d, ctx_);
