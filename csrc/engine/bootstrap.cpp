@@ -562,6 +562,7 @@ void CommImpl::bootstrap(Store& store) {
     if (even)
       for (const auto& ranks : byHost) rail_.push_back(ranks[static_cast<size_t>(localIndex(rank_))]);
   }
+  place_.hostsOfOne = size_ > 1 && static_cast<int>(placed.hosts.size()) == size_;  // the tree's rail: all ranks
   if (opts_.config.spinUs < 0) RAILCC_THROW(kInvalidUsage, "RAILCC_SPIN_US must be 0 or more, got ", opts_.config.spinUs);
 
   const long long peersMs = since(tPeers), peersCpu = processCpuMicros();

@@ -274,14 +274,16 @@ SimResult simulateOp(const SimJob& job, const std::string& op, size_t bytes, siz
   place.rings = L == n && n > 2;
   place.ringSlices = place.rings;
   place.hostsEven = L > 1 && L < n;
+  place.hostsOfOne = L == 1 && n > 1;
   place.oneshotBytes = job.oneshotBytes;
   const std::vector<Algo> prefer = job.algo.empty() ? std::vector<Algo>{} : parseAlgos(job.algo, nullptr);
   const Algo a = n == 1 ? Algo::kPairwise : chooseAlgo(aop, bytes, place, prefer, nullptr);
-  const bool rails = railRing(n / L, prefer), treeRails = place.hostsEven && railTree(n / L);
+  const bool rails = railRing(n / L, prefer), treeRails = treeRanks(place.hostsEven ? n / L : 0, place) > 0;
   SimResult res;
   res.algo = algoName(a);
   if (a == Algo::kHier) res.algo += aop != AlgoOp::kAllreduce || rails ? " (rails: ring)" : " (rails: pairwise)";
-  if (a == Algo::kTree && (aop == AlgoOp::kBroadcast ? place.hostsEven : treeRails)) res.algo += " (rails: binary tree)";
+  if (a == Algo::kTree && (aop == AlgoOp::kBroadcast ? place.hostsEven : treeRails))
+    res.algo += place.hostsOfOne ? " (binary tree)" : " (rails: binary tree)";
   if (a == Algo::kChain && place.hostsEven) res.algo += " (rails)";
   if (perRank) res.sent.resize(static_cast<size_t>(n));
   if (n == 1) return res;

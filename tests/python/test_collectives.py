@@ -953,6 +953,17 @@ def test_oneshot_into_own_block(pools, n):
     check(pools(n), rk_oneshot_into_own_block)
 
 
+def test_small_all_reduce_over_hosts_of_one_rank_each():
+    # 16 fake hosts of one rank each: the small all-reduce is one binary tree over all ranks
+    # (3 network peers; recursive doubling would meet 4), and the barrier with it. Every dtype
+    # and reduce op at the test's counts (the large ones take the ring), against torch's own.
+    pool = harness.RankPool(16, rank_env=lambda r: {"RAILCC_HOST_ID": f"h{r}"})
+    try:
+        check(pool, rk_allreduce, timeout=180)
+    finally:
+        pool.kill()
+
+
 @pytest.mark.parametrize("hosts,per_host", [(3, 2), (2, 3)], ids=["3x2", "2x3"])
 def test_broadcast_along_rails(hosts, per_host):
     # Fake hosts with equal rank counts: a broadcast between hosts runs along the root's rail and

@@ -192,6 +192,8 @@ std::string describeRule(const AlgoPlace& p, const std::vector<Algo>& prefer) {
                                         : "recursive doubling over all ranks")
        << " (along rails from " << kRingMinRanks << " ranks per rail)";
   }
+  if (p.hostsOfOne && treeRanks(0, p) > 0)
+    os << "\n  tree between hosts of one rank each: one binary tree over all ranks (from " << kRingMinRanks << " ranks)";
   if (p.localRanks > 1) {
     os << "\n  between ranks of this host, messages ";
     if (p.cmaBytes > 0)

@@ -67,6 +67,7 @@ struct AlgoPlace {
   bool rings = false;        // the broadcast rings cover the group
   bool ringSlices = false;   // and are large enough for the reducing ring algorithms
   bool hostsEven = false;    // two or more hosts with the same number (two or more) of ranks
+  bool hostsOfOne = false;   // two or more hosts, each with one rank of the group
   int64_t oneshotBytes = 0;  // RAILCC_ONESHOT_BYTES
   // Some host has more ranks of the group than CPUs they may run on (from every rank's CPU
   // affinity, which all ranks exchange at set-up). There every byte a rank copies is taken
@@ -101,6 +102,14 @@ bool railRing(int railRanks, const std::vector<Algo>& prefer);
 /// recursive doubling within the host (3 network peers per rank instead of log2 of the hosts):
 /// from kRingMinRanks hosts of equal rank counts.
 inline bool railTree(int railRanks) { return railRanks >= kRingMinRanks; }
+/// The ranks of the small all-reduce's binary tree between hosts (tree.cpp), or 0 for
+/// recursive doubling over all ranks: a rail's (`railRanks`, 0 without rails) where railTree
+/// says so, and every rank where each host runs one (recursive doubling would meet log2 n
+/// network peers: 12 at 4,096 hosts; the tree 3, at about twice its steps).
+inline int treeRanks(int railRanks, const AlgoPlace& p) {
+  if (railTree(railRanks)) return railRanks;
+  return p.hostsOfOne && railTree(p.size) ? p.size : 0;
+}
 
 /// The barrier is a one-byte all-reduce (its peers are the small all-reduce's) from
 /// kTreeMinRanks ranks across hosts, where a dissemination would meet 2 log2 n network peers;

@@ -78,11 +78,12 @@ std::vector<int> CommImpl::collectivePeers() {
             const schedule::BcastLinks b = schedule::bcastTree(size_ / L, L, top / L, top % L, me / L, me % L);
             if (b.parent >= 0) add(order[static_cast<size_t>(b.parent)]);
             for (int k = 0; k < b.nkids; ++k) add(order[static_cast<size_t>(b.kids[k])]);
-          } else if (!rail_.empty() && railTree(static_cast<int>(rail_.size()))) {  // as runAllreduceTree
+          } else if (const int m = treeRanks(static_cast<int>(rail_.size()), place_)) {  // as runAllreduceTree
             addDoubling(localRanks_);
-            const schedule::TreeLinks t = schedule::binaryTree(static_cast<int>(rail_.size()), positionIn(rail_, rank_));
-            if (t.parent >= 0) add(rail_[static_cast<size_t>(t.parent)]);
-            for (int k = 0; k < t.nkids; ++k) add(rail_[static_cast<size_t>(t.kids[k])]);
+            const std::vector<int>& g = rail_.empty() ? all : rail_;
+            const schedule::TreeLinks t = schedule::binaryTree(m, positionIn(g, rank_));
+            if (t.parent >= 0) add(g[static_cast<size_t>(t.parent)]);
+            for (int k = 0; k < t.nkids; ++k) add(g[static_cast<size_t>(t.kids[k])]);
           } else {
             addDoubling(all);
           }

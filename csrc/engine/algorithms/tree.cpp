@@ -22,12 +22,16 @@ constexpr size_t kTreeScratchKeep = 1u << 20;
 // tree: both children's sums received, then reduced in child order, the sum sent up, the
 // whole sent back down (3 network peers, about 2 log2 of the hosts steps). Every rail holds
 // the same host sums and reduces them in the same order, so every rank ends with the same bits.
+// Where every host runs one rank (from 16 of them), the one binary tree of all ranks
+// (treeRanks).
 
 void CommImpl::runAllreduceTree(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
   const size_t bytes = count * dtypeSize(dt);
   if (op == ReduceOp::kPremulSum) scaleCopy(buf, buf, count, dt, scale);
   const ReduceOp across = acrossRanks(op);
-  const bool rails = !rail_.empty() && railTree(static_cast<int>(rail_.size()));
+  // The binary tree's ranks: a rail, or every rank where each host runs one (rail_ is empty).
+  const int treeM = treeRanks(static_cast<int>(rail_.size()), place_);
+  const bool rails = treeM > 0;
   auto at = [&](int j) { return rails ? localRanks_[static_cast<size_t>(j)] : j; };
   const schedule::Doubling d = rails ? schedule::doubling(static_cast<int>(localRanks_.size()), localIndex(rank_))
                                      : schedule::doubling(size_, rank_);
@@ -50,8 +54,8 @@ void CommImpl::runAllreduceTree(char* buf, size_t count, DataType dt, ReduceOp o
   }
   if (d.foldPeer >= 0) one(d.hands ? ch_.recvFrom(at(d.foldPeer), buf, bytes) : ch_.sendTo(at(d.foldPeer), buf, bytes));
   if (rails) {
-    const schedule::TreeLinks t = schedule::binaryTree(static_cast<int>(rail_.size()), positionIn(rail_, rank_));
-    auto railRank = [&](int i) { return rail_[static_cast<size_t>(i)]; };
+    const schedule::TreeLinks t = schedule::binaryTree(treeM, rail_.empty() ? rank_ : positionIn(rail_, rank_));
+    auto railRank = [&](int i) { return rail_.empty() ? i : rail_[static_cast<size_t>(i)]; };
     if (t.nkids > 0) {  // both children's sums at once, reduced in child order
       if (treeScratch_.size() < 2 * bytes) treeScratch_.resize(2 * bytes);
       std::vector<Transfer> xs;
