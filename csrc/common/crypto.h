@@ -29,8 +29,8 @@ std::vector<uint8_t> randomBytes(size_t n);
 std::string randomHex(size_t n);
 
 /// A secret key's file (`setting` names where its path came from, for errors): a regular file
-/// of 16 bytes to 64 KiB, read whole. Throws kInvalidUsage naming the problem; warns once
-/// where other users may read it.
+/// of 16 bytes to 64 KiB, read whole. Throws kInvalidUsage naming the problem; warns where
+/// other users may read it.
 std::vector<uint8_t> readKeyFile(const std::string& path, const char* setting);
 
 }  // namespace railcc

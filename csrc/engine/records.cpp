@@ -110,9 +110,9 @@ HostMap HostMap::decode(const std::string& s, const std::string& who) {
   };
   // Read in place, a line and its fields at a time: one record of 4,096 hosts would otherwise
   // make a string per line and per field, a few hundred KiB of heap each rank keeps touched.
-  size_t lines = 0;
-  for (char c : s) lines += c == '\n';
-  p.hosts.reserve(lines);
+  size_t hosts = 0;  // lines that start with 'h'
+  for (size_t i = 0; i < s.size(); ++i) hosts += s[i] == 'h' && (i == 0 || s[i - 1] == '\n');
+  p.hosts.reserve(hosts);
   std::string_view rest(s);
   while (!rest.empty()) {
     const size_t eol = rest.find('\n');
