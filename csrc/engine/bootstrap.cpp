@@ -358,8 +358,8 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     }
     PeerInfo& p = peers_[static_cast<size_t>(r)];
     p.transport = desc;
-    RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", r, " (", p.hostname, ") via ", desc, " (", c.via->name, ": ", whys[static_cast<size_t>(c.why)],
-                c.channels > 1 ? "; " + std::to_string(c.channels) + " channels" : std::string(), ")");
+    RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", r, " (", p.hostname, ") via ", desc, " (", c.via->name, ": ",
+                whys[static_cast<size_t>(c.why)], c.channels > 1 ? "; " + std::to_string(c.channels) + " channels" : std::string(), ")");
   }
 
   // Set-up resources (listeners, shared-memory names) go once the peers that need them have

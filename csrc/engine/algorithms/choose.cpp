@@ -192,7 +192,7 @@ std::string describeRule(const AlgoPlace& p, const std::vector<Algo>& prefer) {
                                         : "recursive doubling over all ranks")
        << " (along rails from " << kRingMinRanks << " ranks per rail)";
   }
-  if (p.hostsOfOne && treeRanks(0, p) > 0)
+  if (treeRanks(0, p) > 0)  // hosts of one rank each
     os << "\n  tree between hosts of one rank each: one binary tree over all ranks (from " << kRingMinRanks << " ranks)";
   if (p.localRanks > 1) {
     os << "\n  between ranks of this host, messages ";

@@ -29,12 +29,13 @@ void CommImpl::runAllreduceTree(char* buf, size_t count, DataType dt, ReduceOp o
   const size_t bytes = count * dtypeSize(dt);
   if (op == ReduceOp::kPremulSum) scaleCopy(buf, buf, count, dt, scale);
   const ReduceOp across = acrossRanks(op);
-  // The binary tree's ranks: a rail, or every rank where each host runs one (rail_ is empty).
+  // With a binary tree between hosts (along a rail, or over every rank where each host runs
+  // one and rail_ is empty), recursive doubling covers only this host's ranks.
   const int treeM = treeRanks(static_cast<int>(rail_.size()), place_);
-  const bool rails = treeM > 0;
-  auto at = [&](int j) { return rails ? localRanks_[static_cast<size_t>(j)] : j; };
-  const schedule::Doubling d = rails ? schedule::doubling(static_cast<int>(localRanks_.size()), localIndex(rank_))
-                                     : schedule::doubling(size_, rank_);
+  const bool tree = treeM > 0;
+  auto at = [&](int j) { return tree ? localRanks_[static_cast<size_t>(j)] : j; };
+  const schedule::Doubling d = tree ? schedule::doubling(static_cast<int>(localRanks_.size()), localIndex(rank_))
+                                    : schedule::doubling(size_, rank_);
   auto one = [&](Transfer t) {
     std::vector<Transfer> xs{t};
     ch_.exchange(xs);
@@ -53,7 +54,7 @@ void CommImpl::runAllreduceTree(char* buf, size_t count, DataType dt, ReduceOp o
     }
   }
   if (d.foldPeer >= 0) one(d.hands ? ch_.recvFrom(at(d.foldPeer), buf, bytes) : ch_.sendTo(at(d.foldPeer), buf, bytes));
-  if (rails) {
+  if (tree) {
     const schedule::TreeLinks t = schedule::binaryTree(treeM, rail_.empty() ? rank_ : positionIn(rail_, rank_));
     auto railRank = [&](int i) { return rail_.empty() ? i : rail_[static_cast<size_t>(i)]; };
     if (t.nkids > 0) {  // both children's sums at once, reduced in child order
