@@ -465,17 +465,16 @@ void CommImpl::bootstrap(Store& store) {
   };
   // The group secret, shared through the store (which every member trusts, as in c10d): each
   // TCP connection proves it holds it by challenge-response before we read into a buffer.
+  // Rank 0 sets it before its placement record; the others read it once they have that, so it
+  // costs no wait of its own (a wait is a level of store asks: see records.h).
   std::string secret;
   if (rank_ == 0) {
     secret = randomHex(32);
     store.set("secret", secret);
-  } else {
-    secret = getFrom("secret", 0, "group secret");
   }
 
   auto since = [](Clock::time_point t) { return std::chrono::duration_cast<Millis>(Clock::now() - t).count(); };
   const long long cpu0 = processCpuMicros();
-  const long long secretMs = since(t0);
   const Clock::time_point tPeers = Clock::now();  // then the topology, then the connections
   peers_.resize(static_cast<size_t>(size_));
   char hn[256] = {0};
@@ -505,7 +504,10 @@ void CommImpl::bootstrap(Store& store) {
   for (size_t i = 0; i < children.size(); ++i)
     placed.append(HostMap::decode(parts[i], "railcc init of group '" + opts_.name + "': " + rankName(children[i])));
   if (size_ > 1) store.set("place/" + std::to_string(rank_), placed.encode());
-  if (rank_ != 0) placed = HostMap::decode(placement({0}).front(), "railcc init of group '" + opts_.name + "': rank 0");
+  if (rank_ != 0) {
+    placed = HostMap::decode(placement({0}).front(), "railcc init of group '" + opts_.name + "': rank 0");
+    secret = getFrom("secret", 0, "group secret");
+  }
   const std::vector<int> hostOf = placed.hostOfRank();
   if (static_cast<int>(hostOf.size()) != size_ || placed.hosts[static_cast<size_t>(hostOf[static_cast<size_t>(rank_)])].id != hostId)
     RAILCC_THROW(kInvalidUsage, "railcc init of group '", opts_.name, "': rank 0's placement record names ", hostOf.size(),
@@ -577,7 +579,7 @@ void CommImpl::bootstrap(Store& store) {
   auto ms = [](long long us) { return std::to_string(us / 1000) + "." + std::to_string(us % 1000 / 100); };
   const long long cpuEnd = processCpuMicros();
   RAILCC_INFO(INIT, "group '", opts_.name, "' rank ", rank_, "/", size_, " ready in ", since(t0),
-              " ms (group secret ", secretMs, " ms, peer records ", peersMs, ", topology ", topoMs,
+              " ms (peer records ", peersMs, " ms, topology ", topoMs,
               ", endpoints and connections ", since(tConn), "); CPU ", ms(cpuEnd - cpu0), " ms (peer records ",
               ms(peersCpu - cpu0), ", topology ", ms(topoCpu - peersCpu), ", endpoints and connections ",
               ms(cpuEnd - topoCpu), ")");

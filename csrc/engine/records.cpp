@@ -9,6 +9,7 @@
 #include "engine/communicator.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <string_view>
 #include <unordered_map>
@@ -140,14 +141,20 @@ HostMap HostMap::decode(const std::string& s, const std::string& who) {
 }
 
 std::vector<int> gatherChildren(int rank, int size) {
-  int span = 1;
+  constexpr int64_t kRadix = 16;
+  int64_t span = 1;  // the ranks [rank, rank + span) are this rank's subtree
   if (rank == 0) {
-    while (span < size) span <<= 1;
+    while (span < size) span *= kRadix;
   } else {
-    span = rank & -rank;
+    while (rank % (span * kRadix) == 0) span *= kRadix;
   }
   std::vector<int> out;
-  for (int k = 1; k < span && rank + k < size; k <<= 1) out.push_back(rank + k);
+  for (int64_t step = 1; step < span; step *= kRadix)
+    for (int64_t m = 1; m < kRadix; ++m) {
+      const int64_t child = rank + m * step;
+      if (child >= size) break;
+      out.push_back(static_cast<int>(child));
+    }
   return out;
 }
 

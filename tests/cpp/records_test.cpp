@@ -38,7 +38,10 @@ HostMap gather(const std::vector<int>& hostOf) {
 
 TEST(HostMap, GatheredUpTheTreeItNamesEveryRanksHost) {
   std::mt19937 rng(7);
-  for (int n = 1; n <= 70; ++n) {
+  std::vector<int> sizes;
+  for (int n = 1; n <= 70; ++n) sizes.push_back(n);
+  for (int n : {255, 256, 257, 273, 1000, 4097}) sizes.push_back(n);  // a third level, a fourth
+  for (int n : sizes) {
     std::vector<int> contiguous, interleaved, random;
     for (int r = 0; r < n; ++r) {
       contiguous.push_back(r / 8);
@@ -68,10 +71,14 @@ TEST(HostMap, StaysSmallWhereHostsHoldConsecutiveRanks) {
   EXPECT_EQ(m.hosts.size(), 512u);
   EXPECT_EQ(m.runs.size(), 512u);
   EXPECT_LT(m.encode().size(), 24u * 1024);  // ids and names of ~10 characters; not 4,096 records
-  // Rank 0 merges log2(4096) children; a rank's children never hold more than the whole.
-  EXPECT_EQ(gatherChildren(0, 4096).size(), 12u);
+  // Rank 0 merges 15 children on each of the three levels of 4,096 ranks; a rank's children
+  // never hold more than the whole.
+  EXPECT_EQ(gatherChildren(0, 4096).size(), 45u);
   EXPECT_EQ(gatherChildren(1, 4096).size(), 0u);
-  EXPECT_EQ(gatherChildren(8, 4096), (std::vector<int>{9, 10, 12}));
+  EXPECT_EQ(gatherChildren(8, 4096).size(), 0u);
+  EXPECT_EQ(gatherChildren(32, 40), (std::vector<int>{33, 34, 35, 36, 37, 38, 39}));
+  EXPECT_EQ(gatherChildren(256, 4096).size(), 30u);  // 257..271, then 272, 288, ..., 496
+  EXPECT_EQ(gatherChildren(256, 4096).back(), 496);
 }
 
 TEST(HostMap, MalformedRecordsAreRefusedNamingTheRank) {
@@ -163,9 +170,10 @@ TEST(SetUp, ReadsThisHostsRecordsAndAnotherHostsEndpointOnlyAtFirstUse) {
       if (key.find("ep/") != std::string::npos && r != 0)
         EXPECT_TRUE(sameHost) << "rank " << r << " read " << key << " at init";
     }
-    // The secret, rank 0's host map, a rank's children's (at most 4 here), this host's records,
-    // endpoints and ready marks; rank 0 also a rail line per other host where rails were found.
-    size_t most = 2u + 4u + 3u * (perHost - 1) + (r == 0 ? n / perHost - 1 : 0);
+    // The secret, rank 0's host map, a rank's children's (all 11 others for rank 0 here, none for
+    // the rest), this host's records, endpoints and ready marks; rank 0 also a rail line per
+    // other host where rails were found.
+    size_t most = 2u + gatherChildren(r, n).size() + 3u * (perHost - 1) + (r == 0 ? n / perHost - 1 : 0);
     std::string keys;
     for (const auto& kv : initReads[static_cast<size_t>(r)]) keys += " " + kv.first;
     EXPECT_LE(initReads[static_cast<size_t>(r)].size(), most) << "rank " << r << " read" << keys;
