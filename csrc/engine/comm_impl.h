@@ -172,9 +172,8 @@ class CommImpl : private ChannelHost {
     int myIdx = 0;
   };
   Rings rings();
-  // Bytes of one rank's slice per chunk of the two-shot all-reduce: a multiple of 64, so that
-  // a chunk's n-1 slices (block A) stay within BroadcastRing::blockMax(); 0 where rings are too
-  // small for it.
+  // Bytes of one rank's slice per chunk of the two-shot all-reduce: a multiple of 64, so that a chunk's
+  // n-1 slices (block A) stay within BroadcastRing::blockMax(); 0 where rings are too small for it.
   size_t ringSlice() const {
     const transport::BroadcastRing own = ch_.local()->broadcastRing(-1);
     size_t cap = own.capacity(), slice = cap / 2 / static_cast<size_t>(size_) / 64 * 64;
@@ -211,9 +210,8 @@ class CommImpl : private ChannelHost {
     static Region inOut(char* p, size_t n) { return {p, n, true, true}; }
   };
   using StagedBody = std::function<void(const std::vector<char*>& host, const std::vector<size_t>& counts)>;
-  // `slots` is the most regions any rank of the group passes for this op, so every rank cuts
-  // the same chunks; `agree` first agrees on the largest region across ranks (alltoall, whose
-  // splits differ per rank).
+  // `slots` is the most regions any rank of the group passes for this op, so every rank cuts the same
+  // chunks; `agree` first agrees on the largest region across ranks (alltoall, whose splits differ).
   void runStaged(const DeviceOp& dv, DataType dt, size_t slots, std::vector<Region> regions, const StagedBody& body,
                  bool agree = false);
   // An op on device buffers, described once for the device layer: its buffers (as staging
@@ -447,10 +445,9 @@ class CommImpl : private ChannelHost {
   // Runs c10d Future callbacks and comm hooks off the progress thread (Request::runUserCode).
   std::shared_ptr<CallbackPool> userPool_;
 
-  // watchdog thread: progress record, straggler checks. It also does every store write after
-  // set-up, so a store whose host froze or became unreachable can block only it, never the
-  // progress thread. What it shares lives in WatchdogShared, so that a watchdog stuck in the
-  // store can be detached at shutdown.
+  // watchdog thread: progress record, straggler checks. It also does every store write after set-up,
+  // so a store whose host froze or became unreachable can block only it, never the progress thread.
+  // What it shares lives in WatchdogShared, so that a watchdog stuck in the store can be detached.
   struct WatchdogShared {
     std::mutex mu;
     std::condition_variable cv;
@@ -518,7 +515,7 @@ class CommImpl : private ChannelHost {
     std::vector<transport::GpuNicPath> gpuNics;  // for the GPUDirect RDMA decisions
   };
   RailPlace placeRank();
-  void checkRails(const std::vector<std::string>& lines);
+  void checkRails(std::vector<std::string> lines, const std::vector<int>& heads, Clock::time_point deadline);
   using GetFrom = std::function<std::string(const std::string& key, int rank, const char* what)>;
   using GetAll = std::function<std::vector<std::string>(const std::string& prefix, const std::vector<int>& ranks,
                                                         const char* what)>;
@@ -540,6 +537,8 @@ class CommImpl : private ChannelHost {
     bool endpointLater = false;  // endpoint not read yet: `via`'s line of the peer's ep/ key
     bool chooseLater = false;    // `setup` and `via` chosen among links_.choices with that endpoint
     uint8_t via = 0;             // the set-up's transport name: links_.names[via]
+    uint8_t endpointMisses = 0;  // reads of its endpoint that found none: the next waits longer
+    Clock::time_point endpointRetry{};  // no read before then
   };
   struct Links {
     mutable std::mutex mu;
@@ -547,6 +546,7 @@ class CommImpl : private ChannelHost {
     std::vector<std::pair<std::string, transport::Setup*>> choices;  // several between hosts, in preference order
     std::vector<LazyPeer> peers;                              // engine thread
     std::vector<std::string> names;                           // LazyPeer::via
+    Clock::time_point retryAt = Clock::time_point::max();     // the next endpoint read due (connectingFds)
     uint8_t nameOf(const std::string& n);                     // its index in names, added if new
   } links_;
   transport::PeerRecord recordOf(int peer, const LazyPeer& l) const;  // connections.cpp

@@ -6,6 +6,10 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
 #include "engine/comm_impl.h"
 #include "engine/records.h"
 
@@ -72,11 +76,24 @@ bool CommImpl::connectPeer(int peer, int lane) {
     RAILCC_THROW(kInternal, "no connection to ", rankName(peer), ", and none to make at first use");
   const size_t ln = static_cast<size_t>(lane);
   try {
-    if (l.endpointLater && !readEndpoint(peer, l)) {
-      // Meanwhile, serve the listeners: peers that dial early, strangers.
-      if (l.setup) l.setup->idle(Millis(0));
-      else for (const auto& c : links_.choices) c.second->idle(Millis(0));
-      return false;
+    if (l.endpointLater) {
+      // The peer publishes its endpoint at the end of its init; a pair that meets before then
+      // looks again, soon at first (a peer moments behind), then less often (a late one: the
+      // asks of a whole job on one store), and the channel layer's sleep ends when the next
+      // look is due (connectingFds), not at its 100 ms.
+      const auto now = Clock::now();
+      if (now < l.endpointRetry || !readEndpoint(peer, l)) {
+        if (now >= l.endpointRetry) {
+          const Millis most = std::clamp(Millis(size_ * 3 / 20), Millis(10), Millis(100));  // 150 us a rank
+          l.endpointRetry = now + std::min(most, Millis(int64_t(1) << std::min<int>(l.endpointMisses, 10)));
+          if (l.endpointMisses < 255) ++l.endpointMisses;
+        }
+        links_.retryAt = std::min(links_.retryAt, l.endpointRetry);
+        // Meanwhile, serve the listeners: peers that dial early, strangers.
+        if (l.setup) l.setup->idle(Millis(0));
+        else for (const auto& c : links_.choices) c.second->idle(Millis(0));
+        return false;
+      }
     }
     if (!l.started[ln]) {
       // Init made room for the connections collectives meet; send/recv and all-to-all may
@@ -123,7 +140,7 @@ bool CommImpl::connectPeer(int peer, int lane) {
 // the wait, and its message says the connection is not up).
 bool CommImpl::readEndpoint(int peer, LazyPeer& l) {
   std::string v;
-  if (!storeTryGet("ep/" + std::to_string(peer), Millis(20), v)) return false;
+  if (!storeTryGet("ep/" + std::to_string(peer), Millis(0), v)) return false;  // one look (connectPeer paces them)
   const std::string who = "railcc group '" + opts_.name + "': " + rankName(peer) + " (host " +
                           peers_[static_cast<size_t>(peer)].hostname + ")";
   auto theirs = parseEndpoints(v, who);
@@ -203,6 +220,11 @@ void CommImpl::connectAtInit(Clock::time_point deadline) {
 int CommImpl::connectingFds(std::vector<pollfd>& out) {
   int ms = 100;
   for (auto& s : links_.setups) ms = std::min(ms, s->pollFds(out));
+  const auto due = std::exchange(links_.retryAt, Clock::time_point::max());  // an endpoint read (connectPeer)
+  if (due != Clock::time_point::max()) {
+    const auto left = std::chrono::ceil<Millis>(due - Clock::now()).count();
+    ms = static_cast<int>(std::clamp<int64_t>(left, 1, ms));
+  }
   return ms;
 }
 
