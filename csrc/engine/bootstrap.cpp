@@ -210,6 +210,7 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   std::string firstUseNames;  // "verbs or socket"
   for (Opened* o : firstUse) firstUseNames += (firstUseNames.empty() ? "" : " or ") + o->name;
   std::vector<int> readNow;
+  int laterWhy = -1;  // one reason for every pair met later: reach() without an endpoint is this side's
   for (int r : others) {
     if (firstUse.empty() || std::find(localRanks_.begin(), localRanks_.end(), r) != localRanks_.end()) {
       readNow.push_back(r);
@@ -218,9 +219,11 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     Choice& c = choice[static_cast<size_t>(r)];
     c.via = firstUse.front();  // the channel count of the pair: the first transport's
     c.channels = c.via->setup->channels();
-    c.why = whyOf(firstUse.size() == 1 ? c.via->setup->reach(recordOf(r)) + "; its endpoint read then" +
-                                             (forced.empty() ? "" : ", forced by RAILCC_NET/NCCL_NET")
-                                       : std::string("the first that both ends offer, chosen with its endpoint"));
+    if (laterWhy < 0)
+      laterWhy = whyOf(firstUse.size() == 1 ? c.via->setup->reach(recordOf(r)) + "; its endpoint read then" +
+                                                  (forced.empty() ? "" : ", forced by RAILCC_NET/NCCL_NET")
+                                            : std::string("the first that both ends offer, chosen with its endpoint"));
+    c.why = laterWhy;
     c.endpointLater = true;
   }
   // Rank 0's rail check needs a line per host, not per rank: each other host's first rank's,

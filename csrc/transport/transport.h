@@ -81,7 +81,8 @@ class Setup {
   /// How many connections per lane this rank offers a peer (interfaces x sockets, NICs x QPs).
   virtual int channels() const { return 1; }
   /// Why this side can reach `peer` ("same host", "both have an IPv4 interface"), or "" when
-  /// it cannot. `peer.endpoint` is the blob the peer published.
+  /// it cannot. `peer.endpoint` is the blob the peer published; empty (a pair whose endpoint is
+  /// read at its first use), the answer is this side's alone, and set-up asks it once per group.
   virtual std::string reach(const PeerRecord& peer) = 0;
   /// Starts the connection (peer, lane, channel) from this side (the lower rank). Blocks: no.
   virtual void connect(const PeerRecord& peer, int lane, int channel) = 0;
