@@ -1,7 +1,7 @@
 """One rank of tests/python/test_single_copy.py: all-gather, all-to-all and all-reduce of
 messages large enough for single copy (RAILCC_CMA_BYTES), into and out of views (offset,
-sharing pages with their neighbours; a strided one is refused by name), checked against torch computing the result
-locally. With --refuse, this process first makes itself unreadable to its peers
+sharing pages with their neighbours, in reverse order with gaps between them, tensors of their
+own; a strided one is refused by name), checked against torch computing the result locally. With --refuse, this process first makes itself unreadable to its peers
 (PR_SET_DUMPABLE 0; the test starts it without CAP_SYS_PTRACE), so the kernel refuses their
 process_vm_readv and the FIFO must carry everything."""
 import argparse
@@ -47,6 +47,21 @@ for dtype in (torch.float32, torch.float64, torch.int32, torch.bfloat16, torch.u
         for i in range(n):
             assert torch.equal(outs[i], value(i, count, dtype, 1)), ("all_gather", dtype, count, i)
         assert torch.all(big[:3] == 77), ("all_gather wrote before its output", dtype, count)
+        # Outputs that are not one span: views of one buffer in reverse order with gaps between
+        # them (each gap must stay as it was), and tensors of their own.
+        gap = 7
+        holes = torch.full((n * (count + gap) + gap,), 55, dtype=dtype)
+        at = [gap + (n - 1 - i) * (count + gap) for i in range(n)]
+        outs = [holes[a:a + count] for a in at]
+        dist.all_gather(outs, value(rank, count, dtype, 5))
+        for i in range(n):
+            assert torch.equal(outs[i], value(i, count, dtype, 5)), ("all_gather into gaps", dtype, count, i)
+        for a in [0] + [a + count for a in at]:
+            assert torch.all(holes[a:a + gap] == 55), ("all_gather wrote into a gap", dtype, count)
+        own = [torch.empty(count, dtype=dtype) for _ in range(n)]
+        dist.all_gather(own, value(rank, count, dtype, 6))
+        for i in range(n):
+            assert torch.equal(own[i], value(i, count, dtype, 6)), ("all_gather into own tensors", dtype, count, i)
 
         # all_to_all: inputs and outputs are views at offsets of one buffer each.
         inb = torch.cat([value(rank * n + j, count, dtype, 2) for j in range(n)] + [torch.zeros(5, dtype=dtype)])
@@ -56,6 +71,16 @@ for dtype in (torch.float32, torch.float64, torch.int32, torch.bfloat16, torch.u
         dist.all_to_all(outs, ins)
         for j in range(n):
             assert torch.equal(outs[j], value(j * n + rank, count, dtype, 2)), ("all_to_all", dtype, count, j)
+        # ... and in reverse order with gaps, inputs and outputs alike.
+        inh = torch.full((n * (count + gap) + gap,), 3, dtype=dtype)
+        for j in range(n):
+            inh[at[j]:at[j] + count] = value(rank * n + j, count, dtype, 7)
+        outh = torch.full((n * (count + gap) + gap,), 4, dtype=dtype)
+        dist.all_to_all([outh[a:a + count] for a in at], [inh[a:a + count] for a in at])
+        for j in range(n):
+            assert torch.equal(outh[at[j]:at[j] + count], value(j * n + rank, count, dtype, 7)), ("all_to_all gaps", dtype, count, j)
+        for a in [0] + [a + count for a in at]:
+            assert torch.all(outh[a:a + gap] == 4), ("all_to_all wrote into a gap", dtype, count)
 
         # all_reduce (its all-gather half passes addresses): an offset view.
         if dtype != torch.uint8:  # sums wrap
