@@ -1,8 +1,5 @@
 #include "engine/callback_pool.h"
 
-#include <pthread.h>
-
-#include <atomic>
 #include <system_error>
 #include <thread>
 
@@ -85,16 +82,6 @@ void CallbackPool::shutdown(std::chrono::milliseconds grace) {
   if (!s_->cv.wait_for(g, grace, [&] { return s_->threads == 0; }))
     RAILCC_WARN(COLL, s_->threads, " completion callback thread(s) still running after ", grace.count(),
                 " ms at shutdown; leaving them behind");
-}
-
-CallbackPool& storeReaders() {
-  static std::atomic<CallbackPool*> pool{nullptr};
-  static std::once_flag once;
-  std::call_once(once, [] {
-    pool = new CallbackPool(-1);
-    pthread_atfork(nullptr, nullptr, [] { pool = new CallbackPool(-1); });
-  });
-  return *pool.load();
 }
 
 }  // namespace railcc::engine

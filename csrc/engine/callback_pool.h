@@ -46,11 +46,4 @@ class CallbackPool {
   int rank_;
 };
 
-/// The threads that read the store off the caller's thread (a first use's endpoint, rank 0's
-/// rail check), each kept 2 s for the next read (starting a thread costs ~35 us of CPU here,
-/// and a first op reads the endpoint of every peer it connects): a read takes an idle one or
-/// starts another, so one stuck in a frozen store holds up no other. Never destroyed (a read
-/// left behind still uses it); a forked child starts a pool of its own.
-CallbackPool& storeReaders();
-
 }  // namespace railcc::engine

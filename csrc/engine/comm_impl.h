@@ -515,7 +515,7 @@ class CommImpl : private ChannelHost {
     std::vector<transport::GpuNicPath> gpuNics;  // for the GPUDirect RDMA decisions
   };
   RailPlace placeRank();
-  void checkRails(std::vector<std::string> lines, const std::vector<int>& heads, Clock::time_point deadline);
+  void checkRails(const std::vector<std::string>& lines);
   using GetFrom = std::function<std::string(const std::string& key, int rank, const char* what)>;
   using GetAll = std::function<std::vector<std::string>(const std::string& prefix, const std::vector<int>& ranks,
                                                         const char* what)>;

@@ -2,17 +2,13 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 
-#include "engine/callback_pool.h"
 #include "engine/comm_impl.h"
-#include "engine/records.h"
 #include "topology/rails.h"
 
 namespace railcc::engine {
@@ -218,13 +214,7 @@ RailCheck checkRailLines(const std::vector<std::string>& lines) {
   return out;
 }
 
-// `lines`: this host's ranks' (and, where set-up read every endpoint, all); `heads`: one rank of
-// each other host, whose lines are in their endpoints. Those are published at the end of each
-// rank's set-up, so reading them at rank 0's would hold rank 0 (the root of the first ops'
-// trees) until the last host's set-up: 128 ranks on fake hosts finished their first all_reduce
-// 10-50 ms after the others were ready. The check only speaks (it never fails init), so with a
-// store kept alive by the glue it reads them on a store reader thread instead.
-void CommImpl::checkRails(std::vector<std::string> lines, const std::vector<int>& heads, Clock::time_point deadline) {
+void CommImpl::checkRails(const std::vector<std::string>& lines) {
   static std::mutex mu;
   static bool done = false;  // once per process: every group spanning the same hosts agrees alike
   {
@@ -232,27 +222,10 @@ void CommImpl::checkRails(std::vector<std::string> lines, const std::vector<int>
     if (done) return;
     done = true;
   }
-  std::vector<std::string> keys;
-  for (int r : heads) keys.push_back("ep/" + std::to_string(r));
-  auto check = [lines = std::move(lines), keys = std::move(keys), heads, deadline, group = opts_.name](Store& store) mutable {
-    try {
-      const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
-      const std::vector<std::string> eps = keys.empty() ? keys : store.getAll(keys, std::max(left, Millis(1)));
-      for (size_t i = 0; i < eps.size(); ++i) {
-        Endpoints t = parseEndpoints(eps[i], "railcc group '" + group + "': rank " + std::to_string(heads[i]));
-        if (t.count("rails")) lines.push_back(t["rails"].second);
-      }
-    } catch (const std::exception& e) {
-      RAILCC_INFO(INIT, "group '", group, "': rail check not made: ", e.what());
-      return;
-    }
-    RailCheck c = checkRailLines(lines);
-    for (const std::string& p : c.problems) RAILCC_WARN(INIT, "rail check across ", c.hosts, " hosts: ", p);
-    if (c.hosts < 2 || c.rails == 0) return;
-    if (c.problems.empty()) RAILCC_INFO(INIT, "rail check: ", c.hosts, " hosts agree on ", c.rails, " rails (", c.agreed, ")");
-  };
-  if (heads.empty() || !wd_->keep) return check(*store_);  // a store the caller owns (tests): read in place
-  storeReaders().post([check = std::move(check), store = wd_->keep]() mutable { check(*store); });
+  RailCheck c = checkRailLines(lines);
+  for (const std::string& p : c.problems) RAILCC_WARN(INIT, "rail check across ", c.hosts, " hosts: ", p);
+  if (c.hosts < 2 || c.rails == 0) return;
+  if (c.problems.empty()) RAILCC_INFO(INIT, "rail check: ", c.hosts, " hosts agree on ", c.rails, " rails (", c.agreed, ")");
 }
 
 }  // namespace railcc::engine

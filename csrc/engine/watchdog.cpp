@@ -1,3 +1,5 @@
+#include <pthread.h>
+
 #include "engine/comm_impl.h"
 
 namespace railcc::engine {
@@ -32,6 +34,20 @@ char processState(int pid) {
   std::getline(f, line);
   auto rp = line.rfind(')');
   return rp != std::string::npos && rp + 2 < line.size() ? line[rp + 2] : '?';
+}
+
+// The threads that run storeTryGet's reads, each kept 2 s for the next one (starting a thread
+// costs ~35 us of CPU here, and a first op reads the endpoint of every peer it connects): a
+// read takes an idle one or starts another, so one stuck in a frozen store holds up no other.
+// Never destroyed (a read left behind still uses it); a forked child starts a pool of its own.
+std::atomic<CallbackPool*> gReaders{nullptr};
+CallbackPool& readers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    gReaders = new CallbackPool(-1);
+    pthread_atfork(nullptr, nullptr, [] { gReaders = new CallbackPool(-1); });
+  });
+  return *gReaders.load();
 }
 
 std::string fmt(const char* f, double v) {
@@ -85,7 +101,7 @@ bool CommImpl::storeTryGet(const std::string& key, Millis wait, std::string& out
   auto slot = std::make_shared<Slot>();
   // Where no thread can start (helpers stuck in a dead store), the read waits for one; the
   // wait below gives up on it in time all the same.
-  storeReaders().post([slot, store = wd_->keep, key, wait] {
+  readers().post([slot, store = wd_->keep, key, wait] {
     std::string v;
     bool ok = false;
     try {
