@@ -44,7 +44,7 @@ def test_single_copy_in_the_direct_all_gather_matches_torch():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, 3, 4])
 def test_single_copy_refused_by_the_kernel_falls_back_to_the_fifos(n):
     outs = _run(n, refuse=True, timeout=250)
     for o in outs:
