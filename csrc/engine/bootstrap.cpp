@@ -226,17 +226,13 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     c.why = laterWhy;
     c.endpointLater = true;
   }
+  // Rank 0's rail check needs a line per host, not per rank: each other host's first rank's,
+  // read off set-up's path (checkRails).
+  std::vector<int> heads;
   if (rank_ == 0 && !firstUse.empty() && !place.line.empty()) {
-    // Rank 0's rail check needs a line per host, not per rank: each other host's first rank's.
-    std::vector<int> heads;
     std::set<std::string> seen{peers_[static_cast<size_t>(rank_)].hostId};
     for (int r : others)
       if (seen.insert(peers_[static_cast<size_t>(r)].hostId).second) heads.push_back(r);
-    const std::vector<std::string> theirs = getAll("ep/", heads, "transport endpoints");
-    for (size_t i = 0; i < heads.size(); ++i) {
-      auto t = parseEndpoints(theirs[i], "railcc init of group '" + opts_.name + "': " + rankName(heads[i]));
-      if (t.count("rails")) railLines.push_back(t["rails"].second);
-    }
   }
   const std::vector<std::string> eps = getAll("ep/", readNow, "transport endpoints");
   std::vector<std::pair<std::string, transport::Setup*>> candidates;
@@ -313,7 +309,7 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
       }
   }
 
-  if (rank_ == 0 && !place.line.empty()) checkRails(railLines);
+  if (rank_ == 0 && !place.line.empty()) checkRails(std::move(railLines), heads, deadline);
 
   // Drive every transport's connections until all are up. A peer that failed its own set-up
   // (its handshake with another rank failed authentication, say) ends the wait for it now.

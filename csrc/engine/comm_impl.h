@@ -216,9 +216,8 @@ class CommImpl : private ChannelHost {
                  bool agree = false);
   // An op on device buffers, described once for the device layer: its buffers (as staging
   // copies them), the host algorithm that runs on staged copies, and its CUDA IPC form, which
-  // works on the device buffers in place. runDevice() is the one place that picks between
-  // them: IPC where ipcReady() (every rank on this host, peer access, RAILCC_CUDA_IPC), else
-  // staging.
+  // works on the device buffers in place. runDevice() picks: IPC where ipcReady() (every rank
+  // on this host, peer access, RAILCC_CUDA_IPC), else staging.
   struct DevicePlan {
     std::vector<Region> regions;
     size_t slots = 0;    // the most regions any rank passes, so every rank cuts the same chunks
@@ -456,6 +455,7 @@ class CommImpl : private ChannelHost {
     std::vector<std::pair<std::string, std::string>> publish;  // keys to set now (failure reports)
     std::shared_ptr<Store> keep;  // keeps the store alive for a detached watchdog
     Store* store = nullptr;
+    std::shared_ptr<RailCheckLater> rails;  // rank 0's rail check, made when the hosts' lines exist
   };
   std::shared_ptr<WatchdogShared> wd_;
   std::thread watchdog_;
@@ -515,7 +515,7 @@ class CommImpl : private ChannelHost {
     std::vector<transport::GpuNicPath> gpuNics;  // for the GPUDirect RDMA decisions
   };
   RailPlace placeRank();
-  void checkRails(const std::vector<std::string>& lines);
+  void checkRails(std::vector<std::string> lines, const std::vector<int>& heads, Clock::time_point deadline);
   using GetFrom = std::function<std::string(const std::string& key, int rank, const char* what)>;
   using GetAll = std::function<std::vector<std::string>(const std::string& prefix, const std::vector<int>& ranks,
                                                         const char* what)>;

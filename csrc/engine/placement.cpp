@@ -6,9 +6,12 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 
 #include "engine/comm_impl.h"
+#include "engine/records.h"
+#include "engine/store.h"
 #include "topology/rails.h"
 
 namespace railcc::engine {
@@ -214,7 +217,49 @@ RailCheck checkRailLines(const std::vector<std::string>& lines) {
   return out;
 }
 
-void CommImpl::checkRails(const std::vector<std::string>& lines) {
+void reportRails(const std::vector<std::string>& lines) {
+  RailCheck c = checkRailLines(lines);
+  for (const std::string& p : c.problems) RAILCC_WARN(INIT, "rail check across ", c.hosts, " hosts: ", p);
+  if (c.hosts < 2 || c.rails == 0) return;
+  if (c.problems.empty()) RAILCC_INFO(INIT, "rail check: ", c.hosts, " hosts agree on ", c.rails, " rails (", c.agreed, ")");
+}
+
+bool railCheckStep(Store& store, RailCheckLater& r, Millis wait) {
+  std::vector<std::string> eps;
+  try {
+    eps = store.getAll(r.keys, wait);  // with no wait, one look: the c10d store's asks never block
+  } catch (const std::exception& e) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now < r.giveUp) {
+      r.next = now + r.pace;
+      r.pace = std::min(r.pace * 2, r.most);
+      return false;
+    }
+    const std::string what = e.what();
+    RAILCC_INFO(INIT, "group '", r.group, "': rail check not made: ", what.substr(0, what.find('\n')));
+    return true;
+  }
+  try {
+    for (size_t i = 0; i < eps.size(); ++i) {
+      Endpoints t = parseEndpoints(eps[i], "railcc group '" + r.group + "': " + r.keys[i]);
+      if (t.count("rails")) r.lines.push_back(t["rails"].second);
+    }
+  } catch (const std::exception& e) {
+    RAILCC_INFO(INIT, "group '", r.group, "': rail check not made: ", e.what());
+    return true;
+  }
+  reportRails(r.lines);
+  return true;
+}
+
+// `lines`: this host's ranks' (and, where set-up read every endpoint, all); `heads`: one rank of
+// each other host, whose lines are in their endpoints. Those are published during each rank's
+// set-up, so reading them in rank 0's held it (the root of set-up's gather and of the first
+// ops' trees) until the last host's: 128 ranks on fake hosts finished their first all_reduce
+// 10-50 ms after the others were ready. The check only speaks, never fails init, so with the
+// store kept alive by the glue the watchdog makes it (railCheckStep); a caller's store (tests)
+// is read here, as it may be gone once set-up returns.
+void CommImpl::checkRails(std::vector<std::string> lines, const std::vector<int>& heads, Clock::time_point deadline) {
   static std::mutex mu;
   static bool done = false;  // once per process: every group spanning the same hosts agrees alike
   {
@@ -222,10 +267,19 @@ void CommImpl::checkRails(const std::vector<std::string>& lines) {
     if (done) return;
     done = true;
   }
-  RailCheck c = checkRailLines(lines);
-  for (const std::string& p : c.problems) RAILCC_WARN(INIT, "rail check across ", c.hosts, " hosts: ", p);
-  if (c.hosts < 2 || c.rails == 0) return;
-  if (c.problems.empty()) RAILCC_INFO(INIT, "rail check: ", c.hosts, " hosts agree on ", c.rails, " rails (", c.agreed, ")");
+  auto later = std::make_shared<RailCheckLater>();
+  later->group = opts_.name;
+  later->lines = std::move(lines);
+  for (int r : heads) later->keys.push_back("ep/" + std::to_string(r));
+  later->giveUp = deadline;
+  later->most = Millis(opts_.config.progressIntervalMs > 0 ? opts_.config.progressIntervalMs : 1000);  // the watchdog's beat
+  if (later->keys.empty()) return reportRails(later->lines);
+  if (wd_->keep) {
+    wd_->rails = std::move(later);  // the watchdog thread, started after set-up, owns it from then on
+    return;
+  }
+  later->giveUp = Clock::now();  // one read, waiting within set-up's deadline
+  railCheckStep(*store_, *later, std::max(std::chrono::duration_cast<Millis>(deadline - later->giveUp), Millis(0)));
 }
 
 }  // namespace railcc::engine

@@ -162,7 +162,8 @@ void CommImpl::watchdogLoop(std::shared_ptr<WatchdogShared> w) {
     bool gpu = false;
     {
       std::unique_lock<std::mutex> g(w->mu);
-      w->cv.wait_until(g, std::min(nextBeat, gpuNext), [&] { return w->stop || !w->publish.empty(); });
+      const auto railsNext = w->rails ? w->rails->next : Clock::time_point::max();
+      w->cv.wait_until(g, std::min({nextBeat, gpuNext, railsNext}), [&] { return w->stop || !w->publish.empty(); });
       todo.swap(w->publish);
       if (w->stop) {  // from here on the communicator may be gone: only the queued reports go out
         g.unlock();
@@ -191,6 +192,8 @@ void CommImpl::watchdogLoop(std::shared_ptr<WatchdogShared> w) {
       w->inComm = false;
       w->cv.notify_all();
     }
+    // Rank 0's rail check, one look at a time (never a wait: a beat is due meanwhile).
+    if (w->rails && !storeGone && Clock::now() >= w->rails->next && railCheckStep(*w->store, *w->rails)) w->rails.reset();
     if (!storeGone && w->store->lost()) {
       storeGone = true;
       RAILCC_WARN(WATCHDOG, "the c10d store is gone (its host, usually rank 0 or the launcher, has exited): no more "
