@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include "topology/rails.h"
 #include "topology/topology.h"
 #include "engine/rail_check.h"
+#include "engine/store.h"
 
 using namespace railcc;
 using namespace railcc::topology;
@@ -267,6 +269,42 @@ TEST(RailCheck, HostsThatAgreeAreSaidToAndDisagreementsNameTheHosts) {
 
   EXPECT_EQ(checkRailLines({line("a", 0, two)}).hosts, 1);  // one host: nothing to compare
   EXPECT_TRUE(checkRailLines({"junk", ""}).problems.empty());
+}
+
+// Rank 0 makes the check on its watchdog thread once the other hosts' endpoints exist: each
+// step is one look that never waits, the looks paced up to `most`, and a check still missing a
+// host's line at set-up's deadline is given up (said at INFO), never an error.
+TEST(RailCheck, MadeLaterLooksWithoutWaitingAndGivesUpAtItsDeadline) {
+  using namespace railcc::engine;
+  using Ms = std::chrono::milliseconds;
+  const auto now = [] { return std::chrono::steady_clock::now(); };
+  const std::string two = "rails=2;0=eth0@10.77.0.0/24;1=eth1@10.78.0.0/24";
+  MemoryStore store;
+  RailCheckLater r;
+  r.group = "g";
+  r.lines = {"host=a;rank=0;nic=mlx5_0;rail=0;" + two};
+  r.keys = {"ep/1", "ep/2"};
+  r.giveUp = now() + std::chrono::seconds(60);
+  r.most = Ms(4);
+  auto t0 = now();
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(railCheckStep(store, r));  // nothing there yet
+  EXPECT_LT(now() - t0, Ms(1000));  // looks, not waits (each a 60 s wait otherwise)
+  EXPECT_EQ(r.pace, Ms(4));         // 1, 2, 4, then held at `most`
+  EXPECT_GT(r.next, now());
+  store.set("ep/1", "socket 1 10.0.0.2:5000\nrails 0 host=b;rank=1;nic=mlx5_0;rail=0;" + two + "\n");
+  EXPECT_FALSE(railCheckStep(store, r));  // one host's line still missing
+  store.set("ep/2", "rails 0 host=c;rank=2;nic=mlx5_0;rail=0;" + two + "\n");
+  EXPECT_TRUE(railCheckStep(store, r));
+  ASSERT_EQ(r.lines.size(), 3u);
+  EXPECT_EQ(checkRailLines(r.lines).hosts, 3);
+  EXPECT_TRUE(checkRailLines(r.lines).problems.empty());
+
+  RailCheckLater late;  // past its deadline: given up at the first miss
+  late.group = "g";
+  late.keys = {"ep/9"};
+  late.giveUp = now();
+  EXPECT_TRUE(railCheckStep(store, late));
+  EXPECT_EQ(late.lines.size(), 0u);
 }
 
 // Rail lines come from other ranks' store records: a count no host can have is reported, not
