@@ -65,6 +65,7 @@ import argparse  # noqa: E402
 import ctypes  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
+import resource  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
 import statistics  # noqa: E402
@@ -84,6 +85,9 @@ COLUMNS = [
     ("first_op_ms", "of it 1st op ms", "{:.1f}"),
     ("cpu_ms", "init CPU ms", "{:.1f}"),
     ("first_op_cpu_ms", "of it 1st op CPU ms", "{:.1f}"),
+    ("sys_cpu_ms", "of it in the kernel ms", "{:.1f}"),
+    ("page_faults", "page faults", "{:.0f}"),
+    ("waits", "times it blocked", "{:.0f}"),
     ("private_mib", "private +MiB", "{:.1f}"),
     ("rss_mib", "RSS +MiB", "{:.1f}"),
     ("heap_kib", "heap +KiB", "{:.0f}"),
@@ -334,12 +338,12 @@ def rank_main(job, rank, go_fd):
         store.add("connected", 1)
         store.wait(["go"])
         t_go = float(store.get("go"))
-        t_wake, cpu0 = time.monotonic(), time.process_time()
+        t_wake, cpu0, ru0 = time.monotonic(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
         dist.init_process_group(backend, store=store, rank=rank, world_size=n, timeout=timeout)
         t_group, cpu_group = time.monotonic(), time.process_time()
         t = torch.ones(1, dtype=torch.float32)  # 4 bytes
         dist.all_reduce(t)
-        t_done, cpu1 = time.monotonic(), time.process_time()
+        t_done, cpu1, ru1 = time.monotonic(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
         if t.item() != n and backend != "fake":
             raise RuntimeError(f"the first all_reduce gave {t.item()}, not {n}")
         # Reading /proc costs CPU that ranks still in init would miss (smaps_rollup of a process
@@ -354,6 +358,9 @@ def rank_main(job, rank, go_fd):
             "first_op_ms": (t_done - t_group) * 1e3,
             "cpu_ms": (cpu1 - cpu0) * 1e3,
             "first_op_cpu_ms": (cpu1 - cpu_group) * 1e3,
+            "sys_cpu_ms": (ru1.ru_stime - ru0.ru_stime) * 1e3,
+            "page_faults": ru1.ru_minflt - ru0.ru_minflt,
+            "waits": ru1.ru_nvcsw - ru0.ru_nvcsw,
             "private_mib": (mem1["private"] - mem0["private"]) / 1024,
             "rss_mib": (mem1["rss"] - mem0["rss"]) / 1024,
             "heap_kib": mem1["heap"] - mem0["heap"],

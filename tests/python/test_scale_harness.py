@@ -20,9 +20,9 @@ HARNESS = os.path.join(ROOT, "scripts", "scale_harness.py")
 NRANKS = 4
 
 # Every per-rank number the tables show; the harness's own list must not drift from it.
-METRICS = ["init_ms", "first_op_ms", "cpu_ms", "first_op_cpu_ms", "private_mib", "rss_mib", "heap_kib", "fds", "fds_added", "sockets", "tcp_conns", "store_conns",
+METRICS = ["init_ms", "first_op_ms", "cpu_ms", "first_op_cpu_ms", "sys_cpu_ms", "page_faults", "waits", "private_mib", "rss_mib", "heap_kib", "fds", "fds_added", "sockets", "tcp_conns", "store_conns",
            "tcp_listen", "threads", "ar8_us", "bc8_us", "ar1m_ms", "tcp_conns_ops"]
-COUNTS = ["fds", "sockets", "store_conns", "tcp_listen", "threads"]  # whole numbers, at least 1 or 0
+COUNTS = ["fds", "sockets", "store_conns", "tcp_listen", "threads", "page_faults", "waits"]  # whole numbers, at least 1 or 0
 
 
 def run_harness(args, env=None, timeout=100):
