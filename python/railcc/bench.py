@@ -158,7 +158,8 @@ def build_parser():
         "--backend",
         default="railcc",
         help="comma list of backends; the first is the default group and the reference of the ratio columns; "
-        "also 'fake' (c10d's own dispatch cost: torch's fake process group, which moves nothing) and 'openmpi' "
+        "also 'fake' (c10d's own dispatch cost: torch's fake process group, which sends nothing; its "
+        "all_gather, reduce_scatter and alltoall copy the input locally) and 'openmpi' "
         "(the same sweep through mpi4py under mpirun, with --nprocs)",
     )
     p.add_argument("--nprocs", type=int, default=None, help="start this many local ranks instead of using torchrun")
@@ -752,7 +753,7 @@ def _bench(cfg, rank, n, timeout, device=None):
                             pending_stats.append(stats_line(coll, nbytes, inplace, per_call))
                     algbw, busbw = bandwidths(nbytes, t, coll, n)
                     wrong = None
-                    if cfg.check and b not in REFERENCES:  # fake moves nothing; MPI checked nothing
+                    if cfg.check and b not in REFERENCES:  # fake sends nothing; MPI checked nothing
                         w = torch.tensor([case.check(groups[b], inplace)], dtype=torch.int64)
                         dist.all_reduce(w, op=dist.ReduceOp.SUM, group=ctrl)
                         wrong = int(w[0])
