@@ -46,9 +46,10 @@ std::atomic<bool> gHung{false};
 std::atomic<long> gQueries{0};  // eventQuery calls: how often somebody asked the "GPU"
 
 struct FakeStream {
-  std::deque<std::function<void()>> q;
+  std::deque<std::function<bool()>> q;  // an entry returns false while it cannot run yet (a wait)
   uint64_t queued = 0, done = 0;
   uint64_t hangAt = ~uint64_t(0);  // position of a kernel that never finishes
+  bool draining = false;           // drain() is running it (a wait may lead back here)
 };
 struct FakeEvent {
   FakeEvent* alias = nullptr;  // an event opened from an IPC handle refers to the original
@@ -117,7 +118,9 @@ struct Fake {
     auto* ev = static_cast<FakeEvent*>(e)->self();
     FakeStream* src = ev->s;
     uint64_t at = ev->at;
-    if (src && src != s) enqueue(s, [src, at] { drain(src, at); });
+    // A stream behind a wait does not pass it until the other stream has (a hung kernel there
+    // holds this one too, as on a GPU), whatever order the ranks' threads query them in.
+    if (src && src != s) enqueueStep(s, [src, at] { return drain(src, at), src->done >= at; });
     return 0;
   }
   static int memcpyAsync(void* dst, const void* src, size_t n, void* s) {
@@ -148,20 +151,28 @@ struct Fake {
     return enqueue(s, [=] { scaleCopy(dst, src, n, t, scale); }), 0;
   }
   static void enqueue(void* s, std::function<void()> f) {
+    enqueueStep(s, [f = std::move(f)] { return f(), true; });
+  }
+  static void enqueueStep(void* s, std::function<bool()> f) {
     std::lock_guard<std::recursive_mutex> g(gFakeMu);
     auto* st = static_cast<FakeStream*>(s);
     st->q.push_back(std::move(f));
     ++st->queued;
   }
+  // Runs `s` up to position `upTo`, stopping at a hung kernel or a wait not satisfied yet. A
+  // drain that reaches back into a stream being drained returns at once: what that stream has
+  // done so far is what the wait sees.
   static void drain(FakeStream* s, uint64_t upTo) {
     std::lock_guard<std::recursive_mutex> g(gFakeMu);
+    if (s->draining) return;
+    s->draining = true;
     while (s->done < upTo && !s->q.empty()) {
-      if (s->done == s->hangAt && gHung) return;
-      auto f = std::move(s->q.front());
+      if (s->done == s->hangAt && gHung) break;
+      if (!s->q.front()()) break;
       s->q.pop_front();
       ++s->done;
-      f();
     }
+    s->draining = false;
   }
 };
 
