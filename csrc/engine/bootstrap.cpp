@@ -361,22 +361,18 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
                 whys[static_cast<size_t>(c.why)], c.channels > 1 ? "; " + std::to_string(c.channels) + " channels" : std::string(), ")");
   }
 
-  // Set-up resources (listeners, shared-memory names) go once the peers that need them have
-  // taken their connections.
-  bool round = false;
-  for (auto& o : open) round = round || o.setup->finishAfterPeers();
-  if (round) {
-    store.set("ready/" + std::to_string(rank_), "1");
-    std::vector<int> waitFor;
-    for (int r = 0; r < size_; ++r) {
-      Choice& c = choice[static_cast<size_t>(r)];
-      if (c.via && c.via->setup->finishAfterPeers()) waitFor.push_back(r);
-    }
-    if (!waitFor.empty()) getAll("ready/", waitFor, "connection set-up");
-  }
+  // A shared-memory name goes once every rank of the host has mapped it: the watchdog asks
+  // after set-up, so that no rank waits here for the host's slowest (a store round of its own,
+  // one more pass over every rank of a host whose ranks share its cores).
   const bool chooseLater = std::any_of(links_.peers.begin(), links_.peers.end(), [](const LazyPeer& l) { return l.chooseLater; });
   for (auto& o : open) {
-    if (auto d = o.setup->localDomain()) ch_.setLocal(d);
+    if (auto d = o.setup->localDomain()) {
+      ch_.setLocal(d);
+      wd_->tasks.push_back({[weak = std::weak_ptr<transport::LocalDomain>(d)] {
+        auto domain = weak.lock();
+        return !domain || domain->releaseName();
+      }});
+    }
     const bool choice = chooseLater && std::find(firstUse.begin(), firstUse.end(), &o) != firstUse.end();
     if (choice) links_.choices.push_back({o.name, o.setup.get()});
     bool serves = choice || std::any_of(links_.peers.begin(), links_.peers.end(),

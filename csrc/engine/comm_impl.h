@@ -44,6 +44,7 @@
 #include "engine/device/device_state.h"
 #include "engine/rail_check.h"
 #include "engine/telemetry.h"
+#include "engine/watchdog_tasks.h"
 #include "transport/copy.h"
 #include "transport/local.h"
 #include "transport/transport.h"
@@ -444,9 +445,8 @@ class CommImpl : private ChannelHost {
   // Runs c10d Future callbacks and comm hooks off the progress thread (Request::runUserCode).
   std::shared_ptr<CallbackPool> userPool_;
 
-  // watchdog thread: progress record, straggler checks. It also does every store write after set-up,
-  // so a store whose host froze or became unreachable can block only it, never the progress thread.
-  // What it shares lives in WatchdogShared, so that a watchdog stuck in the store can be detached.
+  // watchdog thread: progress record, stragglers, what set-up left (tasks), every store write after
+  // set-up (a frozen store blocks only it), sharing WatchdogShared so that it can be detached.
   struct WatchdogShared {
     std::mutex mu;
     std::condition_variable cv;
@@ -455,7 +455,7 @@ class CommImpl : private ChannelHost {
     std::vector<std::pair<std::string, std::string>> publish;  // keys to set now (failure reports)
     std::shared_ptr<Store> keep;  // keeps the store alive for a detached watchdog
     Store* store = nullptr;
-    std::shared_ptr<RailCheckLater> rails;  // rank 0's rail check, made when the hosts' lines exist
+    std::vector<WatchdogTask> tasks;  // set before the thread starts, then its own
   };
   std::shared_ptr<WatchdogShared> wd_;
   std::thread watchdog_;

@@ -229,12 +229,7 @@ bool railCheckStep(Store& store, RailCheckLater& r, Millis wait) {
   try {
     eps = store.getAll(r.keys, wait);  // with no wait, one look: the c10d store's asks never block
   } catch (const std::exception& e) {
-    const auto now = std::chrono::steady_clock::now();
-    if (now < r.giveUp) {
-      r.next = now + r.pace;
-      r.pace = std::min(r.pace * 2, r.most);
-      return false;
-    }
+    if (std::chrono::steady_clock::now() < r.giveUp) return false;
     const std::string what = e.what();
     RAILCC_INFO(INIT, "group '", r.group, "': rail check not made: ", what.substr(0, what.find('\n')));
     return true;
@@ -272,10 +267,9 @@ void CommImpl::checkRails(std::vector<std::string> lines, const std::vector<int>
   later->lines = std::move(lines);
   for (int r : heads) later->keys.push_back("ep/" + std::to_string(r));
   later->giveUp = deadline;
-  later->most = Millis(opts_.config.progressIntervalMs > 0 ? opts_.config.progressIntervalMs : 1000);  // the watchdog's beat
   if (later->keys.empty()) return reportRails(later->lines);
-  if (wd_->keep) {
-    wd_->rails = std::move(later);  // the watchdog thread, started after set-up, owns it from then on
+  if (wd_->keep) {  // the watchdog thread, started after set-up, runs it from then on
+    wd_->tasks.push_back({[later, store = wd_->store] { return railCheckStep(*store, *later); }});
     return;
   }
   later->giveUp = Clock::now();  // one read, waiting within set-up's deadline

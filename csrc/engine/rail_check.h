@@ -25,14 +25,13 @@ void reportRails(const std::vector<std::string>& lines);
 
 /// Rank 0's check while the other hosts' lines are still to come: each is in the endpoint a
 /// host's first rank publishes during its set-up, which rank 0's own set-up need not wait for.
-/// The watchdog thread looks for them without waiting (railCheckStep), paced 1, 2, 4 ... ms up
-/// to its beat, and gives up at `giveUp` (set-up's deadline) saying so at INFO.
+/// The watchdog thread looks for them without waiting (railCheckStep, a WatchdogTask), and
+/// gives up at `giveUp` (set-up's deadline) saying so at INFO.
 struct RailCheckLater {
   std::string group;
   std::vector<std::string> lines;  // read at set-up: this host's ranks'
   std::vector<std::string> keys;   // "ep/<rank>", one rank of each other host
-  std::chrono::steady_clock::time_point giveUp, next;
-  std::chrono::milliseconds pace{1}, most{1000};
+  std::chrono::steady_clock::time_point giveUp;
 };
 /// One read of the store, waiting at most `wait`; true when the check is made or given up.
 bool railCheckStep(Store& store, RailCheckLater& r, std::chrono::milliseconds wait = std::chrono::milliseconds(0));

@@ -408,13 +408,13 @@ SimSetup simulateSetup(const SimJob& job, int idBytes, int nameBytes, uint64_t r
     part[static_cast<size_t>(r)] = std::move(m);
   }
   SimSetup out;
-  const uint64_t local = static_cast<uint64_t>(L - 1) * (recordBytes + endpointBytes + 1);
+  const uint64_t local = static_cast<uint64_t>(L - 1) * (recordBytes + endpointBytes);
   for (int r = 0; r < n; ++r) {
     const std::vector<int> children = gatherChildren(r, n);
     uint64_t bytes = local + (r != 0 ? 64 + partBytes[0] : 0);
     for (int c : children) bytes += partBytes[static_cast<size_t>(c)];
-    const int keys = (r != 0 ? 2 : 0) + static_cast<int>(children.size()) + 3 * (L - 1);
-    const int reads = (r != 0 ? 2 : 0) + (children.empty() ? 0 : 1) + (L > 1 ? 3 : 0);
+    const int keys = (r != 0 ? 2 : 0) + static_cast<int>(children.size()) + 2 * (L - 1);
+    const int reads = (r != 0 ? 2 : 0) + (children.empty() ? 0 : 1) + (L > 1 ? 2 : 0);
     out.keys = std::max(out.keys, keys);
     out.bytes = std::max(out.bytes, bytes);
     out.reads = std::max(out.reads, reads);

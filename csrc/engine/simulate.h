@@ -47,8 +47,8 @@ SimResult simulateOp(const SimJob& job, const std::string& op, size_t bytes, siz
 
 /// Store reads at set-up, the most over ranks, through set-up's own pieces (engine/records.h):
 /// the host map merged up the gather tree and encoded as set-up encodes it (host ids of
-/// `idBytes` characters, hostnames of `nameBytes`), plus this host's records, endpoints and
-/// ready marks of `recordBytes`, `endpointBytes` and 1 byte each, and the 64-byte secret.
+/// `idBytes` characters, hostnames of `nameBytes`), plus this host's records and endpoints of
+/// `recordBytes` and `endpointBytes` each, and the 64-byte secret.
 struct SimSetup {
   int keys = 0;        // keys read
   uint64_t bytes = 0;  // bytes read

@@ -162,8 +162,9 @@ void CommImpl::watchdogLoop(std::shared_ptr<WatchdogShared> w) {
     bool gpu = false;
     {
       std::unique_lock<std::mutex> g(w->mu);
-      const auto railsNext = w->rails ? w->rails->next : Clock::time_point::max();
-      w->cv.wait_until(g, std::min({nextBeat, gpuNext, railsNext}), [&] { return w->stop || !w->publish.empty(); });
+      auto tasksNext = Clock::time_point::max();
+      for (const WatchdogTask& t : w->tasks) tasksNext = std::min(tasksNext, t.next);
+      w->cv.wait_until(g, std::min({nextBeat, gpuNext, tasksNext}), [&] { return w->stop || !w->publish.empty(); });
       todo.swap(w->publish);
       if (w->stop) {  // from here on the communicator may be gone: only the queued reports go out
         g.unlock();
@@ -192,8 +193,20 @@ void CommImpl::watchdogLoop(std::shared_ptr<WatchdogShared> w) {
       w->inComm = false;
       w->cv.notify_all();
     }
-    // Rank 0's rail check, one look at a time (never a wait: a beat is due meanwhile).
-    if (w->rails && !storeGone && Clock::now() >= w->rails->next && railCheckStep(*w->store, *w->rails)) w->rails.reset();
+    // Work left from set-up (watchdog_tasks.h), one look each: never a wait, a beat is due.
+    for (size_t i = 0; i < w->tasks.size();) {
+      WatchdogTask& t = w->tasks[i];
+      const auto now = Clock::now();
+      if (now < t.next) {
+        ++i;
+      } else if (t.step()) {
+        w->tasks.erase(w->tasks.begin() + static_cast<long>(i));
+      } else {
+        t.next = now + t.pace;
+        t.pace = std::min(t.pace * 2, every);
+        ++i;
+      }
+    }
     if (!storeGone && w->store->lost()) {
       storeGone = true;
       RAILCC_WARN(WATCHDOG, "the c10d store is gone (its host, usually rank 0 or the launcher, has exited): no more "

@@ -29,6 +29,11 @@ class LocalDomain {
   virtual void publishCpu(int cpu) = 0;
   /// Raises this rank's failure flag, which local peers see in Connection::checkAlive().
   virtual void markFailed() = 0;
+  /// Lets go of what names this rank's shared memory (a file in /dev/shm) once every rank of
+  /// the host it was set up with has mapped it; true once gone (or never named). One atomic load
+  /// while not: the watchdog asks after set-up until it is (a name left behind by a crash is
+  /// removed by the next job's sweep). Thread-safe.
+  virtual bool releaseName() { return true; }
 
   /// Wakes this rank's own sleeping thread (a new op was queued).
   void wakeSelf() { ring(doorbell(-1)); }

@@ -112,12 +112,10 @@ class Setup {
   virtual void markFailed() {}
   /// The finished connection (once progress() returned true); the caller owns it.
   virtual std::unique_ptr<Connection> take(int peer, int lane, int channel) = 0;
-  /// Every peer has taken its connections (a store round-trip after progress() ended):
-  /// release set-up resources (listeners, names). Blocks: no.
+  /// This rank's connections are up (its peers may still be taking theirs): release what no
+  /// peer needs any more. What peers may still open (a shared-memory name) goes later, when
+  /// they have (LocalDomain::releaseName). Blocks: no.
   virtual void finish() {}
-  /// True when finish() must wait until every peer served by this transport has taken its
-  /// connections (shared memory: a name may go only once every peer has mapped it).
-  virtual bool finishAfterPeers() const { return false; }
   /// What this rank shares with the peers of its host (doorbells, broadcast rings), for a
   /// transport that maps their memory; null for any other.
   virtual std::shared_ptr<LocalDomain> localDomain() { return nullptr; }

@@ -128,13 +128,13 @@ def simulate_job(n, a):
 def _setup_reads(n, L):
     """Store reads per rank at set-up, the most over ranks, from set-up's own code
     (railcc._C.rules.simulate_setup: the host map merged up the gather tree and encoded as set-up
-    does; this host's records, endpoints and ready marks; the secret). Endpoints of other hosts'
+    does; this host's records and endpoints; the secret). Endpoints of other hosts'
     ranks are read at the pair's first use; rank 0's rail check (one endpoint per other host,
     only where rails were found) is apart."""
     from . import _C
 
     reads = _C.rules.simulate_setup(n, L, HOST_ID_BYTES, HOSTNAME_BYTES, RECORD_BYTES, ENDPOINT_BYTES)
-    return {**reads, "store_keys_written": 4 + (1 if L > 1 else 0),
+    return {**reads, "store_keys_written": 4,
             "rank0_rail_check_bytes": (n // L - 1) * ENDPOINT_BYTES}
 
 

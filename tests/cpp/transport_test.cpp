@@ -43,6 +43,25 @@ TEST(Shm, FifoWrapsAndPreservesOrder) {
   EXPECT_EQ(0, std::memcmp(src.data(), dst.data(), src.size()));
 }
 
+// A segment's name goes once every other rank of the host has mapped it (asked by the watchdog
+// after set-up, so that no rank's set-up waits for the others'), and not before: a peer still to
+// map it opens it by that name.
+TEST(Shm, NameGoesOnceEveryPeerOfTheHostHasMappedIt) {
+  shm::Domain a(3, 4096, 4096, false, 3), b(3, 4096, 4096, false, 3), c(3, 4096, 4096, false, 3);
+  const std::string name = a.segmentName();
+  auto there = [&] { return access(("/dev/shm" + name).c_str(), F_OK) == 0; };
+  EXPECT_FALSE(a.releaseName());
+  b.attach(0, name);
+  EXPECT_FALSE(a.releaseName());  // c has not mapped it yet
+  EXPECT_TRUE(there());
+  c.attach(0, name);
+  EXPECT_TRUE(a.releaseName());
+  EXPECT_FALSE(there());
+  EXPECT_TRUE(a.releaseName());  // asked again: still done, nothing else unlinked
+  shm::Domain alone(1, 4096, 4096);  // no peer on its host: nothing to wait for
+  EXPECT_TRUE(alone.releaseName());
+}
+
 namespace {
 // Bytes of /dev/shm a segment holds (its pages that exist), read through its name.
 size_t shmBytesHeld(const std::string& name) {

@@ -273,6 +273,37 @@ def test_connecting_at_first_use_each_rank_keeps_one_listener(pools):
     assert pools(2).run(rk_listening_sockets) == [[], []]
 
 
+def rk_shm_names_go_while_the_group_lives(rank, n):
+    # A new group's segments: once every rank of the host has mapped them their names go
+    # (each rank's watchdog sees the count after set-up), the mappings stay.
+    mine = f"railcc-{os.getuid()}-{os.getpid()}-"
+    g = dist.new_group(backend="railcc")
+    t = torch.full((5,), float(rank + 1))
+    dist.all_reduce(t, group=g)
+    deadline = time.monotonic() + 10
+    while True:
+        names = sorted(f for f in os.listdir("/dev/shm") if f.startswith(mine))
+        if not names or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    gone = sum(1 for ln in open("/proc/self/maps") if f"/dev/shm/{mine}" in ln and "(deleted)" in ln)
+    dist.all_reduce(t, group=g)  # still works with the names gone
+    dist.destroy_process_group(g)
+    return {"names": names, "own_mapped_deleted": gone > 0, "sum": t.tolist()}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [2, 3])
+def test_shared_memory_names_go_once_every_rank_of_the_host_mapped_them(pools, n):
+    # Set-up no longer waits for the host's other ranks before its segment's name may go: the
+    # name goes from the watchdog, once a count in the segment says every peer has mapped it.
+    total = float(sum(range(1, n + 1)))
+    for r, got in enumerate(pools(n).run(rk_shm_names_go_while_the_group_lives, timeout=60)):
+        assert got["names"] == [], (r, got)
+        assert got["own_mapped_deleted"], (r, got)
+        assert got["sum"] == [total * n] * 5, (r, got)
+
+
 # ----------------------------------------------------------- other pid namespaces (item 5)
 
 

@@ -161,8 +161,7 @@ bool Segment::ownerAlive() const {
 }
 
 void Segment::unlink() {
-  if (!linked_) return;
-  linked_ = false;
+  if (!linked_.exchange(false)) return;
   if (shm_unlink(name_.c_str()) != 0 && errno != ENOENT)
     RAILCC_WARN(SHM, "shm_unlink(", name_, ") failed: ", detail::errnoString());
 }
@@ -228,13 +227,13 @@ std::string randomToken() {
 }  // namespace
 
 Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy, int hostRanks)
-    : nslots_(nslots), fifoBytes_(fifoBytes), ringBytes_(ringBytes), singleCopy_(singleCopy) {
+    : nslots_(nslots), fifoBytes_(fifoBytes), ringBytes_(ringBytes), singleCopy_(singleCopy), hostRanks_(hostRanks) {
   // Under Yama's ptrace_scope 1 only a declared tracer may read this process's memory: every
   // process of this user is declared (as Open MPI's CMA path does). EINVAL: no Yama, nothing
   // to declare.
   if (singleCopy_) (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   // Once per process: a segment goes stale only where its creator died in the moment between
-  // creating it and its peers mapping it, and the sweep reads all of /dev/shm (hundreds of
+  // creating it and its peers mapping it (and its watchdog seeing they had), and the sweep reads all of /dev/shm (hundreds of
   // entries on a busy host), which every group's set-up paid before.
   static std::once_flag swept;
   std::call_once(swept, [] { cleanStale(); });
@@ -265,6 +264,7 @@ Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy, 
   h->ringBytes = ringBytes;
   h->magic = kMagic;
   h->selfAddr = reinterpret_cast<uint64_t>(own_->data());
+  h->attached.store(0);
   peers_.resize(static_cast<size_t>(nslots));
   readable_.assign(static_cast<size_t>(nslots), -1);
 }
@@ -316,6 +316,13 @@ void Domain::attach(int localIndex, const std::string& name, bool samePidNamespa
   if (seg->size() < segmentBytes(nslots_, fifoBytes_, ringBytes_))
     RAILCC_THROW(kSystem, "shared memory segment ", name, " is smaller than its header says");
   peers_.at(static_cast<size_t>(localIndex)) = std::move(seg);
+  h->attached.fetch_add(1, std::memory_order_acq_rel);  // its creator may now let its name go
+}
+
+bool Domain::releaseName() {
+  if (header()->attached.load(std::memory_order_acquire) + 1 < static_cast<uint32_t>(hostRanks_)) return false;
+  own_->unlink();
+  return true;
 }
 
 void Domain::checkLayout(const std::string& who, uint64_t nslots, uint64_t fifoBytes, uint64_t ringBytes) const {

@@ -29,6 +29,8 @@ struct alignas(64) SegmentHeader {
   // Single copy (CMA): where this segment is mapped in its creator, so that a peer can test
   // reading the creator's memory (the magic above) before it relies on process_vm_readv.
   uint64_t selfAddr;
+  // Same-host peers that have mapped this segment: its name can go once all have.
+  std::atomic<uint32_t> attached;
 };
 
 /// One single-producer single-consumer byte FIFO. Positions only grow; the byte at
@@ -45,8 +47,8 @@ struct alignas(64) FifoHeader {
   std::atomic<uint32_t> readable;
 };
 
-/// A mapped POSIX shared-memory segment. The creator unlinks the name as soon as every
-/// peer has mapped it, so a killed job leaves nothing in /dev/shm.
+/// A mapped POSIX shared-memory segment. The creator unlinks the name once every peer has
+/// mapped it (Domain::releaseName), so a killed job leaves nothing in /dev/shm.
 ///
 /// The creator holds an exclusive flock() on the segment for as long as it lives (the kernel
 /// drops it when the process dies, however it dies). That lock, not a pid, tells a live
@@ -82,7 +84,7 @@ class Segment {
   char* base_ = nullptr;
   size_t size_ = 0;
   bool owner_ = false;
-  bool linked_ = false;
+  std::atomic<bool> linked_{false};
 };
 
 /// The shared memory of one communicator on one process: its own segment (doorbell plus one
@@ -112,8 +114,10 @@ class Domain : public LocalDomain {
   int slots() const { return nslots_; }
   size_t fifoBytes() const { return fifoBytes_; }
   size_t ringBytes() const { return ringBytes_; }
-  /// Unlinks our own name once every peer has attached.
+  /// Unlinks our own name now.
   void unlinkOwn() { own_->unlink(); }
+  /// Unlinks our own name once the host's other ranks (`hostRanks` - 1) have all attached.
+  bool releaseName() override;
 
   /// A connection whose outgoing FIFO is slot `myIndex` of the peer's segment and whose
   /// incoming FIFO is slot `peerIndex` of ours. `samePidNamespace`: the peer's pid in its
@@ -151,6 +155,7 @@ class Domain : public LocalDomain {
   std::unique_ptr<Segment> own_;
   std::vector<std::unique_ptr<Segment>> peers_;
   bool singleCopy_ = false;
+  int hostRanks_ = 1;
   std::vector<int> readable_;  // per peer: -1 not tested, 0 refused, 1 readable
   std::unique_ptr<RingPages> ringPages_;  // our broadcast ring's pages, reserved as first written
 };

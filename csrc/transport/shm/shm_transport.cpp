@@ -1,6 +1,7 @@
 // The shared-memory transport's set-up: one segment per rank holding its incoming FIFOs and
-// broadcast ring, published by name; peers on the same host map each other's, and the names
-// are unlinked once every peer has mapped them (finish()).
+// broadcast ring, published by name; peers on the same host map each other's, and each name
+// is unlinked once every peer has mapped it (Domain::releaseName, which the watchdog asks after
+// set-up: no rank waits for that).
 #include <algorithm>
 #include <map>
 #include <set>
@@ -43,9 +44,7 @@ class ShmSetup : public Setup {
     return std::move(conns_.at({peer, lane}));
   }
 
-  bool finishAfterPeers() const override { return true; }
   void finish() override {
-    domain_->unlinkOwn();
     RAILCC_INFO(SHM, "shared memory: ", ctx_.localRanks.size(), " ranks on this host, FIFO of ", domain_->fifoBytes(),
                 " bytes per peer, lane and direction, broadcast ring of ", ctx_.config.buffSize, " bytes");
   }
