@@ -225,22 +225,18 @@ void reportRails(const std::vector<std::string>& lines) {
 }
 
 bool railCheckStep(Store& store, RailCheckLater& r, Millis wait) {
-  std::vector<std::string> eps;
+  bool read = false;  // the endpoints are in: what fails after this is not worth another look
   try {
-    eps = store.getAll(r.keys, wait);  // with no wait, one look: the c10d store's asks never block
-  } catch (const std::exception& e) {
-    if (std::chrono::steady_clock::now() < r.giveUp) return false;
-    const std::string what = e.what();
-    RAILCC_INFO(INIT, "group '", r.group, "': rail check not made: ", what.substr(0, what.find('\n')));
-    return true;
-  }
-  try {
+    const std::vector<std::string> eps = store.getAll(r.keys, wait);  // with no wait, one look
+    read = true;
     for (size_t i = 0; i < eps.size(); ++i) {
       Endpoints t = parseEndpoints(eps[i], "railcc group '" + r.group + "': " + r.keys[i]);
       if (t.count("rails")) r.lines.push_back(t["rails"].second);
     }
   } catch (const std::exception& e) {
-    RAILCC_INFO(INIT, "group '", r.group, "': rail check not made: ", e.what());
+    if (!read && std::chrono::steady_clock::now() < r.giveUp) return false;
+    const std::string what = e.what();
+    RAILCC_INFO(INIT, "group '", r.group, "': rail check not made: ", what.substr(0, what.find('\n')));
     return true;
   }
   reportRails(r.lines);
