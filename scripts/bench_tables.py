@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Markdown tables for docs/benchmarks.md from railcc-bench JSON reports of one sweep.
 
-    python3 scripts/bench_tables.py docs/bench/same-host-2.json [more runs of the same sweep ...]
+    python3 scripts/bench_tables.py [--best] docs/bench/same-host-2.json [more runs of the same sweep ...]
 
 With several runs, each cell (op, size, out-of-place or in-place) is taken whole from the run
 whose railcc time is the median of them (the lower one for an even count), so that every ratio
-in a cell still compares backends of one run; the bound of a cell is that run's.
+in a cell still compares backends of one run; the bound of a cell is that run's. With --best,
+each backend's time in a cell is its best (lowest) over the runs instead, and the ratios compare
+those bests ("best of three alternating runs"); a bound is then the best run's of that backend.
 
 Per collective, one table of times in microseconds (the median of the slowest rank): railcc,
 each other backend of the run (gloo, openmpi, fake: c10d's dispatch floor), then
@@ -124,7 +126,10 @@ def tables(report):
                    f"best of 5: **{' / '.join(f'{x:.2f}' for x in rates)} GB/s**"
                    f"{' (one per run; each cell against its run)' if len(rates) > 1 else ''}.")
     if report.get("runs", 1) > 1:
-        out.append(f"Each cell: the run (of {report['runs']}) whose railcc time is the median.")
+        if report.get("pick") == "best":
+            out.append(f"Each cell: every backend's best time of {report['runs']} runs.")
+        else:
+            out.append(f"Each cell: the run (of {report['runs']}) whose railcc time is the median.")
     for nr in report.get("not_run", []):
         out.append(f"Not run: {nr.get('backend')} {nr.get('op', '')}: {nr.get('reason', '')}")
     return "\n".join(out)
@@ -160,15 +165,38 @@ def median_runs(reports):
     return dict(reports[0], results=results, bound=bound, runs=len(reports), not_run=reports[0].get("not_run", []))
 
 
+def best_runs(reports):
+    """One report whose every cell holds each backend's best (lowest) time over the runs."""
+    if len(reports) == 1:
+        return reports[0]
+    best = {}  # (backend, op, size, inplace) -> the fastest record
+    for rep in reports:
+        rate = (rep.get("bound") or {}).get("memcpy_gbps")
+        for r in rep["results"]:
+            k = (r["backend"], r["op"], r["size"], r["inplace"])
+            if r.get("time_us") is None:
+                continue
+            if k not in best or r["time_us"] < best[k]["time_us"]:
+                best[k] = dict(r, _rate=rate) if rate else r
+    bounds = [rep.get("bound") for rep in reports if rep.get("bound")]
+    bound = dict(bounds[0], runs_gbps=[b["memcpy_gbps"] for b in bounds]) if bounds else None
+    return dict(reports[0], results=list(best.values()), bound=bound, runs=len(reports), pick="best",
+                not_run=reports[0].get("not_run", []))
+
+
 def main(argv):
-    if len(argv) < 2:
+    args = argv[1:]
+    pick = median_runs
+    if args and args[0] == "--best":
+        pick, args = best_runs, args[1:]
+    if not args:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
     reports = []
-    for path in argv[1:]:
+    for path in args:
         with open(path) as f:
             reports.append(json.load(f))
-    print(tables(median_runs(reports)))
+    print(tables(pick(reports)))
     return 0
 
 

@@ -936,7 +936,7 @@ def test_openmpi_without_mpirun_is_said_and_the_rest_runs(tmp_path):
     assert len(table_rows(p.stdout)) == 1, p.stdout  # the gloo row alone
 
 
-def test_bench_tables_takes_each_cell_whole_from_the_median_run():
+def test_bench_tables_takes_each_cell_whole_from_the_median_run_or_each_backends_best():
     # Three runs of one sweep: each cell comes from the run whose railcc time is the median, so
     # its ratios still compare one run; the bound of that cell is that run's.
     path = os.path.join(ROOT, "scripts", "bench_tables.py")
@@ -958,6 +958,15 @@ def test_bench_tables_takes_each_cell_whole_from_the_median_run():
     assert row[5].strip() == f"{(1 << 20) / 200 / 1e3 / 5.0:.2f}"  # against that run's bound
     assert "5.00" in md and "of 3" in md
     assert tables.median_runs([run(300, 100, 10.0)])["results"][0]["time_us"] == 300
+
+    # --best: every backend's own best over the runs, the ratio of those bests.
+    best = tables.best_runs([run(300, 100, 10.0), run(100, 400, 20.0), run(200, 90, 5.0)])
+    cell = {r["backend"]: r for r in best["results"]}
+    assert cell["railcc"]["time_us"] == 100 and cell["openmpi"]["time_us"] == 90
+    md = tables.tables(best)
+    row = [ln for ln in md.splitlines() if ln.startswith("| 1 MiB")][0].split("|")
+    assert row[4].strip() == f"{100 / 90:.2f}"
+    assert "best time of 3 runs" in md
 
 
 # ------------------------------------------------------------------------------------------------
