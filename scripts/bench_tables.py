@@ -135,6 +135,18 @@ def tables(report):
     return "\n".join(out)
 
 
+def _with_rate(record, report):
+    """The record tagged with its run's memcpy rate, so that its bound is that run's."""
+    rate = (report.get("bound") or {}).get("memcpy_gbps")
+    return dict(record, _rate=rate) if rate else record
+
+
+def _bound_of(reports):
+    """The first run's bound, with every run's rate."""
+    bounds = [rep.get("bound") for rep in reports if rep.get("bound")]
+    return dict(bounds[0], runs_gbps=[b["memcpy_gbps"] for b in bounds]) if bounds else None
+
+
 def median_runs(reports):
     """One report whose every cell comes whole from the run with the median railcc time."""
     if len(reports) == 1:
@@ -142,13 +154,12 @@ def median_runs(reports):
     keys = []
     per = []  # per run: cell -> its records, each tagged with that run's memcpy rate
     for rep in reports:
-        rate = (rep.get("bound") or {}).get("memcpy_gbps")
         cells = {}
         for r in rep["results"]:
             k = (r["op"], r["size"], r["inplace"])
             if k not in cells and k not in keys:
                 keys.append(k)
-            cells.setdefault(k, []).append(dict(r, _rate=rate) if rate else r)
+            cells.setdefault(k, []).append(_with_rate(r, rep))
         per.append(cells)
     results = []
     for k in keys:
@@ -160,9 +171,8 @@ def median_runs(reports):
 
         have.sort(key=railcc_time)
         results += have[(len(have) - 1) // 2][k]
-    bounds = [rep.get("bound") for rep in reports if rep.get("bound")]
-    bound = dict(bounds[0], runs_gbps=[b["memcpy_gbps"] for b in bounds]) if bounds else None
-    return dict(reports[0], results=results, bound=bound, runs=len(reports), not_run=reports[0].get("not_run", []))
+    return dict(reports[0], results=results, bound=_bound_of(reports), runs=len(reports),
+                not_run=reports[0].get("not_run", []))
 
 
 def best_runs(reports):
@@ -171,16 +181,11 @@ def best_runs(reports):
         return reports[0]
     best = {}  # (backend, op, size, inplace) -> the fastest record
     for rep in reports:
-        rate = (rep.get("bound") or {}).get("memcpy_gbps")
         for r in rep["results"]:
             k = (r["backend"], r["op"], r["size"], r["inplace"])
-            if r.get("time_us") is None:
-                continue
-            if k not in best or r["time_us"] < best[k]["time_us"]:
-                best[k] = dict(r, _rate=rate) if rate else r
-    bounds = [rep.get("bound") for rep in reports if rep.get("bound")]
-    bound = dict(bounds[0], runs_gbps=[b["memcpy_gbps"] for b in bounds]) if bounds else None
-    return dict(reports[0], results=list(best.values()), bound=bound, runs=len(reports), pick="best",
+            if r.get("time_us") is not None and (k not in best or r["time_us"] < best[k]["time_us"]):
+                best[k] = _with_rate(r, rep)
+    return dict(reports[0], results=list(best.values()), bound=_bound_of(reports), runs=len(reports), pick="best",
                 not_run=reports[0].get("not_run", []))
 
 

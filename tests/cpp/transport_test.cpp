@@ -25,12 +25,12 @@ using namespace railcc::transport;
 
 TEST(Shm, FifoWrapsAndPreservesOrder) {
   // Two domains in one process stand for two ranks.
-  shm::Domain a(2, 4096, 4096);
-  shm::Domain b(2, 4096, 4096);
+  shm::Domain a(2, 4096, 4096, false, 2);
+  shm::Domain b(2, 4096, 4096, false, 2);
   a.attach(1, b.segmentName());
   b.attach(0, a.segmentName());
-  a.unlinkOwn();
-  b.unlinkOwn();
+  EXPECT_TRUE(a.releaseName());  // each mapped by the other: the names go
+  EXPECT_TRUE(b.releaseName());
   auto ab = a.connect(0, 1, 0, 1, true);
   auto ba = b.connect(1, 0, 0, 1, true);
   std::vector<uint8_t> src(100000), dst(100000);

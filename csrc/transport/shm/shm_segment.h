@@ -114,8 +114,6 @@ class Domain : public LocalDomain {
   int slots() const { return nslots_; }
   size_t fifoBytes() const { return fifoBytes_; }
   size_t ringBytes() const { return ringBytes_; }
-  /// Unlinks our own name now.
-  void unlinkOwn() { own_->unlink(); }
   /// Unlinks our own name once the host's other ranks (`hostRanks` - 1) have all attached.
   bool releaseName() override;
 
