@@ -265,6 +265,7 @@ Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy, 
   h->magic = kMagic;
   h->selfAddr = reinterpret_cast<uint64_t>(own_->data());
   h->attached.store(0);
+  h->hostRanks = static_cast<uint32_t>(hostRanks);
   peers_.resize(static_cast<size_t>(nslots));
   readable_.assign(static_cast<size_t>(nslots), -1);
 }
@@ -305,7 +306,11 @@ bool Domain::canReadPeer(int index, std::string* why) {
   return known == 1;
 }
 
-Domain::~Domain() = default;
+// A group torn down before every peer of its host mapped its segment (made and destroyed at
+// once, its set-up no longer waiting for theirs) leaves the name to the last of them to map it.
+Domain::~Domain() {
+  if (own_ && header()->attached.load(std::memory_order_acquire) + 1 < static_cast<uint32_t>(hostRanks_)) own_->leaveName();
+}
 
 void Domain::attach(int localIndex, const std::string& name, bool samePidNamespace) {
   auto seg = std::make_unique<Segment>(name, !samePidNamespace);
@@ -316,7 +321,10 @@ void Domain::attach(int localIndex, const std::string& name, bool samePidNamespa
   if (seg->size() < segmentBytes(nslots_, fifoBytes_, ringBytes_))
     RAILCC_THROW(kSystem, "shared memory segment ", name, " is smaller than its header says");
   peers_.at(static_cast<size_t>(localIndex)) = std::move(seg);
-  h->attached.fetch_add(1, std::memory_order_acq_rel);  // its creator may now let its name go
+  // Its creator may now let its name go; the last to map it does, should the creator be gone.
+  if (h->attached.fetch_add(1, std::memory_order_acq_rel) + 2 == h->hostRanks &&
+      shm_unlink(name.c_str()) != 0 && errno != ENOENT)
+    RAILCC_WARN(SHM, "shm_unlink(", name, ") failed: ", detail::errnoString());
 }
 
 bool Domain::releaseName() {

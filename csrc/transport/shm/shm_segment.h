@@ -31,6 +31,7 @@ struct alignas(64) SegmentHeader {
   uint64_t selfAddr;
   // Same-host peers that have mapped this segment: its name can go once all have.
   std::atomic<uint32_t> attached;
+  uint32_t hostRanks;  // its creator's group's ranks on this host: the last of the others to map it unlinks the name
 };
 
 /// One single-producer single-consumer byte FIFO. Positions only grow; the byte at
@@ -71,6 +72,8 @@ class Segment {
   /// /dev/shm's size as the likely cause) when they cannot.
   void reserve(size_t offset, size_t bytes);
   void unlink();
+  /// Leaves the name to someone else (the last peer to map it): this object will not unlink it.
+  void leaveName() { linked_.store(false); }
   char* data() const { return base_; }
   size_t size() const { return size_; }
   const std::string& name() const { return name_; }
