@@ -368,6 +368,7 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   for (auto& o : open) {
     if (auto d = o.setup->localDomain()) {
       ch_.setLocal(d);
+      d->keepNameForPeers();
       wd_->tasks.push_back({[weak = std::weak_ptr<transport::LocalDomain>(d)] {
         auto domain = weak.lock();
         return !domain || domain->releaseName();

@@ -34,6 +34,11 @@ class LocalDomain {
   /// while not: the watchdog asks after set-up until it is (a name left behind by a crash is
   /// removed by the next job's sweep). Thread-safe.
   virtual bool releaseName() { return true; }
+  /// Set-up succeeded: should the group end before every rank of the host mapped this rank's
+  /// shared memory (made and destroyed at once), its name is left to the last of them to map
+  /// it. Without this call (set-up failed: the peers fail too) or after markFailed(), the
+  /// name goes with this object.
+  virtual void keepNameForPeers() {}
 
   /// Wakes this rank's own sleeping thread (a new op was queued).
   void wakeSelf() { ring(doorbell(-1)); }

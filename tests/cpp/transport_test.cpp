@@ -62,6 +62,37 @@ TEST(Shm, NameGoesOnceEveryPeerOfTheHostHasMappedIt) {
   EXPECT_TRUE(alone.releaseName());
 }
 
+// A group destroyed before its host's peers mapped its segment: after a set-up that succeeded the
+// name stays for them and the last to map it unlinks it; after one that failed, or once the
+// group failed, nobody will come and the name goes with the domain.
+TEST(Shm, NameOfAGroupEndedEarlyIsLeftToItsPeersOnlyAfterASetUpThatSucceeded) {
+  auto there = [](const std::string& name) { return access(("/dev/shm" + name).c_str(), F_OK) == 0; };
+  std::string name;
+  {
+    shm::Domain a(3, 4096, 4096, false, 3);
+    name = a.segmentName();
+    a.keepNameForPeers();
+  }
+  EXPECT_TRUE(there(name));
+  shm::Domain b(3, 4096, 4096, false, 3), c(3, 4096, 4096, false, 3);
+  b.attach(0, name);
+  EXPECT_TRUE(there(name));  // c has not mapped it yet
+  c.attach(0, name);
+  EXPECT_FALSE(there(name));  // c was the last
+  {
+    shm::Domain failedSetUp(2, 4096, 4096, false, 2);
+    name = failedSetUp.segmentName();
+  }
+  EXPECT_FALSE(there(name));
+  {
+    shm::Domain failedLater(2, 4096, 4096, false, 2);
+    name = failedLater.segmentName();
+    failedLater.keepNameForPeers();
+    failedLater.markFailed();
+  }
+  EXPECT_FALSE(there(name));
+}
+
 namespace {
 // Bytes of /dev/shm a segment holds (its pages that exist), read through its name.
 size_t shmBytesHeld(const std::string& name) {

@@ -307,9 +307,12 @@ bool Domain::canReadPeer(int index, std::string* why) {
 }
 
 // A group torn down before every peer of its host mapped its segment (made and destroyed at
-// once, its set-up no longer waiting for theirs) leaves the name to the last of them to map it.
+// once, its set-up no longer waiting for theirs) leaves the name to the last of them to map it;
+// one whose set-up or run failed does not: its peers will not come to map it.
 Domain::~Domain() {
-  if (own_ && header()->attached.load(std::memory_order_acquire) + 1 < static_cast<uint32_t>(hostRanks_)) own_->leaveName();
+  if (own_ && keepName_ && header()->failed.load() == 0 &&
+      header()->attached.load(std::memory_order_acquire) + 1 < static_cast<uint32_t>(hostRanks_))
+    own_->leaveName();
 }
 
 void Domain::attach(int localIndex, const std::string& name, bool samePidNamespace) {

@@ -119,6 +119,7 @@ class Domain : public LocalDomain {
   size_t ringBytes() const { return ringBytes_; }
   /// Unlinks our own name once the host's other ranks (`hostRanks` - 1) have all attached.
   bool releaseName() override;
+  void keepNameForPeers() override { keepName_ = true; }
 
   /// A connection whose outgoing FIFO is slot `myIndex` of the peer's segment and whose
   /// incoming FIFO is slot `peerIndex` of ours. `samePidNamespace`: the peer's pid in its
@@ -157,6 +158,7 @@ class Domain : public LocalDomain {
   std::vector<std::unique_ptr<Segment>> peers_;
   bool singleCopy_ = false;
   int hostRanks_ = 1;
+  bool keepName_ = false;  // keepNameForPeers() was called
   std::vector<int> readable_;  // per peer: -1 not tested, 0 refused, 1 readable
   std::unique_ptr<RingPages> ringPages_;  // our broadcast ring's pages, reserved as first written
 };
