@@ -60,6 +60,26 @@ namespace {
 void checkRoot(int root, int size, const char* what) {
   RAILCC_CHECK_ARG(root >= 0 && root < size, what, ": root rank ", root, " is out of range for a group of size ", size);
 }
+
+// A send or receive on the point-to-point lane, its header filled in; the caller sets the buffer.
+std::unique_ptr<Op> p2pOp(Transfer::Kind kind, int peer, size_t bytes, int tag, Millis timeout,
+                          std::shared_ptr<DeviceSide> gpu) {
+  auto o = std::make_unique<Op>();
+  o->kind = OpKind::kP2P;
+  o->p2p = true;
+  o->timeout = timeout;
+  o->xfer.kind = kind;
+  o->xfer.lane = kP2PLane;
+  o->xfer.peer = peer;
+  o->xfer.bytes = bytes;
+  o->xfer.device = gpu.get();
+  o->gpu = std::move(gpu);
+  o->xfer.hdr.magic = kWireMagic;
+  o->xfer.hdr.kind = static_cast<uint8_t>(OpKind::kP2P);
+  o->xfer.hdr.tag = tag;
+  o->xfer.hdr.bytes = bytes;
+  return o;
+}
 }  // namespace
 
 RequestPtr Communicator::allreduce(void* buf, size_t count, DataType dt, ReduceOp op, double scale, Millis timeout,
@@ -310,22 +330,9 @@ RequestPtr Communicator::send(const void* buf, size_t bytes, int peer, int tag, 
   CommImpl* c = impl_.get();
   RAILCC_CHECK_ARG(peer >= 0 && peer < c->size_, "send: destination rank ", peer, " is out of range for a group of size ", c->size_);
   RAILCC_CHECK_ARG(peer != c->rank_, "send: destination rank ", peer, " is this rank; sending to oneself is not supported");
-  auto o = std::make_unique<Op>();
-  o->kind = OpKind::kP2P;
-  o->p2p = true;
-  o->timeout = timeout;
-  o->xfer.kind = Transfer::kSend;
+  auto o = p2pOp(Transfer::kSend, peer, bytes, tag, timeout, std::move(gpu));
   o->xfer.landsInPlace = true;  // a receive copies: RDMA may read it from this buffer
-  o->xfer.lane = kP2PLane;
-  o->xfer.peer = peer;
   o->xfer.src = static_cast<const char*>(buf);
-  o->xfer.bytes = bytes;
-  o->xfer.device = gpu.get();
-  o->gpu = std::move(gpu);
-  o->xfer.hdr.magic = kWireMagic;
-  o->xfer.hdr.kind = static_cast<uint8_t>(OpKind::kP2P);
-  o->xfer.hdr.tag = tag;
-  o->xfer.hdr.bytes = bytes;
   return c->enqueue(std::move(o));
 }
 
@@ -335,22 +342,9 @@ RequestPtr Communicator::recv(void* buf, size_t bytes, int peer, int tag, Millis
   RAILCC_CHECK_ARG(peer == -1 || (peer >= 0 && peer < c->size_), "recv: source rank ", peer,
                    " is out of range for a group of size ", c->size_);
   RAILCC_CHECK_ARG(peer != c->rank_, "recv: source rank ", peer, " is this rank; receiving from oneself is not supported");
-  auto o = std::make_unique<Op>();
-  o->kind = OpKind::kP2P;
-  o->p2p = true;
+  auto o = p2pOp(Transfer::kRecv, peer, bytes, tag, timeout, std::move(gpu));
   o->anySource = peer == -1;
-  o->timeout = timeout;
-  o->xfer.kind = Transfer::kRecv;
-  o->xfer.lane = kP2PLane;
-  o->xfer.peer = peer;
   o->xfer.dst = static_cast<char*>(buf);
-  o->xfer.bytes = bytes;
-  o->xfer.device = gpu.get();
-  o->gpu = std::move(gpu);
-  o->xfer.hdr.magic = kWireMagic;
-  o->xfer.hdr.kind = static_cast<uint8_t>(OpKind::kP2P);
-  o->xfer.hdr.tag = tag;
-  o->xfer.hdr.bytes = bytes;
   auto req = c->enqueue(std::move(o));
   if (peer >= 0) req->setSourceRank(peer);
   return req;
