@@ -49,6 +49,21 @@ inline bool parseUint(const std::string& s, unsigned long long hi, unsigned long
   return true;
 }
 
+/// Ascending ranks as spans: {1, 2, 3, 5, 7, 8} -> "1-3, 5, 7-8"; empty for none. A line that
+/// names thousands of peers of a job laid out in blocks stays a few spans long.
+inline std::string rankSpans(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ", ";
+    out += std::to_string(ranks[i]);
+    if (j > i) out += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
 /// Lower-case hex of n bytes.
 inline std::string toHex(const uint8_t* p, size_t n) {
   static const char* digits = "0123456789abcdef";

@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include "common/crypto.h"
+#include "common/strings.h"
 #include "engine/records.h"
 
 namespace railcc::engine {
@@ -220,9 +221,9 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     c.via = firstUse.front();  // the channel count of the pair: the first transport's
     c.channels = c.via->setup->channels();
     if (laterWhy < 0)
-      laterWhy = whyOf(firstUse.size() == 1 ? c.via->setup->reach(recordOf(r)) + "; its endpoint read then" +
+      laterWhy = whyOf(firstUse.size() == 1 ? c.via->setup->reach(recordOf(r)) + "; each peer's endpoint read then" +
                                                   (forced.empty() ? "" : ", forced by RAILCC_NET/NCCL_NET")
-                                            : std::string("the first that both ends offer, chosen with its endpoint"));
+                                            : std::string("the first that both ends offer, chosen with each peer's endpoint"));
     c.why = laterWhy;
     c.endpointLater = true;
   }
@@ -331,6 +332,9 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     for (int r : e.ranks) err.hosts.push_back(peers_[static_cast<size_t>(r)].hostname);
     throw err;
   }
+  // Peers left to their first use are said in one line per way of reaching them (a rank of a
+  // 4,096-rank job would otherwise write 4,095 lines at INFO); each pair that connects says so.
+  std::vector<std::pair<std::string, std::vector<int>>> laterLines;
   for (int r = 0; r < size_; ++r) {
     Choice& c = choice[static_cast<size_t>(r)];
     if (!c.via) continue;
@@ -341,9 +345,13 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
       // Until the first lane is up; then its connection's description (linkOf, under links_.mu).
       const std::string via = l.chooseLater ? firstUseNames : c.via->name;
       peers_[static_cast<size_t>(r)].transport = via + " (not connected yet: connects at first use)";
-      RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", r, " (", peers_[static_cast<size_t>(r)].hostname, ") via ",
-                  via, " at first use (", whys[static_cast<size_t>(c.why)],
-                  c.channels > 1 ? "; " + std::to_string(c.channels) + " channels" : std::string(), ")");
+      if (log::enabled(log::Level::kInfo, log::INIT)) {
+        std::string how = "via " + via + " at first use (" + whys[static_cast<size_t>(c.why)] +
+                          (c.channels > 1 ? "; " + std::to_string(c.channels) + " channels" : std::string()) + ")";
+        auto it = std::find_if(laterLines.begin(), laterLines.end(), [&](const auto& g) { return g.first == how; });
+        if (it == laterLines.end()) it = laterLines.insert(laterLines.end(), {std::move(how), {}});
+        it->second.push_back(r);
+      }
       continue;
     }
     ch_.setChannels(r, c.channels);
@@ -360,6 +368,11 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     RAILCC_INFO(INIT, "rank ", rank_, " -> peer ", r, " (", p.hostname, ") via ", desc, " (", c.via->name, ": ",
                 whys[static_cast<size_t>(c.why)], c.channels > 1 ? "; " + std::to_string(c.channels) + " channels" : std::string(), ")");
   }
+
+  for (const auto& [how, ranks] : laterLines)
+    RAILCC_INFO(INIT, "rank ", rank_, " -> ", ranks.size() == 1 ? "peer " : "peers ", rankSpans(ranks),
+                ranks.size() == 1 ? " (" + peers_[static_cast<size_t>(ranks.front())].hostname + ")" : std::string(), " ",
+                how);
 
   // A shared-memory name goes once every rank of the host has mapped it: the watchdog asks
   // after set-up, so that no rank waits here for the host's slowest (a store round of its own,

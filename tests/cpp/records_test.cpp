@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/strings.h"
 #include "engine/communicator.h"
 #include "engine/records.h"
 #include "engine/store.h"
@@ -116,6 +117,18 @@ class CountingStore : public Store {
 };
 
 }  // namespace
+
+// The ranks an INFO line names (peers left to their first use) as spans, a few for a job laid
+// out in blocks however large.
+TEST(Strings, RankSpansFoldRunsOfConsecutiveRanks) {
+  EXPECT_EQ(rankSpans({}), "");
+  EXPECT_EQ(rankSpans({7}), "7");
+  EXPECT_EQ(rankSpans({1, 2, 3, 5, 7, 8}), "1-3, 5, 7-8");
+  std::vector<int> others;
+  for (int r = 0; r < 4096; ++r)
+    if (r / 8 != 3) others.push_back(r);  // every rank but those of host 3
+  EXPECT_EQ(rankSpans(others), "0-23, 32-4095");
+}
 
 TEST(SetUp, ReadsThisHostsRecordsAndAnotherHostsEndpointOnlyAtFirstUse) {
   // 12 ranks on 4 hosts of 3 (threads, each with RAILCC_HOST_ID; shared memory within a host,

@@ -724,3 +724,39 @@ def test_communication_tensors_come_from_railcc_and_work_in_collectives(pools):
         assert got["aligned"] and got["exact"] and got["gathered"], got
         assert "is negative" in got["refused (-1, 'cpu')"], got
         assert "host memory only" in got["refused (10, 'cuda')"], got
+
+
+# ------------------------------------------------------------- INFO that does not grow with the job
+
+_INFO_RANK = r"""
+import torch, torch.distributed as dist
+import railcc
+dist.init_process_group("railcc")
+x = torch.ones(4)
+dist.all_reduce(x)
+assert x[0].item() == dist.get_world_size()
+dist.destroy_process_group()
+print("ok", flush=True)
+"""
+
+
+@pytest.mark.timeout(200)
+def test_info_names_peers_left_to_first_use_in_one_line_not_one_per_peer():
+    # A rank says at INFO how it will reach the peers it connects at first use in one line
+    # (their ranks as spans), not one line per peer: at NCCL_DEBUG=INFO a rank of a 4,096-rank
+    # job wrote 4,095 lines at init. Each pair that does connect still says so. 6 ranks on fake
+    # hosts of 2 (shared memory within, TCP between).
+    n = 6
+    codes, outs = harness.run_env_ranks([sys.executable, "-c", _INFO_RANK], n, timeout=150,
+                                        env={"RAILCC_DEBUG": "INFO", "RAILCC_DEBUG_SUBSYS": "INIT"},
+                                        rank_env=lambda r: {"RAILCC_HOST_ID": f"h{r // 2}"})
+    for r, (code, out) in enumerate(zip(codes, outs)):
+        assert code == 0 and "ok" in out, f"rank {r} exited {code}:\n{out[-3000:]}"
+        later = [ln for ln in out.splitlines() if f"rank {r} -> " in ln and " at first use (" in ln]
+        assert len(later) == 1, f"rank {r}: {later}"
+        others = [p for p in range(n) if p // 2 != r // 2]
+        spans = f"{others[0]}-{others[-1]}" if others == list(range(others[0], others[-1] + 1)) else \
+            f"{others[0]}-{others[1]}, {others[2]}-{others[3]}"
+        assert f"rank {r} -> peers {spans} via socket at first use (" in later[0], later[0]
+        same = r + 1 if r % 2 == 0 else r - 1
+        assert any(f"rank {r} -> peer {same} " in ln and "via shm" in ln for ln in out.splitlines()), out[-3000:]

@@ -239,6 +239,21 @@ def test_elastic_ddp_survives_a_killed_rank_across_two_hosts(hosts, tmp_path):
 
 
 _PEER = re.compile(r"peer\s*[:=#]?\s*(\d+)")
+_PEERS = re.compile(r"-> peers (\d+(?:-\d+)?(?:, \d+(?:-\d+)?)*) ")
+
+
+def _peers_named(line):
+    """The peers an INFO line speaks of: "-> peer 3 ...", or the peers left to their first use
+    in one line, as spans: "-> peers 2-3, 6 via socket at first use (...)"."""
+    m = _PEERS.search(line)
+    if not m:
+        m = _PEER.search(line)
+        return [int(m.group(1))] if m else []
+    out = []
+    for part in m.group(1).split(", "):
+        a, _, b = part.partition("-")
+        out += range(int(a), int(b or a) + 1)
+    return out
 _IPV4 = re.compile(r"via socket\D*?(\d+\.\d+\.\d+\.\d+)")
 
 
@@ -301,21 +316,21 @@ def test_railcc_transport_selection_log(hosts, tmp_path):
             transport = "shm" if "via shm" in line else "socket" if "via socket" in line else None
             if transport is None:
                 continue
-            m = _PEER.search(line)
-            if not m:
+            peers = _peers_named(line)
+            if not peers:
                 problems.append(f"rank {rank}: no peer rank in {line!r}")
                 continue
-            peer = int(m.group(1))
-            want = "shm" if placement[peer] == placement[rank] else "socket"
-            if peer == rank or peer >= world:
-                problems.append(f"rank {rank}: bad peer {peer} in {line!r}")
-            elif transport != want:
-                problems.append(f"rank {rank} -> peer {peer}: {transport}, want {want}: {line!r}")
-            ip = _IPV4.search(line)
-            if transport == "socket" and ip and ip.group(1) != hosts.addresses[placement[peer]]:
-                problems.append(f"rank {rank} -> peer {peer}: socket to {ip.group(1)}, "
-                                f"peer lives at {hosts.addresses[placement[peer]]}: {line!r}")
-            seen.setdefault(transport, set()).add(peer)
+            for peer in peers:
+                want = "shm" if placement[peer] == placement[rank] else "socket"
+                if peer == rank or peer >= world:
+                    problems.append(f"rank {rank}: bad peer {peer} in {line!r}")
+                elif transport != want:
+                    problems.append(f"rank {rank} -> peer {peer}: {transport}, want {want}: {line!r}")
+                ip = _IPV4.search(line)
+                if transport == "socket" and ip and ip.group(1) != hosts.addresses[placement[peer]]:
+                    problems.append(f"rank {rank} -> peer {peer}: socket to {ip.group(1)}, "
+                                    f"peer lives at {hosts.addresses[placement[peer]]}: {line!r}")
+                seen.setdefault(transport, set()).add(peer)
         for transport in ("shm", "socket"):
             if not seen.get(transport):
                 problems.append(f"rank {rank}: no 'via {transport}' line")
@@ -459,7 +474,7 @@ def test_each_rank_sends_over_its_own_rail_and_a_slow_rail_is_named(tmp_path):
             peer = rank + 2 if rank < 2 else rank - 2  # the same local rank on the other host
             # The transport picked for the peer at init, and each lane's connection where it is
             # made (at first use: RAILCC_RUNTIME_CONNECT): every one from the rank's rail.
-            lines = [ln for ln in res.logs[rank].splitlines() if f"rank {rank} -> peer {peer} " in ln]
+            lines = [ln for ln in res.logs[rank].splitlines() if f"rank {rank} -> peer" in ln and peer in _peers_named(ln)]
             made = [ln for ln in lines if re.search(r" via socket \d", ln)]
             if not made or any(f"from {netdevs[placement[rank]][k]} (rail {k})" not in ln for ln in made) \
                     or not any(f"TCP on rail {k}" in ln for ln in lines):

@@ -75,7 +75,7 @@ def test_with_verbs_and_tcp_open_each_pair_chooses_verbs_at_first_use(vm):
         assert res["bad"] == [], f"rank {r}: {res['bad'][:10]}"
     log = _read(vm, "job.txt")
     # Set-up left the choice to the pair's first use; then every pair took verbs.
-    assert "via verbs or socket at first use (the first that both ends offer, chosen with its endpoint" in log, log[-6000:]
+    assert "via verbs or socket at first use (the first that both ends offer, chosen with each peer's endpoint" in log, log[-6000:]
     for r in range(3):
         for p in range(3):
             if p != r:
