@@ -60,21 +60,26 @@ void streamCopy(void* dst, const void* src, size_t n) {
 }
 
 size_t lastLevelCacheBytes() {
-  // sysconf(_SC_LEVEL3_CACHE_SIZE) reports the host's cache inside some VMs; sysfs reports
-  // what this CPU shares.
-  size_t best = 0;
-  for (int i = 0; i < 8; ++i) {
-    std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
-    std::ifstream sz(dir + "size");
-    std::string v;
-    if (!(sz >> v) || v.empty()) continue;
-    size_t num = std::strtoull(v.c_str(), nullptr, 10);
-    char unit = v.back();
-    if (unit == 'K') num <<= 10;
-    else if (unit == 'M') num <<= 20;
-    best = std::max(best, num);
-  }
-  return best ? best : size_t(32) << 20;
+  // Read once per process: every group's set-up asks.
+  static const size_t bytes = [] {
+    // sysconf(_SC_LEVEL3_CACHE_SIZE) reports the host's cache inside some VMs; sysfs reports
+    // what this CPU shares.
+    size_t best = 0;
+    for (int i = 0; i < 8; ++i) {
+      std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+      std::ifstream sz(dir + "size");
+      if (!sz.is_open()) break;  // the indexes are numbered from 0 without gaps
+      std::string v;
+      if (!(sz >> v) || v.empty()) continue;
+      size_t num = std::strtoull(v.c_str(), nullptr, 10);
+      char unit = v.back();
+      if (unit == 'K') num <<= 10;
+      else if (unit == 'M') num <<= 20;
+      best = std::max(best, num);
+    }
+    return best ? best : size_t(32) << 20;
+  }();
+  return bytes;
 }
 
 }  // namespace railcc::transport
