@@ -78,6 +78,13 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   q_.thread = std::thread([this] { progressLoop(); });
   if (size_ > 1) watchdog_ = std::thread([this, w = wd_] { watchdogLoop(w); });
   enlist();
+  // Set-up succeeded: should this group end before every rank of the host mapped its shared
+  // memory, the name waits for them; not where one reaches this rank otherwise
+  // (RAILCC_SHM_DISABLE on it): it never will.
+  const bool allShm = std::all_of(localRanks_.begin(), localRanks_.end(), [this](int r) {
+    return r == rank_ || peers_[static_cast<size_t>(r)].transport == "shm";
+  });
+  if (ch_.local() && allShm) ch_.local()->keepNameForPeers();
 }
 
 CommImpl::~CommImpl() { shutdown(); }
@@ -381,7 +388,6 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   for (auto& o : open) {
     if (auto d = o.setup->localDomain()) {
       ch_.setLocal(d);
-      d->keepNameForPeers();
       wd_->tasks.push_back({[weak = std::weak_ptr<transport::LocalDomain>(d)] {
         auto domain = weak.lock();
         return !domain || domain->releaseName();

@@ -91,6 +91,14 @@ TEST(Shm, NameOfAGroupEndedEarlyIsLeftToItsPeersOnlyAfterASetUpThatSucceeded) {
     failedLater.markFailed();
   }
   EXPECT_FALSE(there(name));
+  // A rank that maps a name gone that way hears that its owner failed, not a system error of
+  // its own (which it would publish as the job's reason).
+  try {
+    b.attach(1, name);
+    ADD_FAILURE() << "a segment whose name is gone was mapped";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kPeerFailure) << e.what();
+  }
 }
 
 namespace {

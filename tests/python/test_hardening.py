@@ -760,3 +760,32 @@ def test_info_names_peers_left_to_first_use_in_one_line_not_one_per_peer():
         assert f"rank {r} -> peers {spans} via socket at first use (" in later[0], later[0]
         same = r + 1 if r % 2 == 0 else r - 1
         assert any(f"rank {r} -> peer {same} " in ln and "via shm" in ln for ln in out.splitlines()), out[-3000:]
+
+
+_SHM_NAME_RANK = r"""
+import os, sys, torch, torch.distributed as dist
+import railcc
+print("pid", os.getpid(), flush=True)
+try:
+    dist.init_process_group("railcc")
+except Exception as e:
+    print("RESULT", type(e).__name__, str(e).replace("\n", " "), flush=True)
+    sys.exit(0)
+print("RESULT init passed", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_ranks_of_a_host_that_disagree_on_shared_memory_fail_init_and_leave_no_name_behind():
+    # Rank 1 turns shared memory off, rank 0 does not: rank 0 made a segment for the host's two
+    # ranks that rank 1 will never map. Init fails naming the mismatch, and the segment's name
+    # goes with the failed group rather than wait for a peer that never comes.
+    codes, outs = harness.run_env_ranks([sys.executable, "-c", _SHM_NAME_RANK], 2, timeout=90,
+                                        rank_env=lambda r: {"RAILCC_SHM_DISABLE": "1"} if r == 1 else {})
+    for r, (code, out) in enumerate(zip(codes, outs)):
+        assert code == 0 and "RESULT" in out, f"rank {r} exited {code}:\n{out[-3000:]}"
+    # (rank 1, which counts no other rank of its host, may finish its own set-up first)
+    assert "no transport reaches rank 1" in outs[0] and "shm: rank 1 does not offer it" in outs[0], outs[0][-3000:]
+    pid = outs[0].split("pid ")[1].split()[0]
+    left = [f for f in os.listdir("/dev/shm") if f.startswith(f"railcc-{os.getuid()}-{pid}-")]
+    assert left == [], left

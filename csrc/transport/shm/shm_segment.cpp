@@ -124,6 +124,9 @@ void Segment::reserve(size_t offset, size_t bytes) {
 
 Segment::Segment(const std::string& name, bool keepFd) : name_(name) {
   int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  // Gone: its rank's set-up or group failed (and let the name go) before this one mapped it.
+  if (fd < 0 && errno == ENOENT)
+    RAILCC_THROW(kPeerFailure, "its shared memory ", name, " is gone: it failed or left before this rank mapped it");
   RAILCC_SYSCHECK(fd, "shm_open(" + name + ") of a peer's segment");
   struct stat st {};
   if (fstat(fd, &st) != 0) {

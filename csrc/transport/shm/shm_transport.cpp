@@ -64,7 +64,15 @@ class ShmSetup : public Setup {
       uint64_t slots = 0, fifo = 0, ring = 0;
       is >> name >> slots >> fifo >> ring;
       domain_->checkLayout("rank " + std::to_string(peer.rank), slots, fifo, ring);
-      domain_->attach(localIndex(peer.rank), name, samePidNs);
+      try {
+        domain_->attach(localIndex(peer.rank), name, samePidNs);
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kPeerFailure) throw;
+        // The peer's own failure is its to say (its init failure record): this one names it only.
+        Error err(ErrorCode::kPeerFailure, "rank " + std::to_string(peer.rank) + " (pid " + std::to_string(peer.pid) + "): " + e.what());
+        err.ranks = {peer.rank};
+        throw err;
+      }
     }
     conns_[{peer.rank, lane}] = domain_->connect(localIndex(ctx_.rank), localIndex(peer.rank), lane, ctx_.lanes, samePidNs);
   }
