@@ -78,13 +78,11 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   q_.thread = std::thread([this] { progressLoop(); });
   if (size_ > 1) watchdog_ = std::thread([this, w = wd_] { watchdogLoop(w); });
   enlist();
-  // Set-up succeeded: should this group end before every rank of the host mapped its shared
-  // memory, the name waits for them; not where one reaches this rank otherwise
-  // (RAILCC_SHM_DISABLE on it): it never will.
-  const bool allShm = std::all_of(localRanks_.begin(), localRanks_.end(), [this](int r) {
-    return r == rank_ || peers_[static_cast<size_t>(r)].transport == "shm";
-  });
-  if (ch_.local() && allShm) ch_.local()->keepNameForPeers();
+  // Set-up succeeded: should the group end before every rank of the host mapped its shared
+  // memory, the name waits for them (not where one reaches this rank otherwise: it never will).
+  if (ch_.local() && std::all_of(localRanks_.begin(), localRanks_.end(), [this](int r) {
+        return r == rank_ || peers_[static_cast<size_t>(r)].transport == "shm"; }))
+    ch_.local()->keepNameForPeers();
 }
 
 CommImpl::~CommImpl() { shutdown(); }
@@ -339,8 +337,7 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
     for (int r : e.ranks) err.hosts.push_back(peers_[static_cast<size_t>(r)].hostname);
     throw err;
   }
-  // Peers left to their first use are said in one line per way of reaching them (a rank of a
-  // 4,096-rank job would otherwise write 4,095 lines at INFO); each pair that connects says so.
+  // Peers left to their first use: one INFO line per way of reaching them, not one per peer.
   std::vector<std::pair<std::string, std::vector<int>>> laterLines;
   for (int r = 0; r < size_; ++r) {
     Choice& c = choice[static_cast<size_t>(r)];
@@ -377,9 +374,8 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   }
 
   for (const auto& [how, ranks] : laterLines)
-    RAILCC_INFO(INIT, "rank ", rank_, " -> ", ranks.size() == 1 ? "peer " : "peers ", rankSpans(ranks),
-                ranks.size() == 1 ? " (" + peers_[static_cast<size_t>(ranks.front())].hostname + ")" : std::string(), " ",
-                how);
+    RAILCC_INFO(INIT, "rank ", rank_, " -> peer", ranks.size() == 1 ? " " : "s ", rankSpans(ranks),
+                ranks.size() == 1 ? " (" + peers_[static_cast<size_t>(ranks.front())].hostname + ") " : " ", how);
 
   // A shared-memory name goes once every rank of the host has mapped it: the watchdog asks
   // after set-up, so that no rank waits here for the host's slowest (a store round of its own,
