@@ -163,10 +163,14 @@ bool Segment::ownerAlive() const {
   return errno == EWOULDBLOCK || errno == EINTR;
 }
 
+// Removes a segment's name; gone already (another rank of the host did) is fine.
+static void unlinkName(const std::string& name) {
+  if (shm_unlink(name.c_str()) != 0 && errno != ENOENT)
+    RAILCC_WARN(SHM, "shm_unlink(", name, ") failed: ", detail::errnoString());
+}
+
 void Segment::unlink() {
-  if (!linked_.exchange(false)) return;
-  if (shm_unlink(name_.c_str()) != 0 && errno != ENOENT)
-    RAILCC_WARN(SHM, "shm_unlink(", name_, ") failed: ", detail::errnoString());
+  if (linked_.exchange(false)) unlinkName(name_);
 }
 
 namespace {
@@ -328,9 +332,7 @@ void Domain::attach(int localIndex, const std::string& name, bool samePidNamespa
     RAILCC_THROW(kSystem, "shared memory segment ", name, " is smaller than its header says");
   peers_.at(static_cast<size_t>(localIndex)) = std::move(seg);
   // Its creator may now let its name go; the last to map it does, should the creator be gone.
-  if (h->attached.fetch_add(1, std::memory_order_acq_rel) + 2 == h->hostRanks &&
-      shm_unlink(name.c_str()) != 0 && errno != ENOENT)
-    RAILCC_WARN(SHM, "shm_unlink(", name, ") failed: ", detail::errnoString());
+  if (h->attached.fetch_add(1, std::memory_order_acq_rel) + 2 == h->hostRanks) unlinkName(name);
 }
 
 bool Domain::releaseName() {
