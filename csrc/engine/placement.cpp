@@ -1,6 +1,4 @@
 #include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -13,6 +11,7 @@
 #include "engine/records.h"
 #include "engine/store.h"
 #include "topology/rails.h"
+#include "transport/socket/socket_transport.h"
 
 namespace railcc::engine {
 
@@ -53,22 +52,22 @@ Discovered discoverOnce(const std::string& file, const std::string& hwlocLib, in
 
 // "10.77.0.0/24" for an interface's first IPv4 address, "" when it has none or is down.
 std::string subnetOf(const std::string& ifname) {
-  ifaddrs* all = nullptr;
-  if (getifaddrs(&all) != 0) return "";
-  std::string out;
-  for (ifaddrs* a = all; a && out.empty(); a = a->ifa_next) {
-    if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET || !a->ifa_netmask || ifname != a->ifa_name) continue;
-    if (!(a->ifa_flags & IFF_UP)) continue;
-    uint32_t ip = ntohl(reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr);
-    uint32_t mask = ntohl(reinterpret_cast<sockaddr_in*>(a->ifa_netmask)->sin_addr.s_addr);
+  std::vector<transport::socket::InterfaceAddr> all;
+  try {
+    all = transport::socket::listInterfaces();
+  } catch (const Error&) {
+    return "";
+  }
+  for (const auto& a : all) {
+    if (a.name != ifname || !a.up || a.mask.sin_family != AF_INET) continue;
+    uint32_t ip = ntohl(a.addr.sin_addr.s_addr);
+    uint32_t mask = ntohl(a.mask.sin_addr.s_addr);
     in_addr net{htonl(ip & mask)};
     char buf[INET_ADDRSTRLEN] = {};
     inet_ntop(AF_INET, &net, buf, sizeof buf);
-    int bits = __builtin_popcount(mask);
-    out = std::string(buf) + "/" + std::to_string(bits);
+    return std::string(buf) + "/" + std::to_string(__builtin_popcount(mask));
   }
-  freeifaddrs(all);
-  return out;
+  return "";
 }
 
 std::map<std::string, std::string> fields(const std::string& line) {

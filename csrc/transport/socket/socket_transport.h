@@ -30,7 +30,14 @@ struct InterfaceAddr {
   bool up = false;
   bool loopback = false;
   sockaddr_in addr{};
+  sockaddr_in mask{};  // the netmask; sin_family 0 where the system gave none
 };
+
+/// The machine's IPv4 addresses in getifaddrs order. One listing (a netlink dump of every
+/// link and address) serves every caller for a second: a set-up asks several times (placement
+/// once per rail NIC, the socket transport for its interfaces and its rails), and a job's ranks
+/// set up at once. Thread-safe; throws kSystem if the system cannot list them.
+std::vector<InterfaceAddr> listInterfaces();
 
 /// The rule behind pickInterfaces, on a given list (getifaddrs' order): empty when nothing
 /// matches. Pure, so `railcc doctor` asks it about a host's interfaces.
