@@ -7,11 +7,11 @@
 #include <mutex>
 #include <set>
 
+#include "common/interfaces.h"
 #include "engine/comm_impl.h"
 #include "engine/records.h"
 #include "engine/store.h"
 #include "topology/rails.h"
-#include "transport/socket/socket_transport.h"
 
 namespace railcc::engine {
 
@@ -52,9 +52,9 @@ Discovered discoverOnce(const std::string& file, const std::string& hwlocLib, in
 
 // "10.77.0.0/24" for an interface's first IPv4 address, "" when it has none or is down.
 std::string subnetOf(const std::string& ifname) {
-  std::vector<transport::socket::InterfaceAddr> all;
+  std::vector<InterfaceAddr> all;
   try {
-    all = transport::socket::listInterfaces();
+    all = listInterfaces();
   } catch (const Error&) {
     return "";
   }

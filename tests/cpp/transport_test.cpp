@@ -566,14 +566,14 @@ TEST(Socket, InterfaceSpecSyntax) {
 
 // The machine's own listing: loopback with its netmask, and the same list again while fresh.
 TEST(Socket, InterfaceListingHasLoopbackWithItsNetmask) {
-  auto first = socket::listInterfaces();
+  auto first = railcc::listInterfaces();
   auto lo = std::find_if(first.begin(), first.end(), [](const socket::InterfaceAddr& a) { return a.loopback; });
   ASSERT_NE(lo, first.end());
   EXPECT_TRUE(lo->up);
   EXPECT_EQ(socket::formatAddr(lo->addr), "127.0.0.1:0");
   EXPECT_EQ(lo->mask.sin_family, AF_INET);
   EXPECT_EQ(ntohl(lo->mask.sin_addr.s_addr), 0xff000000u);
-  auto again = socket::listInterfaces();
+  auto again = railcc::listInterfaces();
   ASSERT_EQ(again.size(), first.size());
   for (size_t i = 0; i < first.size(); ++i) EXPECT_EQ(again[i].name, first[i].name);
 }

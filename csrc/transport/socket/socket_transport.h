@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/interfaces.h"
 #include "transport/transport.h"
 
 namespace railcc::transport::socket {
@@ -24,20 +25,7 @@ struct Interface {
 /// prefixes; a leading ^ excludes them, a leading = (after any ^) matches names exactly.
 bool matchSpec(const std::string& name, const std::string& spec);
 
-/// One IPv4 address of an interface, as getifaddrs lists them.
-struct InterfaceAddr {
-  std::string name;
-  bool up = false;
-  bool loopback = false;
-  sockaddr_in addr{};
-  sockaddr_in mask{};  // the netmask; sin_family 0 where the system gave none
-};
-
-/// The machine's IPv4 addresses in getifaddrs order. One listing (a netlink dump of every
-/// link and address) serves every caller for a second: a set-up asks several times (placement
-/// once per rail NIC, the socket transport for its interfaces and its rails), and a job's ranks
-/// set up at once. Thread-safe; throws kSystem if the system cannot list them.
-std::vector<InterfaceAddr> listInterfaces();
+using railcc::InterfaceAddr;  // common/interfaces.h
 
 /// The rule behind pickInterfaces, on a given list (getifaddrs' order): empty when nothing
 /// matches. Pure, so `railcc doctor` asks it about a host's interfaces.
