@@ -46,6 +46,14 @@ What is measured, per rank:
   8 B bcast  the same for a broadcast of 8 bytes from rank 0 (its max over ranks: when the
             last rank had the payload).
 
+The machine's topology: railcc's ranks on one machine share one hwloc discovery through a file
+in TMPDIR that serves later jobs for RAILCC_TOPO_SHARE_SEC (60 s). Whether a job finds it fresh
+depends on how long ago the last railcc job ran, so jobs of one run would pay the discovery or
+not by chance (tens of milliseconds of one rank's CPU, and the others' wait for it). Before
+every railcc job the harness sets it one way: `--topology cold` (the default) removes it, so one
+rank of every job discovers, as on hosts where no job ran in the last minute; `--topology warm`
+leaves it fresh (a discarded 2-rank job makes it where missing), as on hosts that just ran one.
+
 Jobs never overlap: each backend, size and placement runs alone, one after another. A rank's
 output goes to a log of its own; the report shows its error and the distinct lines the ranks
 printed (torch's warnings, say). The ranks' own timeouts are 3/4 of --timeout, so a stalled job
@@ -130,6 +138,9 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=300.0,
                    help="seconds one job (a backend at one size) may take before its ranks are killed; the ranks' "
                         "store, process-group and RAILCC_INIT_TIMEOUT timeouts are 3/4 of it (default 300)")
+    p.add_argument("--topology", choices=("cold", "warm"), default="cold",
+                   help="the host's shared topology before every railcc job: cold removes it (one rank "
+                        "discovers), warm leaves it fresh (none does); default cold")
     p.add_argument("--json", metavar="OUT", help="write every rank's raw numbers to this file")
     p.add_argument("--summary-only", action="store_true", help="leave the per-rank rows out of the tables (median and max only)")
     args = p.parse_args(argv)
@@ -419,6 +430,35 @@ def rank_main(job, rank, go_fd):
 # once all have, which the ranks wait for: store client connected -> start the clock; first
 # all_reduce done -> read /proc; results written -> tear down.
 PHASES = [("connected", "go"), ("inited", "measure"), ("reported", "exit")]
+
+
+def _topology_share_files():
+    """railcc's shared topology on this machine (csrc/topology/shared.cpp names it by user and
+    boot): the files a job's ranks read instead of discovering, not the lock."""
+    tmp = os.environ.get("TMPDIR") or "/tmp"
+    prefix = f"railcc-topo-{os.getuid()}-"
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return []
+    return [os.path.join(tmp, f) for f in names
+            if f.startswith(prefix) and (f.endswith(".txt") or f.endswith(".xml"))]
+
+
+def set_topology_share(mode, args):
+    """Before a railcc job: cold removes the shared topology, warm makes it fresh (see --topology)."""
+    if mode == "cold":
+        for f in _topology_share_files():
+            try:
+                os.unlink(f)
+            except FileNotFoundError:
+                pass
+        return
+    if not _topology_share_files():
+        Job("railcc", 2, 1, args).run()  # its first rank discovers and leaves the files
+    now = time.time()
+    for f in _topology_share_files():
+        os.utime(f, (now, now))
 
 
 class Job:
@@ -756,18 +796,24 @@ def main(argv=None):
     # A SIGTERM unwinds like an error: Job.run's finally kills its ranks.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(f"# railcc scale harness: {os.cpu_count()} CPUs, torch {torch.__version__}, "
-          f"{args.iters} timed calls per size, timeout {args.timeout:.0f} s per job{where}")
+          f"{args.iters} timed calls per size, timeout {args.timeout:.0f} s per job{where}"
+          + (f", topology share {args.topology} before each railcc job" if "railcc" in args.backends else ""))
     print(NOTES)
     all_runs = []
     for n in args.nranks:
         for k in args.per_host:
-            runs = [Job(b, n, k, args).run() for b in args.backends]
+            runs = []
+            for b in args.backends:
+                if b == "railcc":
+                    set_topology_share(args.topology, args)
+                runs.append(Job(b, n, k, args).run())
             all_runs += runs
             print_group(runs, not args.summary_only)
     if args.json:
         _write_json(args.json, {
             "argv": sys.argv if argv is None else argv, "cpus": os.cpu_count(), "torch": torch.__version__,
-            "iters": args.iters, "timeout_s": args.timeout, "metrics": METRICS, "runs": all_runs,
+            "iters": args.iters, "timeout_s": args.timeout, "topology": args.topology, "metrics": METRICS,
+            "runs": all_runs,
         })
     failed = [f"{r['backend']} n={r['nranks']} per-host={r['per_host']}" for r in all_runs if not r["ok"]]
     if failed:

@@ -109,3 +109,28 @@ def test_failing_ranks_are_reported_not_waited_for(tmp_path):
     # Both ranks exited on their own: none was killed, and the job did not run into --timeout.
     assert not run["killed"] and not run["problems"], run
     assert_no_rank_left(doc)
+
+
+def test_topology_share_is_set_the_same_way_before_every_railcc_job(tmp_path, monkeypatch):
+    # Whether a job's ranks discover the topology or read a neighbour's must not depend on how
+    # long ago the last railcc job ran: cold removes the shared files, warm refreshes them.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("scale_harness_under_test", HARNESS)
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    prefix = f"railcc-topo-{os.getuid()}-boot"
+    share = [tmp_path / f"{prefix}.txt", tmp_path / f"{prefix}.xml"]
+    kept = [tmp_path / f"{prefix}.lock", tmp_path / "railcc-topo-someone-else.txt", tmp_path / "unrelated.txt"]
+    for f in share + kept:
+        f.write_text("x")
+        os.utime(f, (1_000_000, 1_000_000))
+    args = harness.parse_args(["-n", "2", "--topology", "warm"])
+    assert args.topology == "warm" and harness.parse_args(["-n", "2"]).topology == "cold"
+    harness.set_topology_share("warm", args)  # the files exist: refreshed, no job run
+    assert all(f.stat().st_mtime > 1_000_000 for f in share)
+    assert all(f.stat().st_mtime == 1_000_000 for f in kept)
+    harness.set_topology_share("cold", args)
+    assert not any(f.exists() for f in share)
+    assert all(f.exists() for f in kept)
