@@ -16,11 +16,10 @@ std::vector<InterfaceAddr> listInterfaces() {
   constexpr auto kFresh = std::chrono::seconds(1);
   static std::mutex mu;
   static std::vector<InterfaceAddr> cached;
-  static std::chrono::steady_clock::time_point taken;
-  static bool have = false;
+  static std::chrono::steady_clock::time_point taken;  // the epoch until the first listing
   std::lock_guard<std::mutex> g(mu);
   auto now = std::chrono::steady_clock::now();
-  if (have && now - taken < kFresh) return cached;
+  if (taken != std::chrono::steady_clock::time_point{} && now - taken < kFresh) return cached;
   ifaddrs* list = nullptr;
   RAILCC_SYSCHECK(getifaddrs(&list), "getifaddrs");
   std::vector<InterfaceAddr> addrs;
@@ -40,7 +39,6 @@ std::vector<InterfaceAddr> listInterfaces() {
   freeifaddrs(list);
   cached = addrs;
   taken = now;
-  have = true;
   return addrs;
 }
 

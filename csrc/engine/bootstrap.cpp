@@ -49,6 +49,8 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   // the scheduler has put the peer on our CPU.
   std::vector<bool> shm;
   for (const PeerInfo& p : peers_) shm.push_back(p.transport == "shm");
+  const bool hostAllShm =
+      std::all_of(localRanks_.begin(), localRanks_.end(), [&](int r) { return r == rank_ || shm[static_cast<size_t>(r)]; });
   ch_.setShmPeers(std::move(shm), localRanks_,
                   std::max<size_t>(transport::lastLevelCacheBytes() / localRanks_.size(), size_t(1) << 20),
                   hostSharesCores_ ? 0 : opts_.config.spinUs, cmaBytesFor(opts_.config.cmaBytes, hostSharesCores_));
@@ -80,9 +82,7 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   enlist();
   // Set-up succeeded: should the group end before every rank of the host mapped its shared
   // memory, the name waits for them (not where one reaches this rank otherwise: it never will).
-  if (ch_.local() && std::all_of(localRanks_.begin(), localRanks_.end(), [this](int r) {
-        return r == rank_ || peers_[static_cast<size_t>(r)].transport == "shm"; }))
-    ch_.local()->keepNameForPeers();
+  if (ch_.local() && hostAllShm) ch_.local()->keepNameForPeers();
 }
 
 CommImpl::~CommImpl() { shutdown(); }
