@@ -60,6 +60,14 @@ printed (torch's warnings, say). The ranks' own timeouts are 3/4 of --timeout, s
 is reported by its ranks first; a job that still runs at --timeout is killed, and once one rank
 has failed the others get a few seconds to fail too before they are killed. No rank outlives
 this process (each asks the kernel to kill it when its parent dies).
+
+Growth: with more ranks than cores a job's init is bound by the ranks' summed CPU, so the
+median init grows about as the job does, and how much more than that moves from run to run
+(the CPU a rank needs, and the machine's, vary by 10-30% between jobs minutes apart: more than a
+target such as "64 -> 128 ranks at most 2.2x" leaves). `--repeat R` runs the whole sweep R
+times, the sizes in reverse order every other time, and ends with a table of each backend's
+growth from size to size: one ratio per repeat, their median, and the ratio of the sizes'
+medians over the repeats.
 """
 
 import gc
@@ -141,6 +149,10 @@ def parse_args(argv=None):
     p.add_argument("--topology", choices=("cold", "warm"), default="cold",
                    help="the host's shared topology before every railcc job: cold removes it (one rank "
                         "discovers), warm leaves it fresh (none does); default cold")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the whole sweep this many times, the sizes in reverse order every other time, "
+                        "and report each backend's init growth from size to size per repeat and its median "
+                        "(default 1)")
     p.add_argument("--json", metavar="OUT", help="write every rank's raw numbers to this file")
     p.add_argument("--summary-only", action="store_true", help="leave the per-rank rows out of the tables (median and max only)")
     args = p.parse_args(argv)
@@ -150,6 +162,8 @@ def parse_args(argv=None):
         p.error(f"--backends takes railcc, gloo and/or fake, got {args.backends}")
     if args.iters < 1:
         p.error("--iters must be at least 1")
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
     return args
 
 
@@ -737,6 +751,42 @@ def summary_table(runs):
     return "\n".join(rows)
 
 
+def growth_rows(runs):
+    """Each backend's median init at one size over the next smaller size of the sweep, per
+    placement: one ratio per repeat (jobs of one repeat ran minutes apart at most) and their
+    median, and the ratio of the sizes' medians over the repeats."""
+    med = {}
+    for r in runs:
+        if r["ok"] and _measured(r):
+            key = (r["backend"], r["per_host"])
+            med.setdefault(key, {}).setdefault(r["nranks"], {})[r.get("repeat", 0)] = statistics.median(
+                d["init_ms"] for d in _measured(r))
+    rows = []
+    for (backend, k), by_n in med.items():
+        sizes = sorted(by_n)
+        for small, big in zip(sizes, sizes[1:]):
+            reps = sorted(set(by_n[small]) & set(by_n[big]))
+            if not reps:
+                continue
+            ratios = [by_n[big][i] / by_n[small][i] for i in reps]
+            rows.append({
+                "backend": backend, "per_host": k, "from": small, "to": big, "ratios": ratios,
+                "median": statistics.median(ratios),
+                "of_medians": statistics.median(by_n[big][i] for i in reps) / statistics.median(by_n[small][i] for i in reps),
+            })
+    return rows
+
+
+def growth_table(rows, repeats):
+    head = ["backend", "per host", "sizes", "size ratio", "init growth, each repeat", "median of them", "of the sizes' medians"]
+    out = [f"## growth of the median init from size to size ({repeats} repeat{'s' if repeats != 1 else ''})\n",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for g in rows:
+        out.append(f"| {g['backend']} | {g['per_host']} | {g['from']} -> {g['to']} | {g['to'] / g['from']:.2f} | "
+                   + ", ".join(f"{x:.2f}" for x in g["ratios"]) + f" | {g['median']:.2f} | {g['of_medians']:.2f} |")
+    return "\n".join(out)
+
+
 NOTES = """\
 Notes: init = init_process_group(store=...) + a first 4-byte all_reduce, from a start common to
 all ranks, after every rank's store client had connected. private/RSS = memory added across it
@@ -800,20 +850,29 @@ def main(argv=None):
           + (f", topology share {args.topology} before each railcc job" if "railcc" in args.backends else ""))
     print(NOTES)
     all_runs = []
-    for n in args.nranks:
-        for k in args.per_host:
-            runs = []
-            for b in args.backends:
-                if b == "railcc":
-                    set_topology_share(args.topology, args)
-                runs.append(Job(b, n, k, args).run())
-            all_runs += runs
-            print_group(runs, not args.summary_only)
+    for rep in range(args.repeat):
+        # Every other repeat runs the sizes the other way round, so that a machine that slows or
+        # speeds up over the sweep does not always favour the same size.
+        sizes = args.nranks if rep % 2 == 0 else args.nranks[::-1]
+        if args.repeat > 1:
+            print(f"\n# repeat {rep + 1} of {args.repeat}: sizes {','.join(map(str, sizes))}", flush=True)
+        for n in sizes:
+            for k in args.per_host:
+                runs = []
+                for b in args.backends:
+                    if b == "railcc":
+                        set_topology_share(args.topology, args)
+                    runs.append(dict(Job(b, n, k, args).run(), repeat=rep))
+                all_runs += runs
+                print_group(runs, not args.summary_only)
+    growth = growth_rows(all_runs)
+    if growth:
+        print(growth_table(growth, args.repeat) + "\n", flush=True)
     if args.json:
         _write_json(args.json, {
             "argv": sys.argv if argv is None else argv, "cpus": os.cpu_count(), "torch": torch.__version__,
             "iters": args.iters, "timeout_s": args.timeout, "topology": args.topology, "metrics": METRICS,
-            "runs": all_runs,
+            "repeat": args.repeat, "growth": growth, "runs": all_runs,
         })
     failed = [f"{r['backend']} n={r['nranks']} per-host={r['per_host']}" for r in all_runs if not r["ok"]]
     if failed:

@@ -134,3 +134,47 @@ def test_topology_share_is_set_the_same_way_before_every_railcc_job(tmp_path, mo
     harness.set_topology_share("cold", args)
     assert not any(f.exists() for f in share)
     assert all(f.exists() for f in kept)
+
+
+def _load_harness():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("scale_harness_growth", HARNESS)
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    return harness
+
+
+def test_growth_is_each_repeats_ratio_of_median_inits():
+    harness = _load_harness()
+
+    def run(backend, n, rep, inits, ok=True):
+        return {"backend": backend, "nranks": n, "per_host": 1, "repeat": rep, "ok": ok,
+                "ranks": [{"rank": i, "init_ms": v} for i, v in enumerate(inits)]}
+
+    runs = [run("railcc", 2, 0, [10, 12, 99]), run("railcc", 4, 0, [20, 24, 25, 26]),
+            run("railcc", 4, 1, [30, 31, 33, 90]), run("railcc", 2, 1, [14, 15, 16]),
+            run("gloo", 2, 0, [5, 5]), run("gloo", 4, 0, [7, 7, 7, 7], ok=False)]
+    (g,) = harness.growth_rows(runs)  # gloo's larger job failed: no ratio for it
+    assert (g["backend"], g["from"], g["to"]) == ("railcc", 2, 4)
+    assert g["ratios"] == pytest.approx([24.5 / 12, 32 / 15])
+    assert g["median"] == pytest.approx((24.5 / 12 + 32 / 15) / 2)
+    assert g["of_medians"] == pytest.approx(((24.5 + 32) / 2) / ((12 + 15) / 2))
+    table = harness.growth_table([g], 2)
+    assert "| railcc | 1 | 2 -> 4 | 2.00 | 2.04, 2.13 | 2.09 | 2.09 |" in table, table
+    with pytest.raises(SystemExit):
+        harness.parse_args(["-n", "2", "--repeat", "0"])
+
+
+@pytest.mark.timeout(120)
+def test_repeats_alternate_the_order_of_sizes(tmp_path):
+    out = tmp_path / "scale.json"
+    proc = run_harness(["-n", "2,3", "--backends", "railcc", "--iters", "1", "--repeat", "2", "--summary-only",
+                        "--timeout", "60", "--json", str(out)])
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert [(r["nranks"], r["repeat"]) for r in doc["runs"]] == [(2, 0), (3, 0), (3, 1), (2, 1)]
+    (g,) = doc["growth"]
+    assert (g["backend"], g["from"], g["to"], len(g["ratios"])) == ("railcc", 2, 3, 2)
+    assert "## growth of the median init from size to size (2 repeats)" in proc.stdout, proc.stdout
+    assert_no_rank_left(doc)
