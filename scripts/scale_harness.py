@@ -63,8 +63,8 @@ this process (each asks the kernel to kill it when its parent dies).
 
 Growth: with more ranks than cores a job's init is bound by the ranks' summed CPU, so the
 median init grows about as the job does, and how much more than that moves from run to run
-(the CPU a rank needs, and the machine's, vary by 10-30% between jobs minutes apart: more than a
-target such as "64 -> 128 ranks at most 2.2x" leaves). `--repeat R` runs the whole sweep R
+(a rank's CPU at one size read 3.9 to 6.1 ms here in jobs minutes apart: more than a target
+such as "64 -> 128 ranks at most 2.2x" leaves). `--repeat R` runs the whole sweep R
 times, the sizes in reverse order every other time, and ends with a table of each backend's
 growth from size to size: one ratio per repeat, their median, and the ratio of the sizes'
 medians over the repeats.
