@@ -34,6 +34,16 @@ def run_harness(args, env=None, timeout=100):
         pytest.fail(f"the harness did not finish within {timeout}s:\n{e.stdout}\n{e.stderr}")
 
 
+def _load_harness():
+    """The harness as a module, for its functions that need no ranks."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("scale_harness_under_test", HARNESS)
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    return harness
+
+
 def assert_no_rank_left(doc):
     # Every rank recorded its pid; the harness reaps its ranks before it exits, so none exists
     # any more (a leaked rank would be reparented and still answer signal 0).
@@ -114,11 +124,7 @@ def test_failing_ranks_are_reported_not_waited_for(tmp_path):
 def test_topology_share_is_set_the_same_way_before_every_railcc_job(tmp_path, monkeypatch):
     # Whether a job's ranks discover the topology or read a neighbour's must not depend on how
     # long ago the last railcc job ran: cold removes the shared files, warm refreshes them.
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("scale_harness_under_test", HARNESS)
-    harness = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(harness)
+    harness = _load_harness()
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     prefix = f"railcc-topo-{os.getuid()}-boot"
     share = [tmp_path / f"{prefix}.txt", tmp_path / f"{prefix}.xml"]
@@ -134,15 +140,6 @@ def test_topology_share_is_set_the_same_way_before_every_railcc_job(tmp_path, mo
     harness.set_topology_share("cold", args)
     assert not any(f.exists() for f in share)
     assert all(f.exists() for f in kept)
-
-
-def _load_harness():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("scale_harness_growth", HARNESS)
-    harness = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(harness)
-    return harness
 
 
 def test_growth_is_each_repeats_ratio_of_median_inits():
