@@ -144,7 +144,7 @@ def test_a_port_going_down_is_a_link_error_within_two_seconds(vm):
 
 
 def test_rendezvous_moves_large_messages_without_cpu_copies(vm):
-    """Issue 34: over verbs, broadcast, all_gather, all_to_all and send/recv of 4 and 64 MiB
+    """Issue 34: over verbs, broadcast, all_gather, all_to_all and send/recv of 4 and 40 MiB
     move their payload by RDMA READ straight from the sender's tensor into the receiver's: after
     a first call on the same tensors, the CPU copied only headers and addresses (a few hundred
     bytes), every registration came from the cache, and the all_reduce touched each byte once."""

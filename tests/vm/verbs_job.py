@@ -3,10 +3,11 @@ pretend to be on different hosts (RAILCC_HOST_ID), so every byte between them cr
 queue pair. torch is imported once and the ranks are forked from it: under emulation an
 import takes about a minute and a half.
 
-    python verbs_job.py OUT_DIR
+    python verbs_job.py OUT_DIR [AFTER_FILE]
 
-Writes OUT_DIR/<case>.json: per rank, the failures it saw (none when exact), its error, or
-how long it took to raise.
+With AFTER_FILE, the ranks start once that file exists (the transport's GoogleTests, run
+beside this import, are done). Writes OUT_DIR/<case>.json: per rank, the failures it saw
+(none when exact), its error, or how long it took to raise.
 """
 
 import json
@@ -28,6 +29,10 @@ import make_topologies  # noqa: E402
 import test_collectives as tc  # noqa: E402
 
 OUT = sys.argv[1]
+if len(sys.argv) > 2:
+    _until = time.monotonic() + 900
+    while not os.path.exists(sys.argv[2]) and time.monotonic() < _until:
+        time.sleep(0.5)
 SWEEP = [tc.rk_allreduce, tc.rk_reduce, tc.rk_reduce_scatter, tc.rk_allgather, tc.rk_broadcast, tc.rk_gather_scatter,
          tc.rk_alltoall, tc.rk_p2p, tc.rk_barrier_and_zero, tc.rk_coalesced, tc.rk_allreduce_large]
 
@@ -103,17 +108,19 @@ def shrunk_after_kill(rank, n):
 
 
 def zero_copy(rank, n):
-    """Rendezvous over verbs (issue 34): each op at 4 and 64 MiB twice on the same tensors (the
-    second finds their registrations cached), the second's transport counters recorded; then
-    buffers freed and allocated again (at the same address where the allocator hands it back)
-    and all-gathered, which must carry the new bytes."""
+    """Rendezvous over verbs (issue 34): each op at 4 and 40 MiB twice on the same tensors (the
+    second finds their registrations cached), the second's transport counters recorded; 40 MiB
+    is 20 MiB on each of a pair's two channels, read in more than one 16 MiB piece (every MiB
+    costs seconds under emulation, so no more than that). Then buffers freed and allocated
+    again (at the same address where the allocator hands it back) and all-gathered, which must
+    carry the new bytes."""
     out = {"ops": {}, "bad": [], "addrs": []}
     peer = 1 - rank
 
     def val(r, count, salt=0):
         return torch.arange(count, dtype=torch.float32) * (r + 2) + salt
 
-    for mib in (4, 64):
+    for mib in (4, 40):
         count = mib << 18
         mine = val(rank, count)
         cases = {}
