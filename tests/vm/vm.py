@@ -5,6 +5,7 @@ emulation, no disk image) with Soft-RoCE (rdma_rxe) on a veth pair.
     ok, why = vm_available()
     res = run_in_vm("python -m railcc doctor --json > $OUT/doctor.json", tmp_path, rails=2)
     res.rc, res.log, res.out_dir
+    vm = start_vm(script, tmp_path, rails=2, nice=19)  # returns at once; vm.finish(timeout) waits
 
 The VM sees this machine's root read-only through virtio-9p, so the same Python, torch and
 railcc run inside it; a writable share is the job's $OUT. Inside, each rail is a veth pair
@@ -13,10 +14,12 @@ unlimited, and the script runs as root in a chroot of the host root. Needs the p
 qemu-system-x86, linux-image-amd64, busybox-static, rdma-core (scripts/install.sh installs them).
 """
 
+import ctypes
 import glob
 import gzip
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 # Loaded in this order in the initrd, to mount the host's root over virtio-9p.
 _INITRD_MODULES = ["virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci",
                    "netfs", "fscache", "9pnet", "9pnet_virtio", "9p"]
-_OUT_IN_VM = "/tmp/railcc-vm-out"
+SHARE_IN_VM = "/tmp/railcc-vm-out"
 # This checkout, shared on its own: it may sit under /tmp, which the VM covers with a tmpfs.
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -84,9 +87,9 @@ mount -t proc proc /host/proc; mount -t sysfs sys /host/sys; mount -t devtmpfs d
 mkdir -p /host/dev/shm; mount -t tmpfs -o size=1g shm /host/dev/shm
 mount -t tmpfs tmp /host/tmp; mount -t tmpfs run /host/run
 mkdir -p "/host{_REPO}"; mount -t 9p -o trans=virtio,version=9p2000.L,ro repo "/host{_REPO}"
-mkdir -p /host{_OUT_IN_VM}; mount -t 9p -o trans=virtio,version=9p2000.L work /host{_OUT_IN_VM}
-chroot /host /bin/sh {_OUT_IN_VM}/job.sh > /host{_OUT_IN_VM}/job.log 2>&1
-echo $? > /host{_OUT_IN_VM}/job.rc
+mkdir -p /host{SHARE_IN_VM}; mount -t 9p -o trans=virtio,version=9p2000.L work /host{SHARE_IN_VM}
+chroot /host /bin/sh {SHARE_IN_VM}/job.sh > /host{SHARE_IN_VM}/job.log 2>&1
+echo $? > /host{SHARE_IN_VM}/job.rc
 sync
 poweroff -f
 """
@@ -104,7 +107,7 @@ poweroff -f
 
 def _job(script, rails):
     lines = ["set -e", "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-             f"export OUT={_OUT_IN_VM}/out HOME=/tmp PYTHONDONTWRITEBYTECODE=1",
+             f"export OUT={SHARE_IN_VM}/out HOME=/tmp PYTHONDONTWRITEBYTECODE=1",
              f"export PYTHONPATH='{_REPO}/python'${{PYTHONPATH:+:$PYTHONPATH}}", 'mkdir -p "$OUT"',
              # crc32 first: the kernel cannot auto-load it from inside the chroot, and rxe needs it.
              "modprobe crc32_generic; modprobe crc32_pclmul 2>/dev/null || true",
@@ -118,9 +121,41 @@ def _job(script, rails):
     return "\n".join(lines) + "\n"
 
 
-def run_in_vm(script, workdir, rails=1, timeout=300, memory_mb=3072, env=None):
-    """Boots the VM, runs `script` (sh) inside after setting up `rails` rxe devices, and
-    returns a VmResult. `env` adds exported variables."""
+class Vm:
+    """A VM booted by start_vm(), running its script; finish() waits for it."""
+
+    def __init__(self, proc, share, console):
+        self.proc = proc
+        self.share = share  # the script's directory, /tmp/railcc-vm-out inside
+        self.console = console  # the serial console's file (a file: nobody may read a pipe for minutes)
+
+    def finish(self, timeout):
+        """Waits up to `timeout` s for the VM to power off (kills it then) and returns a VmResult."""
+        note = ""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            note = f"railcc-vm: timed out after {timeout}s\n"
+        with open(self.console, errors="replace") as f:
+            console = note + f.read()
+        share = self.share
+        rc_path, log_path = os.path.join(share, "job.rc"), os.path.join(share, "job.log")
+        rc = int(open(rc_path).read().strip() or -1) if os.path.exists(rc_path) else -1
+        log = open(log_path, errors="replace").read() if os.path.exists(log_path) else ""
+        return VmResult(rc, log, console, os.path.join(share, "out"))
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_vm(script, workdir, rails=1, memory_mb=3072, env=None, nice=0):
+    """Boots the VM, which runs `script` (sh) inside after setting up `rails` rxe devices, and
+    returns a Vm at once. `env` adds exported variables; `nice` > 0 runs the emulator at that
+    lower CPU priority (all its threads), so it takes only what other work leaves idle."""
     kernel, ver = _kernel()
     workdir = str(workdir)
     share = tempfile.mkdtemp(prefix="share-", dir=workdir)
@@ -133,16 +168,21 @@ def run_in_vm(script, workdir, rails=1, timeout=300, memory_mb=3072, env=None):
            "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
            "-virtfs", f"local,path={_REPO},mount_tag=repo,security_model=none,readonly=on,multidevs=remap",
            "-virtfs", f"local,path={share},mount_tag=work,security_model=none,multidevs=remap"]
-    try:
-        p = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
-        console = p.stdout + p.stderr
-    except subprocess.TimeoutExpired as e:
-        console = f"railcc-vm: timed out after {timeout}s\n" + ((e.stdout or b"").decode(errors="replace")
-                                                               if isinstance(e.stdout, bytes) else (e.stdout or ""))
-    rc_path, log_path = os.path.join(share, "job.rc"), os.path.join(share, "job.log")
-    rc = int(open(rc_path).read().strip() or -1) if os.path.exists(rc_path) else -1
-    log = open(log_path, errors="replace").read() if os.path.exists(log_path) else ""
-    return VmResult(rc, log, console, os.path.join(share, "out"))
+    def child():  # the emulator dies with this process: a VM started early must not outlive its session
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if nice > 0:
+            os.nice(nice)
+
+    console = os.path.join(workdir, "console.txt")
+    with open(console, "w") as out:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, preexec_fn=child)
+    return Vm(proc, share, console)
+
+
+def run_in_vm(script, workdir, rails=1, timeout=300, memory_mb=3072, env=None):
+    """Boots the VM, runs `script` (sh) inside after setting up `rails` rxe devices, and
+    returns a VmResult. `env` adds exported variables."""
+    return start_vm(script, workdir, rails, memory_mb, env).finish(timeout)
 
 
 if __name__ == "__main__":  # python tests/vm/vm.py 'ibv_devices; rdma link'
