@@ -9,7 +9,10 @@ timeout kills the pool, so a hang fails one test instead of hanging CI.
 The ranks are forked from multiprocessing's fork server, a clean single-threaded process that
 imported torch once: a spawned rank would import it again (about 2 s of CPU each, the larger part
 of starting a pool on two cores). Each rank gets this process's environment as it is when the
-pool starts, as a spawned one would, and imports railcc itself.
+pool starts, as a spawned one would, and imports railcc itself. What the server set up at its own
+start stays the server's for the session: torch's import-time variables (a rank reads
+TORCH_DISTRIBUTED_DEBUG again; no other is passed to a pool today), the interpreter's start-up
+variables (PYTHONHASHSEED: every rank has the server's), limits, affinity and namespaces.
 """
 
 import importlib

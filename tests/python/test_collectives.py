@@ -926,9 +926,15 @@ def test_device_map_string(pools):
     check(pools(2, backend="cpu:railcc"), rk_barrier_and_zero)
 
 
+def rk_debug_level(rank, n):
+    # torch reads the variable at import, which in a pool's rank was in the fork server.
+    return [] if dist.get_debug_level() == dist.DebugLevel.DETAIL else [f"debug level {dist.get_debug_level()}"]
+
+
 def test_debug_detail_wrapper(pools):
     # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps the backend and checks sequence numbers and
     # shapes with extra collectives on every call.
+    check(pools(2, TORCH_DISTRIBUTED_DEBUG="DETAIL"), rk_debug_level)
     check(pools(2, TORCH_DISTRIBUTED_DEBUG="DETAIL"), rk_seqnum)
     check(pools(2, TORCH_DISTRIBUTED_DEBUG="DETAIL"), rk_async_futures)
 

@@ -146,6 +146,21 @@ class Vm:
         log = open(log_path, errors="replace").read() if os.path.exists(log_path) else ""
         return VmResult(rc, log, console, os.path.join(share, "out"))
 
+    def renice(self, nice=0):
+        """Every thread of the emulator at `nice` (raising a priority needs root or RLIMIT_NICE);
+        False where one could not be."""
+        ok = True
+        try:
+            tids = os.listdir(f"/proc/{self.proc.pid}/task")
+        except OSError:
+            return False
+        for tid in tids:
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+            except OSError:  # gone, or not allowed
+                ok = False
+        return ok
+
     def kill(self):
         if self.proc.poll() is None:
             self.proc.kill()
@@ -168,8 +183,12 @@ def start_vm(script, workdir, rails=1, memory_mb=3072, env=None, nice=0):
            "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
            "-virtfs", f"local,path={_REPO},mount_tag=repo,security_model=none,readonly=on,multidevs=remap",
            "-virtfs", f"local,path={share},mount_tag=work,security_model=none,multidevs=remap"]
+    prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()  # looked up before the fork
+
     def child():  # the emulator dies with this process: a VM started early must not outlive its session
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # this process died before that took effect
+            os._exit(1)
         if nice > 0:
             os.nice(nice)
 
