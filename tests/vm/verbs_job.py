@@ -6,8 +6,9 @@ import takes about a minute and a half.
     python verbs_job.py OUT_DIR [AFTER_FILE]
 
 With AFTER_FILE, the ranks start once that file exists (the transport's GoogleTests, run
-once the host says go, whether or not this import is over, are done). Writes OUT_DIR/<case>.json: per rank, the failures it saw
-(none when exact), its error, or how long it took to raise.
+once the host says go, whether or not this import is over, are done). Writes
+OUT_DIR/<case>.json: per rank, the failures it saw (none when exact), its error, or how long
+it took to raise.
 """
 
 import json

@@ -15,6 +15,7 @@ qemu-system-x86, linux-image-amd64, busybox-static, rdma-core (scripts/install.s
 """
 
 import ctypes
+import functools
 import glob
 import gzip
 import os
@@ -41,6 +42,7 @@ def _kernel():
     return k, k.split("vmlinuz-", 1)[1]
 
 
+@functools.lru_cache(maxsize=None)  # asked by each test module and the session's early boot
 def vm_available():
     """(True, "") when a Soft-RoCE VM can boot here, else (False, why)."""
     for tool in ("qemu-system-x86_64", "busybox"):
@@ -147,19 +149,17 @@ class Vm:
         return VmResult(rc, log, console, os.path.join(share, "out"))
 
     def renice(self, nice=0):
-        """Every thread of the emulator at `nice` (raising a priority needs root or RLIMIT_NICE);
-        False where one could not be."""
-        ok = True
+        """Every thread of the emulator at `nice`, where allowed (raising a priority needs root
+        or RLIMIT_NICE; otherwise the threads keep theirs)."""
         try:
             tids = os.listdir(f"/proc/{self.proc.pid}/task")
-        except OSError:
-            return False
+        except OSError:  # exited
+            return
         for tid in tids:
             try:
                 os.setpriority(os.PRIO_PROCESS, int(tid), nice)
             except OSError:  # gone, or not allowed
-                ok = False
-        return ok
+                pass
 
     def kill(self):
         if self.proc.poll() is None:
