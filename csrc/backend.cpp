@@ -207,6 +207,11 @@ ProcessGroupRailcc::ProcessGroupRailcc(const c10::intrusive_ptr<c10d::Store>& st
   o.timeout = timeout;
   o.storeKeepAlive = store_;
   o.config = configFromEnv();
+  if (const char* l = std::getenv("LOCAL_WORLD_SIZE")) {  // torchrun's ranks per host: a hint, ignored unless sane
+    char* end = nullptr;
+    const long v = std::strtol(l, &end, 10);
+    if (end != l && *end == '\0' && v > 0 && v <= (1 << 20)) o.ranksPerHostHint = static_cast<int>(v);
+  }
   comm_ = guard("init", [&] { return std::make_unique<engine::Communicator>(*store_, o); });
   init();
 }

@@ -515,6 +515,7 @@ void CommImpl::bootstrap(Store& store) {
   for (size_t i = 0; i < children.size(); ++i)
     placed.append(HostMap::decode(parts[i], "railcc init of group '" + opts_.name + "': " + rankName(children[i])));
   if (size_ > 1) store.set("place/" + std::to_string(rank_), placed.encode());
+  discoverEarly();  // the topology, while the placement gathers (placement.cpp)
   if (rank_ != 0) {
     placed = HostMap::decode(placement({0}).front(), "railcc init of group '" + opts_.name + "': rank 0");
     secret = getFrom("secret", 0, "group secret");

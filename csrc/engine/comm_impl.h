@@ -504,8 +504,8 @@ class CommImpl : private ChannelHost {
  private:
   void bootstrap(Store& store);
   bool hostSharesCores_ = false;  // this machine's ranks of the group outnumber the CPUs they may run on
-  // placement.cpp: this rank's NIC and rail from the topology (logged at INFO once per
-  // process), and rank 0's check that the hosts agree on their rails.
+  // placement.cpp: this rank's NIC and rail from the topology (logged at INFO once per process;
+  // read early where the group spans hosts), and rank 0's check that the hosts agree on rails.
   struct RailPlace {
     int rail = -1;                     // -1: unknown (one host, no topology, no NIC)
     std::string nic;                   // "mlx5_1"
@@ -515,6 +515,7 @@ class CommImpl : private ChannelHost {
     std::vector<transport::GpuNicPath> gpuNics;  // for the GPUDirect RDMA decisions
   };
   RailPlace placeRank();
+  void discoverEarly();
   void checkRails(std::vector<std::string> lines, const std::vector<int>& heads, Clock::time_point deadline);
   using GetFrom = std::function<std::string(const std::string& key, int rank, const char* what)>;
   using GetAll = std::function<std::vector<std::string>(const std::string& prefix, const std::vector<int>& ranks,
@@ -596,5 +597,4 @@ class CommImpl : private ChannelHost {
   std::exception_ptr brokenError() const;
   [[noreturn]] void peerFailed(int peer, const std::string& detail) override;
 };
-
 }  // namespace railcc::engine

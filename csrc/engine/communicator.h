@@ -80,6 +80,10 @@ struct CommOptions {
   /// Optional owner of the store, so that a watchdog thread stuck in an unreachable store can
   /// outlive the communicator (it is then left behind at shutdown instead of joined).
   std::shared_ptr<Store> storeKeepAlive;
+  /// Ranks per host as the launcher tells them (torchrun's LOCAL_WORLD_SIZE); 0: not told. A
+  /// group larger than that spans hosts, so its topology is read while set-up still waits for
+  /// the other ranks' records instead of after (CommImpl::discoverEarly).
+  int ranksPerHostHint = 0;
 };
 
 /// What one peer told us about itself at bootstrap.

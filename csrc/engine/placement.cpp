@@ -30,7 +30,8 @@ struct Discovered {
   std::string error;
 };
 
-Discovered discoverOnce(const std::string& file, const std::string& hwlocLib, int64_t shareSec) {
+// `wait` false: where another process of the machine is discovering, nothing (not cached).
+Discovered discoverOnce(const std::string& file, const std::string& hwlocLib, int64_t shareSec, bool wait = true) {
   static std::mutex mu;
   static std::map<std::string, Discovered> cache;
   std::lock_guard<std::mutex> g(mu);
@@ -42,8 +43,11 @@ Discovered discoverOnce(const std::string& file, const std::string& hwlocLib, in
     o.xmlFile = file;
     o.hwlocLib = hwlocLib;
     const char* tmp = std::getenv("TMPDIR");
-    d.topo = std::make_shared<const topology::Topology>(
-        topology::discoverShared(o, tmp && *tmp ? tmp : "/tmp", shareSec));
+    const std::string dir = tmp && *tmp ? tmp : "/tmp";
+    topology::Topology t;
+    if (wait) t = topology::discoverShared(o, dir, shareSec);
+    else if (!topology::discoverSharedNow(o, dir, shareSec, t)) return d;
+    d.topo = std::make_shared<const topology::Topology>(std::move(t));
   } catch (const std::exception& e) {
     d.error = e.what();
   }
@@ -80,6 +84,19 @@ std::map<std::string, std::string> fields(const std::string& line) {
 }
 
 }  // namespace
+
+// While set-up waits for rank 0's placement record, a group that spans hosts by the launcher's
+// word (more ranks than it puts on a host) reads the machine's topology, which placeRank would
+// otherwise wait for after it: where none is shared yet, the first rank of the machine to get
+// here discovers, so its discovery overlaps the store rendezvous instead of adding to it (the
+// machine's other ranks, 7 of 8 on a GPU host, waited for it idle). A rank that finds another
+// process discovering goes on; placeRank waits for that file as before. Not done where the
+// group may be one host: there placeRank needs no topology at all.
+void CommImpl::discoverEarly() {
+  const Config& cfg = opts_.config;
+  if (opts_.ranksPerHostHint > 0 && size_ > opts_.ranksPerHostHint)
+    discoverOnce(cfg.topoFile, cfg.hwlocLib, cfg.topoShareSec, false);
+}
 
 CommImpl::RailPlace CommImpl::placeRank() {
   const Config& cfg = opts_.config;

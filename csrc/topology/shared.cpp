@@ -103,39 +103,51 @@ bool loadEither(const DiscoverOptions& opts, const std::string& base, int64_t ma
   return loadCompact(opts, base + ".txt", maxAgeSec, topo) || loadShared(opts, base + ".xml", maxAgeSec, topo);
 }
 
-}  // namespace
-
-Topology discoverShared(const DiscoverOptions& opts, const std::string& dir, int64_t maxAgeSec) {
-  if (!opts.xmlFile.empty() || opts.sysfs || maxAgeSec <= 0 || dir.empty()) return discover(opts);
+// discoverShared, or with `wait` false (discoverSharedNow) false at once, nothing done, where
+// another process holds the lock: it is discovering, and its file will serve later.
+bool shared(const DiscoverOptions& opts, const std::string& dir, int64_t maxAgeSec, bool wait, Topology& topo) {
+  if (!opts.xmlFile.empty() || opts.sysfs || maxAgeSec <= 0 || dir.empty()) {
+    topo = discover(opts);
+    return true;
+  }
   const std::string boot = bootId();
-  if (boot.empty()) return discover(opts);
+  if (boot.empty()) {
+    topo = discover(opts);
+    return true;
+  }
   const std::string base = dir + "/railcc-topo-" + std::to_string(getuid()) + "-" + boot;
   const std::string xmlPath = base + ".xml", compactPath = base + ".txt";
   // A fresh file is read without the lock: it was renamed into place whole, and readers that
   // queued for the lock one after another cost 32 ranks here 40-270 ms each.
-  Topology topo;
-  if (loadEither(opts, base, maxAgeSec, topo)) return topo;
+  if (loadEither(opts, base, maxAgeSec, topo)) return true;
   int lock = ::open((base + ".lock").c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   struct stat st {};
   if (lock >= 0 && (fstat(lock, &st) != 0 || st.st_uid != getuid())) {  // someone else's: not ours to trust
     ::close(lock);
     lock = -1;
   }
-  if (lock < 0) return discover(opts);
+  if (lock < 0) {
+    topo = discover(opts);
+    return true;
+  }
   // One process discovers while the others wait for its file; a holder that takes longer
   // than 10 s (hwloc stuck on a device) costs the others a discovery of their own, not a hang.
   // While waiting, the file is looked for without the lock too: waiters that took the lock in
   // turn only to read the file queued behind each other (64 ranks on 2 cores: up to 1.1 s for
   // a 38 ms discovery). The waits grow from 1 ms to 16 ms, to leave the cores to the discovery.
-  bool locked = false;
+  bool locked = ::flock(lock, LOCK_EX | LOCK_NB) == 0;
+  if (!locked && !wait) {
+    ::close(lock);
+    return false;
+  }
   auto nap = std::chrono::milliseconds(1);
   for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-       !(locked = ::flock(lock, LOCK_EX | LOCK_NB) == 0) && std::chrono::steady_clock::now() < until;) {
+       !locked && std::chrono::steady_clock::now() < until; locked = ::flock(lock, LOCK_EX | LOCK_NB) == 0) {
     std::this_thread::sleep_for(nap);
     nap = std::min(nap * 2, std::chrono::milliseconds(16));
     if (loadEither(opts, base, maxAgeSec, topo)) {
       ::close(lock);
-      return topo;
+      return true;
     }
   }
   // The holder before us has most likely just written it.
@@ -158,7 +170,19 @@ Topology discoverShared(const DiscoverOptions& opts, const std::string& dir, int
   }
   if (locked) ::flock(lock, LOCK_UN);
   ::close(lock);
+  return true;
+}
+
+}  // namespace
+
+Topology discoverShared(const DiscoverOptions& opts, const std::string& dir, int64_t maxAgeSec) {
+  Topology topo;
+  shared(opts, dir, maxAgeSec, true, topo);
   return topo;
+}
+
+bool discoverSharedNow(const DiscoverOptions& opts, const std::string& dir, int64_t maxAgeSec, Topology& topo) {
+  return shared(opts, dir, maxAgeSec, false, topo);
 }
 
 }  // namespace railcc::topology

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -394,6 +395,44 @@ TEST(Topology, ProcessesOfOneMachineShareOneDiscovery) {
   EXPECT_NE(stat(xmlPath.c_str(), &st), 0);
   EXPECT_NE(stat(compactPath.c_str(), &st), 0);
 
+  EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+}
+
+// discoverSharedNow (set-up's early read of the topology): while another process holds the
+// machine's lock it is discovering, so the call returns false at once with nothing written, and
+// later calls wait for nobody; once the lock is free it discovers (and shares) or reads the share.
+TEST(Topology, AnEarlyReadLeavesTheDiscoveryToTheProcessAtIt) {
+  char tmpl[] = "/tmp/railcc-topo-test-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(boot, id);
+  const std::string base = dir + "/railcc-topo-" + std::to_string(getuid()) + "-" + id;
+  int held = ::open((base + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX | LOCK_NB), 0);  // "another process" (its own open file)
+  DiscoverOptions o;
+  Topology t;
+  t.hostname = "untouched";
+  EXPECT_FALSE(discoverSharedNow(o, dir, 60, t));
+  EXPECT_EQ(t.hostname, "untouched");
+  struct stat st {};
+  EXPECT_NE(stat((base + ".txt").c_str(), &st), 0);
+  ::flock(held, LOCK_UN);
+  ::close(held);
+
+  Topology first;
+  ASSERT_TRUE(discoverSharedNow(o, dir, 60, first));
+  if (first.method != "hwloc") {
+    EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+    GTEST_SKIP() << "hwloc does not load here: " << first.source;
+  }
+  EXPECT_EQ(first.source.find("shared"), std::string::npos) << first.source;
+  Topology second;
+  ASSERT_TRUE(discoverSharedNow(o, dir, 60, second));
+  EXPECT_NE(second.source.find("shared through " + base + ".txt"), std::string::npos) << second.source;
+  EXPECT_EQ(second.nics.size(), first.nics.size());
   EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
 }
 

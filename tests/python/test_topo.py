@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -217,3 +218,47 @@ def test_all_ranks_names_a_malformed_rail_line_and_still_gives_a_verdict(line, w
                     env=_torchrun_env(store.port))
     assert_one_line_error(r, 1, *words)
     assert store.get("railcc-topo/careless/verdict") == b"1"  # rank 1 is not left waiting for its timeout
+
+
+def _share_files(d):
+    return sorted(f for f in os.listdir(d) if f.startswith(f"railcc-topo-{os.getuid()}-") and not f.endswith(".lock"))
+
+
+@pytest.mark.timeout(180)
+def test_a_job_across_hosts_reads_the_topology_while_its_ranks_gather(tmp_path):
+    """Ranks of a group larger than torchrun's LOCAL_WORLD_SIZE read the machine's topology while
+    set-up waits for the other ranks' records: ranks 1 and 2 (fake hosts) leave the machine's
+    shared discovery behind before rank 0 has even started. Where LOCAL_WORLD_SIZE says one host
+    could hold the group, nothing is read until the placement shows other hosts."""
+    import harness
+
+    if "this machine (hwloc" not in topo().stdout:
+        pytest.skip("hwloc does not load here: no shared discovery to watch")
+    for case, per_host in (("across", "1"), ("maybe-one-host", "3")):
+        share = tmp_path / case
+        share.mkdir()
+        store = str(tmp_path / f"store-{case}")
+
+        def env(r):
+            return {"TMPDIR": str(share), "RAILCC_HOST_ID": f"h{r}", "LOCAL_WORLD_SIZE": per_host,
+                    "RAILCC_SOCKET_IFNAME": "lo", "RAILCC_INIT_TIMEOUT": "60"}
+
+        early = [harness.spawn_worker(r, 3, store, env(r), args=("--ops", "1")) for r in (1, 2)]
+        try:
+            deadline = time.monotonic() + (60 if per_host == "1" else 5)
+            while not _share_files(share) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            before = _share_files(share)
+            late = harness.spawn_worker(0, 3, store, env(0), args=("--ops", "1"))
+            results = [harness.worker_result(p, 90) for p in (*early, late)]
+        finally:
+            for p in early:
+                p.kill()
+        for res, err in results:
+            assert res["ok"], (res, err[-2000:])
+        after = _share_files(share)
+        if per_host == "1":
+            assert before, "no shared topology before rank 0 started: ranks 1 and 2 did not read it early"
+        else:
+            assert not before, f"{before}: read early though LOCAL_WORLD_SIZE=3 lets one host hold the group"
+        assert after, "the job across fake hosts left no shared topology"
