@@ -103,8 +103,9 @@ bool loadEither(const DiscoverOptions& opts, const std::string& base, int64_t ma
   return loadCompact(opts, base + ".txt", maxAgeSec, topo) || loadShared(opts, base + ".xml", maxAgeSec, topo);
 }
 
-// discoverShared, or with `wait` false (discoverSharedNow) false at once, nothing done, where
-// another process holds the lock: it is discovering, and its file will serve later.
+// discoverShared, or with `wait` false (discoverSharedNow) false at once where another process
+// holds the lock: it is discovering, and its file will serve later (`topo` may then hold what
+// an unusable file left in it).
 bool shared(const DiscoverOptions& opts, const std::string& dir, int64_t maxAgeSec, bool wait, Topology& topo) {
   if (!opts.xmlFile.empty() || opts.sysfs || maxAgeSec <= 0 || dir.empty()) {
     topo = discover(opts);

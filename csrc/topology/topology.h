@@ -76,8 +76,9 @@ Topology discover(const DiscoverOptions& opts);
 /// hwloc where `opts` names no GPUs), the rest load it. An XML file named in `opts`, sysfs,
 /// `maxAgeSec` <= 0 or an empty `dir`: plain discover(). Throws as discover() does.
 Topology discoverShared(const DiscoverOptions& opts, const std::string& dir, int64_t maxAgeSec);
-/// The same, except that where another process is discovering it returns false at once, with
-/// nothing done, rather than wait for its file; true with `out` set otherwise.
+/// The same, except that where another process is discovering it returns false at once rather
+/// than wait for its file (nothing discovered or written; `out` is then not to be used); true
+/// with `out` set otherwise.
 bool discoverSharedNow(const DiscoverOptions& opts, const std::string& dir, int64_t maxAgeSec, Topology& out);
 /// The topology as a few lines of text and back (compact.cpp): what discoverShared leaves for
 /// the processes after the first, read without loading hwloc. encodeCompact returns "" for a
