@@ -107,15 +107,13 @@ bool loadEither(const DiscoverOptions& opts, const std::string& base, int64_t ma
 // holds the lock: it is discovering, and its file will serve later (`topo` may then hold what
 // an unusable file left in it).
 bool shared(const DiscoverOptions& opts, const std::string& dir, int64_t maxAgeSec, bool wait, Topology& topo) {
-  if (!opts.xmlFile.empty() || opts.sysfs || maxAgeSec <= 0 || dir.empty()) {
+  auto ownDiscovery = [&] {
     topo = discover(opts);
     return true;
-  }
+  };
+  if (!opts.xmlFile.empty() || opts.sysfs || maxAgeSec <= 0 || dir.empty()) return ownDiscovery();
   const std::string boot = bootId();
-  if (boot.empty()) {
-    topo = discover(opts);
-    return true;
-  }
+  if (boot.empty()) return ownDiscovery();
   const std::string base = dir + "/railcc-topo-" + std::to_string(getuid()) + "-" + boot;
   const std::string xmlPath = base + ".xml", compactPath = base + ".txt";
   // A fresh file is read without the lock: it was renamed into place whole, and readers that
@@ -127,10 +125,7 @@ bool shared(const DiscoverOptions& opts, const std::string& dir, int64_t maxAgeS
     ::close(lock);
     lock = -1;
   }
-  if (lock < 0) {
-    topo = discover(opts);
-    return true;
-  }
+  if (lock < 0) return ownDiscovery();
   // One process discovers while the others wait for its file; a holder that takes longer
   // than 10 s (hwloc stuck on a device) costs the others a discovery of their own, not a hang.
   // While waiting, the file is looked for without the lock too: waiters that took the lock in

@@ -320,6 +320,14 @@ TEST(RailCheck, AHostileRailCountIsReportedNotAllocated) {
 
 namespace {
 
+// Where discoverShared keeps a machine's share in `dir`, less the extension.
+std::string shareBase(const std::string& dir) {
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(boot, id);
+  return dir + "/railcc-topo-" + std::to_string(getuid()) + "-" + id;
+}
+
 // Without hwloc (the GPU images may lack it) the topology comes from sysfs, and says so.
 // discoverShared: the second process of a machine reads the first one's compact file (the
 // XML where GPUs are named, or the compact file is unusable); files that are neither, or
@@ -334,10 +342,7 @@ TEST(Topology, ProcessesOfOneMachineShareOneDiscovery) {
     GTEST_SKIP() << "hwloc does not load here: " << first.source;
   }
   EXPECT_EQ(first.source.find("shared"), std::string::npos) << first.source;
-  std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(boot, id);
-  const std::string base = dir + "/railcc-topo-" + std::to_string(getuid()) + "-" + id;
+  const std::string base = shareBase(dir);
   const std::string xmlPath = base + ".xml", compactPath = base + ".txt";
   struct stat st {};
   for (const std::string& path : {xmlPath, compactPath}) {
@@ -405,10 +410,7 @@ TEST(Topology, AnEarlyReadLeavesTheDiscoveryToTheProcessAtIt) {
   char tmpl[] = "/tmp/railcc-topo-test-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
-  std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(boot, id);
-  const std::string base = dir + "/railcc-topo-" + std::to_string(getuid()) + "-" + id;
+  const std::string base = shareBase(dir);
   int held = ::open((base + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   ASSERT_GE(held, 0);
   ASSERT_EQ(::flock(held, LOCK_EX | LOCK_NB), 0);  // "another process" (its own open file)

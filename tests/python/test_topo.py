@@ -243,16 +243,16 @@ def test_a_job_across_hosts_reads_the_topology_while_its_ranks_gather(tmp_path):
             return {"TMPDIR": str(share), "RAILCC_HOST_ID": f"h{r}", "LOCAL_WORLD_SIZE": per_host,
                     "RAILCC_SOCKET_IFNAME": "lo", "RAILCC_INIT_TIMEOUT": "60"}
 
-        early = [harness.spawn_worker(r, 3, store, env(r), args=("--ops", "1")) for r in (1, 2)]
+        ranks = [harness.spawn_worker(r, 3, store, env(r), args=("--ops", "1")) for r in (1, 2)]
         try:
             deadline = time.monotonic() + (60 if per_host == "1" else 5)
             while not _share_files(share) and time.monotonic() < deadline:
                 time.sleep(0.05)
             before = _share_files(share)
-            late = harness.spawn_worker(0, 3, store, env(0), args=("--ops", "1"))
-            results = [harness.worker_result(p, 90) for p in (*early, late)]
+            ranks.append(harness.spawn_worker(0, 3, store, env(0), args=("--ops", "1")))
+            results = [harness.worker_result(p, 90) for p in ranks]
         finally:
-            for p in early:
+            for p in ranks:  # none left running when a result never came
                 p.kill()
         for res, err in results:
             assert res["ok"], (res, err[-2000:])
