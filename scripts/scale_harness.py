@@ -68,6 +68,12 @@ such as "64 -> 128 ranks at most 2.2x" leaves). `--repeat R` runs the whole swee
 times, the sizes in reverse order every other time, and ends with a table of each backend's
 growth from size to size: one ratio per repeat, their median, and the ratio of the sizes'
 medians over the repeats.
+
+The machine: each job also reads /proc/stat at the start clock and once every rank is
+initialised, and says how the machine's CPUs spent that window (user, kernel, idle, and the time
+the hypervisor gave to other guests, "stolen"). A job whose window was partly stolen ran on less
+machine than its neighbours in the sweep; the growth table lists the larger steal of each
+repeat's two jobs beside its ratio.
 """
 
 import gc
@@ -487,6 +493,8 @@ class Job:
         self.killed = []
         self.problems = []
         self.mem_available_gib = None  # the machine's MemAvailable once every rank had initialised
+        self.machine = None  # what the machine's CPUs did from the start clock to every rank initialised
+        self._stat_go = None
 
     def run(self):
         job = {"nranks": self.nranks, "per_host": self.per_host, "backend": self.backend,
@@ -566,6 +574,9 @@ class Job:
             while phases and store.add(phases[0][0], 0) >= self.nranks:
                 if phases[0][1] == "measure":  # every rank is initialised: how much room is left
                     self.mem_available_gib = _mem_available_gib()
+                    self.machine = _machine_share(self._stat_go, _cpu_ticks())
+                if phases[0][1] == "go":
+                    self._stat_go = _cpu_ticks()
                 # the start clock's value is the time it was given
                 store.set(phases[0][1], repr(time.monotonic()))
                 phases.pop(0)
@@ -622,7 +633,7 @@ class Job:
         ok = not errors and len(ranks) == self.nranks
         return {
             "backend": self.backend, "nranks": self.nranks, "per_host": self.per_host, "ok": ok,
-            "wall_s": wall_s, "mem_available_gib": self.mem_available_gib, "errors": {str(r): e for r, e in sorted(errors.items())},
+            "wall_s": wall_s, "mem_available_gib": self.mem_available_gib, "machine": self.machine, "errors": {str(r): e for r, e in sorted(errors.items())},
             "killed": sorted(self.killed), "problems": self.problems,
             "rank_output": [{"line": k, "ranks": v} for k, v in sorted(lines.items(), key=lambda kv: -kv[1])],
             "ranks": sorted(ranks, key=lambda d: d["rank"]),
@@ -643,6 +654,33 @@ def _shm_per_host(ranks):
     order = sorted(per_host, key=lambda h: int(h[1:]))  # h0, h1, ..., h10 in number order
     return {h: {"segments": len(per_host[h]), "mib": sum(per_host[h].values()) / 2**20,
                 "reserved_mib": sum(reserved[h].values()) / 2**20 if reserved[h] else None} for h in order}
+
+
+def _cpu_ticks():
+    """(monotonic seconds, the machine's CPU time so far by kind, in clock ticks) from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    return time.monotonic(), {"user": v[0] + v[1], "sys": v[2] + v[5] + v[6], "idle": v[3] + v[4], "steal": v[7]}
+
+
+def _machine_share(before, after):
+    """What the machine's CPUs did between two _cpu_ticks readings, as shares of their time (a
+    rank's CPU for the same work moves with what else the machine does: time the hypervisor gave
+    another guest is neither the job's nor idle)."""
+    if before is None or after is None:
+        return None
+    d = {k: after[1][k] - before[1][k] for k in after[1]}
+    total = sum(d.values())
+    share = {f"{k}_pct": (100.0 * v / total if total else 0.0) for k, v in d.items()}
+    return {"window_ms": (after[0] - before[0]) * 1e3, "ticks": total, **share}
+
+
+def _machine_text(m):
+    if not m:
+        return "the machine's CPU time not read"
+    return (f"the machine's CPUs from the start clock to every rank initialised ({m['window_ms']:.0f} ms, "
+            f"{m['ticks']} ticks): user {m['user_pct']:.0f}%, kernel {m['sys_pct']:.0f}%, idle {m['idle_pct']:.0f}%, "
+            f"stolen by the hypervisor {m['steal_pct']:.0f}%")
 
 
 def _mem_available_gib():
@@ -755,12 +793,14 @@ def growth_rows(runs):
     """Each backend's median init at one size over the next smaller size of the sweep, per
     placement: one ratio per repeat (jobs of one repeat ran minutes apart at most) and their
     median, and the ratio of the sizes' medians over the repeats."""
-    med = {}
+    med, stolen = {}, {}
     for r in runs:
         if r["ok"]:  # every rank measured
             key = (r["backend"], r["per_host"])
             med.setdefault(key, {}).setdefault(r["nranks"], {})[r.get("repeat", 0)] = statistics.median(
                 d["init_ms"] for d in r["ranks"])
+            m = r.get("machine")
+            stolen.setdefault(key, {}).setdefault(r["nranks"], {})[r.get("repeat", 0)] = m["steal_pct"] if m else None
     rows = []
     for (backend, k), by_n in med.items():
         sizes = sorted(by_n)
@@ -769,8 +809,11 @@ def growth_rows(runs):
             if not reps:
                 continue
             ratios = [by_n[big][i] / by_n[small][i] for i in reps]
+            # the larger share of the two jobs' CPU time the hypervisor took, per repeat
+            steal = [max((x for x in (stolen[(backend, k)][small][i], stolen[(backend, k)][big][i]) if x is not None),
+                         default=None) for i in reps]
             rows.append({
-                "backend": backend, "per_host": k, "from": small, "to": big, "ratios": ratios,
+                "backend": backend, "per_host": k, "from": small, "to": big, "ratios": ratios, "stolen_pct": steal,
                 "median": statistics.median(ratios),
                 "of_medians": statistics.median(by_n[big][i] for i in reps) / statistics.median(by_n[small][i] for i in reps),
             })
@@ -778,12 +821,14 @@ def growth_rows(runs):
 
 
 def growth_table(rows, repeats):
-    head = ["backend", "per host", "sizes", "size ratio", "init growth, each repeat", "median of them", "of the sizes' medians"]
+    head = ["backend", "per host", "sizes", "size ratio", "init growth, each repeat", "median of them", "of the sizes' medians",
+            "stolen by the hypervisor, % (the larger of the two jobs), each repeat"]
     out = [f"## growth of the median init from size to size ({repeats} repeat{'s' if repeats != 1 else ''})\n",
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for g in rows:
         out.append(f"| {g['backend']} | {g['per_host']} | {g['from']} -> {g['to']} | {g['to'] / g['from']:.2f} | "
-                   + ", ".join(f"{x:.2f}" for x in g["ratios"]) + f" | {g['median']:.2f} | {g['of_medians']:.2f} |")
+                   + ", ".join(f"{x:.2f}" for x in g["ratios"]) + f" | {g['median']:.2f} | {g['of_medians']:.2f} | "
+                   + ", ".join("-" if x is None else f"{x:.0f}" for x in g.get("stolen_pct", [])) + " |")
     return "\n".join(out)
 
 
@@ -808,6 +853,7 @@ def print_group(runs, per_rank):
         room = run["mem_available_gib"]
         room = f", {room:.1f} GiB of memory available with every rank initialised" if room is not None else ""
         print(f"### {run['backend']}: {state}, {measured}/{n} ranks measured, {run['wall_s']:.1f} s wall{room}\n")
+        print(_machine_text(run.get("machine")) + "\n")
         fails = failure_lines(run)
         if fails:
             print("\n".join(fails) + "\n")

@@ -80,6 +80,12 @@ def test_every_rank_reports_every_metric(tmp_path, per_host):
             # Connections made by the end of the timed ops include those made by init.
             assert d["tcp_conns_ops"] >= d["tcp_conns"], (where, d)
         assert sorted(run["shm_per_host"]) == hosts, (where, run["shm_per_host"])
+        # The machine's CPU time over the job's init, by kind, as shares of that time.
+        m = run["machine"]
+        assert m is not None and m["window_ms"] > 0 and m["ticks"] >= 0, (where, m)
+        shares = [m[f"{k}_pct"] for k in ("user", "sys", "idle", "steal")]
+        assert all(0 <= x <= 100 for x in shares), (where, m)
+        assert m["ticks"] == 0 or sum(shares) == pytest.approx(100), (where, m)
     # Shared-memory accounting: railcc's ranks of one host map the host's segments (counted once
     # per host); a rank alone on its host has no peer to share with, and gloo maps none.
     railcc, gloo = doc["runs"]
@@ -157,10 +163,34 @@ def test_growth_is_each_repeats_ratio_of_median_inits():
     assert g["ratios"] == pytest.approx([24.5 / 12, 32 / 15])
     assert g["median"] == pytest.approx((24.5 / 12 + 32 / 15) / 2)
     assert g["of_medians"] == pytest.approx(((24.5 + 32) / 2) / ((12 + 15) / 2))
+    assert g["stolen_pct"] == [None, None]  # no machine reading: nothing said
     table = harness.growth_table([g], 2)
-    assert "| railcc | 1 | 2 -> 4 | 2.00 | 2.04, 2.13 | 2.09 | 2.09 |" in table, table
+    assert "| railcc | 1 | 2 -> 4 | 2.00 | 2.04, 2.13 | 2.09 | 2.09 | -, - |" in table, table
+    # With the machine read: the larger steal of each repeat's two jobs.
+    runs[0]["machine"], runs[1]["machine"] = {"steal_pct": 3.0}, {"steal_pct": 12.5}
+    runs[2]["machine"], runs[3]["machine"] = {"steal_pct": 0.0}, None
+    (g,) = harness.growth_rows(runs)
+    assert g["stolen_pct"] == [12.5, 0.0]
+    assert "| 2.09 | 2.09 | 12, 0 |" in harness.growth_table([g], 2)
     with pytest.raises(SystemExit):
         harness.parse_args(["-n", "2", "--repeat", "0"])
+
+
+def test_machine_share_is_each_kind_of_cpu_time_over_the_window():
+    harness = _load_harness()
+    before = (10.0, {"user": 100, "sys": 50, "idle": 1000, "steal": 0})
+    after = (10.25, {"user": 120, "sys": 70, "idle": 1005, "steal": 5})
+    m = harness._machine_share(before, after)
+    assert m["window_ms"] == pytest.approx(250) and m["ticks"] == 50
+    assert (m["user_pct"], m["sys_pct"], m["idle_pct"], m["steal_pct"]) == pytest.approx((40, 40, 10, 10))
+    assert "stolen by the hypervisor 10%" in harness._machine_text(m)
+    assert harness._machine_share(None, after) is None
+    assert "not read" in harness._machine_text(None)
+    # A real reading: the kinds the machine has, in ticks that never go back.
+    t0, ticks0 = harness._cpu_ticks()
+    t1, ticks1 = harness._cpu_ticks()
+    assert t1 >= t0 and sorted(ticks0) == ["idle", "steal", "sys", "user"]
+    assert all(ticks1[k] >= ticks0[k] >= 0 for k in ticks0)
 
 
 @pytest.mark.timeout(120)
