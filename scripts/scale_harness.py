@@ -793,29 +793,32 @@ def growth_rows(runs):
     """Each backend's median init at one size over the next smaller size of the sweep, per
     placement: one ratio per repeat (jobs of one repeat ran minutes apart at most) and their
     median, and the ratio of the sizes' medians over the repeats."""
-    med, stolen = {}, {}
+    jobs = {}  # (backend, per host) -> size -> repeat -> the job's run
     for r in runs:
         if r["ok"]:  # every rank measured
-            key = (r["backend"], r["per_host"])
-            med.setdefault(key, {}).setdefault(r["nranks"], {})[r.get("repeat", 0)] = statistics.median(
-                d["init_ms"] for d in r["ranks"])
-            m = r.get("machine")
-            stolen.setdefault(key, {}).setdefault(r["nranks"], {})[r.get("repeat", 0)] = m["steal_pct"] if m else None
+            jobs.setdefault((r["backend"], r["per_host"]), {}).setdefault(r["nranks"], {})[r.get("repeat", 0)] = r
+
+    def init(r):
+        return statistics.median(d["init_ms"] for d in r["ranks"])
+
+    def stolen(r):
+        return r["machine"]["steal_pct"] if r.get("machine") else None
+
     rows = []
-    for (backend, k), by_n in med.items():
+    for (backend, k), by_n in jobs.items():
         sizes = sorted(by_n)
         for small, big in zip(sizes, sizes[1:]):
             reps = sorted(set(by_n[small]) & set(by_n[big]))
             if not reps:
                 continue
-            ratios = [by_n[big][i] / by_n[small][i] for i in reps]
+            pairs = [(by_n[small][i], by_n[big][i]) for i in reps]
+            ratios = [init(b) / init(a) for a, b in pairs]
             # the larger share of the two jobs' CPU time the hypervisor took, per repeat
-            steal = [max((x for x in (stolen[(backend, k)][small][i], stolen[(backend, k)][big][i]) if x is not None),
-                         default=None) for i in reps]
+            steal = [max((x for x in map(stolen, pair) if x is not None), default=None) for pair in pairs]
             rows.append({
                 "backend": backend, "per_host": k, "from": small, "to": big, "ratios": ratios, "stolen_pct": steal,
                 "median": statistics.median(ratios),
-                "of_medians": statistics.median(by_n[big][i] for i in reps) / statistics.median(by_n[small][i] for i in reps),
+                "of_medians": statistics.median(init(b) for _, b in pairs) / statistics.median(init(a) for a, _ in pairs),
             })
     return rows
 
@@ -828,7 +831,7 @@ def growth_table(rows, repeats):
     for g in rows:
         out.append(f"| {g['backend']} | {g['per_host']} | {g['from']} -> {g['to']} | {g['to'] / g['from']:.2f} | "
                    + ", ".join(f"{x:.2f}" for x in g["ratios"]) + f" | {g['median']:.2f} | {g['of_medians']:.2f} | "
-                   + ", ".join("-" if x is None else f"{x:.0f}" for x in g.get("stolen_pct", [])) + " |")
+                   + ", ".join("-" if x is None else f"{x:.0f}" for x in g["stolen_pct"]) + " |")
     return "\n".join(out)
 
 
