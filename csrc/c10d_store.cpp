@@ -46,7 +46,14 @@ class C10dStore : public engine::Store {
     }
   }
   std::string get(const std::string& k, Millis timeout) override { return getAll({k}, timeout).front(); }
-  int64_t add(const std::string& k, int64_t d) override { return s_->add(k, d); }
+  int64_t add(const std::string& k, int64_t d) override {
+    try {
+      return s_->add(k, d);
+    } catch (const c10::DistNetworkError& e) {
+      lost_.store(true);
+      RAILCC_THROW(kPeerFailure, "the c10d store is unreachable: ", firstLine(e));
+    }
+  }
   // Waits by asking whether the keys exist, napping between asks (0.1 ms doubling to napCap_),
   // never by a c10d wait that can expire: an expired TCPStore wait prints a warning and formats
   // the socket's address with getnameinfo, a reverse DNS lookup that blocks for the resolver's

@@ -185,9 +185,10 @@ void registerRules(py::module_& parent) {
     d["store_keys_read"] = r.keys;
     d["store_bytes_read"] = r.bytes;
     d["store_reads"] = r.reads;
+    d["store_writes"] = r.writes;
     return d;
   }, py::arg("size"), py::arg("per_host"), py::arg("id_bytes"), py::arg("name_bytes"), py::arg("record_bytes"),
         py::arg("endpoint_bytes"),
-        "Set-up store reads per rank, the most over ranks (engine/simulate.h): the host map merged up the gather "
-        "tree and encoded by set-up's own code, this host's records and endpoints");
+        "Set-up store reads and writes per rank, the most over ranks (engine/simulate.h): the host map combined "
+        "in groups and encoded by set-up's own code, this host's records and endpoints");
 }

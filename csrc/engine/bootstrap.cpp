@@ -493,36 +493,34 @@ void CommImpl::bootstrap(Store& store) {
   const std::string pidNs = pidNamespace();
   const std::string me = hostId + "|" + hn + "|" + std::to_string(getpid()) + "|" + pidNs + "|" + affinityHex();
   store.set("peer/" + std::to_string(rank_), me);  // read by the ranks of this host only
-  // Every rank's host, gathered up a tree of ranks (records.h): rank 0 publishes the whole.
-  // A wait that runs out names the rank that never came (each publishes peer/ first), not the
-  // rank between us in the tree.
-  auto placement = [&](const std::vector<int>& from) {
-    std::vector<std::string> keys;
-    for (int r : from) keys.push_back("place/" + std::to_string(r));
+  // Every rank's host, combined in groups by whichever rank completes each (records.h): a rank
+  // waits only for the whole.
+  auto partName = [&](int level, int index) {
+    const auto [first, last] = gatherSpan(size_, level, index);
+    return "railcc init of group '" + opts_.name + "': " +
+           (level == 0 ? rankName(index) : "the host map of ranks " + std::to_string(first) + "-" + std::to_string(last));
+  };
+  HostMap placed = HostMap::one(hostId, hn);
+  // A wait that runs out names a rank that never came (each publishes peer/ first), else a part
+  // whose merge never came.
+  auto wholeMap = [&]() {
     try {
-      return waitKeys(keys, -1);  // any rank may be the one holding the tree up: watch all
+      return waitKeys({"hosts"}, -1).front();  // any rank may be the one holding the gather up: watch all
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kTimeout) throw;
       for (int r = 0; r < size_; ++r)
         if (r != rank_) getFrom("peer/" + std::to_string(r), r, "host identity");
-      for (int r : from) getFrom("place/" + std::to_string(r), r, "host identity");
+      throwMissingPart(store, size_, cfg.initTimeoutSec, partName);
       throw;
     }
   };
-  HostMap placed = HostMap::one(hostId, hn);
-  const std::vector<int> children = gatherChildren(rank_, size_);
-  const std::vector<std::string> parts = placement(children);
-  for (size_t i = 0; i < children.size(); ++i)
-    placed.append(HostMap::decode(parts[i], "railcc init of group '" + opts_.name + "': " + rankName(children[i])));
-  if (size_ > 1) store.set("place/" + std::to_string(rank_), placed.encode());
+  const bool whole = size_ > 1 && combineHostMap(store, rank_, size_, placed, left(), opts_.name, partName);
   discoverEarly();  // the topology, while the placement gathers (placement.cpp)
-  if (rank_ != 0) {
-    placed = HostMap::decode(placement({0}).front(), "railcc init of group '" + opts_.name + "': rank 0");
-    secret = getFrom("secret", 0, "group secret");
-  }
+  if (size_ > 1 && !whole) placed = HostMap::decode(wholeMap(), "railcc init of group '" + opts_.name + "': the host map");
+  if (rank_ != 0) secret = getFrom("secret", 0, "group secret");
   const std::vector<int> hostOf = placed.hostOfRank();
   if (static_cast<int>(hostOf.size()) != size_ || placed.hosts[static_cast<size_t>(hostOf[static_cast<size_t>(rank_)])].id != hostId)
-    RAILCC_THROW(kInvalidUsage, "railcc init of group '", opts_.name, "': rank 0's placement record names ", hostOf.size(),
+    RAILCC_THROW(kInvalidUsage, "railcc init of group '", opts_.name, "': the host map in the store names ", hostOf.size(),
                  " ranks for a group of ", size_, " or another host for this rank (", hostId,
                  "): another job or group is using the same store prefix?");
   std::vector<int> sameHost;  // the others on this host: their full records

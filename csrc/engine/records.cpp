@@ -140,22 +140,79 @@ HostMap HostMap::decode(const std::string& s, const std::string& who) {
   return p;
 }
 
-std::vector<int> gatherChildren(int rank, int size) {
-  constexpr int64_t kRadix = 16;
-  int64_t span = 1;  // the ranks [rank, rank + span) are this rank's subtree
-  if (rank == 0) {
-    while (span < size) span *= kRadix;
-  } else {
-    while (rank % (span * kRadix) == 0) span *= kRadix;
-  }
-  std::vector<int> out;
-  for (int64_t step = 1; step < span; step *= kRadix)
-    for (int64_t m = 1; m < kRadix; ++m) {
-      const int64_t child = rank + m * step;
-      if (child >= size) break;
-      out.push_back(static_cast<int>(child));
+int gatherParts(int size, int level) {
+  int64_t parts = std::max(size, 1);
+  for (int l = 0; l < level; ++l) parts = (parts + kGatherRadix - 1) / kGatherRadix;
+  return static_cast<int>(parts);
+}
+
+int gatherLevels(int size) {
+  int level = 0;
+  while (gatherParts(size, level) > 1) ++level;
+  return level;
+}
+
+std::pair<int, int> gatherMembers(int size, int level, int group) {
+  const int below = gatherParts(size, level - 1), first = group * kGatherRadix;
+  return {first, std::max(0, std::min(kGatherRadix, below - first))};
+}
+
+std::pair<int64_t, int64_t> gatherSpan(int size, int level, int index) {
+  int64_t span = 1;
+  for (int l = 0; l < level; ++l) span *= kGatherRadix;
+  const int64_t first = index * span;
+  return {first, std::min<int64_t>(size, first + span) - 1};
+}
+
+std::string gatherPartKey(int level, int index) {
+  return level == 0 ? "place/" + std::to_string(index) : "place/" + std::to_string(level) + "/" + std::to_string(index);
+}
+
+bool combineHostMap(Store& store, int rank, int size, HostMap& mine, std::chrono::milliseconds timeout,
+                    const std::string& group, const std::function<std::string(int, int)>& who) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  const int levels = gatherLevels(size);
+  store.set(gatherPartKey(0, rank), mine.encode());
+  int index = rank;  // this rank's part (or the merge it made) at level - 1
+  for (int level = 1; level <= levels; ++level) {
+    const int g = index / kGatherRadix;
+    const auto [first, count] = gatherMembers(size, level, g);
+    const std::string counter = "gather/" + std::to_string(level) + "/" + std::to_string(g);
+    const int64_t arrived = store.add(counter, 1);
+    if (arrived < count) return false;
+    if (arrived > count)
+      RAILCC_THROW(kInvalidUsage, "railcc init of group '", group, "': store key '", counter, "' counts ", arrived,
+                   " parts of the host map where its group has ", count, ": another job or group is using the same store prefix?");
+    // The last of its group: every other part is there (each was set before its count).
+    std::vector<std::string> keys;
+    for (int i = first; i < first + count; ++i)
+      if (i != index) keys.push_back(gatherPartKey(level - 1, i));
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    const std::vector<std::string> vals = store.getAll(keys, std::max(left, std::chrono::milliseconds(1)));
+    HostMap merged;
+    for (int i = first, k = 0; i < first + count; ++i) {
+      if (i == index) merged.append(mine);
+      else merged.append(HostMap::decode(vals[static_cast<size_t>(k++)], who(level - 1, i)));
     }
-  return out;
+    mine = std::move(merged);
+    index = g;
+    store.set(level == levels ? std::string("hosts") : gatherPartKey(level, g), mine.encode());
+  }
+  return true;
+}
+
+void throwMissingPart(Store& store, int size, int64_t timeoutSec, const std::function<std::string(int, int)>& who) {
+  for (int level = 0; level < gatherLevels(size); ++level)
+    for (int i = 0; i < gatherParts(size, level); ++i) {
+      try {
+        store.get(gatherPartKey(level, i), std::chrono::milliseconds(1));
+      } catch (const Error& missing) {
+        if (missing.code() != ErrorCode::kTimeout) throw;
+        RAILCC_THROW(kTimeout, who(level, i), " never reached the store within RAILCC_INIT_TIMEOUT=", timeoutSec,
+                     " s though every rank published its host identity: the rank that completed that part of the ",
+                     "gather died or stalled during init (store key '", gatherPartKey(level, i), "' still unset)");
+      }
+    }
 }
 
 bool ranksOutnumberCpus(const std::vector<std::string>& masks) {

@@ -4,21 +4,29 @@
 //
 // Every rank publishes its host record ("peer/<r>": host id, hostname, pid, pid namespace, CPU
 // mask), but only ranks of the same host read it. What every rank needs of every other rank,
-// its host, travels as a HostMap (its hosts, in rank order): run-length encoded (ranks of one host are usually
-// contiguous), gathered up a tree of ranks of radix 16 (rank r merges the placements of its
-// children r + m * 16^l, m = 1..15, below r + the largest power of 16 dividing r, each covering
-// the ranks that follow it) and published by rank 0 for all. Per rank that is a constant number
-// of store operations and about one placement's bytes: 512 hosts of 8 ranks make a few KiB, not
-// N records. The tree is wide because every level is a wait on the store, and a wait ends one
-// ask after its keys appear, and the asks of a long wait are far apart (c10d_store.cpp): 128
-// ranks on 2 cores spent a median 130 ms in the seven levels of a binary tree, 35 ms at 64 ranks
-// in six; radix 16 is two levels up to 256 ranks and three up to 4,096.
+// its host, travels as a HostMap (its hosts, in rank order): run-length encoded (ranks of one
+// host are usually contiguous), and combined in groups of 16 by whichever rank completes a
+// group, never by a rank that waits for it. Each rank publishes its own part ("place/<r>") and
+// adds one to its group's count ("gather/1/<g>", g = r / 16); the rank whose add completes the
+// count reads the group's parts, merges them in rank order, publishes the merge
+// ("place/1/<g>") and counts it into the next level's group in turn, and so on up to the level
+// of one group, whose merge is the whole map ("hosts"). Every other rank only waits for that
+// one key. No rank naps between asks for a part that is already there: a tree whose inner
+// ranks wait for their children's parts left the whole machine idle for two of their naps at
+// the end of the gather (~30 ms of 250 at 128 ranks on 2 cores, the longest nap growing with
+// the group: c10d_store.cpp). Per rank that is a constant number of store operations (one add
+// per level at most) and about one placement's bytes: 512 hosts of 8 ranks make a few KiB, not
+// N records; 16 parts a group is one level up to 16 ranks, two up to 256, three up to 4,096.
 
+#include <chrono>
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "engine/store.h"
 #include "transport/transport.h"
 
 namespace railcc::engine {
@@ -43,9 +51,30 @@ struct HostMap {
   static HostMap decode(const std::string& s, const std::string& who);
 };
 
-/// The ranks whose placements rank `rank` merges (the radix-16 tree over `size` ranks, rooted
-/// at 0), in the order their ranks follow.
-std::vector<int> gatherChildren(int rank, int size);
+/// The gather's groups (above): level 0 has one part per rank; a group of level l >= 1 merges
+/// the parts [kGatherRadix * g, kGatherRadix * (g + 1)) of level l - 1 that exist, and the level
+/// with one group is the last (its merge names every rank). A group of one rank has no levels.
+constexpr int kGatherRadix = 16;
+/// Parts at `level` for a group of `size` ranks: ceil(size / 16^level).
+int gatherParts(int size, int level);
+/// The last level (0 for a group of one rank).
+int gatherLevels(int size);
+/// Parts of level - 1 that group `group` of `level` merges: its first and how many.
+std::pair<int, int> gatherMembers(int size, int level, int group);
+/// The first and last rank that part `index` of `level` covers.
+std::pair<int64_t, int64_t> gatherSpan(int size, int level, int index);
+/// The store key of part `index` of `level`: "place/<r>" a rank's own, "place/<l>/<g>" a merge.
+std::string gatherPartKey(int level, int index);
+/// Publishes rank `rank`'s part `mine` and counts it in; while its count completes a group,
+/// reads the group's other parts (within `timeout`), merges them in rank order, publishes the
+/// merge and counts it in one level up. True once it merged the last level: `mine` is then the
+/// whole map, published as "hosts". `who(level, index)` names a part in an error; `group`, the
+/// process group.
+bool combineHostMap(Store& store, int rank, int size, HostMap& mine, std::chrono::milliseconds timeout,
+                    const std::string& group, const std::function<std::string(int, int)>& who);
+/// For a wait for "hosts" that ran out: throws, naming the first part of the gather that is not
+/// in the store, if any (the rank that completed its group died or stalled).
+void throwMissingPart(Store& store, int size, int64_t timeoutSec, const std::function<std::string(int, int)>& who);
 
 /// This process's pid namespace ("pid:[4026531836]"): pids mean something only within one.
 std::string pidNamespace();

@@ -394,31 +394,55 @@ SimSetup simulateSetup(const SimJob& job, int idBytes, int nameBytes, uint64_t r
     std::string s = std::string(1, c) + std::to_string(h);
     return s.size() < static_cast<size_t>(width) ? s + std::string(static_cast<size_t>(width) - s.size(), 'x') : s;
   };
-  // Each rank's part of the map, merged from the last rank down as the tree does (children
-  // have higher ranks); a child's part is what its parent reads.
-  std::vector<uint64_t> partBytes(static_cast<size_t>(n));
+  // The parts of every level of the gather, merged as set-up merges them (records.h); a group's
+  // merger reads the other parts of its group. The most a rank reads: the rank that completes a
+  // group at every level up to k (the largest group's parts at each), and the whole map after,
+  // unless k is the last level (it wrote the whole).
+  const int levels = gatherLevels(n);
   std::vector<HostMap> part(static_cast<size_t>(n));
-  for (int r = n - 1; r >= 0; --r) {
-    HostMap m = HostMap::one(padded('h', r / L, idBytes), padded('n', r / L, nameBytes));
-    for (int c : gatherChildren(r, n)) {
-      m.append(part[static_cast<size_t>(c)]);
-      std::vector<HostMap::Host>().swap(part[static_cast<size_t>(c)].hosts);  // read once: let it go
+  for (int r = 0; r < n; ++r) part[static_cast<size_t>(r)] = HostMap::one(padded('h', r / L, idBytes), padded('n', r / L, nameBytes));
+  std::vector<uint64_t> groupBytes(static_cast<size_t>(levels) + 1, 0);  // at level l: the most a merger reads
+  std::vector<int> groupKeys(static_cast<size_t>(levels) + 1, 0);
+  for (int level = 1; level <= levels; ++level) {
+    std::vector<HostMap> next(static_cast<size_t>(gatherParts(n, level)));
+    for (int g = 0; g < static_cast<int>(next.size()); ++g) {
+      const auto [first, count] = gatherMembers(n, level, g);
+      uint64_t bytes = 0, largest = 0;
+      for (int i = first; i < first + count; ++i) {
+        const uint64_t b = part[static_cast<size_t>(i)].encode().size();
+        bytes += b;
+        largest = std::max(largest, b);
+        next[static_cast<size_t>(g)].append(part[static_cast<size_t>(i)]);
+      }
+      groupBytes[static_cast<size_t>(level)] = std::max(groupBytes[static_cast<size_t>(level)], bytes - std::min(bytes, largest));
+      groupKeys[static_cast<size_t>(level)] = std::max(groupKeys[static_cast<size_t>(level)], count - 1);
     }
-    partBytes[static_cast<size_t>(r)] = m.encode().size();
-    part[static_cast<size_t>(r)] = std::move(m);
+    part = std::move(next);
   }
+  const uint64_t whole = part.front().encode().size();
   SimSetup out;
   const uint64_t local = static_cast<uint64_t>(L - 1) * (recordBytes + endpointBytes);
-  for (int r = 0; r < n; ++r) {
-    const std::vector<int> children = gatherChildren(r, n);
-    uint64_t bytes = local + (r != 0 ? 64 + partBytes[0] : 0);
-    for (int c : children) bytes += partBytes[static_cast<size_t>(c)];
-    const int keys = (r != 0 ? 2 : 0) + static_cast<int>(children.size()) + 2 * (L - 1);
-    const int reads = (r != 0 ? 2 : 0) + (children.empty() ? 0 : 1) + (L > 1 ? 2 : 0);
+  for (int k = 0; k <= levels; ++k) {  // the rank that completes a group at levels 1..k
+    uint64_t bytes = local + 64;  // this host's records and endpoints, the secret
+    int keys = 1 + 2 * (L - 1), reads = 1 + (L > 1 ? 2 : 0);
+    for (int level = 1; level <= k; ++level) {
+      bytes += groupBytes[static_cast<size_t>(level)];
+      keys += groupKeys[static_cast<size_t>(level)];
+      reads += groupKeys[static_cast<size_t>(level)] > 0 ? 1 : 0;
+    }
+    if (k < levels) {  // the whole, read
+      bytes += whole;
+      keys += 1;
+      reads += 1;
+    }
+    if (n == 1) bytes = keys = reads = 0;
     out.keys = std::max(out.keys, keys);
     out.bytes = std::max(out.bytes, bytes);
     out.reads = std::max(out.reads, reads);
   }
+  // Its host record, part, endpoints and first progress record; per level a count and, where it
+  // completes the group, the merge.
+  out.writes = n == 1 ? 0 : 4 + 2 * levels;
   return out;
 }
 

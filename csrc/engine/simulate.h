@@ -46,13 +46,14 @@ struct SimResult {
 SimResult simulateOp(const SimJob& job, const std::string& op, size_t bytes, size_t elemSize, bool perRank);
 
 /// Store reads at set-up, the most over ranks, through set-up's own pieces (engine/records.h):
-/// the host map merged up the gather tree and encoded as set-up encodes it (host ids of
+/// the host map combined in groups as set-up combines it (records.h) and encoded as set-up does (host ids of
 /// `idBytes` characters, hostnames of `nameBytes`), plus this host's records and endpoints of
 /// `recordBytes` and `endpointBytes` each, and the 64-byte secret.
 struct SimSetup {
   int keys = 0;        // keys read
   uint64_t bytes = 0;  // bytes read
   int reads = 0;       // store calls that read (each batched)
+  int writes = 0;      // keys set and counts added (a rank that completes a group at every level)
 };
 SimSetup simulateSetup(const SimJob& job, int idBytes, int nameBytes, uint64_t recordBytes, uint64_t endpointBytes);
 

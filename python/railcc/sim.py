@@ -127,14 +127,15 @@ def simulate_job(n, a):
 
 def _setup_reads(n, L):
     """Store reads per rank at set-up, the most over ranks, from set-up's own code
-    (railcc._C.rules.simulate_setup: the host map merged up the gather tree and encoded as set-up
+    (railcc._C.rules.simulate_setup: the host map combined in groups of 16 and encoded as set-up
     does; this host's records and endpoints; the secret). Endpoints of other hosts'
     ranks are read at the pair's first use; rank 0's rail check (one endpoint per other host,
     only where rails were found) is apart."""
     from . import _C
 
     reads = _C.rules.simulate_setup(n, L, HOST_ID_BYTES, HOSTNAME_BYTES, RECORD_BYTES, ENDPOINT_BYTES)
-    return {**reads, "store_keys_written": 4,
+    written = reads.pop("store_writes")
+    return {**reads, "store_keys_written": written,
             "rank0_rail_check_bytes": (n // L - 1) * ENDPOINT_BYTES}
 
 

@@ -1,8 +1,9 @@
-// What set-up reads of the store (engine/records.h): the host map gathered up a tree of ranks,
+// What set-up reads of the store (engine/records.h): the host map combined in groups of ranks,
 // malformed records refused by name, and a real set-up of ranks on several hosts that reads no
 // endpoint of another host's rank until a collective needs the pair.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <random>
@@ -21,23 +22,26 @@ using namespace railcc::engine;
 
 namespace {
 
-// Every rank's host map merged up the tree as set-up does, played in one process.
+// Every rank's host map combined in groups as set-up combines it, played in one process.
 HostMap gather(const std::vector<int>& hostOf) {
   const int n = static_cast<int>(hostOf.size());
-  std::vector<HostMap> part(static_cast<size_t>(n));
-  // Children have higher ranks: merge from the last rank down.
-  for (int r = n - 1; r >= 0; --r) {
-    const int h = hostOf[static_cast<size_t>(r)];
-    HostMap m = HostMap::one("id" + std::to_string(h), "host" + std::to_string(h));
-    for (int c : gatherChildren(r, n)) m.append(HostMap::decode(part[static_cast<size_t>(c)].encode(), "test"));
-    part[static_cast<size_t>(r)] = m;
+  std::vector<HostMap> part;
+  for (int h : hostOf) part.push_back(HostMap::one("id" + std::to_string(h), "host" + std::to_string(h)));
+  for (int level = 1; level <= gatherLevels(n); ++level) {
+    std::vector<HostMap> next(static_cast<size_t>(gatherParts(n, level)));
+    for (int g = 0; g < static_cast<int>(next.size()); ++g) {
+      const auto [first, count] = gatherMembers(n, level, g);
+      for (int i = first; i < first + count; ++i)
+        next[static_cast<size_t>(g)].append(HostMap::decode(part[static_cast<size_t>(i)].encode(), "test"));
+    }
+    part = std::move(next);
   }
-  return part[0];
+  return part.front();
 }
 
 }  // namespace
 
-TEST(HostMap, GatheredUpTheTreeItNamesEveryRanksHost) {
+TEST(HostMap, CombinedInGroupsItNamesEveryRanksHost) {
   std::mt19937 rng(7);
   std::vector<int> sizes;
   for (int n = 1; n <= 70; ++n) sizes.push_back(n);
@@ -57,11 +61,19 @@ TEST(HostMap, GatheredUpTheTreeItNamesEveryRanksHost) {
         ASSERT_EQ(m.hosts[static_cast<size_t>(got[static_cast<size_t>(r)])].id, "id" + std::to_string(hostOf[static_cast<size_t>(r)]))
             << "rank " << r << " of " << n;
     }
-    // Every rank but 0 is gathered by exactly one parent.
-    std::vector<int> parents(static_cast<size_t>(n), 0);
-    for (int r = 0; r < n; ++r)
-      for (int c : gatherChildren(r, n)) ++parents[static_cast<size_t>(c)];
-    for (int r = 1; r < n; ++r) ASSERT_EQ(parents[static_cast<size_t>(r)], 1) << "rank " << r << " of " << n;
+    // Every part of a level is merged by exactly one group of the next, in order; one group last.
+    for (int level = 1; level <= gatherLevels(n); ++level) {
+      int next = 0;
+      for (int g = 0; g < gatherParts(n, level); ++g) {
+        const auto [first, count] = gatherMembers(n, level, g);
+        ASSERT_EQ(first, next) << "level " << level << " group " << g << " of " << n;
+        ASSERT_GE(count, 1);
+        ASSERT_LE(count, kGatherRadix);
+        next += count;
+      }
+      ASSERT_EQ(next, gatherParts(n, level - 1)) << "level " << level << " of " << n;
+    }
+    ASSERT_EQ(gatherParts(n, gatherLevels(n)), 1) << n;
   }
 }
 
@@ -72,14 +84,94 @@ TEST(HostMap, StaysSmallWhereHostsHoldConsecutiveRanks) {
   EXPECT_EQ(m.hosts.size(), 512u);
   EXPECT_EQ(m.runs.size(), 512u);
   EXPECT_LT(m.encode().size(), 24u * 1024);  // ids and names of ~10 characters; not 4,096 records
-  // Rank 0 merges 15 children on each of the three levels of 4,096 ranks; a rank's children
-  // never hold more than the whole.
-  EXPECT_EQ(gatherChildren(0, 4096).size(), 45u);
-  EXPECT_EQ(gatherChildren(1, 4096).size(), 0u);
-  EXPECT_EQ(gatherChildren(8, 4096).size(), 0u);
-  EXPECT_EQ(gatherChildren(32, 40), (std::vector<int>{33, 34, 35, 36, 37, 38, 39}));
-  EXPECT_EQ(gatherChildren(256, 4096).size(), 30u);  // 257..271, then 272, 288, ..., 496
-  EXPECT_EQ(gatherChildren(256, 4096).back(), 496);
+  // Three levels of groups of 16 at 4,096 ranks: a rank merges at most 15 parts at each.
+  EXPECT_EQ(gatherLevels(1), 0);
+  EXPECT_EQ(gatherLevels(2), 1);
+  EXPECT_EQ(gatherLevels(16), 1);
+  EXPECT_EQ(gatherLevels(17), 2);
+  EXPECT_EQ(gatherLevels(256), 2);
+  EXPECT_EQ(gatherLevels(257), 3);
+  EXPECT_EQ(gatherLevels(4096), 3);
+  EXPECT_EQ(gatherLevels(4097), 4);
+  EXPECT_EQ(gatherMembers(40, 1, 2), (std::pair<int, int>{32, 8}));
+  EXPECT_EQ(gatherMembers(40, 2, 0), (std::pair<int, int>{0, 3}));
+  EXPECT_EQ(gatherMembers(4096, 3, 0), (std::pair<int, int>{0, 16}));
+  EXPECT_EQ(gatherMembers(4097, 4, 0), (std::pair<int, int>{0, 2}));
+  EXPECT_EQ(gatherMembers(4097, 3, 1), (std::pair<int, int>{16, 1}));
+}
+
+namespace {
+
+std::string partOf(int level, int index) { return "part " + std::to_string(level) + "/" + std::to_string(index); }
+
+}  // namespace
+
+// Ranks as threads on one store, in a shuffled order of arrival: exactly one merges the last
+// level, and every rank ends with the same map naming every rank's host.
+TEST(HostMap, CombinedByWhicheverRankCompletesEachGroup) {
+  for (int n : {2, 3, 16, 17, 40, 300}) {
+    MemoryStore store;
+    std::vector<int> order(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) order[static_cast<size_t>(r)] = r;
+    std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<unsigned>(n)));
+    std::vector<std::string> got(static_cast<size_t>(n));
+    std::vector<int> wholeHere(static_cast<size_t>(n), 0);
+    std::vector<std::string> errors(static_cast<size_t>(n));
+    std::vector<std::thread> ts;
+    for (int r : order)
+      ts.emplace_back([&, r] {
+        try {
+          HostMap m = HostMap::one("id" + std::to_string(r / 3), "host" + std::to_string(r / 3));
+          if (combineHostMap(store, r, n, m, Millis(30000), "g", partOf)) {
+            wholeHere[static_cast<size_t>(r)] = 1;
+            got[static_cast<size_t>(r)] = m.encode();
+          } else {
+            got[static_cast<size_t>(r)] = store.get("hosts", Millis(30000));
+          }
+        } catch (const std::exception& e) {
+          errors[static_cast<size_t>(r)] = e.what();
+        }
+      });
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < n; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r << " of " << n;
+    EXPECT_EQ(std::count(wholeHere.begin(), wholeHere.end(), 1), 1) << n;
+    const HostMap whole = HostMap::decode(got.front(), "test");
+    ASSERT_EQ(whole.ranks(), n);
+    const std::vector<int> hostOf = whole.hostOfRank();
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(got[static_cast<size_t>(r)], got.front()) << "rank " << r << " of " << n;
+      EXPECT_EQ(whole.hosts[static_cast<size_t>(hostOf[static_cast<size_t>(r)])].id, "id" + std::to_string(r / 3));
+    }
+  }
+}
+
+// A count left by another job on the same prefix is an error naming the key, not a hang; after a
+// wait for the whole ran out, the part that never came is named.
+TEST(HostMap, AStaleCountAndAMissingMergeAreNamed) {
+  MemoryStore stale;
+  stale.add("gather/1/0", 2);
+  HostMap m = HostMap::one("a", "a");
+  try {
+    combineHostMap(stale, 1, 2, m, Millis(1000), "g", partOf);
+    FAIL() << "a count of 3 for a group of 2 was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("store key 'gather/1/0' counts 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("same store prefix"), std::string::npos) << e.what();
+  }
+  MemoryStore store;
+  for (int r = 0; r < 20; ++r) store.set(gatherPartKey(0, r), HostMap::one("a", "a").encode());
+  store.set(gatherPartKey(1, 1), HostMap::one("a", "a").encode());  // ranks 16-19 merged; 0-15 never
+  try {
+    throwMissingPart(store, 20, 7, partOf);
+    FAIL() << "no part named";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kTimeout);
+    EXPECT_NE(std::string(e.what()).find("part 1/0 never reached the store within RAILCC_INIT_TIMEOUT=7 s"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("'place/1/0'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(gatherSpan(20, 1, 1), (std::pair<int64_t, int64_t>{16, 19}));
+  EXPECT_EQ(gatherSpan(4096, 2, 3), (std::pair<int64_t, int64_t>{768, 1023}));
 }
 
 TEST(HostMap, MalformedRecordsAreRefusedNamingTheRank) {
@@ -183,11 +275,11 @@ TEST(SetUp, ReadsThisHostsRecordsAndAnotherHostsEndpointOnlyAtFirstUse) {
       if (key.find("ep/") != std::string::npos && r != 0)
         EXPECT_TRUE(sameHost) << "rank " << r << " read " << key << " at init";
     }
-    // The secret, rank 0's host map, a rank's children's (all 11 others for rank 0 here, none for
-    // the rest), this host's records and endpoints (no ready marks: a shared-memory name goes
-    // when the watchdog sees every peer has mapped it); rank 0 also a rail line per other host
-    // where rails were found.
-    size_t most = 2u + gatherChildren(r, n).size() + 2u * (perHost - 1) + (r == 0 ? n / perHost - 1 : 0);
+    // The secret, the whole host map, the other parts of a group this rank completed (any rank
+    // may: the last of the 12 to count itself in reads the 11 others), this host's records and
+    // endpoints (no ready marks: a shared-memory name goes when the watchdog sees every peer has
+    // mapped it); rank 0 also a rail line per other host where rails were found.
+    size_t most = 2u + (n - 1) + 2u * (perHost - 1) + (r == 0 ? n / perHost - 1 : 0);
     std::string keys;
     for (const auto& kv : initReads[static_cast<size_t>(r)]) keys += " " + kv.first;
     EXPECT_LE(initReads[static_cast<size_t>(r)].size(), most) << "rank " << r << " read" << keys;

@@ -245,14 +245,16 @@ def test_a_host_id_with_a_separator_fails_that_rank_and_its_peer_within_seconds(
     ("place/1", "h|h|x\n", "names no ranks"),
 ])
 def test_a_malformed_peer_record_in_the_store_is_a_clear_init_error(tmp_path, key, record, words):
-    # Rank 1 is a rogue writer: its placement (gathered by rank 0, records.h) puts it on rank 0's
-    # host, so rank 0 also reads its host record.
+    # Rank 1 is a rogue writer: its placement puts it on rank 0's host, so rank 0 also reads its
+    # host record. It counts itself into the gather first (records.h), so that rank 0 completes
+    # the group and reads its part.
     store = str(tmp_path / "store")
-    rank0 = _spawn(0, 2, store, {"RAILCC_INIT_TIMEOUT": "60", "RAILCC_HOST_ID": "h"})
     rogue = dist.FileStore(store, 2)
     records = {"place/1": "h|h|x\nr|0|1\n", "peer/1": "h|x|1|ns|ff", key: record}
     for k, v in records.items():
         rogue.set(PG_PREFIX + k, v)
+    rogue.add(PG_PREFIX + "gather/1/0", 1)
+    rank0 = _spawn(0, 2, store, {"RAILCC_INIT_TIMEOUT": "60", "RAILCC_HOST_ID": "h"})
     out, err = _result(rank0, 90)
     assert not out["ok"], out
     assert "rank 1" in out["error"] and words in out["error"], out
