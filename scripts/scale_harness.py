@@ -5,6 +5,7 @@ and maximum over ranks, for railcc and gloo side by side, measured on one machin
 
     python3 scripts/scale_harness.py -n 16,32,64                    # one rank per fake host
     python3 scripts/scale_harness.py -n 8 --per-host 2,4 --json out.json
+    python3 scripts/scale_harness.py -n 128 --jobs 2                # two jobs of 64 at once
 
 Every rank is a process of its own, forked from this one after torch (and railcc) are
 imported, so the ranks share torch's pages instead of importing it 64 times. A rank pretends
@@ -159,6 +160,11 @@ def parse_args(argv=None):
                    help="run the whole sweep this many times, the sizes in reverse order every other time, "
                         "and report each backend's init growth from size to size per repeat and its median "
                         "(default 1)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="split each size's ranks into this many independent jobs of equal size, all started "
+                        "together (each its own process group on its own store prefix): N processes on the "
+                        "machine, each in a job of N/jobs ranks, to tell what N processes cost the machine "
+                        "apart from what a job's size costs each of its ranks (default 1)")
     p.add_argument("--json", metavar="OUT", help="write every rank's raw numbers to this file")
     p.add_argument("--summary-only", action="store_true", help="leave the per-rank rows out of the tables (median and max only)")
     args = p.parse_args(argv)
@@ -170,6 +176,12 @@ def parse_args(argv=None):
         p.error("--iters must be at least 1")
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
+    if args.jobs < 1:
+        p.error("--jobs must be at least 1")
+    for n in args.nranks:
+        for k in args.per_host:
+            if n % args.jobs or (n // args.jobs) % k:
+                p.error(f"--jobs {args.jobs}: {n} ranks do not split into {args.jobs} jobs of whole hosts of {k}")
     return args
 
 
@@ -341,14 +353,17 @@ def rank_main(job, rank, go_fd):
     import torch
     import torch.distributed as dist
 
-    n, backend = job["nranks"], job["backend"]
+    backend = job["backend"]
+    # With --jobs, this rank's job is one of several of n ranks each, on a store prefix of its own.
+    n = job["nranks"] // job["jobs"]
+    which, rank_in_job = divmod(rank, n)
     host = f"h{rank // job['per_host']}"
     result = {"rank": rank, "host": host, "pid": os.getpid()}
     out_path = os.path.join(job["dir"], f"rank{rank}.json")
     # A rank's own timeouts expire before the harness's, so a stall is reported by the ranks
     # (railcc names the ranks it waited for) rather than only seen as a kill.
     timeout = datetime.timedelta(seconds=job["timeout"] * RANK_TIMEOUT_SHARE)
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank % job["per_host"]),
+    os.environ.update({"RANK": str(rank_in_job), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank % job["per_host"]),
                        "LOCAL_WORLD_SIZE": str(job["per_host"]), "RAILCC_HOST_ID": host})
     if backend == "fake":  # torch's fake process group: what c10d and the process cost alone
         import torch.testing._internal.distributed.fake_pg  # noqa: F401
@@ -370,7 +385,8 @@ def rank_main(job, rank, go_fd):
         store.wait(["go"])
         t_go = float(store.get("go"))
         t_wake, cpu0, ru0 = time.monotonic(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=n, timeout=timeout)
+        pg_store = store if job["jobs"] == 1 else dist.PrefixStore(f"job{which}/", store)
+        dist.init_process_group(backend, store=pg_store, rank=rank_in_job, world_size=n, timeout=timeout)
         t_group, cpu_group = time.monotonic(), time.process_time()
         t = torch.ones(1, dtype=torch.float32)  # 4 bytes
         dist.all_reduce(t)
@@ -418,7 +434,7 @@ def rank_main(job, rank, go_fd):
         for name, last in (("8 B", last8), ("1 MiB", last1m)):
             if not bool((last == n).all()):
                 raise RuntimeError(f"the {name} all_reduce gave {last.unique().tolist()[:4]}, not {n}")
-        b8 = _timed_broadcast(dist, torch.zeros(2, dtype=torch.float32), job["iters"], rank)
+        b8 = _timed_broadcast(dist, torch.zeros(2, dtype=torch.float32), job["iters"], rank_in_job)
         result.update({"ar8_us": s8 * 1e6, "bc8_us": b8 * 1e6, "ar1m_ms": s1m * 1e3,
                        "tcp_conns_ops": _descriptors(port)["tcp_peers"] - desc0["tcp_peers"]})
         _write_json(out_path, result)
@@ -498,7 +514,7 @@ class Job:
 
     def run(self):
         job = {"nranks": self.nranks, "per_host": self.per_host, "backend": self.backend,
-               "dir": self.dir, "timeout": self.args.timeout, "iters": self.args.iters}
+               "dir": self.dir, "timeout": self.args.timeout, "iters": self.args.iters, "jobs": self.args.jobs}
         go_r, go_w = os.pipe()
         store = None
         t_start = time.monotonic()
@@ -632,7 +648,7 @@ class Job:
                 pass
         ok = not errors and len(ranks) == self.nranks
         return {
-            "backend": self.backend, "nranks": self.nranks, "per_host": self.per_host, "ok": ok,
+            "backend": self.backend, "nranks": self.nranks, "per_host": self.per_host, "jobs": self.args.jobs, "ok": ok,
             "wall_s": wall_s, "mem_available_gib": self.mem_available_gib, "machine": self.machine, "errors": {str(r): e for r, e in sorted(errors.items())},
             "killed": sorted(self.killed), "problems": self.problems,
             "rank_output": [{"line": k, "ranks": v} for k, v in sorted(lines.items(), key=lambda kv: -kv[1])],
@@ -849,7 +865,9 @@ all_reduce, each after a barrier. Ratios are railcc/gloo (below 1: railcc smalle
 def print_group(runs, per_rank):
     n, k = runs[0]["nranks"], runs[0]["per_host"]
     hosts = -(-n // k)
-    print(f"\n## {n} ranks, {k} per fake host ({hosts} hosts)\n", flush=True)
+    jobs = runs[0].get("jobs", 1)
+    apart = f", as {jobs} jobs of {n // jobs} ranks started together" if jobs > 1 else ""
+    print(f"\n## {n} ranks, {k} per fake host ({hosts} hosts){apart}\n", flush=True)
     for run in runs:
         state = "ok" if run["ok"] else "FAILED"
         measured = len(_measured(run))
@@ -920,7 +938,7 @@ def main(argv=None):
     if args.json:
         _write_json(args.json, {
             "argv": sys.argv if argv is None else argv, "cpus": os.cpu_count(), "torch": torch.__version__,
-            "iters": args.iters, "timeout_s": args.timeout, "topology": args.topology, "metrics": METRICS,
+            "iters": args.iters, "timeout_s": args.timeout, "topology": args.topology, "jobs": args.jobs, "metrics": METRICS,
             "repeat": args.repeat, "growth": growth, "runs": all_runs,
         })
     failed = [f"{r['backend']} n={r['nranks']} per-host={r['per_host']}" for r in all_runs if not r["ok"]]

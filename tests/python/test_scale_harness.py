@@ -107,6 +107,27 @@ def test_every_rank_reports_every_metric(tmp_path, per_host):
 
 
 @pytest.mark.timeout(120)
+def test_jobs_split_the_ranks_into_independent_groups_started_together(tmp_path):
+    # Four processes as two jobs of two: each rank's process group has two ranks (the harness
+    # checks every all_reduce against its own job's size, so a rank in a group of four fails).
+    out = tmp_path / "scale.json"
+    proc = run_harness(["-n", "4", "--jobs", "2", "--backends", "railcc,gloo", "--iters", "2", "--timeout", "60",
+                        "--json", str(out)])
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert doc["jobs"] == 2
+    for run in doc["runs"]:
+        assert run["ok"] and run["jobs"] == 2 and not run["errors"], run
+        assert [d["rank"] for d in run["ranks"]] == [0, 1, 2, 3], run
+        # Distinct fake hosts across the jobs: every rank's host is its own.
+        assert len({d["host"] for d in run["ranks"]}) == 4, run
+    assert "## 4 ranks, 1 per fake host (4 hosts), as 2 jobs of 2 ranks started together" in proc.stdout, proc.stdout
+    assert_no_rank_left(doc)
+    bad = run_harness(["-n", "4", "--jobs", "3"])
+    assert bad.returncode == 2 and "4 ranks do not split into 3 jobs" in bad.stderr, bad.stderr
+
+
+@pytest.mark.timeout(120)
 def test_failing_ranks_are_reported_not_waited_for(tmp_path):
     # A value railcc refuses makes every rank fail in init_process_group: the harness must name
     # each rank's error, exit non-zero at once (not at its timeout) and leave no rank behind.
