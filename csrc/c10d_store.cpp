@@ -41,8 +41,7 @@ class C10dStore : public engine::Store {
     try {
       s_->set(k, std::vector<uint8_t>(v.begin(), v.end()));
     } catch (const c10::DistNetworkError& e) {
-      lost_.store(true);
-      RAILCC_THROW(kPeerFailure, "the c10d store is unreachable: ", firstLine(e));
+      unreachable(e);
     }
   }
   std::string get(const std::string& k, Millis timeout) override { return getAll({k}, timeout).front(); }
@@ -50,8 +49,7 @@ class C10dStore : public engine::Store {
     try {
       return s_->add(k, d);
     } catch (const c10::DistNetworkError& e) {
-      lost_.store(true);
-      RAILCC_THROW(kPeerFailure, "the c10d store is unreachable: ", firstLine(e));
+      unreachable(e);
     }
   }
   // Waits by asking whether the keys exist, napping between asks (0.1 ms doubling to napCap_),
@@ -90,8 +88,7 @@ class C10dStore : public engine::Store {
         for (size_t i = have; i < keys.size(); ++i) out[i].assign(vals[i - have].begin(), vals[i - have].end());
       }
     } catch (const c10::DistNetworkError& e) {
-      lost_.store(true);
-      RAILCC_THROW(kPeerFailure, "the c10d store is unreachable: ", firstLine(e));
+      unreachable(e);
     } catch (const railcc::Error&) {
       throw;
     } catch (const std::exception& e) {
@@ -166,6 +163,12 @@ class C10dStore : public engine::Store {
     } catch (const std::exception&) {
       return false;
     }
+  }
+
+  // The store's host is gone for good: said once as railcc's error, and background traffic stops.
+  [[noreturn]] void unreachable(const c10::DistNetworkError& e) {
+    lost_.store(true);
+    RAILCC_THROW(kPeerFailure, "the c10d store is unreachable: ", firstLine(e));
   }
 
   c10::intrusive_ptr<c10d::Store> s_;

@@ -395,9 +395,10 @@ SimSetup simulateSetup(const SimJob& job, int idBytes, int nameBytes, uint64_t r
     return s.size() < static_cast<size_t>(width) ? s + std::string(static_cast<size_t>(width) - s.size(), 'x') : s;
   };
   // The parts of every level of the gather, merged as set-up merges them (records.h); a group's
-  // merger reads the other parts of its group. The most a rank reads: the rank that completes a
-  // group at every level up to k (the largest group's parts at each), and the whole map after,
-  // unless k is the last level (it wrote the whole).
+  // merger reads the other parts of its group (the most: all but the smallest, its own). The
+  // most a rank reads: the rank that completes a group at every level up to k (the most any
+  // group's merger reads at each), and the whole map after, unless k is the last level (it
+  // wrote the whole).
   const int levels = gatherLevels(n);
   std::vector<HostMap> part(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) part[static_cast<size_t>(r)] = HostMap::one(padded('h', r / L, idBytes), padded('n', r / L, nameBytes));
@@ -407,14 +408,14 @@ SimSetup simulateSetup(const SimJob& job, int idBytes, int nameBytes, uint64_t r
     std::vector<HostMap> next(static_cast<size_t>(gatherParts(n, level)));
     for (int g = 0; g < static_cast<int>(next.size()); ++g) {
       const auto [first, count] = gatherMembers(n, level, g);
-      uint64_t bytes = 0, largest = 0;
+      uint64_t bytes = 0, smallest = UINT64_MAX;
       for (int i = first; i < first + count; ++i) {
         const uint64_t b = part[static_cast<size_t>(i)].encode().size();
         bytes += b;
-        largest = std::max(largest, b);
+        smallest = std::min(smallest, b);
         next[static_cast<size_t>(g)].append(part[static_cast<size_t>(i)]);
       }
-      groupBytes[static_cast<size_t>(level)] = std::max(groupBytes[static_cast<size_t>(level)], bytes - std::min(bytes, largest));
+      groupBytes[static_cast<size_t>(level)] = std::max(groupBytes[static_cast<size_t>(level)], bytes - smallest);
       groupKeys[static_cast<size_t>(level)] = std::max(groupKeys[static_cast<size_t>(level)], count - 1);
     }
     part = std::move(next);
