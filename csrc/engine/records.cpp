@@ -66,21 +66,25 @@ HostMap HostMap::one(const std::string& id, const std::string& name) {
   return p;
 }
 
-void HostMap::append(const HostMap& o) {
-  // Rank 0 merges every host of the job: by id, not by a scan per host (4,096 hosts of one rank).
+HostMap HostMap::concat(const std::vector<const HostMap*>& parts) {
+  // By id, in one index for the whole merge: not a scan per host, nor an index rebuilt per part
+  // (the last merge of 4,096 hosts of one rank takes 16 parts).
+  HostMap out;
   std::unordered_map<std::string, int> known;
-  for (size_t j = 0; j < hosts.size(); ++j) known.emplace(hosts[j].id, static_cast<int>(j));
-  std::vector<int> index(o.hosts.size());
-  for (size_t i = 0; i < o.hosts.size(); ++i) {
-    auto [it, added] = known.emplace(o.hosts[i].id, static_cast<int>(hosts.size()));
-    if (added) hosts.push_back(o.hosts[i]);
-    index[i] = it->second;
+  for (const HostMap* o : parts) {
+    std::vector<int> index(o->hosts.size());
+    for (size_t i = 0; i < o->hosts.size(); ++i) {
+      auto [it, added] = known.emplace(o->hosts[i].id, static_cast<int>(out.hosts.size()));
+      if (added) out.hosts.push_back(o->hosts[i]);
+      index[i] = it->second;
+    }
+    for (const auto& [h, n] : o->runs) {
+      const int mapped = index[static_cast<size_t>(h)];
+      if (!out.runs.empty() && out.runs.back().first == mapped) out.runs.back().second += n;
+      else out.runs.push_back({mapped, n});
+    }
   }
-  for (const auto& [h, n] : o.runs) {
-    int mapped = index[static_cast<size_t>(h)];
-    if (!runs.empty() && runs.back().first == mapped) runs.back().second += n;
-    else runs.push_back({mapped, n});
-  }
+  return out;
 }
 
 int HostMap::ranks() const {
@@ -189,12 +193,18 @@ bool combineHostMap(Store& store, int rank, int size, HostMap& mine, std::chrono
       if (i != index) keys.push_back(gatherPartKey(level - 1, i));
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
     const std::vector<std::string> vals = store.getAll(keys, std::max(left, std::chrono::milliseconds(1)));
-    HostMap merged;
-    for (int i = first, k = 0; i < first + count; ++i) {
-      if (i == index) merged.append(mine);
-      else merged.append(HostMap::decode(vals[static_cast<size_t>(k++)], who(level - 1, i)));
+    std::vector<HostMap> theirs;
+    theirs.reserve(vals.size());
+    std::vector<const HostMap*> inOrder;
+    for (int i = first; i < first + count; ++i) {
+      if (i == index) {
+        inOrder.push_back(&mine);
+        continue;
+      }
+      theirs.push_back(HostMap::decode(vals[theirs.size()], who(level - 1, i)));
+      inOrder.push_back(&theirs.back());
     }
-    mine = std::move(merged);
+    mine = HostMap::concat(inOrder);
     index = g;
     store.set(level == levels ? std::string("hosts") : gatherPartKey(level, g), mine.encode());
   }

@@ -40,8 +40,8 @@ struct HostMap {
   std::vector<std::pair<int, int>> runs;   // (index in hosts, consecutive ranks on it)
 
   static HostMap one(const std::string& id, const std::string& name);
-  /// Appends `o`'s ranks after this one's (hosts already here are reused).
-  void append(const HostMap& o);
+  /// The ranks of `parts`, one after the other (a host met again is reused).
+  static HostMap concat(const std::vector<const HostMap*>& parts);
   int ranks() const;
   /// Host index of each rank, in rank order.
   std::vector<int> hostOfRank() const;

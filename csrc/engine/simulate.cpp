@@ -409,12 +409,14 @@ SimSetup simulateSetup(const SimJob& job, int idBytes, int nameBytes, uint64_t r
     for (int g = 0; g < static_cast<int>(next.size()); ++g) {
       const auto [first, count] = gatherMembers(n, level, g);
       uint64_t bytes = 0, smallest = UINT64_MAX;
+      std::vector<const HostMap*> members;
       for (int i = first; i < first + count; ++i) {
         const uint64_t b = part[static_cast<size_t>(i)].encode().size();
         bytes += b;
         smallest = std::min(smallest, b);
-        next[static_cast<size_t>(g)].append(part[static_cast<size_t>(i)]);
+        members.push_back(&part[static_cast<size_t>(i)]);
       }
+      next[static_cast<size_t>(g)] = HostMap::concat(members);
       groupBytes[static_cast<size_t>(level)] = std::max(groupBytes[static_cast<size_t>(level)], bytes - smallest);
       groupKeys[static_cast<size_t>(level)] = std::max(groupKeys[static_cast<size_t>(level)], count - 1);
     }

@@ -31,8 +31,11 @@ HostMap gather(const std::vector<int>& hostOf) {
     std::vector<HostMap> next(static_cast<size_t>(gatherParts(n, level)));
     for (int g = 0; g < static_cast<int>(next.size()); ++g) {
       const auto [first, count] = gatherMembers(n, level, g);
-      for (int i = first; i < first + count; ++i)
-        next[static_cast<size_t>(g)].append(HostMap::decode(part[static_cast<size_t>(i)].encode(), "test"));
+      std::vector<HostMap> decoded;
+      for (int i = first; i < first + count; ++i) decoded.push_back(HostMap::decode(part[static_cast<size_t>(i)].encode(), "test"));
+      std::vector<const HostMap*> members;
+      for (const HostMap& m : decoded) members.push_back(&m);
+      next[static_cast<size_t>(g)] = HostMap::concat(members);
     }
     part = std::move(next);
   }
