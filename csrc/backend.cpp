@@ -888,8 +888,41 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::sparseAllreduce(std::vector<a
   at::Tensor in = t.to(at::kCPU).coalesce();
   at::Tensor idx = in._indices().contiguous(), vals = in._values().contiguous();
   const int64_t nnz = in._nnz();
-  at::Tensor mine = at::full({1}, nnz, at::kLong), counts = at::empty({n}, at::kLong);
-  gather(mine, counts);
+  // What the ranks must agree on before any rank's indices are taken: the shape, its sparse
+  // dims, the dtype; and each rank's own indices inside its shape (a tensor built without
+  // invariant checks may hold any). Every rank sees every rank's header, so all refuse alike,
+  // where a (8,) tensor once took index 2**29 from a (2**30,) one and crashed in to_dense().
+  bool inRange = true;
+  if (nnz > 0) {
+    const at::Tensor lo = std::get<0>(idx.min(1)), hi = std::get<0>(idx.max(1));
+    for (int64_t d = 0; d < in.sparse_dim(); ++d)
+      inRange = inRange && lo[d].item<int64_t>() >= 0 && hi[d].item<int64_t>() < in.size(d);
+  }
+  constexpr int64_t kHead = 5;  // nnz, dims, sparse dims, dtype, indices in range
+  at::Tensor mine = at::tensor({nnz, in.dim(), in.sparse_dim(), static_cast<int64_t>(in.scalar_type()), int64_t(inRange)},
+                               at::kLong);
+  at::Tensor heads = at::empty({n, kHead}, at::kLong);
+  gather(mine, heads);
+  for (int r = 0; r < n; ++r) {
+    if (heads[r][4].item<int64_t>() == 0)
+      invalid("allreduce of a sparse tensor: rank " + std::to_string(r) +
+              "'s tensor has indices outside its size (a tensor built with check_invariants=False?); no rank reduced it");
+    if (heads[r][1].item<int64_t>() != in.dim() || heads[r][2].item<int64_t>() != in.sparse_dim() ||
+        heads[r][3].item<int64_t>() != static_cast<int64_t>(in.scalar_type()))
+      invalid("allreduce of a sparse tensor: rank " + std::to_string(r) + "'s tensor has " +
+              std::to_string(heads[r][1].item<int64_t>()) + " dims (" + std::to_string(heads[r][2].item<int64_t>()) +
+              " sparse) of dtype " + c10::toString(static_cast<at::ScalarType>(heads[r][3].item<int64_t>())) + " where rank " +
+              std::to_string(getRank()) + "'s has " + std::to_string(in.dim()) + " (" + std::to_string(in.sparse_dim()) +
+              " sparse) of " + c10::toString(in.scalar_type()) + "; every rank must pass the same shape and dtype");
+  }
+  at::Tensor shape = at::tensor(in.sizes().vec(), at::kLong), shapes = at::empty({n, in.dim()}, at::kLong);
+  gather(shape, shapes);
+  for (int r = 0; r < n; ++r)
+    if (!at::equal(shapes[r], shape))
+      invalid("allreduce of a sparse tensor: rank " + std::to_string(r) + "'s tensor is of size " +
+              c10::str(c10::IntArrayRef(shapes[r].data_ptr<int64_t>(), static_cast<size_t>(in.dim()))) + " where rank " + std::to_string(getRank()) + "'s is " + c10::str(in.sizes()) +
+              "; every rank must pass the same size");
+  const at::Tensor counts = heads.select(1, 0).contiguous();
   const int64_t most = counts.max().item<int64_t>();
   std::vector<int64_t> valShape = vals.sizes().vec();
   valShape[0] = most;

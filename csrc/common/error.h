@@ -3,6 +3,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace railcc {
@@ -22,11 +23,23 @@ enum class ErrorCode {
 
 const char* errorCodeName(ErrorCode code);
 
+/// An error message as it may be shown: bytes that are not UTF-8 (or are control characters
+/// other than newline and tab) written as \xNN, and a message longer than kMaxErrorChars cut in
+/// the middle, saying how much was cut. Messages quote records other processes wrote through
+/// the store; one of them must never make an exception Python cannot decode, nor megabytes of
+/// one.
+constexpr size_t kMaxErrorChars = 4096;
+std::string tidyMessage(const std::string& msg);
+/// The same for a part quoted inside a message: at most `max` characters, marked where cut.
+std::string quoteBytes(const std::string& s, size_t max);
+/// Whether `s` is UTF-8 with no control characters (what a host name or id in a record must be).
+bool printableText(std::string_view s);
+
 /// The one exception type of the engine. Structured fields let the glue build typed
 /// Python exceptions that name the rank, host and op at fault.
 class Error : public std::runtime_error {
  public:
-  Error(ErrorCode code, const std::string& msg) : std::runtime_error(msg), code_(code) {}
+  Error(ErrorCode code, const std::string& msg) : std::runtime_error(tidyMessage(msg)), code_(code) {}
   ErrorCode code() const noexcept { return code_; }
 
   // Optional attribution, filled by whoever knows it.

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
+#include <algorithm>
 
 #include "common/error.h"
 
@@ -27,6 +29,94 @@ const char* errorCodeName(ErrorCode code) {
     case ErrorCode::kInternal: return "Internal";
   }
   return "Unknown";
+}
+
+namespace {
+// Length of the UTF-8 sequence at s[i] (1-4), or 0 where the bytes there are not one.
+size_t utf8Length(const std::string& s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  if (c < 0x80) return 1;
+  size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((b(i + k) & 0xc0) != 0x80) return 0;
+  if (n == 3 && ((c == 0xe0 && b(i + 1) < 0xa0) || (c == 0xed && b(i + 1) >= 0xa0))) return 0;  // overlong, surrogate
+  if (n == 4 && ((c == 0xf0 && b(i + 1) < 0x90) || (c == 0xf4 && b(i + 1) >= 0x90))) return 0;  // overlong, > U+10FFFF
+  return n;
+}
+
+// `s` with every byte that is not part of printable UTF-8 (newline and tab pass) as \xNN.
+std::string escapeBytes(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const size_t n = utf8Length(s, i);
+    if (n == 0 || (c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+      ++i;
+      continue;
+    }
+    out.append(s, i, n);
+    i += n;
+  }
+  return out;
+}
+
+// The first `n` bytes of `s`, less a UTF-8 sequence cut at the end.
+size_t utf8Cut(const std::string& s, size_t n) {
+  while (n > 0 && n < s.size() && (static_cast<unsigned char>(s[n]) & 0xc0) == 0x80) --n;
+  return n;
+}
+}  // namespace
+
+bool printableText(std::string_view s) {
+  const std::string t(s);
+  for (size_t i = 0; i < t.size();) {
+    const unsigned char c = static_cast<unsigned char>(t[i]);
+    const size_t n = utf8Length(t, i);
+    if (n == 0 || c < 0x20 || c == 0x7f) return false;
+    i += n;
+  }
+  return true;
+}
+
+std::string quoteBytes(const std::string& s, size_t max) {
+  std::string out = escapeBytes(s.substr(0, utf8Cut(s, std::min(s.size(), max))));
+  if (out.size() <= max && s.size() <= max) return out;
+  if (out.size() > max) out.resize(utf8Cut(out, max));  // escapes made it longer
+  return out + "... (" + std::to_string(s.size()) + " bytes in all)";
+}
+
+std::string tidyMessage(const std::string& msg) {
+  // A cheap look first: most messages are short printable ASCII.
+  bool plain = msg.size() <= kMaxErrorChars;
+  for (size_t i = 0; plain && i < msg.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(msg[i]);
+    plain = (c >= 0x20 && c < 0x7f) || c == '\n' || c == '\t';
+  }
+  if (plain) return msg;
+  if (msg.size() <= kMaxErrorChars) {
+    std::string all = escapeBytes(msg);
+    if (all.size() <= kMaxErrorChars) return all;
+  }
+  // Keep the head (what failed and why) and the tail (the advice); cut the middle.
+  constexpr size_t head = kMaxErrorChars * 3 / 4, tail = kMaxErrorChars / 8;
+  const size_t headEnd = utf8Cut(msg, std::min(msg.size(), head));
+  size_t tailFrom = std::max(headEnd, msg.size() > tail ? msg.size() - tail : 0);
+  while (tailFrom < msg.size() && (static_cast<unsigned char>(msg[tailFrom]) & 0xc0) == 0x80) ++tailFrom;
+  std::string a = escapeBytes(msg.substr(0, headEnd)), b = escapeBytes(msg.substr(tailFrom));
+  if (a.size() > head) a.resize(utf8Cut(a, head));  // escapes made them longer
+  if (b.size() > tail) {
+    size_t k = b.size() - tail;
+    while (k < b.size() && (static_cast<unsigned char>(b[k]) & 0xc0) == 0x80) ++k;
+    b = b.substr(k);
+  }
+  return a + " [... " + std::to_string(tailFrom - headEnd) + " bytes cut ...] " + b;
 }
 
 namespace detail {

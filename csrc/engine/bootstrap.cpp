@@ -516,7 +516,7 @@ void CommImpl::bootstrap(Store& store) {
   };
   const bool whole = size_ > 1 && combineHostMap(store, rank_, size_, placed, left(), opts_.name, partName);
   discoverEarly();  // the topology, while the placement gathers (placement.cpp)
-  if (size_ > 1 && !whole) placed = HostMap::decode(wholeMap(), "railcc init of group '" + opts_.name + "': the host map");
+  if (size_ > 1 && !whole) placed = HostMap::decode(wholeMap(), "railcc init of group '" + opts_.name + "': the host map", size_);
   if (rank_ != 0) secret = getFrom("secret", 0, "group secret");
   const std::vector<int> hostOf = placed.hostOfRank();
   if (static_cast<int>(hostOf.size()) != size_ || placed.hosts[static_cast<size_t>(hostOf[static_cast<size_t>(rank_)])].id != hostId)

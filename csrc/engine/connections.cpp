@@ -117,6 +117,15 @@ bool CommImpl::connectPeer(int peer, int lane) {
     int who = e.ranks.empty() ? peer : e.ranks.front();
     if (e.code() == ErrorCode::kPeerFailure && who >= 0 && who < size_ && who != rank_)
       peerFailed(who, std::string("connecting at first use: ") + e.what());
+    if (e.code() == ErrorCode::kInvalidUsage && e.ranks.empty()) {
+      // What the peer published was refused (its endpoint, read from the store): name whose.
+      const std::string& host = peers_[static_cast<size_t>(peer)].hostname;
+      Error named(e.code(), "railcc group '" + opts_.name + "': connecting to " + rankName(peer) + " (host " + host +
+                                ") at first use: " + e.what());
+      named.ranks = {peer};
+      named.hosts = {host};
+      throw named;
+    }
     throw;
   }
   std::string desc;

@@ -130,7 +130,7 @@ void CommImpl::peerFailed(int peer, const std::string& detail) {
     code = ErrorCode::kMismatch;  // the peer saw both calls; repeat them here
     msg = rankName(peer) + " (host " + p.hostname + ") detected a " + reason;
   } else if (!reason.empty()) {
-    msg = rankName(peer) + " (host " + p.hostname + ", " + linkOf(peer) + ") failed: " + reason;
+    msg = rankName(peer) + " (host " + p.hostname + ", " + linkOf(peer) + ") failed: " + innermostReason(reason);
   } else if (detail.find("reported a failure") != std::string::npos) {
     msg = rankName(peer) + " (host " + p.hostname + pidText + ", " + linkOf(peer) +
           ") failed earlier; its reason is no longer readable from the store (see that rank's log or trace dump)";

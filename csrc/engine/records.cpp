@@ -107,17 +107,21 @@ std::string HostMap::encode() const {
   return s;
 }
 
-HostMap HostMap::decode(const std::string& s, const std::string& who) {
+HostMap HostMap::decode(const std::string& s, const std::string& who, int ranks) {
   HostMap p;
-  auto bad = [&](std::string_view line, const char* why) {
-    RAILCC_THROW(kInvalidUsage, who, ": its placement record in the store has the line '",
-                 std::string(line.substr(0, 120)), "' (", why, "; a store record written by something other than railcc?)");
+  auto bad = [&](std::string_view line, const std::string& why) {
+    RAILCC_THROW(kInvalidUsage, who, ": its placement record in the store has the line '", quoteBytes(std::string(line), 120),
+                 "' (", why, "; a store record written by something other than railcc?)");
   };
   // Read in place, a line and its fields at a time: one record of 4,096 hosts would otherwise
   // make a string per line and per field, a few hundred KiB of heap each rank keeps touched.
   size_t hosts = 0;  // lines that start with 'h'
   for (size_t i = 0; i < s.size(); ++i) hosts += s[i] == 'h' && (i == 0 || s[i - 1] == '\n');
+  if (hosts > static_cast<size_t>(ranks))
+    RAILCC_THROW(kInvalidUsage, who, ": its placement record in the store names ", hosts, " hosts for ", ranks,
+                 " ranks (a store record written by something other than railcc?)");
   p.hosts.reserve(hosts);
+  int64_t total = 0;  // ranks named so far: checked before anything grows with them
   std::string_view rest(s);
   while (!rest.empty()) {
     const size_t eol = rest.find('\n');
@@ -130,17 +134,23 @@ HostMap HostMap::decode(const std::string& s, const std::string& who) {
     const std::string_view f1 = line.substr(2, b - 2), f2 = line.substr(b + 1);
     if (line[0] == 'h') {
       if (f1.empty()) bad(line, "an empty host id");
+      if (!printableText(f1) || !printableText(f2)) bad(line, "bytes that are not printable text");
       p.hosts.push_back({std::string(f1), std::string(f2)});
     } else if (line[0] == 'r') {
       long long h = 0, n = 0;
       if (!parseInt(std::string(f1), 0, static_cast<long long>(p.hosts.size()) - 1, h)) bad(line, "a host index out of range");
       if (!parseInt(std::string(f2), 1, 1 << 24, n)) bad(line, "a rank count that is not a number from 1");
+      total += n;
+      if (total > ranks) bad(line, "more than the " + std::to_string(ranks) + " ranks it covers");
       p.runs.push_back({static_cast<int>(h), static_cast<int>(n)});
     } else {
       bad(line, "neither a host nor a run");
     }
   }
   if (p.runs.empty()) RAILCC_THROW(kInvalidUsage, who, ": its placement record in the store names no ranks");
+  if (total != ranks)
+    RAILCC_THROW(kInvalidUsage, who, ": its placement record in the store names ", total, " ranks where it covers ", ranks,
+                 " (a store record written by something other than railcc, or another job using the same store prefix?)");
   return p;
 }
 
@@ -201,7 +211,8 @@ bool combineHostMap(Store& store, int rank, int size, HostMap& mine, std::chrono
         inOrder.push_back(&mine);
         continue;
       }
-      theirs.push_back(HostMap::decode(vals[theirs.size()], who(level - 1, i)));
+      const auto [lo, hi] = gatherSpan(size, level - 1, i);
+      theirs.push_back(HostMap::decode(vals[theirs.size()], who(level - 1, i), static_cast<int>(hi - lo + 1)));
       inOrder.push_back(&theirs.back());
     }
     mine = HostMap::concat(inOrder);
@@ -264,6 +275,24 @@ Endpoints parseEndpoints(const std::string& v, const std::string& who) {
     out[line.substr(0, a)] = {static_cast<int>(channels), line.substr(b + 1)};
   }
   return out;
+}
+
+std::string innermostReason(const std::string& reason) {
+  std::string rest = reason;
+  std::vector<std::string> via;
+  while (rest.rfind("rank ", 0) == 0) {
+    const size_t digits = rest.find_first_not_of("0123456789", 5);
+    const size_t said = rest.find(") failed: "), eol = rest.find('\n');
+    if (digits == 5 || said == std::string::npos || (eol != std::string::npos && said > eol)) break;
+    via.push_back(rest.substr(5, digits - 5));
+    rest = rest.substr(said + 10);
+  }
+  if (via.empty()) return reason;
+  std::string by = " (passed on by rank" + std::string(via.size() > 1 ? "s " : " ");
+  for (size_t i = 0; i < via.size() && i < 8; ++i) by += (i ? ", " : "") + via[i];
+  if (via.size() > 8) by += " and " + std::to_string(via.size() - 8) + " more";
+  const size_t eol = rest.find('\n');
+  return eol == std::string::npos ? rest + by + ")" : rest.substr(0, eol) + by + ")" + rest.substr(eol);
 }
 
 int firstReaching(const std::vector<std::pair<std::string, transport::Setup*>>& candidates, const Endpoints& offers,

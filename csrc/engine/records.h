@@ -46,9 +46,10 @@ struct HostMap {
   /// Host index of each rank, in rank order.
   std::vector<int> hostOfRank() const;
   /// Lines "h|id|name" and "r|host index|ranks"; decode() rejects what encode() cannot write,
-  /// naming `who` (a store record written by something other than railcc).
+  /// naming `who` (a store record written by something other than railcc), and a record of
+  /// other than `ranks` ranks, before it expands or keeps more than that.
   std::string encode() const;
-  static HostMap decode(const std::string& s, const std::string& who);
+  static HostMap decode(const std::string& s, const std::string& who, int ranks);
 };
 
 /// The gather's groups (above): level 0 has one part per rank; a group of level l >= 1 merges
@@ -91,6 +92,12 @@ std::vector<std::string> parsePeerRecord(const std::string& v, const std::string
 /// A peer's published endpoints: one line per transport, "name channels blob" -> {channels, blob}.
 using Endpoints = std::map<std::string, std::pair<int, std::string>>;
 Endpoints parseEndpoints(const std::string& v, const std::string& who);
+
+/// A failure report's reason ("failed/<r>", after its "ranks=" line) that is itself a report
+/// passed on ("rank 14 (host b, ...) failed: rank 13 (...) failed: <why>"), told once: the
+/// innermost reason, its first line followed by the ranks that passed it on (at most 8 named),
+/// so that a chain of 16 ranks does not make a first line of hundreds of characters.
+std::string innermostReason(const std::string& reason);
 
 /// Which transport reaches a peer: the first of `candidates` (name and set-up, in preference
 /// order) that its endpoints offer and whose set-up can reach it by the offer. Returns its index,

@@ -208,6 +208,30 @@ TEST(Errors, InvalidArgumentsThrowOnCaller) {
   });
 }
 
+// An error quoting what another process wrote stays something Python can decode and print:
+// bytes that are not UTF-8 escaped, megabytes cut to a few KiB with what was cut said.
+TEST(Errors, MessagesAreValidTextOfBoundedLength) {
+  const std::string plain = "rank 3 (host a) failed: it said so";
+  EXPECT_EQ(Error(ErrorCode::kPeerFailure, plain).what(), plain);
+  const std::string utf8 = "host caf\xc3\xa9 and tab\there\nline two";
+  EXPECT_EQ(Error(ErrorCode::kPeerFailure, utf8).what(), utf8);
+  const std::string odd = Error(ErrorCode::kInvalidUsage, std::string("ep/2 is 'a\xff\xfe\x01" "b\xc3'")).what();
+  EXPECT_EQ(odd, "ep/2 is 'a\\xff\\xfe\\x01b\\xc3'");
+  EXPECT_TRUE(printableText(odd));
+  std::string huge = "rank 2's endpoint record '" + std::string(4 << 20, 'x') + "\xff' is malformed; fix it";
+  const std::string cut = Error(ErrorCode::kInvalidUsage, huge).what();
+  EXPECT_LE(cut.size(), kMaxErrorChars + 64);
+  EXPECT_EQ(cut.rfind("rank 2's endpoint record", 0), 0u) << cut.substr(0, 80);
+  EXPECT_NE(cut.find("bytes cut"), std::string::npos);
+  EXPECT_NE(cut.find("malformed; fix it"), std::string::npos) << cut.substr(cut.size() - 80);
+  // A message made long by escapes alone is cut too, and never splits a character.
+  const std::string escaped = Error(ErrorCode::kInvalidUsage, std::string(3000, '\x01') + "\xc3\xa9").what();
+  EXPECT_LE(escaped.size(), kMaxErrorChars + 64);
+  EXPECT_TRUE(printableText(escaped)) << escaped.substr(escaped.size() - 40);
+  EXPECT_EQ(quoteBytes("abc", 10), "abc");
+  EXPECT_EQ(quoteBytes(std::string(50, 'y'), 10), std::string(10, 'y') + "... (50 bytes in all)");
+}
+
 TEST(Errors, MismatchedCollectivesFailWithBothCalls) {
   runRanks({2, true}, [](Communicator& c) {
     std::vector<float> v(4, 1.0f);

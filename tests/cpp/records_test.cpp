@@ -32,7 +32,7 @@ HostMap gather(const std::vector<int>& hostOf) {
     for (int g = 0; g < static_cast<int>(next.size()); ++g) {
       const auto [first, count] = gatherMembers(n, level, g);
       std::vector<HostMap> decoded;
-      for (int i = first; i < first + count; ++i) decoded.push_back(HostMap::decode(part[static_cast<size_t>(i)].encode(), "test"));
+      for (int i = first; i < first + count; ++i) decoded.push_back(HostMap::decode(part[static_cast<size_t>(i)].encode(), "test", part[static_cast<size_t>(i)].ranks()));
       std::vector<const HostMap*> members;
       for (const HostMap& m : decoded) members.push_back(&m);
       next[static_cast<size_t>(g)] = HostMap::concat(members);
@@ -138,7 +138,7 @@ TEST(HostMap, CombinedByWhicheverRankCompletesEachGroup) {
     for (auto& t : ts) t.join();
     for (int r = 0; r < n; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r << " of " << n;
     EXPECT_EQ(std::count(wholeHere.begin(), wholeHere.end(), 1), 1) << n;
-    const HostMap whole = HostMap::decode(got.front(), "test");
+    const HostMap whole = HostMap::decode(got.front(), "test", n);
     ASSERT_EQ(whole.ranks(), n);
     const std::vector<int> hostOf = whole.hostOfRank();
     for (int r = 0; r < n; ++r) {
@@ -181,12 +181,37 @@ TEST(HostMap, MalformedRecordsAreRefusedNamingTheRank) {
   for (const char* bad : {"", "junk", "h|a|b\nr|1|1\n", "h|a|b\nr|0|0\n", "x|a|b\n", "h||b\nr|0|1\n", "h|a|b\n",
                           "h|a|\nr|0|1\n", "h|a|b|c\nr|0|1\n", "h|a|b\nr|0|\n", "h|a|b\nr|0|1|\n", "hh|a|b\nr|0|1\n"}) {
     try {
-      HostMap::decode(bad, "rank 5");
+      HostMap::decode(bad, "rank 5", 1);
       FAIL() << "accepted '" << bad << "'";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("rank 5"), std::string::npos) << e.what();
     }
   }
+}
+
+// A record naming more ranks than the part covers is refused before anything grows with its
+// counts: 24 runs of 2^24 ranks once took a rank to 1.8 GB.
+TEST(HostMap, ARecordOfMoreRanksThanItCoversIsRefusedBeforeItGrows) {
+  std::string huge = "h|a|b\n";
+  for (int i = 0; i < 200; ++i) huge += "r|0|16777216\n";
+  for (const auto& [record, ranks, words] : std::vector<std::tuple<std::string, int, std::string>>{
+           {huge, 16, "more than the 16 ranks it covers"},
+           {"h|a|b\nr|0|3\n", 2, "more than the 2 ranks it covers"},
+           {"h|a|b\nr|0|1\n", 2, "names 1 ranks where it covers 2"},
+           {"h|a|b\nh|c|d\nh|e|f\nr|0|1\n", 2, "names 3 hosts for 2 ranks"},
+           {"h|a\xff|b\nr|0|1\n", 1, "not printable text"},
+           {"h|a|b\x01\nr|0|1\n", 1, "not printable text"}}) {
+    try {
+      HostMap::decode(record, "rank 7", ranks);
+      FAIL() << "accepted '" << record.substr(0, 40) << "'";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("rank 7"), std::string::npos) << what;
+      EXPECT_NE(what.find(words), std::string::npos) << what;
+      EXPECT_TRUE(printableText(what.substr(0, what.find('\n')))) << what;
+    }
+  }
+  EXPECT_EQ(HostMap::decode("h|a|b\nh|c|d\nr|0|2\nr|1|3\n", "x", 5).ranks(), 5);
 }
 
 namespace {
@@ -293,4 +318,18 @@ TEST(SetUp, ReadsThisHostsRecordsAndAnotherHostsEndpointOnlyAtFirstUse) {
     }
     EXPECT_GT(remoteEps, 0) << "rank " << r << " met another host without reading its endpoint";
   }
+}
+
+// A failure passed down a chain of ranks is told once, with the ranks it came through.
+TEST(FailureReport, AChainOfPassedOnFailuresIsToldOnce) {
+  EXPECT_EQ(innermostReason("rank 3 (host a, pid 7) is gone: EOF"), "rank 3 (host a, pid 7) is gone: EOF");
+  EXPECT_EQ(innermostReason("collective mismatch: x"), "collective mismatch: x");
+  std::string chain = "rank 0 (host h0, shm) is gone: closed\nhint";
+  for (int r = 1; r < 15; ++r) chain = "rank " + std::to_string(r) + " (host h" + std::to_string(r) + ", shm) failed: " + chain;
+  const std::string told = innermostReason(chain);
+  EXPECT_EQ(told.rfind("rank 0 (host h0, shm) is gone: closed (passed on by ranks 14, 13, 12, 11, 10, 9, 8, 7 and 6 more)", 0), 0u)
+      << told;
+  EXPECT_NE(told.find("\nhint"), std::string::npos) << told;
+  EXPECT_LT(told.find('\n'), 120u) << told;
+  EXPECT_EQ(innermostReason("rank 2 (group rank 1) (host b, tcp) failed: slow"), "slow (passed on by rank 2)");
 }

@@ -28,10 +28,10 @@ sockaddr_in parseAddr(const std::string& s) {
   a.sin_family = AF_INET;
   auto colon = s.rfind(':');
   if (colon == std::string::npos || inet_pton(AF_INET, s.substr(0, colon).c_str(), &a.sin_addr) != 1)
-    RAILCC_THROW(kInvalidUsage, "socket endpoint '", s, "' is not ip:port");
+    RAILCC_THROW(kInvalidUsage, "socket endpoint '", quoteBytes(s, 80), "' is not ip:port");
   long long port = 0;
   if (!parseInt(s.substr(colon + 1), 1, 65535, port))
-    RAILCC_THROW(kInvalidUsage, "socket endpoint '", s.substr(0, 64), "' has port '", s.substr(colon + 1).substr(0, 16),
+    RAILCC_THROW(kInvalidUsage, "socket endpoint '", quoteBytes(s, 64), "' has port '", quoteBytes(s.substr(colon + 1), 16),
                  "', not a number from 1 to 65535");
   a.sin_port = htons(static_cast<uint16_t>(port));
   return a;
