@@ -254,7 +254,10 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupRailcc::split(const c10::intrusive
   if (me == sorted.end()) return nullptr;
   std::vector<int> global;
   for (int r : sorted) global.push_back(globalRanks_[static_cast<size_t>(r)]);
-  std::chrono::milliseconds timeout = opts ? opts->timeout : timeout_;
+  std::chrono::milliseconds timeout = opts && opts->timeout != c10d::kUnsetTimeout ? opts->timeout : timeout_;
+  if (timeout.count() <= 0)
+    invalid(what + ": a timeout of " + std::to_string(timeout.count()) + " ms; give a positive timeout (or none, for the group's " +
+            std::to_string(timeout_.count()) + " ms)");
   std::string name = opts && !opts->group_name.empty() ? opts->group_name : groupName_ + ":split";
   std::lock_guard<std::mutex> g(splitMu_);
   for (auto it = splits_.begin(); it != splits_.end();) it = it->second.expired() ? splits_.erase(it) : std::next(it);

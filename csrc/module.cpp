@@ -298,7 +298,9 @@ PYBIND11_MODULE(_C, m) {
         py::object inst = cls(msg);
         inst.attr("code") = railcc::errorCodeName(e.code);
         inst.attr("ranks") = py::cast(e.ranks);
-        inst.attr("hosts") = py::cast(e.hosts);
+        std::vector<std::string> hosts;  // from records other processes wrote: text Python can decode
+        for (const std::string& h : e.hosts) hosts.push_back(railcc::quoteBytes(h, 256));
+        inst.attr("hosts") = py::cast(hosts);
         inst.attr("seq") = e.seq < 0 ? py::object(py::none()) : py::object(py::int_(e.seq));
         inst.attr("op") = e.op.empty() ? py::object(py::none()) : py::object(py::str(e.op));
         PyErr_SetObject(cls.ptr(), inst.ptr());

@@ -115,6 +115,18 @@ bool CommImpl::connectPeer(int peer, int lane) {
   } catch (const Error& e) {
     // The handshake that failed may be another peer's: name that one.
     int who = e.ranks.empty() ? peer : e.ranks.front();
+    if (e.tellPeers && who >= 0 && who < size_ && who != rank_) {
+      // A handshake refused (the ranks hold different secrets: RAILCC_AUTH_KEY_FILE differs, or
+      // a stranger answered): that rank is alive, so not "gone" and not one to shrink away; a
+      // setting to fix, told to it too (fail() publishes the reason).
+      const std::string& host = peers_[static_cast<size_t>(who)].hostname;
+      Error named(ErrorCode::kInvalidUsage, "railcc group '" + opts_.name + "': connecting to " + rankName(who) + " (host " +
+                                                host + ") at first use: " + e.what());
+      named.ranks = {who};
+      named.hosts = {host};
+      named.tellPeers = true;
+      throw named;
+    }
     if (e.code() == ErrorCode::kPeerFailure && who >= 0 && who < size_ && who != rank_)
       peerFailed(who, std::string("connecting at first use: ") + e.what());
     if (e.code() == ErrorCode::kInvalidUsage && e.ranks.empty()) {

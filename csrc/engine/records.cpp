@@ -193,8 +193,8 @@ bool combineHostMap(Store& store, int rank, int size, HostMap& mine, std::chrono
     const auto [first, count] = gatherMembers(size, level, g);
     const std::string counter = "gather/" + std::to_string(level) + "/" + std::to_string(g);
     const int64_t arrived = store.add(counter, 1);
-    if (arrived < count) return false;
-    if (arrived > count)
+    if (arrived >= 1 && arrived < count) return false;
+    if (arrived != count)
       RAILCC_THROW(kInvalidUsage, "railcc init of group '", group, "': store key '", counter, "' counts ", arrived,
                    " parts of the host map where its group has ", count, ": another job or group is using the same store prefix?");
     // The last of its group: every other part is there (each was set before its count).
@@ -234,6 +234,16 @@ void throwMissingPart(Store& store, int size, int64_t timeoutSec, const std::fun
                      "gather died or stalled during init (store key '", gatherPartKey(level, i), "' still unset)");
       }
     }
+  // Every part is there, so a count never completed: something else counted on the same keys.
+  for (int level = 1; level <= gatherLevels(size); ++level)
+    for (int g = 0; g < gatherParts(size, level); ++g) {
+      const std::string counter = "gather/" + std::to_string(level) + "/" + std::to_string(g);
+      const int64_t counted = store.add(counter, 0), members = gatherMembers(size, level, g).second;
+      if (counted != members)
+        RAILCC_THROW(kInvalidUsage, "store key '", counter, "' counts ", counted, " parts of the host map where its group has ",
+                     members, ", so the gather never completed within RAILCC_INIT_TIMEOUT=", timeoutSec,
+                     " s: another job or group is using the same store prefix, or something else wrote that key?");
+    }
 }
 
 bool ranksOutnumberCpus(const std::vector<std::string>& masks) {
@@ -254,8 +264,12 @@ std::vector<std::string> parsePeerRecord(const std::string& v, const std::string
   auto f = split(v, '|');
   long long pid = 0;
   if (f.size() != 5)
-    RAILCC_THROW(kInvalidUsage, who, ": its host record in the store ('", v.substr(0, 200), "') has ", f.size(),
+    RAILCC_THROW(kInvalidUsage, who, ": its host record in the store ('", quoteBytes(v, 200), "') has ", f.size(),
                  " fields separated by '|', not 5 (a store record written by something other than railcc?)");
+  for (const std::string& field : f)
+    if (!printableText(field))
+      RAILCC_THROW(kInvalidUsage, who, ": its host record in the store ('", quoteBytes(v, 200),
+                   "') holds bytes that are not printable text (a store record written by something other than railcc?)");
   if (!parseInt(f[2], 0, 1ll << 31, pid))
     RAILCC_THROW(kInvalidUsage, who, ": its host record in the store has pid '", f[2].substr(0, 32),
                  "', not a process id (a store record written by something other than railcc?)");

@@ -74,7 +74,8 @@ std::string gatherPartKey(int level, int index);
 bool combineHostMap(Store& store, int rank, int size, HostMap& mine, std::chrono::milliseconds timeout,
                     const std::string& group, const std::function<std::string(int, int)>& who);
 /// For a wait for "hosts" that ran out: throws, naming the first part of the gather that is not
-/// in the store, if any (the rank that completed its group died or stalled).
+/// in the store, if any (the rank that completed its group died or stalled), else a count that
+/// something other than the group's ranks changed.
 void throwMissingPart(Store& store, int size, int64_t timeoutSec, const std::function<std::string(int, int)>& who);
 
 /// This process's pid namespace ("pid:[4026531836]"): pids mean something only within one.

@@ -632,6 +632,13 @@ def rk_split(rank, n):
     except RuntimeError as e:  # torch's own check when the list is longer than the group
         if n > 1:
             bad.append(f"refused by torch, not railcc: {e}")
+    for secs in (0, -5):  # a timeout that could never be met (it once said "no progress for -5000 ms")
+        try:
+            world.split_group(members, timeout=datetime.timedelta(seconds=secs))
+            bad.append(f"a split timeout of {secs} s was accepted")
+        except ValueError as e:
+            if "give a positive timeout" not in str(e):
+                bad.append(f"unclear refusal of a {secs} s timeout: {e}")
     for g in (child, lone):
         if g is not None:
             g.shutdown()

@@ -550,3 +550,7 @@ def test_a_key_file_outside_the_store_must_match_to_connect(tmp_path):
     # why at once instead of waiting out RAILCC_INIT_TIMEOUT for a connection that never comes.
     for out, _ in outs:
         assert "failed authentication" in out["error"], outs
+        assert "RAILCC_AUTH_KEY_FILE differs" in out["error"], outs
+        # Both ranks are alive: neither is called gone, nor one to shrink away.
+        assert "is gone" not in out["error"] and "most likely died" not in out["error"], outs
+        assert "shrink_group" not in out["error"], outs

@@ -59,6 +59,23 @@ def test_a_host_map_that_names_too_few_ranks_is_refused(tmp_path):
     assert not out["ok"] and "names 3 hosts for 1 ranks" in out["error"], out
 
 
+@pytest.mark.timeout(120)
+def test_a_gather_count_that_something_else_lowered_is_named_not_a_bare_timeout(tmp_path):
+    # A rogue client counted -5 into the group's gather before the ranks came: it can never
+    # complete. Each rank says so at once (its own add shows it), not "'hosts' did not appear within 1 ms".
+    store = str(tmp_path / "store")
+    rogue = dist.FileStore(store, 3)  # kept open: a FileStore's last close deletes the file
+    rogue.add(PG_PREFIX + "gather/1/0", -5)
+    t0 = time.monotonic()
+    procs = [harness.spawn_worker(r, 2, store, {"RAILCC_INIT_TIMEOUT": "20"}) for r in range(2)]
+    for p in procs:
+        out, _ = harness.worker_result(p, 90)
+        assert not out["ok"], out
+        assert "store key 'gather/1/0' counts" in out["error"] and "where its group has 2" in out["error"], out
+        assert "same store prefix" in out["error"], out
+    assert time.monotonic() - t0 < 15
+
+
 # ------------------------------------------------------------ bytes that are not UTF-8 (item 8)
 
 

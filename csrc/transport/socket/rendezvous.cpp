@@ -284,7 +284,8 @@ void Rendezvous::finishServerHello(Conn& c) {
   std::copy(c.in.begin() + 8 + kNonce, c.in.end(), theirs.begin());
   if (!equalConstantTime(theirs, macOf(secret_, "railcc server", c.hello, c.nonce))) {
     Error e(ErrorCode::kPeerFailure, who + " failed authentication: it does not hold this group's secret "
-                                           "(a process of another job listening at this address?)");
+                                           "(RAILCC_AUTH_KEY_FILE differs between the ranks, or a process of another "
+                                           "job listens at this address)");
     e.ranks = {c.peer};
     e.tellPeers = true;
     throw e;
