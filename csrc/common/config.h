@@ -10,7 +10,7 @@ namespace railcc {
 // environment variable, an NCCL_* fallback that means the same thing (or ""), the default,
 // the values allowed ("lo..hi" for numbers, "a|b|c" for a choice, "" for anything), and a
 // description. The Config struct, the env listing (`python -m railcc env`) and the
-// README table are all generated from these rows, so a parameter is added in one place.
+// table in docs/configuration.md are all generated from these rows, so a parameter is added in one place.
 #define RAILCC_PARAMS(X)                                                                      \
   X(debug, std::string, "RAILCC_DEBUG", "NCCL_DEBUG", "WARN", "",                                 \
     "Log level: WARN, INFO or TRACE (VERSION is read as INFO).")                              \
@@ -219,7 +219,7 @@ struct ParamInfo {
   std::string source;  // which variable set it, or "default"
 };
 
-/// One row per parameter with its effective value: for `python -m railcc env` and README.
+/// One row per parameter with its effective value: for `python -m railcc env` and docs/configuration.md.
 std::vector<ParamInfo> describeParams();
 
 }  // namespace railcc

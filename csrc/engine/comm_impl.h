@@ -18,7 +18,6 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,7 +25,6 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
-#include <fstream>
 #include <map>
 #include <numeric>
 #include <set>
@@ -589,10 +587,12 @@ class CommImpl : private ChannelHost {
   /// How another live group of this rank saw global rank `g` die ("" when none did): set-up
   /// of a new group waiting for that rank fails with it at once.
   std::string seenDeadElsewhere(int g) const;
-  /// Set-up failures this rank publishes for its peers ("initfail" in the group's store), and
-  /// the check for theirs while waiting; health_.initFailSeen marks an error that came from a peer's.
+  /// Set-up failures this rank publishes for its peers ("initfail" in the group's store), the
+  /// check for theirs while waiting, and the error a record "rank|host|why" of one makes (thrown;
+  /// at op time too, for a peer never connected); health_.initFailSeen marks it as a peer's.
   void publishInitFailure(Store& store, const Error& e);
   void checkPeerInitFailure(Store& store);
+  void throwInitFailure(const std::string& rec, const std::string& context, const std::string& after);
   void memberDied(const std::vector<int>& ranks, const std::string& group, const std::string& why);
   std::exception_ptr brokenError() const;
   [[noreturn]] void peerFailed(int peer, const std::string& detail) override;

@@ -88,6 +88,13 @@ void CommImpl::checkPeersReported(const std::vector<std::pair<int, int>>& waitOn
     if (it == peers.end()) peers.emplace_back(p, up);
     else it->second = it->second && up;
   }
+  // A peer not connected yet may never come: it failed its own init after this rank's ended
+  // (a setting of its own refused), and said why in the group's store (publishInitFailure).
+  if (std::any_of(peers.begin(), peers.end(), [](const auto& e) { return !e.second; })) {
+    std::string rec;
+    if (storeTryGet("initfail/why", Millis(2), rec))
+      throwInitFailure(rec, "railcc group '" + opts_.name + "': ", ", so it never joins the group");
+  }
   const size_t n = std::min(peers.size(), kPerCheck);
   for (size_t i = 0; i < n; ++i) {
     const auto [p, up] = peers[(health_.reportTurn + i) % peers.size()];
@@ -361,14 +368,18 @@ void CommImpl::checkPeerInitFailure(Store& store) {
   } catch (const std::exception&) {  // unreadable (or not a counter): the wait goes on as before
     return;
   }
+  throwInitFailure(rec, "railcc init of group '" + opts_.name + "': ", "");
+}
+
+void CommImpl::throwInitFailure(const std::string& rec, const std::string& context, const std::string& after) {
   auto a = rec.find('|'), b = rec.find('|', a == std::string::npos ? a : a + 1);
   long long r = -1;
-  if (a == std::string::npos || b == std::string::npos || !parseInt(rec.substr(0, a), 0, size_ - 1, r)) return;
-  Error err(ErrorCode::kPeerFailure, "railcc init of group '" + opts_.name + "': " + rankName(static_cast<int>(r)) +
-                                         " (host " + rec.substr(a + 1, b - a - 1) + ") failed its own init: " +
-                                         rec.substr(b + 1));
+  if (a == std::string::npos || b == std::string::npos || !parseInt(rec.substr(0, a), 0, size_ - 1, r) || r == rank_) return;
+  const std::string host = quoteBytes(rec.substr(a + 1, b - a - 1), 64);
+  Error err(ErrorCode::kPeerFailure,
+            context + rankName(static_cast<int>(r)) + " (host " + host + ") failed its own init" + after + ": " + rec.substr(b + 1));
   err.ranks = {static_cast<int>(r)};
-  err.hosts = {rec.substr(a + 1, b - a - 1)};
+  err.hosts = {host};
   health_.initFailSeen = true;
   throw err;
 }

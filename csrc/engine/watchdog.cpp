@@ -1,4 +1,7 @@
 #include <pthread.h>
+#include <sys/stat.h>
+
+#include <fstream>
 
 #include "engine/comm_impl.h"
 

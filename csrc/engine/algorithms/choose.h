@@ -43,7 +43,7 @@ int64_t cmaBytesFor(int64_t configured, bool sharedCores);
 
 /// Across hosts, an all-reduce small enough for the one-shot runs by recursive doubling (tree)
 /// from this many ranks: every rank of the one-shot sends its buffer to each of n-1 peers. On
-/// ranks of fake hosts on one machine (scripts/scale_harness.py, docs/benchmarks.md), 8 bytes:
+/// ranks of fake hosts on one machine (scripts/scale_harness.py, docs/history/), 8 bytes:
 /// tree 0.98x the one-shot's time at 4 ranks, 0.82x at 8, 0.70x at 16 and 0.55x at 32. Those
 /// ranks share 2 cores, so the count of messages weighs more than on a real network, where the
 /// one-shot's single step may win at 8: the switch is at 16, where the gain was clear.
@@ -54,7 +54,7 @@ constexpr int kTreeMinRanks = 16;
 /// two peers per rank whatever the job's size, where the pairwise schedule meets n-1 peers
 /// (each a lazy connection, with its buffers) and the direct all-gather sends n-1 messages at
 /// once. On ranks of fake hosts on one machine, 1 MiB all-reduce: ring 0.93x pairwise's time
-/// at 4 ranks, 0.83x at 8, 0.75x at 16, 0.44x at 32 (docs/benchmarks.md). Below 16 pairwise
+/// at 4 ranks, 0.83x at 8, 0.75x at 16, 0.44x at 32 (docs/history/). Below 16 pairwise
 /// stays: with one send link and one receive link per rank a ring paces every link to the
 /// slowest, so the watchdog's comparison of a rank's links names a slow cable less often.
 constexpr int kRingMinRanks = 16;

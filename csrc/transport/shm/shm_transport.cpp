@@ -82,7 +82,7 @@ class ShmSetup : public Setup {
   // overflow a 32 MiB cache, and 1 MiB FIFOs sped up a 4-rank all-to-all on 2 cores in two A/B
   // sets of three (not in a third); but small FIFOs slowed the pipelined ops: 8 ranks on 2 cores,
   // reduce 1.2-3.5x slower with 256 KiB FIFOs, and 2 ranks with a core each 1.3-4.7x slower with
-  // 256 KiB, up to 1.7x with 1 MiB (docs/benchmarks.md).
+  // 256 KiB, up to 1.7x with 1 MiB (docs/history/).
   static size_t fifoBytes(const SetupContext& ctx) {
     int64_t set = ctx.config.shmFifoBytes;
     RAILCC_CHECK_ARG(set == 0 || set >= 4096, "RAILCC_SHM_FIFO_BYTES=", set, ": must be 0 (RAILCC_BUFFSIZE) or at least 4096");
