@@ -144,8 +144,6 @@ class ProcessGroupRailcc : public c10d::Backend {
   std::chrono::milliseconds timeout() const { return timeout_; }
   const std::string& groupName() const { return groupName_; }
   const std::vector<int>& globalRanks() const { return globalRanks_; }
-  /// Shrinks of this group so far: names the store prefix of the next one alike on every survivor.
-  int nextShrink() { return ++shrinks_; }
   /// Per-peer transport, e.g. {"shm", "socket 10.0.0.2:4000"}, for diagnostics.
   std::vector<std::string> peerTransports() const;
 
@@ -164,7 +162,6 @@ class ProcessGroupRailcc : public c10d::Backend {
   c10::intrusive_ptr<c10d::Store> c10dStore_;
   std::string groupName_;
   std::vector<int> globalRanks_;
-  int shrinks_ = 0;
   // Children made by split(), by group name: torch 2.13's ProcessGroup::splitGroup calls
   // split() once per device type the parent serves (cpu and cuda here), and two children
   // rendezvousing under one store prefix would race; the second call gets the first child.

@@ -118,7 +118,6 @@ PYBIND11_MODULE(_C, m) {
       .def("_timeout", [](railcc::ProcessGroupRailcc& self) { return self.timeout(); })
       .def("_group_name", [](railcc::ProcessGroupRailcc& self) { return self.groupName(); })
       .def("_global_ranks", [](railcc::ProcessGroupRailcc& self) { return self.globalRanks(); })
-      .def("_next_shrink", [](railcc::ProcessGroupRailcc& self) { return self.nextShrink(); })
       .def("_drain", [](railcc::ProcessGroupRailcc& self, double seconds) {
         py::gil_scoped_release nogil;
         return self.comm().drain(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
@@ -129,6 +128,9 @@ PYBIND11_MODULE(_C, m) {
         std::vector<int> out;
         std::exception_ptr err = self.comm().brokenError();
         if (!err) return out;
+        const int me = self.globalRanks()[static_cast<size_t>(self.getRank())];
+        for (int g : self.comm().laterDead())
+          if (g != me) out.push_back(g);  // seen dead by another group after this one broke
         try {
           std::rethrow_exception(err);
         } catch (const railcc::Error& e) {

@@ -422,6 +422,7 @@ void CommImpl::bootstrap(Store& store) {
       for (int r = from < 0 ? 0 : from; r < (from < 0 ? size_ : from + 1); ++r) {
         if (r == rank_) continue;
         std::string seen = seenDeadElsewhere(globalRank(r));
+        if (seen.empty()) seen = goneElsewhere(globalRank(r));  // e.g. a shrink's survivor that died after the views agreed
         if (!seen.empty()) {
           Error err(ErrorCode::kPeerFailure, "railcc init of group '" + opts_.name + "': " + rankName(r) +
                                                  " is dead, as " + seen);

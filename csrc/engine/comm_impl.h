@@ -36,6 +36,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "engine/algorithms/choose.h"
+#include "engine/health.h"
 #include "engine/channels.h"
 #include "engine/communicator.h"
 #include "engine/device.h"
@@ -422,23 +423,7 @@ class CommImpl : private ChannelHost {
 
   // How the group stands (failure.cpp, progress.cpp). errMu guards `broken`; the flags are
   // read without it on the hot path.
-  struct Health {
-    std::atomic<bool> aborted{false};
-    std::string abortWhy;  // under OpQueue::mu
-    mutable std::mutex errMu;
-    std::exception_ptr broken;           // the error every later op fails with
-    std::atomic<bool> brokenSet{false};  // broken is set
-    std::atomic<bool> memberDown{false};  // another group of this rank failed us: raise broken
-    // Set-up: an error that came from a peer's published init failure, and when we last looked.
-    bool initFailSeen = false;
-    Clock::time_point lastInitFailCheck{};
-    size_t reportTurn = 0;  // checkPeersReported's place among the peers waited on (engine thread)
-    struct Beat {
-      std::string record;        // the peer's progress record as last read
-      Clock::time_point since;    // when it was first read so
-    };
-    std::map<int, Beat> beats;  // peers waited on without a connection (checkHeartbeat; engine thread)
-  } health_;
+  Health health_;  // health.h: how the group stands (errMu guards the error and the later dead)
   std::string hostname_;
   // Runs c10d Future callbacks and comm hooks off the progress thread (Request::runUserCode).
   std::shared_ptr<CallbackPool> userPool_;
@@ -458,17 +443,7 @@ class CommImpl : private ChannelHost {
   std::shared_ptr<WatchdogShared> wd_;
   std::thread watchdog_;
   mutable std::mutex traceMu_;  // one trace file write at a time
-  // Stragglers (watchdog.cpp): `mu` guards what the watchdog found and the caller reads.
-  struct Stragglers {
-    mutable std::mutex mu;
-    std::mutex checkMu;  // one checkStragglers() at a time
-    std::vector<bool> lagFlagged;
-    std::set<std::pair<int, bool>> linkFlagged;
-    std::string msg;                  // pending StragglerError for the next op (RAILCC_STRAGGLER_ACTION=raise)
-    std::atomic<bool> pending{false};  // msg is not empty
-    std::vector<int> ranks;
-    std::string peerProgressJson = "{}";  // what describePeerProgress concluded, for the dump
-  } strag_;
+  Stragglers strag_;  // health.h: what the watchdog found of slow ranks and links (watchdog.cpp)
   void watchdogLoop(std::shared_ptr<WatchdogShared> w);
   // Reads `key` within about `wait` even when the store itself hangs (its host frozen or the
   // network cut): the read then runs on a helper thread that is left behind if it overruns.
@@ -587,6 +562,9 @@ class CommImpl : private ChannelHost {
   /// How another live group of this rank saw global rank `g` die ("" when none did): set-up
   /// of a new group waiting for that rank fails with it at once.
   std::string seenDeadElsewhere(int g) const;
+  /// Whether another group of this rank knows global rank `g` as a process of this host that
+  /// has exited (then that group learns it too): how, or "".
+  std::string goneElsewhere(int g);
   /// Set-up failures this rank publishes for its peers ("initfail" in the group's store), the
   /// check for theirs while waiting, and the error a record "rank|host|why" of one makes (thrown;
   /// at op time too, for a peer never connected); health_.initFailSeen marks it as a peer's.

@@ -49,6 +49,10 @@ std::exception_ptr Communicator::brokenError() const {
   std::lock_guard<std::mutex> g(impl_->health_.errMu);
   return impl_->health_.broken;
 }
+std::vector<int> Communicator::laterDead() const {
+  std::lock_guard<std::mutex> g(impl_->health_.errMu);
+  return impl_->health_.laterDead;
+}
 std::string Communicator::traceJson(const std::string& reason) const { return impl_->traceJson(reason); }
 std::string Communicator::dumpTrace(const std::string& reason, const std::string& dir) const {
   return impl_->writeTrace(reason, dir);

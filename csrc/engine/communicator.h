@@ -201,6 +201,8 @@ class Communicator {
   void shutdown();
   /// The error that broke the communicator, if any.
   std::exception_ptr brokenError() const;
+  /// Global ranks learned dead after it broke (another group of this rank saw them die).
+  std::vector<int> laterDead() const;
 
   /// The flight recorder as a JSON document (read by `python -m railcc trace`): recent ops with their
   /// state, times and bytes per peer, this rank's progress and link throughput.

@@ -291,7 +291,12 @@ void CommImpl::spreadDeath(const Error& e) {
 void CommImpl::memberDied(const std::vector<int>& ranks, const std::string& group, const std::string& why) {
   {
     std::lock_guard<std::mutex> g(health_.errMu);
-    if (health_.broken) return;
+    if (health_.broken) {  // failed already: remembered, for railcc.failed_ranks() and a shrink's retry
+      for (int r : ranks)
+        if (std::find(health_.laterDead.begin(), health_.laterDead.end(), globalRank(r)) == health_.laterDead.end())
+          health_.laterDead.push_back(globalRank(r));
+      return;
+    }
   }
   std::ostringstream os;
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -327,6 +332,24 @@ std::string CommImpl::seenDeadElsewhere(int g) const {
       for (int r : e.ranks)
         if ((e.ranksGlobal ? r : other->globalRank(r)) == g) return "group '" + other->opts_.name + "' found: " + e.what();
     } catch (...) {
+    }
+  }
+  return "";
+}
+
+std::string CommImpl::goneElsewhere(int g) {
+  std::lock_guard<std::recursive_mutex> lk(registry().mu);
+  for (CommImpl* other : registry().comms) {
+    if (other == this || other->globalRank(other->rank_) != globalRank(rank_)) continue;
+    for (int q : other->localRanks_) {  // a pid means something only on this host, in this pid namespace
+      const PeerInfo& p = other->peers_[static_cast<size_t>(q)];
+      if (q == other->rank_ || other->globalRank(q) != g || p.pid <= 0 || p.pidNs != pidNamespace() ||
+          !transport::processGone(p.pid))
+        continue;
+      const std::string how = "group '" + other->opts_.name + "' knew it as pid " + std::to_string(p.pid) + " on host " +
+                              p.hostname + ", and that process has exited";
+      other->memberDied({q}, opts_.name, "it exited while group '" + opts_.name + "' was being set up");
+      return how;
     }
   }
   return "";

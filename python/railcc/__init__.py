@@ -149,7 +149,8 @@ def abort(group=None):
 def failed_ranks(group=None, group_ranks=False):
     """The ranks this rank knows to be dead or silent in `group` (default group if None): those
     the error that broke the group blames (a rank that exited, closed its connections, or never
-    answered within the timeout). Empty while the group is healthy. Global ranks (as
+    answered within the timeout), and those another group of this rank saw die since (a
+    shrink's new group whose set-up lost a rank, say). Empty while the group is healthy. Global ranks (as
     torch.distributed.get_process_group_ranks gives them), or with group_ranks=True ranks of
     `group` itself, which is what shrink_group takes:
 

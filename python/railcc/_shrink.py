@@ -1,16 +1,25 @@
 """Shrinking a railcc group: what torch.distributed.shrink_group asks of the backend.
 
 The survivors form a new railcc group among themselves through the parent's c10d store, under
-a prefix that names the parent group and the shrink's number (every survivor counts its
-shrinks of a group alike), so nothing of the dead rank's is waited for. Before that, each
-survivor publishes which ranks it excludes and checks that every other survivor excludes the
-same ones: a rank that disagrees fails the shrink on every survivor, with both views named,
-instead of the survivors building different groups that would hang.
+a prefix that names the parent group and the shrink's attempt, so nothing of the dead rank's is
+waited for. Before that, each survivor publishes which ranks it excludes under the attempt and
+checks that every other survivor excludes the same ones: a rank that disagrees fails the shrink
+on every survivor, with both views named, instead of the survivors building different groups
+that would hang.
+
+An attempt ends once, for everyone, in one store key (`<attempt>/outcome`, set by compare_set:
+the first word wins): "go" (every view there and alike: build the group), "views" (they differ:
+every survivor raises) or "absent" (a survivor gave up: its wait ran out, or its shrink failed
+before it published). A survivor still waiting when an attempt is "absent" moves on to the next
+attempt (waiting a whole timeout again), where the one that gave up comes when it retries; one
+that arrives later skips every attempt already ended. So a shrink that failed on one rank can be retried, and the ranks meet
+again instead of one of them entering a group the others never build.
 """
 
 import functools as _functools
 import json as _json
 import threading as _threading
+import time as _time
 
 import torch as _torch
 import torch.distributed as _dist
@@ -57,6 +66,66 @@ def _registered(backend):
     return False
 
 
+def _first_open_attempt(store):
+    """The first attempt of this group's shrink that has not ended (attempts count from 1)."""
+    attempt = 1
+    while store.check([f"{attempt}/outcome"]):
+        attempt += 1
+    return attempt
+
+
+def _give_up(store, attempt, why):
+    """Ends `attempt` as "absent" unless it ended already; returns how it ended."""
+    return store.compare_set(f"{attempt}/outcome", "", "absent|" + why).decode(errors="replace")
+
+
+def _agree(store, name, glob, me, survivors, view, timeout):
+    """Meets the other survivors in an attempt whose views all match this rank's, within
+    `timeout`; returns that attempt's number, or raises naming the views that differ or the
+    ranks that never came."""
+    deadline = _time.monotonic() + timeout.total_seconds()
+    attempt = _first_open_attempt(store)
+    store.set(f"{attempt}/view/{glob[me]}", view)
+    nap = 0.001
+    while True:
+        keys = [f"{attempt}/view/{glob[r]}" for r in survivors]
+        outcome = ""
+        if store.check(keys):
+            views = {glob[r]: v.decode(errors="replace") for r, v in zip(survivors, store.multi_get(keys))}
+            differ = [(r, v) for r, v in views.items() if v != view]
+            if differ:
+                r, theirs = differ[0]
+                msg = (f"railcc shrink of group '{name}': rank {glob[me]} excludes {view} but rank {r} excludes "
+                       f"{theirs} (ranks of the default group); every rank that stays must exclude the same ranks")
+                store.compare_set(f"{attempt}/outcome", "", "views|" + msg)
+                raise RuntimeError(msg)
+            outcome = store.compare_set(f"{attempt}/outcome", "", "go").decode(errors="replace")
+        elif _time.monotonic() >= deadline:
+            missing = [glob[r] for r in survivors if not store.check([f"{attempt}/view/{glob[r]}"])]
+            mine = f"rank {glob[me]} waited for ranks {missing} for the group's timeout"
+            outcome = _give_up(store, attempt, mine)
+            if outcome == "absent|" + mine:  # this rank ended the attempt (another's "absent": its retry is next)
+                raise RuntimeError(f"railcc shrink of group '{name}': ranks {missing} (of the default group), which "
+                                   f"this rank keeps, did not join the shrink within the group's timeout ({timeout}); "
+                                   "every rank that stays must call shrink_group with the same ranks (a retry meets "
+                                   "the others again)")
+        elif store.check([f"{attempt}/outcome"]):
+            outcome = store.get(f"{attempt}/outcome").decode(errors="replace")
+        if outcome == "go":
+            return attempt
+        if outcome.startswith("views|"):
+            raise RuntimeError(outcome[len("views|"):])
+        if outcome:  # "absent": a survivor gave up on this attempt; meet its retry in the next,
+            # for a whole timeout from now (it gave up about when this rank would have)
+            attempt = _first_open_attempt(store)
+            store.set(f"{attempt}/view/{glob[me]}", view)
+            deadline = _time.monotonic() + timeout.total_seconds()
+            nap = 0.001
+            continue
+        _time.sleep(nap)
+        nap = min(nap * 2, 0.05)
+
+
 def shrink(self, ranks_to_exclude, shrink_flags=0, opts_override=None):
     """ProcessGroupRailcc.shrink: the survivors' new backend (this rank's part of it)."""
     from . import _C
@@ -82,42 +151,30 @@ def shrink(self, ranks_to_exclude, shrink_flags=0, opts_override=None):
         flag = "SHRINK_ABORT" if shrink_flags & SHRINK_ABORT else "SHRINK_DEFAULT"
         why = (f"shrink_group({flag}) on rank {glob[me]} left out ranks {[glob[r] for r in excluded]} (of the default "
                "group); this group is aborted, the ranks that stay go on in the shrunk one")
+        # _c10d_store() is already this torchrun attempt's (backend.cpp): no key of an earlier attempt.
+        store = _dist.PrefixStore(f"railcc-shrink/{name}/", self._c10d_store())
         if shrink_flags & SHRINK_ABORT:
             # Every pending and queued op of the parent fails now (AbortedError): nothing here
             # waits on a dead rank.
             self.abort_group(why)
         elif not self._drain(timeout.total_seconds()):
             # SHRINK_DEFAULT: the parent's outstanding ops end first (done, or failed by the
-            # watchdog when they need a dead rank), within the group's timeout.
+            # watchdog when they need a dead rank), within the group's timeout. Survivors waiting
+            # in this attempt hear at once that this rank gave up, and wait for its retry.
+            _give_up(store, _first_open_attempt(store),
+                     f"rank {glob[me]}'s shrink failed before it joined: its outstanding ops did not finish")
             raise RuntimeError(f"railcc shrink of group '{name}': the group's outstanding "
                                f"ops did not finish within its timeout ({timeout}); shrink with "
                                "shrink_flags=SHRINK_ABORT to abort them instead of waiting")
         survivors = [r for r in range(size) if r not in excluded]
-        number = self._next_shrink()
-        # _c10d_store() is already this torchrun attempt's (backend.cpp): no key of an earlier attempt.
-        store = _dist.PrefixStore(f"railcc-shrink/{name}/{number}/", self._c10d_store())
         view = _json.dumps([glob[r] for r in excluded])
-        store.set(f"view/{glob[me]}", view)
-        keys = [f"view/{glob[r]}" for r in survivors]
-        try:
-            store.wait(keys, timeout)  # a timedelta (pybind11 converts the group's milliseconds)
-        except Exception as e:
-            missing = [glob[r] for r in survivors if not store.check([f"view/{glob[r]}"])]
-            raise RuntimeError(f"railcc shrink of group '{name}': ranks {missing} (of the default group), which this "
-                               f"rank keeps, did not join the shrink within the group's timeout ({e}); every rank "
-                               "that stays must call shrink_group with the same ranks") from None
-        for r in survivors:
-            theirs = store.get(f"view/{glob[r]}").decode()
-            if theirs != view:
-                raise RuntimeError(f"railcc shrink of group '{name}': rank {glob[me]} excludes {view} but rank "
-                                   f"{glob[r]} excludes {theirs} (ranks of the default group); every rank that "
-                                   "stays must exclude the same ranks")
+        attempt = _agree(store, name, glob, me, survivors, view, timeout)
         if not shrink_flags & SHRINK_ABORT:
             # The views agree; torch destroys the parent next. Aborting it tells a rank that was
             # left out alive why, at its next op on the parent, instead of letting it wait there.
             self.abort_group(why)
-        return _C.ProcessGroupRailcc(store, survivors.index(me), len(survivors), timeout, f"{name}:shrink{number}",
-                                     [glob[r] for r in survivors])
+        return _C.ProcessGroupRailcc(_dist.PrefixStore(f"{attempt}/", store), survivors.index(me), len(survivors),
+                                     timeout, f"{name}:shrink{attempt}", [glob[r] for r in survivors])
     finally:
         with _in_flight_mu:
             _in_flight.discard(key)

@@ -17,6 +17,16 @@ WORLD_SIZE). Modes:
   wait       3 ranks; rank 2 is SIGKILLed while ranks 0 and 1 have an all_reduce outstanding
              that nobody waits on; shrink_group without SHRINK_ABORT waits for it to fail (the
              watchdog), then builds the new group.
+  late       3 ranks, a 4 s group timeout; rank 2 is SIGKILLed; rank 1 calls shrink_group 5.5 s
+             after rank 0, whose shrink fails naming it and is retried at once: both meet in the
+             retry and all_reduce on the result.
+  drain      3 ranks, a 4 s group timeout; rank 2 is left out alive; rank 0 has an all_reduce
+             outstanding (60 s op timeout) that nobody else joins, so its SHRINK_DEFAULT cannot
+             drain and fails; its retry with SHRINK_ABORT meets rank 1, still in its first call.
+  second     4 ranks; rank 3 is SIGKILLed; rank 2 publishes a view that agrees with ranks 0 and 1,
+             then is SIGKILLed before the new group's set-up: ranks 0 and 1 are told within
+             seconds (not RAILCC_INIT_TIMEOUT), railcc.failed_ranks() names both dead ranks, and
+             a shrink without them succeeds.
 """
 import os
 import sys
@@ -28,7 +38,10 @@ import torch.distributed as dist
 import railcc
 
 mode = sys.argv[1]
-dist.init_process_group("railcc")
+if mode in ("late", "drain", "second"):
+    dist.init_process_group("railcc", timeout=__import__("datetime").timedelta(seconds=4))
+else:
+    dist.init_process_group("railcc")
 me, n = dist.get_rank(), dist.get_world_size()
 c10d = dist.distributed_c10d
 
@@ -196,4 +209,70 @@ elif mode in ("subgroup", "wait", "excluded"):
         print(f"rank {me}: shrink waited {took:.2f} s for the outstanding all_reduce to fail", flush=True)
         check_sum("after the shrink that waited")
         leave([0, 1])
+elif mode in ("late", "drain", "second"):
+    store = c10d._get_default_store()
+    dist.all_reduce(torch.ones(4))
+    victim = n - 1
+    if mode == "drain":
+        if me == victim:  # left out alive: it takes no part and leaves once the others are done
+            store.wait(["shrunk/0", "shrunk/1"], __import__("datetime").timedelta(seconds=60))
+            os._exit(0)
+        if me == 0:
+            opts = dist.AllreduceOptions()
+            opts.timeout = __import__("datetime").timedelta(seconds=60)
+            pending = railcc.backend_of().allreduce([torch.ones(8)], opts)  # nobody else joins it
+            t0 = time.monotonic()
+            try:
+                dist.shrink_group([victim])
+                raise AssertionError("a shrink with an op that cannot drain succeeded")
+            except RuntimeError as e:
+                assert "did not finish within its timeout" in str(e), str(e)
+                print(f"rank 0: first shrink failed after {time.monotonic() - t0:.1f} s: {e}", flush=True)
+            dist.shrink_group([victim], shrink_flags=c10d.SHRINK_ABORT)
+            print(f"rank 0: retry done {time.monotonic() - t0:.1f} s after the first call", flush=True)
+        else:
+            dist.shrink_group([victim])
+    else:
+        if me == victim:
+            os.kill(os.getpid(), __import__("signal").SIGKILL)
+        try:  # wait until this rank has seen the death
+            while True:
+                dist.all_reduce(torch.ones(4))
+                time.sleep(0.05)
+        except railcc.PeerFailureError:
+            pass
+        if mode == "late":
+            t0 = time.monotonic()
+            if me == 1:
+                time.sleep(5.5)  # past rank 0's group timeout (4 s), inside its retry's
+                dist.shrink_group([victim], shrink_flags=c10d.SHRINK_ABORT)
+            else:
+                try:
+                    dist.shrink_group([victim], shrink_flags=c10d.SHRINK_ABORT)
+                    raise AssertionError("a shrink whose peer never came succeeded")
+                except RuntimeError as e:
+                    assert "did not join the shrink" in str(e) and "[1]" in str(e), str(e)
+                    print(f"rank 0: first shrink failed after {time.monotonic() - t0:.1f} s: {e}", flush=True)
+                dist.shrink_group([victim], shrink_flags=c10d.SHRINK_ABORT)
+                print(f"rank 0: retry done {time.monotonic() - t0:.1f} s after the first call", flush=True)
+        else:  # second: rank 2 agrees, then dies before the new group is set up
+            name = railcc.backend_of()._group_name()
+            if me == 2:
+                shrink = dist.PrefixStore(f"railcc-shrink/{name}/", railcc.backend_of()._c10d_store())
+                shrink.set("1/view/2", "[3]")
+                os.kill(os.getpid(), __import__("signal").SIGKILL)
+            t0 = time.monotonic()
+            try:
+                dist.shrink_group([victim], shrink_flags=c10d.SHRINK_ABORT)
+                raise AssertionError("a shrink whose agreeing rank died built a group")
+            except railcc.PeerFailureError as e:
+                took = time.monotonic() - t0
+                assert "rank 2" in str(e) and took < 30, (took, str(e))
+                print(f"rank {me}: told of rank 2's death in {took:.1f} s: {e}", flush=True)
+            assert railcc.failed_ranks() == [2, 3], railcc.failed_ranks()
+            dist.shrink_group(railcc.failed_ranks(), shrink_flags=c10d.SHRINK_ABORT)
+    check_sum(f"after the {mode} shrink")
+    store = c10d._get_default_store()
+    store.set(f"shrunk/{me}", "1")
+    leave([0, 1])
 leave(c10d.get_process_group_ranks(c10d._get_default_group()), destroy=True)

@@ -34,9 +34,20 @@ def test_elastic_ddp_survives_a_killed_rank_with_identical_parameters():
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode,n", [("bad", 3), ("healthy", 4), ("disagree", 4), ("subgroup", 4), ("wait", 3),
-                                    ("excluded abort", 3), ("excluded default", 3)])
+                                    ("excluded abort", 3), ("excluded default", 3), ("late", 3), ("drain", 3),
+                                    ("second", 4)])
 def test_shrink_group(mode, n):
     codes, outs = _launch([os.path.join(HERE, "shrink_worker.py"), *mode.split()], n)
+    if mode in ("late", "drain", "second"):  # a shrink that failed on some rank, retried
+        dead = {"late": [n - 1], "drain": [], "second": [n - 2, n - 1]}[mode]
+        assert [c for r, c in enumerate(codes) if r not in dead] == [0] * (n - len(dead)), _explain(codes, outs)
+        assert all(codes[r] == -9 for r in dead), _explain(codes, outs)
+        assert all(f"rank {r} ok" in outs[r] for r in (0, 1)), _explain(codes, outs)
+        if mode != "second":
+            assert "rank 0: first shrink failed" in outs[0] and "rank 0: retry done" in outs[0], outs[0][-2500:]
+        else:
+            assert all(f"rank {r}: told of rank 2's death" in outs[r] for r in (0, 1)), _explain(codes, outs)
+        return
     if mode in ("subgroup", "wait"):  # the last rank is SIGKILLed
         assert codes == [0] * (n - 1) + [-9], _explain(codes, outs)
         assert all(f"rank {r} ok" in outs[r] for r in range(n - 1)), _explain(codes, outs)
