@@ -123,7 +123,10 @@ PYBIND11_MODULE(_C, m) {
         return self.comm().drain(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
       }, py::arg("seconds"))
       // The default-group ranks this rank knows to be dead or silent: those the error that broke
-      // the group blames (a peer that exited, closed its connections or never answered).
+      // the group blames (a peer that exited, closed its connections or never answered), and
+      // those another group of this rank saw die since. A rank blamed without being seen dead
+      // (a timeout, a failure passed on by a peer) is named only while it is still silent, so
+      // that the recipe shrink_group(failed_ranks(...)) never leaves out a live rank.
       .def("failed_ranks", [](railcc::ProcessGroupRailcc& self) {
         std::vector<int> out;
         std::exception_ptr err = self.comm().brokenError();
@@ -135,11 +138,17 @@ PYBIND11_MODULE(_C, m) {
           std::rethrow_exception(err);
         } catch (const railcc::Error& e) {
           if (e.code() != railcc::ErrorCode::kPeerFailure && e.code() != railcc::ErrorCode::kTimeout) return out;
+          std::vector<int> blamed;
           for (int r : e.ranks) {
             int g = e.ranksGlobal || r < 0 || r >= static_cast<int>(self.globalRanks().size())
                         ? r : self.globalRanks()[static_cast<size_t>(r)];
-            if (g != self.globalRanks()[static_cast<size_t>(self.getRank())]) out.push_back(g);
+            if (g != me) blamed.push_back(g);
           }
+          if (!e.ranksDead) {
+            py::gil_scoped_release nogil;  // reads the store
+            blamed = self.comm().stillSilent(blamed);
+          }
+          out.insert(out.end(), blamed.begin(), blamed.end());
         } catch (...) {
         }
         return out;

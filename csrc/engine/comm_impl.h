@@ -456,6 +456,7 @@ class CommImpl : private ChannelHost {
   bool ownDump(const std::string& path) const;  // absent, or written by this process
   std::string stragglerReport();
   std::string describePeerProgress(uint64_t seq, std::vector<int>& culprits);
+  std::vector<int> stillSilent(const std::vector<int>& globals);  // Communicator::stillSilent
   // Links are compared with others of the same transport and direction: a send into a shm
   // FIFO with room is a memcpy, a receive waits for the sender's copy.
   std::string linkClass(const Telemetry::LinkStats& l) const {

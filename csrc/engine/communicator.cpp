@@ -53,6 +53,7 @@ std::vector<int> Communicator::laterDead() const {
   std::lock_guard<std::mutex> g(impl_->health_.errMu);
   return impl_->health_.laterDead;
 }
+std::vector<int> Communicator::stillSilent(const std::vector<int>& globals) { return impl_->stillSilent(globals); }
 std::string Communicator::traceJson(const std::string& reason) const { return impl_->traceJson(reason); }
 std::string Communicator::dumpTrace(const std::string& reason, const std::string& dir) const {
   return impl_->writeTrace(reason, dir);

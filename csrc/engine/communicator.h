@@ -203,6 +203,10 @@ class Communicator {
   std::exception_ptr brokenError() const;
   /// Global ranks learned dead after it broke (another group of this rank saw them die).
   std::vector<int> laterDead() const;
+  /// Of `globals`, the ranks that are silent now: their process is gone or stopped (this host),
+  /// or their progress record has not been refreshed (a live rank's is, even in a broken
+  /// group). Reads the store: for recovery, not for the hot path.
+  std::vector<int> stillSilent(const std::vector<int>& globals);
 
   /// The flight recorder as a JSON document (read by `python -m railcc trace`): recent ops with their
   /// state, times and bytes per peer, this rank's progress and link throughput.

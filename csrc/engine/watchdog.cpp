@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "engine/comm_impl.h"
+#include "engine/records.h"
 
 namespace railcc::engine {
 
@@ -443,6 +444,32 @@ std::string CommImpl::describePeerProgress(uint64_t seq, std::vector<int>& culpr
   }
   std::string body = os.str();
   return body.empty() ? "" : "\nprogress of the other ranks:" + body;
+}
+
+std::vector<int> CommImpl::stillSilent(const std::vector<int>& globals) {
+  if (opts_.config.progressIntervalMs <= 0) return globals;  // no records to tell by
+  std::vector<int> out;
+  const int64_t staleUs = 3 * opts_.config.progressIntervalMs * 1000 + 1000000;
+  const std::string& myHost = peers_[static_cast<size_t>(rank_)].hostId;
+  for (int g : globals) {
+    int r = -1;
+    for (int q = 0; q < size_ && r < 0; ++q)
+      if (globalRank(q) == g) r = q;
+    if (r < 0 || r == rank_) continue;
+    const PeerInfo& p = peers_[static_cast<size_t>(r)];
+    const bool here = p.hostId == myHost && p.pid > 0 && p.pidNs == pidNamespace();
+    if (here && (transport::processGone(p.pid) || processState(p.pid) == 'T')) {
+      out.push_back(g);
+      continue;
+    }
+    std::string rec;
+    long long wall = 0;
+    // Its record keeps being refreshed while its process runs, broken group or not.
+    if (!storeTryGet("progress/" + std::to_string(r), Millis(200), rec) || !jsonNumber(rec, "wall_us", wall) ||
+        wallMicros() - wall > staleUs)
+      out.push_back(g);
+  }
+  return out;
 }
 
 std::string CommImpl::traceJson(const std::string& reason) const {

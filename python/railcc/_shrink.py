@@ -84,43 +84,67 @@ def _agree(store, name, glob, me, survivors, view, timeout):
     `timeout`; returns that attempt's number, or raises naming the views that differ or the
     ranks that never came."""
     deadline = _time.monotonic() + timeout.total_seconds()
-    attempt = _first_open_attempt(store)
-    store.set(f"{attempt}/view/{glob[me]}", view)
-    nap = 0.001
+    attempt, seen, nap = 0, set(), 0.001
+
+    def decide(word):  # the attempt's outcome: `word` if it had none yet
+        return store.compare_set(f"{attempt}/outcome", "", word).decode(errors="replace")
+
+    def views_of(ranks):  # {global rank: view} of `ranks`, each published under this attempt
+        return {r: v.decode(errors="replace") for r, v in zip(ranks, store.multi_get([f"{attempt}/view/{r}" for r in ranks]))}
+
+    def disagreement(views):
+        for r, theirs in views.items():
+            if theirs != view:
+                return (f"railcc shrink of group '{name}': rank {glob[me]} excludes {view} but rank {r} excludes "
+                        f"{theirs} (ranks of the default group); every rank that stays must exclude the same ranks")
+        return ""
+
+    kept = [glob[r] for r in survivors]
     while True:
-        keys = [f"{attempt}/view/{glob[r]}" for r in survivors]
-        outcome = ""
-        if store.check(keys):
-            views = {glob[r]: v.decode(errors="replace") for r, v in zip(survivors, store.multi_get(keys))}
-            differ = [(r, v) for r, v in views.items() if v != view]
-            if differ:
-                r, theirs = differ[0]
-                msg = (f"railcc shrink of group '{name}': rank {glob[me]} excludes {view} but rank {r} excludes "
-                       f"{theirs} (ranks of the default group); every rank that stays must exclude the same ranks")
-                store.compare_set(f"{attempt}/outcome", "", "views|" + msg)
-                raise RuntimeError(msg)
-            outcome = store.compare_set(f"{attempt}/outcome", "", "go").decode(errors="replace")
-        elif _time.monotonic() >= deadline:
-            missing = [glob[r] for r in survivors if not store.check([f"{attempt}/view/{glob[r]}"])]
-            mine = f"rank {glob[me]} waited for ranks {missing} for the group's timeout"
-            outcome = _give_up(store, attempt, mine)
-            if outcome == "absent|" + mine:  # this rank ended the attempt (another's "absent": its retry is next)
-                raise RuntimeError(f"railcc shrink of group '{name}': ranks {missing} (of the default group), which "
-                                   f"this rank keeps, did not join the shrink within the group's timeout ({timeout}); "
-                                   "every rank that stays must call shrink_group with the same ranks (a retry meets "
-                                   "the others again)")
-        elif store.check([f"{attempt}/outcome"]):
-            outcome = store.get(f"{attempt}/outcome").decode(errors="replace")
-        if outcome == "go":
-            return attempt
-        if outcome.startswith("views|"):
-            raise RuntimeError(outcome[len("views|"):])
-        if outcome:  # "absent": a survivor gave up on this attempt; meet its retry in the next,
-            # for a whole timeout from now (it gave up about when this rank would have)
-            attempt = _first_open_attempt(store)
+        if not attempt:  # (re)join: the first attempt not ended yet, for a whole timeout from now
+            attempt, seen, nap = _first_open_attempt(store), set(), 0.001
+            # A rank later than the others may skip the attempt they ended over views that
+            # differ: its timeout then says what that attempt found.
+            before = store.get(f"{attempt - 1}/outcome").decode(errors="replace") if attempt > 1 else ""
             store.set(f"{attempt}/view/{glob[me]}", view)
+            store.append(f"{attempt}/who", f",{glob[me]}")  # every rank that published, kept or not
+        outcome = store.get(f"{attempt}/outcome").decode(errors="replace") if store.check([f"{attempt}/outcome"]) else ""
+        if not outcome:
+            # Any rank's view, not only those of the ranks this one keeps: views that share no
+            # rank would otherwise each wait for a rank the other left out, saying "did not join".
+            who = store.get(f"{attempt}/who").decode(errors="replace")
+            new = sorted({int(w) for w in who.split(",") if w.strip().isdigit()} - seen - {glob[me]})
+            seen |= set(new)
+            why = disagreement(views_of(new)) if new else ""
+            if why:
+                outcome = decide("views|" + why)
+            elif store.check([f"{attempt}/view/{r}" for r in kept]):
+                why = disagreement(views_of(kept))
+                outcome = decide("views|" + why if why else "go")
+            elif _time.monotonic() >= deadline:
+                missing = [r for r in kept if not store.check([f"{attempt}/view/{r}"])]
+                why = f"rank {glob[me]} waited for ranks {missing} for the group's timeout"
+                outcome = decide("absent|" + why)
+                if outcome == "absent|" + why:  # this rank ended the attempt; its retry meets the others
+                    raise RuntimeError(f"railcc shrink of group '{name}': ranks {missing} (of the default group), "
+                                       f"which this rank keeps, did not join the shrink within the group's timeout "
+                                       f"({timeout}); every rank that stays must call shrink_group with the same "
+                                       "ranks (a retry meets the others again)" +
+                                       (f"; the attempt before ended: {before[6:]}" if before.startswith("views|") else ""))
+        if outcome == "go" or outcome.startswith("views|"):
+            # "go" was set by a rank whose kept ranks' views all matched its own: where this
+            # rank's kept ranks have published and agree, that is the same group. Otherwise (this
+            # rank left out, or differing) it says the disagreement as it sees it.
+            if outcome == "go" and store.check([f"{attempt}/view/{r}" for r in kept]) and not disagreement(views_of(kept)):
+                return attempt
+            who = store.get(f"{attempt}/who").decode(errors="replace")
+            why = disagreement(views_of(sorted({int(w) for w in who.split(",") if w.strip().isdigit()} - {glob[me]})))
+            raise RuntimeError(why or outcome.partition("|")[2] or
+                               f"railcc shrink of group '{name}': the other ranks built their group without this "
+                               f"rank's view ({view}); every rank that stays must exclude the same ranks")
+        if outcome:  # "absent": a rank gave up on this attempt; meet its retry in the next
+            attempt = 0
             deadline = _time.monotonic() + timeout.total_seconds()
-            nap = 0.001
             continue
         _time.sleep(nap)
         nap = min(nap * 2, 0.05)

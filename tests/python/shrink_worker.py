@@ -23,6 +23,9 @@ WORLD_SIZE). Modes:
   drain      3 ranks, a 4 s group timeout; rank 2 is left out alive; rank 0 has an all_reduce
              outstanding (60 s op timeout) that nobody else joins, so its SHRINK_DEFAULT cannot
              drain and fails; its retry with SHRINK_ABORT meets rank 1, still in its first call.
+  apart      4 ranks, a 20 s group timeout; ranks 2 and 3 only wait; rank 0 excludes rank 3 and
+             rank 1 excludes rank 2: views that share no rank, each waiting for a rank the other
+             left out. Both fail at once naming the other's view, not after the timeout.
   second     4 ranks; rank 3 is SIGKILLed; rank 2 publishes a view that agrees with ranks 0 and 1,
              then is SIGKILLed before the new group's set-up: ranks 0 and 1 are told within
              seconds (not RAILCC_INIT_TIMEOUT), railcc.failed_ranks() names both dead ranks, and
@@ -38,8 +41,11 @@ import torch.distributed as dist
 import railcc
 
 mode = sys.argv[1]
-if mode in ("late", "drain", "second"):
-    dist.init_process_group("railcc", timeout=__import__("datetime").timedelta(seconds=4))
+if mode in ("late", "drain", "second", "apart", "disagree"):
+    # A group timeout the test can wait out: a rank later than the others to a shrink that
+    # failed over views waits a whole one for them in the next attempt ("disagree").
+    secs = {"apart": 20, "disagree": 10}.get(mode, 4)
+    dist.init_process_group("railcc", timeout=__import__("datetime").timedelta(seconds=secs))
 else:
     dist.init_process_group("railcc")
 me, n = dist.get_rank(), dist.get_world_size()
@@ -209,6 +215,20 @@ elif mode in ("subgroup", "wait", "excluded"):
         print(f"rank {me}: shrink waited {took:.2f} s for the outstanding all_reduce to fail", flush=True)
         check_sum("after the shrink that waited")
         leave([0, 1])
+elif mode == "apart":
+    if me >= 2:
+        time.sleep(8)
+        os._exit(0)
+    t0 = time.monotonic()
+    try:
+        dist.shrink_group([3 - me])
+        raise AssertionError("shrinks that share no view were accepted")
+    except RuntimeError as e:
+        took = time.monotonic() - t0
+        assert f"rank {me} excludes [{3 - me}] but rank {1 - me} excludes [{2 + me}]" in str(e), str(e)
+        assert took < 8, took
+        print(f"rank {me} refused in {took:.1f} s: {e}", flush=True)
+    leave([0, 1])
 elif mode in ("late", "drain", "second"):
     store = c10d._get_default_store()
     dist.all_reduce(torch.ones(4))

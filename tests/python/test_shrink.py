@@ -35,9 +35,12 @@ def test_elastic_ddp_survives_a_killed_rank_with_identical_parameters():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode,n", [("bad", 3), ("healthy", 4), ("disagree", 4), ("subgroup", 4), ("wait", 3),
                                     ("excluded abort", 3), ("excluded default", 3), ("late", 3), ("drain", 3),
-                                    ("second", 4)])
+                                    ("second", 4), ("apart", 4)])
 def test_shrink_group(mode, n):
     codes, outs = _launch([os.path.join(HERE, "shrink_worker.py"), *mode.split()], n)
+    if mode == "apart":
+        assert codes == [0] * n and all(f"rank {r} refused in" in outs[r] for r in (0, 1)), _explain(codes, outs)
+        return
     if mode in ("late", "drain", "second"):  # a shrink that failed on some rank, retried
         dead = {"late": [n - 1], "drain": [], "second": [n - 2, n - 1]}[mode]
         assert [c for r, c in enumerate(codes) if r not in dead] == [0] * (n - len(dead)), _explain(codes, outs)
