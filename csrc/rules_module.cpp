@@ -4,11 +4,8 @@
 // source: the C++ the engine runs. Each binding only converts arguments and results.
 #include "rules_module.h"
 
-#include <arpa/inet.h>
-
 #include <pybind11/stl.h>
 
-#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -17,17 +14,14 @@
 #include "common/error.h"
 #include "engine/simulate.h"
 #include "topology/topology.h"
-#include "transport/shm/shm_segment.h"
-#include "transport/socket/socket_transport.h"
-#include "transport/verbs/verbs_rules.h"
+#include "transport/rules.h"
 
 namespace py = pybind11;
 
 namespace {
 
 namespace topo = railcc::topology;
-namespace verbs = railcc::transport::verbs;
-namespace sock = railcc::transport::socket;
+namespace rules = railcc::transport::rules;
 
 // (bus id, NUMA node, bridges from the root port down, host bridge): what the doctor's
 // System reads for a PCI device, and what topology::PciDevice holds.
@@ -40,15 +34,6 @@ topo::PciDevice toPci(const PciTuple& t) {
   d.chain = std::get<2>(t);
   d.root = std::get<3>(t);
   return d;
-}
-
-const char* modeName(verbs::GdrMode m) {
-  switch (m) {
-    case verbs::GdrMode::kDmabuf: return "dmabuf";
-    case verbs::GdrMode::kPeermem: return "peermem";
-    case verbs::GdrMode::kStaged: return "staged";
-  }
-  return "?";
 }
 
 }  // namespace
@@ -71,11 +56,11 @@ void registerRules(py::module_& parent) {
 
   m.def("decide_gdr", [](const std::string& gpu, const std::string& nic, const std::string& path,
                          const std::string& level, bool dmabuf, bool peermem) {
-    verbs::GdrDecision d = verbs::decideGdr(verbs::GdrFacts{gpu, nic, path, level, dmabuf, peermem});
+    const rules::GdrAnswer a = rules::decideGdr(gpu, nic, path, level, dmabuf, peermem);
     py::dict out;
-    out["mode"] = modeName(d.mode);
-    out["within_level"] = d.withinLevel;
-    out["line"] = d.line;
+    out["mode"] = a.mode;
+    out["within_level"] = a.withinLevel;
+    out["line"] = a.line;
     return out;
   }, py::arg("gpu"), py::arg("nic"), py::arg("path"), py::arg("level"), py::arg("dmabuf"), py::arg("peermem"),
         "The verbs transport's GPUDirect RDMA decision: {mode: dmabuf|peermem|staged, within_level, line}");
@@ -83,66 +68,46 @@ void registerRules(py::module_& parent) {
   m.def("pick_gid", [](const std::vector<std::tuple<int, py::bytes, int, std::string>>& table, int64_t gidIndex,
                        int64_t roceVersion, const std::string& addrFamily, const std::string& addrRange,
                        const std::string& where) {
-    std::vector<verbs::GidEntry> entries;
-    for (const auto& [index, raw, version, netdev] : table) {
-      std::string b = raw;
-      if (b.size() != 16) throw py::value_error("a GID is 16 bytes, got " + std::to_string(b.size()));
-      verbs::GidEntry e;
-      e.index = index;
-      std::memcpy(e.raw, b.data(), 16);
-      e.roceVersion = version;
-      e.netdev = netdev;
-      entries.push_back(e);
-    }
+    std::vector<rules::Gid> entries;
+    for (const auto& [index, raw, version, netdev] : table) entries.push_back({index, std::string(raw), version, netdev});
     railcc::Config cfg = railcc::Config::defaults();
     cfg.ibGidIndex = gidIndex;
     cfg.ibRoceVersion = roceVersion;
     cfg.ibAddrFamily = addrFamily;
     cfg.ibAddrRange = addrRange;
-    std::string why;
-    int idx = verbs::pickGid(entries, cfg, where, &why);
-    return std::make_pair(idx, why);
+    try {
+      return rules::pickGid(entries, cfg, where);
+    } catch (const railcc::Error& e) {
+      throw py::value_error(e.what());
+    }
   }, py::arg("table"), py::arg("gid_index") = -1, py::arg("roce_version") = 2, py::arg("addr_family") = "AF_INET",
         py::arg("addr_range") = "", py::arg("where") = "the port",
         "The RoCE GID a port uses, from its table [(index, raw 16 bytes, RoCE version 0|1|2, netdev)]: (index or -1, why)");
 
-  m.def("match_spec", &sock::matchSpec, py::arg("name"), py::arg("spec"),
+  m.def("match_spec", &rules::matchInterface, py::arg("name"), py::arg("spec"),
         "Whether RAILCC_SOCKET_IFNAME / NCCL_SOCKET_IFNAME `spec` takes interface `name`");
 
   m.def("choose_interfaces", [](const std::vector<std::tuple<std::string, bool, bool, std::string>>& addrs,
                                 const std::string& spec) {
-    std::vector<sock::InterfaceAddr> in;
-    for (const auto& [name, up, loopback, ip] : addrs) {
-      sock::InterfaceAddr a;
-      a.name = name;
-      a.up = up;
-      a.loopback = loopback;
-      a.addr.sin_family = AF_INET;
-      if (inet_pton(AF_INET, ip.c_str(), &a.addr.sin_addr) != 1) throw py::value_error("not an IPv4 address: " + ip);
-      in.push_back(a);
+    std::vector<rules::Addr> in;
+    for (const auto& [name, up, loopback, ip] : addrs) in.push_back({name, up, loopback, ip});
+    try {
+      return rules::chooseInterfaces(in, spec);
+    } catch (const railcc::Error& e) {
+      throw py::value_error(e.what());
     }
-    std::vector<std::pair<std::string, std::string>> out;
-    for (const sock::Interface& i : sock::chooseInterfaces(in, spec)) {
-      char ip[INET_ADDRSTRLEN] = {0};
-      inet_ntop(AF_INET, &i.addr.sin_addr, ip, sizeof(ip));
-      out.push_back({i.name, ip});
-    }
-    return out;
   }, py::arg("addrs"), py::arg("spec"),
         "The socket transport's interfaces from [(name, up, loopback, ipv4)] in getifaddrs order: [(name, ipv4)]");
 
-  m.def("shm_segment_bytes", [](int nslots, size_t fifoBytes, size_t ringBytes) {
-    return railcc::transport::shm::Domain::segmentBytes(nslots, fifoBytes, ringBytes);
-  }, py::arg("nslots"), py::arg("fifo_bytes"), py::arg("ring_bytes"),
+  m.def("shm_segment_bytes", &rules::shmSegmentBytes, py::arg("nslots"), py::arg("fifo_bytes"), py::arg("ring_bytes"),
         "Bytes of one rank's shared-memory segment: nslots FIFOs (local ranks x lanes) and a broadcast ring");
 
-  m.def("verbs_ring_bytes", &verbs::ringBytes, py::arg("buffsize"),
+  m.def("verbs_ring_bytes", &rules::verbsRingBytes, py::arg("buffsize"),
         "Bytes of a verbs connection's receive ring (and of its send staging area) for RAILCC_BUFFSIZE");
-  m.def("verbs_connection_bytes", [](int64_t b, bool rndv) { return verbs::connectionPinnedBytes(b, rndv); },
-        py::arg("buffsize"), py::arg("rendezvous") = false,
+  m.def("verbs_connection_bytes", &rules::verbsConnectionBytes, py::arg("buffsize"), py::arg("rendezvous") = false,
         "Bytes a verbs connection pins (its ring and its staging area, and with rendezvous its bounce buffer) "
         "for RAILCC_BUFFSIZE");
-  m.attr("VERBS_MAX_RING_BYTES") = verbs::kMaxRingBytes;
+  m.attr("VERBS_MAX_RING_BYTES") = rules::verbsMaxRingBytes();
 
   m.def("simulate", [](int size, int perHost, const std::string& op, size_t bytes, size_t elemSize,
                        int64_t oneshotBytes, const std::string& algo, bool perRank) {

@@ -1,8 +1,8 @@
 """One source for each host rule: `railcc doctor` asks railcc._C.rules (the C++ the engine and
-transports run) and keeps a Python copy (railcc.doctor.rules_fallback) only for when the
-extension cannot load. Both get the same inputs, read from the fake host trees of
-fake_hosts.py, and must give the same answers, word for word; a rule changed on one side only
-fails here."""
+transports run), and nothing else. The rules are held to an independent reference written
+again in Python for the tests (rules_reference.py): both get the same inputs, read from the
+fake host trees of fake_hosts.py, and must give the same answers, word for word; a rule changed
+on one side only fails here."""
 
 import itertools
 
@@ -10,7 +10,7 @@ import pytest
 
 import fake_hosts
 from railcc import _C
-from railcc.doctor import rules_fallback as py_rules
+import rules_reference as py_rules
 from railcc.doctor import topology
 from railcc.doctor.system import Gid, Iface, Port, System
 
@@ -43,18 +43,24 @@ def test_the_doctor_asks_the_extension_when_it_loads():
     assert topology.rules() is cpp_rules and topology.rules_source() == "railcc._C"
 
 
-def test_an_extension_without_rules_leaves_the_doctor_on_the_python_copy(tmp_path, monkeypatch):
-    """A stale build of railcc._C (from before its rules submodule): the doctor still runs every
-    check, on the copy, and says so in its facts."""
+def test_an_extension_without_rules_is_said_by_the_checks_that_need_them(tmp_path, monkeypatch):
+    """A stale build of railcc._C (from before its rules submodule): the checks that need a rule
+    say the rules are unavailable and how to rebuild; the others still judge the host."""
     import railcc.doctor as doctor
 
     monkeypatch.delattr(_C, "rules")
     monkeypatch.setattr(topology, "_rules", None)
-    assert topology.rules() is py_rules and "AttributeError" in topology.rules_source()
+    monkeypatch.setattr(topology, "_rules_why", "")
+    with pytest.raises(topology.RulesUnavailable, match="rebuild railcc"):
+        topology.rules()
+    assert "AttributeError" in topology.rules_source()
     r = doctor.collect(root=fake_hosts.dgx(tmp_path, roce=True))
-    assert r["facts"]["host rules"] == "Python copy"
-    assert not [c for c in r["checks"] if "the check itself failed" in c["found"]]
-    assert r["failed"] == 0, [c for c in r["checks"] if c["verdict"] == "fail"]
+    assert r["facts"]["host rules"].startswith("unavailable: railcc._C did not load")
+    assert not [c for c in r["checks"] if "the check itself failed" in c["found"]], r["checks"]
+    unjudged = [c for c in r["checks"] if c["found"].startswith("cannot judge: railcc's host rules are unavailable")]
+    assert unjudged and all(c["verdict"] == "fail" for c in unjudged), r["checks"]
+    assert len(unjudged) < len(r["checks"]), r["checks"]
+    monkeypatch.setattr(topology, "_rules_why", "")
 
 
 def test_both_sides_offer_the_same_rules():
@@ -198,8 +204,8 @@ def test_memory_figures_agree():
     {"RAILCC_BUFFSIZE": str(1 << 30), "WORLD_SIZE": "32"},
 ])
 def test_the_whole_report_is_the_same_with_either(tmp_path, monkeypatch, variant, env):
-    """The doctor on a fake host with railcc._C.rules and with the Python copy: every row and
-    fact alike, but the one that says which was used."""
+    """The doctor on a fake host with railcc._C.rules and with the test's reference rules: every
+    row and fact alike, but the one that says which was used."""
     import railcc.doctor as doctor
 
     root = fake_hosts.dgx(tmp_path, **variant)
@@ -209,7 +215,7 @@ def test_the_whole_report_is_the_same_with_either(tmp_path, monkeypatch, variant
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     reports = []
-    for side, why in ((cpp_rules, "railcc._C"), (py_rules, "Python fallback (forced by the test)")):
+    for side, why in ((cpp_rules, "railcc._C"), (py_rules, "the test's reference")):
         monkeypatch.setattr(topology, "_rules", side)
         monkeypatch.setattr(topology, "_rules_why", why)
         r = doctor.collect(root=root)

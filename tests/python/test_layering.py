@@ -87,6 +87,20 @@ def test_the_glue_includes_only_the_engines_public_headers():
         assert h in doc, f"docs/architecture.md does not name the public header {h}"
 
 
+def test_the_glue_names_no_transport():
+    # The glue asks the transports (their rules for the doctor, their statistics) through the
+    # contract's headers directly in transport/ (rules.h, stats.h, ...), as the engine does.
+    bad = []
+    for rel, path in _sources():
+        if os.sep in rel:
+            continue
+        with open(path) as f:
+            for n, line in enumerate(f, 1):
+                if NAMED_TRANSPORT.search(line.split("//")[0]):
+                    bad.append(f"{rel}:{n}: {line.strip()}")
+    assert not bad, "the glue reaches past the transport contract:\n" + "\n".join(bad)
+
+
 def test_source_files_stay_small():
     big = []
     for rel, path in _sources():

@@ -334,12 +334,10 @@ def doctor():
             from railcc.doctor import main as doctor_main
             rc = doctor_main(["--json", "--local-ranks", "2", "--world", "4"]) or 0
             sys.stdout.flush()
-            # Without the variable, the doctor's reader and rule loaded as files of their own (the
-            # Python copy of the rule, no extension) pick an index of the same real table.
+            # Without the variable, the doctor's reader and railcc's own rule pick an index of the
+            # same real table.
             del os.environ["NCCL_IB_GID_INDEX"]
-            sys.path.insert(0, os.path.join(HERE, "..", "..", "python", "railcc", "doctor"))
-            import system
-            import topology
+            from railcc.doctor import system, topology
             with open(os.path.join(OUT, "auto.txt"), "w") as f:
                 for d in system.System("/").rdma_devices():
                     g, _ = topology.pick_gid(d.ports[0], {})

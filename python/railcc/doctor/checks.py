@@ -210,9 +210,8 @@ def check_peermem(ctx):
 def check_topology(ctx):
     """Where railcc's engine gets the machine's topology (rails, GPU-NIC paths): hwloc when it
     loads, else sysfs. The doctor's own PCI checks always read sysfs (under its root), and ask
-    railcc's rules (railcc._C.rules, else the Python copy) what the engine would decide."""
-    src = topo.rules_source()
-    ctx.facts["host rules"] = "railcc._C" if src == "railcc._C" else "Python copy"
+    railcc's rules (railcc._C.rules) what the engine would decide."""
+    ctx.facts["host rules"] = topo.rules_source()
     if ctx.sys.fake:
         return [Result("topology", NA, f"the doctor reads the PCI tree of {ctx.sys.root}; railcc's engine reads this "
                                         "process's machine")]
@@ -547,6 +546,8 @@ def run_checks(ctx):
     for c in CHECKS:
         try:
             rows.extend(c(ctx))
+        except topo.RulesUnavailable as e:  # a broken or stale build: this check cannot judge
+            rows.append(Result(c.__name__[6:], FAIL, f"cannot judge: {e}", "bash scripts/install.sh (rebuilds railcc._C)"))
         except Exception as e:  # a check that breaks is reported, never a traceback instead of a table
             rows.append(Result(c.__name__[6:], FAIL, f"the check itself failed: {type(e).__name__}: {e}",
                                "report this as a railcc bug, with the output of railcc doctor --json"))

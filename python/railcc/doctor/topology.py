@@ -3,37 +3,39 @@ which GID a RoCE port uses and which interfaces the socket transport takes: what
 would decide from the facts System reads.
 
 The rules are railcc's own C++ (railcc._C.rules, the functions the engine and transports
-run); this module asks them. Only when the extension cannot give them (it does not import,
-or predates railcc._C.rules) does it use rules_fallback, a Python copy kept so that the
-doctor still judges a host whose railcc build is broken or stale
-(tests/python/test_doctor_rules.py holds the copy to the C++, answer for answer)."""
+run); this module asks them, and only them: a rule has one source. Where the extension does
+not load (a broken or stale build), every check that needs a rule says so and how to rebuild;
+the checks that only read the host still run."""
 
-try:
-    from . import rules_fallback
-except ImportError:  # loaded as a file of its own, outside the package (tests/vm reads it so, without torch)
-    import rules_fallback
-
-_rules = None  # the module in use, once chosen
+_rules = None  # railcc._C.rules, once loaded
 _rules_why = ""
 
 
+class RulesUnavailable(RuntimeError):
+    """railcc._C (and so its rules) did not load."""
+
+
 def rules():
-    """railcc._C.rules when the extension imports and has them, else rules_fallback (the
-    Python copy)."""
+    """railcc._C.rules; RulesUnavailable, saying why and how to rebuild, where it does not load."""
     global _rules, _rules_why
-    if _rules is None:
+    if _rules is None and not _rules_why:
         try:
             from .. import _C
 
             _rules, _rules_why = _C.rules, "railcc._C"
-        except Exception as e:  # noqa: BLE001 - no extension, or one without rules: the copy stands in
-            _rules, _rules_why = rules_fallback, f"Python fallback (railcc._C did not load: {type(e).__name__}: {e})"
+        except Exception as e:  # noqa: BLE001 - no extension, or one without rules
+            _rules_why = f"unavailable: railcc._C did not load ({type(e).__name__}: {e})"
+    if _rules is None:
+        raise RulesUnavailable(f"railcc's host rules are {_rules_why}; rebuild railcc (bash scripts/install.sh)")
     return _rules
 
 
 def rules_source():
-    """Where the rules come from: "railcc._C", or the fallback and why."""
-    rules()
+    """Where the rules come from: "railcc._C", or "unavailable: ..." and why."""
+    try:
+        rules()
+    except RulesUnavailable:
+        pass
     return _rules_why
 
 

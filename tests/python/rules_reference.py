@@ -1,11 +1,8 @@
-"""The Python copy of railcc's host rules: the fallback `railcc doctor` uses when railcc._C
-cannot give them (it does not import, or it is a build from before railcc._C.rules, as a
-stale in-place build is), so the doctor still judges the host instead of failing.
-
-The rules themselves live in C++ (railcc._C.rules, csrc/rules_module.cpp, which binds the
-functions the engine runs); every function here has the same name, arguments and results as
-its binding, and tests/python/test_doctor_rules.py feeds both the same inputs from the fake
-host trees and fails on any difference. Change a rule in the C++ first, then here:
+"""An independent reference for railcc's host rules, written again in Python for the tests:
+tests/python/test_doctor_rules.py feeds it and railcc._C.rules (the C++ the engine and the
+transports run, which `railcc doctor` asks) the same inputs from the fake host trees and fails
+on any difference, word for word. It is not part of railcc: the doctor has one source for each
+rule. Change a rule in the C++ first, then here:
 
     path_between         csrc/topology/topology.cpp         pathBetween
     parse_path           csrc/topology/topology.cpp         parsePath
