@@ -36,6 +36,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "engine/algorithms/choose.h"
+#include "engine/algorithms/table.h"
 #include "engine/health.h"
 #include "engine/channels.h"
 #include "engine/communicator.h"
@@ -140,10 +141,10 @@ class CommImpl : private ChannelHost {
   /// ringAllgather of `buf`'s `count` elements cut into g.size() Blocks, block j from g[j].
   void ringAllgatherBlocks(const std::vector<int>& g, char* buf, size_t count, size_t es);
   void runAllreduceRing(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
-  void runAllgatherRingOrder(size_t bytes, const std::vector<char*>& outs);
+  void runAllgatherRingOrder(const char* in, size_t bytes, const std::vector<char*>& outs);  // own piece in place
   void runReduceScatterRing(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
                             double scale);
-  void runAllgatherHosts(size_t bytes, const std::vector<char*>& outs);
+  void runAllgatherHosts(const char* in, size_t bytes, const std::vector<char*>& outs);  // own piece in place
   void runReduceScatterHosts(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op, double scale);
   void runAllreduceTree(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
   void runBroadcastRing(char* buf, size_t bytes, int root);
@@ -152,6 +153,18 @@ class CommImpl : private ChannelHost {
   void runBroadcast(char* buf, size_t bytes, int root);
   void runBroadcastChain(char* buf, size_t bytes, int root);
   void runBroadcastRailChain(char* buf, size_t bytes, int root);  // the chain where hosts hold equal counts
+  void runBroadcastChains(char* buf, size_t bytes, int root);     // the rail chain where it runs, else the chain
+  // The rows of algorithms/table.cpp that are not functions of their own elsewhere.
+  void runAllreduceOneShot(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
+  void runAllreducePairwise(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
+  void runReduceScatterOneShot(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
+                               double scale);
+  void runReduceScatterPairwise(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
+                                double scale);
+  void runAllgatherRings(const char* in, size_t bytes, const std::vector<char*>& outs);
+  void runAllgatherDirect(const char* in, size_t bytes, const std::vector<char*>& outs);
+  friend const AlgoRow& algoRow(Algo a);  // the table names the run functions
+  PlanShape planShape();  // algorithms/peers.cpp: this group's shape, for its algorithms' plans
   void runReduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale, int root);
   void runAllgather(const char* in, size_t bytes, const std::vector<char*>& outs);
   void runReduceScatter(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op, double scale);

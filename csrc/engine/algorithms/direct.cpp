@@ -25,9 +25,12 @@ void tailAcknowledges(const Channels& ch, std::vector<Transfer>& xs, int from, i
 
 void CommImpl::runBroadcast(char* buf, size_t bytes, int root) {
   if (size_ == 1) return;
-  const Algo algo = algoFor(AlgoOp::kBroadcast, bytes);
-  if (algo == Algo::kRings) return runBroadcastRing(buf, bytes, root);
-  if (algo == Algo::kTree) return runBroadcastTree(buf, bytes, root);
+  const AlgoRow& row = algoRow(algoFor(AlgoOp::kBroadcast, bytes));
+  RAILCC_CHECK_EQ(row.broadcast != nullptr, true);
+  (this->*row.broadcast)(buf, bytes, root);
+}
+
+void CommImpl::runBroadcastChains(char* buf, size_t bytes, int root) {
   if (!rail_.empty()) return runBroadcastRailChain(buf, bytes, root);
   runBroadcastChain(buf, bytes, root);
 }
@@ -109,14 +112,21 @@ static void copyOwnPiece(const Channels& ch, int n, char* own, const char* in, s
 }
 
 void CommImpl::runAllgather(const char* in, size_t bytes, const std::vector<char*>& outs) {
-  int n = size_, r = rank_;
+  char* own = outs[static_cast<size_t>(rank_)];
+  const AlgoRow& row = algoRow(algoFor(AlgoOp::kAllgather, bytes));
+  RAILCC_CHECK_EQ(row.allgather != nullptr, true);
+  if (!row.copiesOwnPiece && own != in && bytes) copyOwnPiece(ch_, size_, own, in, bytes);
+  (this->*row.allgather)(in, bytes, outs);
+}
+
+void CommImpl::runAllgatherRings(const char* in, size_t bytes, const std::vector<char*>& outs) {
+  runAllgatherRing(in, std::vector<size_t>(outs.size(), bytes), outs, true);
+}
+
+void CommImpl::runAllgatherDirect(const char* in, size_t bytes, const std::vector<char*>& outs) {
+  const int n = size_, r = rank_;
   char* own = outs[static_cast<size_t>(r)];
   const bool copyOwn = own != in && bytes;
-  const Algo algo = algoFor(AlgoOp::kAllgather, bytes);
-  if (algo != Algo::kDirect && copyOwn) copyOwnPiece(ch_, n, own, in, bytes);
-  if (algo == Algo::kRings) return runAllgatherRing(in, std::vector<size_t>(outs.size(), bytes), outs, true);
-  if (algo == Algo::kRing) return runAllgatherRingOrder(bytes, outs);
-  if (algo == Algo::kHier) return runAllgatherHosts(bytes, outs);
   // Every peer at once: one synchronization instead of n-1, and nothing is reduced, so the
   // order in which the pieces land does not matter.
   std::vector<Transfer> xs;
@@ -141,17 +151,22 @@ void CommImpl::runAllgather(const char* in, size_t bytes, const std::vector<char
 
 void CommImpl::runReduceScatter(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
                                 double scale) {
-  int n = size_, r = rank_;
-  size_t bytes = count * dtypeSize(dt);
+  const AlgoRow& row = algoRow(algoFor(AlgoOp::kReduceScatter, count * dtypeSize(dt)));
+  RAILCC_CHECK_EQ(row.reduceScatter != nullptr, true);
+  (this->*row.reduceScatter)(ins, out, count, dt, op, scale);
+}
+
+void CommImpl::runReduceScatterOneShot(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
+                                       double scale) {
+  auto blockOf = [&ins](int p) { return static_cast<const char*>(ins[static_cast<size_t>(p)]); };
+  oneshotReduce(blockOf, out, count, dt, op, scale);
+}
+
+void CommImpl::runReduceScatterPairwise(const std::vector<char*>& ins, char* out, size_t count, DataType dt,
+                                        ReduceOp op, double scale) {
+  const int n = size_, r = rank_;
+  const size_t bytes = count * dtypeSize(dt);
   const char* mine = ins[static_cast<size_t>(r)];
-  Algo algo = algoFor(AlgoOp::kReduceScatter, bytes);
-  if (algo == Algo::kOneShot) {
-    auto blockOf = [&ins](int p) { return static_cast<const char*>(ins[static_cast<size_t>(p)]); };
-    return oneshotReduce(blockOf, out, count, dt, op, scale);
-  }
-  if (algo == Algo::kRings) return runReduceScatterRings(ins, out, count, dt, op, scale);
-  if (algo == Algo::kRing) return runReduceScatterRing(ins, out, count, dt, op, scale);
-  if (algo == Algo::kHier) return runReduceScatterHosts(ins, out, count, dt, op, scale);
   // Pairwise over separate input buffers (pairwiseReduceScatter works on one buffer in blocks).
   ownTerm(out, mine, count, dt, op, scale);
   for (int s = 1; s < n; ++s) {

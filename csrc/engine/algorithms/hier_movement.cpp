@@ -19,7 +19,7 @@ int onHost(const std::vector<int>& order, int L, int host, int t) {
 }  // namespace
 
 // outs[r] receives rank r's `bytes`; ours is already in place.
-void CommImpl::runAllgatherHosts(size_t bytes, const std::vector<char*>& outs) {
+void CommImpl::runAllgatherHosts(const char*, size_t bytes, const std::vector<char*>& outs) {
   const std::vector<int>& order = ringOrder();
   const int L = static_cast<int>(localRanks_.size()), H = static_cast<int>(rail_.size());
   const int li = localIndex(rank_);

@@ -137,16 +137,18 @@ void CommImpl::runAllreduceCoalesced(const std::vector<char*>& bufs, const std::
 }
 
 void CommImpl::runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
-  int n = size_, r = rank_;
-  size_t es = dtypeSize(dt);
-  switch (algoFor(AlgoOp::kAllreduce, count * es)) {
-    case Algo::kOneShot: return oneshotReduce([buf](int) { return buf; }, buf, count, dt, op, scale);
-    case Algo::kRings: return runAllreduceRings(buf, count, dt, op, scale);
-    case Algo::kHier: return runAllreduceHosts(buf, count, dt, op, scale);
-    case Algo::kRing: return runAllreduceRing(buf, count, dt, op, scale);
-    case Algo::kTree: return runAllreduceTree(buf, count, dt, op, scale);
-    default: break;  // pairwise
-  }
+  const AlgoRow& row = algoRow(algoFor(AlgoOp::kAllreduce, count * dtypeSize(dt)));
+  RAILCC_CHECK_EQ(row.allreduce != nullptr, true);
+  (this->*row.allreduce)(buf, count, dt, op, scale);
+}
+
+void CommImpl::runAllreduceOneShot(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
+  oneshotReduce([buf](int) { return buf; }, buf, count, dt, op, scale);
+}
+
+void CommImpl::runAllreducePairwise(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
+  const int n = size_, r = rank_;
+  const size_t es = dtypeSize(dt);
   std::vector<int> all(static_cast<size_t>(n));
   std::iota(all.begin(), all.end(), 0);
   pairwiseReduceScatter(all, buf, count, dt, op, scale);
