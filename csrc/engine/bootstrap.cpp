@@ -56,8 +56,8 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
                   hostSharesCores_ ? 0 : opts_.config.spinUs, cmaBytesFor(opts_.config.cmaBytes, hostSharesCores_));
   place_.size = size_;
   place_.localRanks = static_cast<int>(localRanks_.size());
-  place_.rings = ringsCover();
-  place_.ringSlices = place_.rings && ringSlice() > 0;
+  place_.shmRings = shmRingsCover();
+  place_.shmRingSlices = place_.shmRings && shmRingSlice() > 0;
   place_.hostsEven = !rail_.empty();
   place_.oneshotBytes = opts_.config.oneshotBytes;
   place_.cmaBytes = cmaBytesFor(opts_.config.cmaBytes, hostSharesCores_);

@@ -123,11 +123,11 @@ class CommImpl : private ChannelHost {
   void runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
   void runAllreduceCoalesced(const std::vector<char*>& bufs, const std::vector<size_t>& counts, DataType dt, ReduceOp op,
                              double scale);
-  void runAllreduceRings(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
-  void runReduceScatterRings(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
+  void runAllreduceShmRings(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
+  void runReduceScatterShmRings(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
                              double scale);
-  struct RingReduce;
-  void runRingsReduce(const RingReduce& job, DataType dt, ReduceOp op, double scale, bool bypass);
+  struct ShmRingsReduce;
+  void runShmRingsReduce(const ShmRingsReduce& job, DataType dt, ReduceOp op, double scale, bool bypass);
   void runAllreduceHosts(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
   // Pairwise schedules among the ranks `g` (which include us), on `count` elements of `buf`
   // split into |g| blocks: block j ends reduced at g[j]; then every block everywhere.
@@ -141,13 +141,13 @@ class CommImpl : private ChannelHost {
   /// ringAllgather of `buf`'s `count` elements cut into g.size() Blocks, block j from g[j].
   void ringAllgatherBlocks(const std::vector<int>& g, char* buf, size_t count, size_t es);
   void runAllreduceRing(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
-  void runAllgatherRingOrder(const char* in, size_t bytes, const std::vector<char*>& outs);  // own piece in place
+  void runAllgatherRing(const char* in, size_t bytes, const std::vector<char*>& outs);  // own piece in place
   void runReduceScatterRing(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
                             double scale);
   void runAllgatherHosts(const char* in, size_t bytes, const std::vector<char*>& outs);  // own piece in place
   void runReduceScatterHosts(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op, double scale);
   void runAllreduceTree(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
-  void runBroadcastRing(char* buf, size_t bytes, int root);
+  void runBroadcastShmRings(char* buf, size_t bytes, int root);
   void runBroadcastTree(char* buf, size_t bytes, int root);  // algorithms/bcast_tree.cpp
   // algorithms/direct.cpp: the other ops' host algorithms (the rule where there is a choice)
   void runBroadcast(char* buf, size_t bytes, int root);
@@ -161,7 +161,7 @@ class CommImpl : private ChannelHost {
                                double scale);
   void runReduceScatterPairwise(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
                                 double scale);
-  void runAllgatherRings(const char* in, size_t bytes, const std::vector<char*>& outs);
+  void runAllgatherShmRings(const char* in, size_t bytes, const std::vector<char*>& outs);
   void runAllgatherDirect(const char* in, size_t bytes, const std::vector<char*>& outs);
   friend const AlgoRow& algoRow(Algo a);  // the table names the run functions
   PlanShape planShape();  // algorithms/peers.cpp: this group's shape, for its algorithms' plans
@@ -173,10 +173,10 @@ class CommImpl : private ChannelHost {
   void runGather(const char* in, size_t bytes, const std::vector<char*>& outs, int root);
   void runScatter(const std::vector<char*>& ins, char* out, size_t bytes, int root);
   void runBarrier();
-  void runAllgatherRing(const char* mine, const std::vector<size_t>& sizes, const std::vector<char*>& outs,
+  void runShmRingsGather(const char* mine, const std::vector<size_t>& sizes, const std::vector<char*>& outs,
                         bool headers);
   // Every same-host rank's broadcast ring, as an op that moves data through them sees them.
-  struct Rings {
+  struct ShmRings {
     transport::BroadcastRing own;
     std::vector<transport::BroadcastRing> of;  // by rank; ours is empty
     std::vector<int> consumers;                 // local indices of the peers reading ours
@@ -184,10 +184,10 @@ class CommImpl : private ChannelHost {
     std::vector<std::pair<int, int>> on;  // the collective lane of every peer
     int myIdx = 0;
   };
-  Rings rings();
+  ShmRings shmRings();
   // Bytes of one rank's slice per chunk of the two-shot all-reduce: a multiple of 64, so that a chunk's
   // n-1 slices (block A) stay within BroadcastRing::blockMax(); 0 where rings are too small for it.
-  size_t ringSlice() const {
+  size_t shmRingSlice() const {
     const transport::BroadcastRing own = ch_.local()->broadcastRing(-1);
     size_t cap = own.capacity(), slice = cap / 2 / static_cast<size_t>(size_) / 64 * 64;
     return cap % 64 == 0 && slice >= 64 && (static_cast<size_t>(size_) - 1) * slice <= own.blockMax() ? slice : 0;
@@ -195,10 +195,10 @@ class CommImpl : private ChannelHost {
   // The end of one pass of a ring op's loop: reads the messages posted on the collective lane
   // before the op (its header receives), so that a rank that took another path fails here and
   // not at its timeout; then, if nothing moved, sleeps until `ready` may hold.
-  void ringTurn(const Rings& r, size_t moved, const std::function<bool()>& ready);
+  void shmRingTurn(const ShmRings& r, size_t moved, const std::function<bool()>& ready);
   // Whether every rank shares this host's memory and there are enough of them for the
   // broadcast rings to save copies (with two ranks a ring and a FIFO copy the same).
-  bool ringsCover() const { return size_ > 2 && static_cast<int>(localRanks_.size()) == size_; }
+  bool shmRingsCover() const { return size_ > 2 && static_cast<int>(localRanks_.size()) == size_; }
   int localIndex(int r) const {
     return static_cast<int>(std::find(localRanks_.begin(), localRanks_.end(), r) - localRanks_.begin());
   }

@@ -46,8 +46,8 @@ SimResult simulateOp(const SimJob& job, const std::string& op, size_t bytes, siz
   AlgoPlace place;
   place.size = n;
   place.localRanks = L;
-  place.rings = L == n && n > 2;
-  place.ringSlices = place.rings;
+  place.shmRings = L == n && n > 2;
+  place.shmRingSlices = place.shmRings;
   place.hostsEven = L > 1 && L < n;
   place.hostsOfOne = L == 1 && n > 1;
   place.oneshotBytes = job.oneshotBytes;

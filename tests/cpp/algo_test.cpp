@@ -20,8 +20,8 @@ AlgoPlace oneHost(int n) {
   AlgoPlace p;
   p.size = n;
   p.localRanks = n;
-  p.rings = n > 2;
-  p.ringSlices = n > 2;
+  p.shmRings = n > 2;
+  p.shmRingSlices = n > 2;
   p.oneshotBytes = 65536;
   return p;
 }
@@ -29,10 +29,10 @@ AlgoPlace oneHost(int n) {
 TEST(AlgoRule, SizeAndPlacementDecide) {
   AlgoPlace p = oneHost(4);
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 8, p, {}, nullptr), Algo::kOneShot);
-  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 65537, p, {}, nullptr), Algo::kRings);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 65537, p, {}, nullptr), Algo::kShmRings);
   EXPECT_EQ(chooseAlgo(AlgoOp::kBroadcast, 65536, p, {}, nullptr), Algo::kChain);
-  EXPECT_EQ(chooseAlgo(AlgoOp::kBroadcast, 65537, p, {}, nullptr), Algo::kRings);
-  EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, 1 << 20, p, {}, nullptr), Algo::kRings);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kBroadcast, 65537, p, {}, nullptr), Algo::kShmRings);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, 1 << 20, p, {}, nullptr), Algo::kShmRings);
   AlgoPlace two = oneHost(2);
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 1 << 20, two, {}, nullptr), Algo::kPairwise);
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, 1 << 20, two, {}, nullptr), Algo::kDirect);
@@ -107,23 +107,23 @@ TEST(AlgoRule, RanksSharingCoresReduceThroughTheRingsFrom16KiB) {
   AlgoPlace p = oneHost(4);
   p.sharedCores = true;
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 16384, p, {}, nullptr), Algo::kOneShot);
-  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 16385, p, {}, nullptr), Algo::kRings);
-  EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 65536, p, {}, nullptr), Algo::kRings);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 16385, p, {}, nullptr), Algo::kShmRings);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 65536, p, {}, nullptr), Algo::kShmRings);
   // Broadcast and all-gather copy no more in one step: unchanged.
   EXPECT_EQ(chooseAlgo(AlgoOp::kBroadcast, 65536, p, {}, nullptr), Algo::kChain);
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, 65536, p, {}, nullptr), Algo::kDirect);
   // A smaller RAILCC_ONESHOT_BYTES still rules; RAILCC_ALGO=oneshot keeps it up to that value.
   p.oneshotBytes = 4096;
-  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 8192, p, {}, nullptr), Algo::kRings);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 8192, p, {}, nullptr), Algo::kShmRings);
   p.oneshotBytes = 65536;
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 65536, p, parseAlgos("oneshot", nullptr), nullptr), Algo::kOneShot);
   // Without rings (two ranks, or rings too small for slices) the one-shot limit is as set.
   AlgoPlace two = oneHost(2);
   two.sharedCores = true;
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 65536, two, {}, nullptr), Algo::kOneShot);
-  p.ringSlices = false;
+  p.shmRingSlices = false;
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 65536, p, {}, nullptr), Algo::kOneShot);
-  p.ringSlices = true;
+  p.shmRingSlices = true;
   std::string rule = describeRule(p, {});
   EXPECT_NE(rule.find("sharing cores"), std::string::npos) << rule;
   EXPECT_NE(rule.find("from 16385 B rings"), std::string::npos) << rule;
@@ -167,11 +167,11 @@ TEST(AlgoRule, PreferencesApplyWhereTheyFitAndNcclNamesMap) {
   EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 1 << 20, p, pref, nullptr), Algo::kRing);
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 8, p, parseAlgos("tree", nullptr), nullptr), Algo::kTree);
   // The tree runs no reduce-scatter: the rule decides.
-  EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 1 << 20, p, parseAlgos("tree", nullptr), nullptr), Algo::kRings);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 1 << 20, p, parseAlgos("tree", nullptr), nullptr), Algo::kShmRings);
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, 8, p, parseAlgos("tree", nullptr), nullptr), Algo::kDirect);
   // Preferred but unable to run here: the rule decides.
   auto hier = parseAlgos("hier", nullptr);
-  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 1 << 20, p, hier, nullptr), Algo::kRings);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 1 << 20, p, hier, nullptr), Algo::kShmRings);
   try {
     parseAlgos("ring,butterfly", nullptr);
     FAIL() << "no error";

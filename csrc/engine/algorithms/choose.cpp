@@ -10,7 +10,7 @@ namespace railcc::engine {
 const char* algoName(Algo a) {
   switch (a) {
     case Algo::kOneShot: return "oneshot";
-    case Algo::kRings: return "rings";
+    case Algo::kShmRings: return "rings";
     case Algo::kHier: return "hier";
     case Algo::kPairwise: return "pairwise";
     case Algo::kChain: return "chain";
@@ -38,7 +38,7 @@ bool fits(Algo a, AlgoOp op, size_t bytes, const AlgoPlace& p) {
   bool reducing = op == AlgoOp::kAllreduce || op == AlgoOp::kReduceScatter;
   switch (a) {
     case Algo::kOneShot: return reducing && p.size > 1 && static_cast<int64_t>(bytes) <= p.oneshotBytes;
-    case Algo::kRings: return p.rings && (!reducing || p.ringSlices);
+    case Algo::kShmRings: return p.shmRings && (!reducing || p.shmRingSlices);
     case Algo::kHier: return op != AlgoOp::kBroadcast && p.hostsEven;
     case Algo::kPairwise: return reducing;
     case Algo::kChain: return op == AlgoOp::kBroadcast;
@@ -60,7 +60,7 @@ std::vector<Algo> parseAlgos(const std::string& spec, std::string* ignored) {
     std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
     if (name.empty()) continue;
     bool found = false;
-    for (Algo a : {Algo::kOneShot, Algo::kRings, Algo::kHier, Algo::kPairwise, Algo::kChain, Algo::kDirect,
+    for (Algo a : {Algo::kOneShot, Algo::kShmRings, Algo::kHier, Algo::kPairwise, Algo::kChain, Algo::kDirect,
                    Algo::kRing, Algo::kTree})
       if (name == algoName(a)) {
         out.push_back(a);
@@ -99,11 +99,11 @@ Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& p, const std::vector<A
       if (op == AlgoOp::kReduceScatter && acrossHosts && p.size >= kRingMinRanks)
         return p.hostsEven ? pick(Algo::kHier, "16 or more ranks, hosts with equal rank counts: rings along rails")
                            : pick(Algo::kRing, "16 or more ranks across hosts: two peers per rank");
-      if (fits(Algo::kOneShot, op, bytes, p) && !(p.sharedCores && fits(Algo::kRings, op, bytes, p)))
+      if (fits(Algo::kOneShot, op, bytes, p) && !(p.sharedCores && fits(Algo::kShmRings, op, bytes, p)))
         return pick(Algo::kOneShot, "at most RAILCC_ONESHOT_BYTES");
       if (fits(Algo::kOneShot, op, bytes, p) && static_cast<int64_t>(bytes) <= kSharedCoresOneshotBytes)
         return pick(Algo::kOneShot, "ranks share cores: at most 16384 B");
-      if (fits(Algo::kRings, op, bytes, p)) return pick(Algo::kRings, "every rank on this host");
+      if (fits(Algo::kShmRings, op, bytes, p)) return pick(Algo::kShmRings, "every rank on this host");
       if (op == AlgoOp::kAllreduce && fits(Algo::kHier, op, bytes, p))
         return pick(Algo::kHier, "hosts with equal rank counts");
       if (acrossHosts && p.size >= kRingMinRanks)
@@ -111,13 +111,13 @@ Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& p, const std::vector<A
       // Below kRingMinRanks not the ring (see there: a slow cable is named more reliably when
       // a rank's links are not paced alike). The pairwise all-reduce's all-gather half goes through the broadcast rings wherever
       // they cover the group (the reduce-scatter half already checked every fingerprint).
-      return pick(Algo::kPairwise, op == AlgoOp::kAllreduce && p.rings
+      return pick(Algo::kPairwise, op == AlgoOp::kAllreduce && p.shmRings
                                        ? "otherwise; its all-gather half through the broadcast rings"
                                        : "otherwise");
     case AlgoOp::kBroadcast:
     case AlgoOp::kAllgather:
-      if (fits(Algo::kRings, op, bytes, p) && static_cast<int64_t>(bytes) > p.oneshotBytes)
-        return pick(Algo::kRings, "every rank on this host, above RAILCC_ONESHOT_BYTES");
+      if (fits(Algo::kShmRings, op, bytes, p) && static_cast<int64_t>(bytes) > p.oneshotBytes)
+        return pick(Algo::kShmRings, "every rank on this host, above RAILCC_ONESHOT_BYTES");
       // The chain's latency is n - 1 hops; a tree's, twice its depth (bcast_tree.cpp).
       if (op == AlgoOp::kBroadcast && acrossHosts && p.size >= kTreeMinRanks &&
           static_cast<int64_t>(bytes) <= p.oneshotBytes)

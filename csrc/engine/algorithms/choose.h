@@ -15,7 +15,7 @@ namespace railcc::engine {
 
 enum class Algo : uint8_t {
   kOneShot,   // every rank sends its block to every peer and reduces in rank order: one step
-  kRings,     // shared-memory broadcast rings (all ranks on one host, three or more)
+  kShmRings,  // the shared-memory broadcast rings, "rings" (all ranks on one host, three or more)
   kHier,      // per host, then per rail across hosts (then per host again): all-reduce,
               // reduce-scatter, all-gather
   kPairwise,  // reduce-scatter then all-gather by pairwise exchanges (NCCL's "ring" family)
@@ -64,8 +64,8 @@ enum class AlgoOp : uint8_t { kAllreduce, kReduceScatter, kBroadcast, kAllgather
 struct AlgoPlace {
   int size = 1;
   int localRanks = 1;
-  bool rings = false;        // the broadcast rings cover the group
-  bool ringSlices = false;   // and are large enough for the reducing ring algorithms
+  bool shmRings = false;     // the shared-memory broadcast rings cover the group
+  bool shmRingSlices = false;  // and are large enough for the reducing ring algorithms
   bool hostsEven = false;    // two or more hosts with the same number (two or more) of ranks
   bool hostsOfOne = false;   // two or more hosts, each with one rank of the group
   int64_t oneshotBytes = 0;  // RAILCC_ONESHOT_BYTES

@@ -119,8 +119,8 @@ void CommImpl::runAllgather(const char* in, size_t bytes, const std::vector<char
   (this->*row.allgather)(in, bytes, outs);
 }
 
-void CommImpl::runAllgatherRings(const char* in, size_t bytes, const std::vector<char*>& outs) {
-  runAllgatherRing(in, std::vector<size_t>(outs.size(), bytes), outs, true);
+void CommImpl::runAllgatherShmRings(const char* in, size_t bytes, const std::vector<char*>& outs) {
+  runShmRingsGather(in, std::vector<size_t>(outs.size(), bytes), outs, true);
 }
 
 void CommImpl::runAllgatherDirect(const char* in, size_t bytes, const std::vector<char*>& outs) {

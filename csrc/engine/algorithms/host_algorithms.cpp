@@ -61,20 +61,20 @@ void CommImpl::oneshotReduce(const std::function<const char*(int)>& blockOf, cha
 // RAILCC_ONESHOT_BYTES when ours is larger) fails the rank it sends to at once. Only a
 // broadcast larger than the ring has the root wait for the headers first: its writes wait for
 // every reader to make room, and a rank reading another ring never would.
-void CommImpl::runBroadcastRing(char* buf, size_t bytes, int root) {
+void CommImpl::runBroadcastShmRings(char* buf, size_t bytes, int root) {
   std::vector<size_t> sizes(static_cast<size_t>(size_), 0);
   std::vector<char*> outs(static_cast<size_t>(size_), nullptr);
   sizes[static_cast<size_t>(root)] = bytes;
   outs[static_cast<size_t>(root)] = buf;
   if (rank_ == root && bytes > ch_.local()->broadcastRing(-1).capacity()) {
     syncRound();
-    return runAllgatherRing(buf, sizes, outs, false);
+    return runShmRingsGather(buf, sizes, outs, false);
   }
   std::vector<Transfer> sends, recvs;
   headerRound(sends, recvs);
   ch_.exchange(sends);
   ch_.post(recvs);
-  runAllgatherRing(buf, sizes, outs, false);
+  runShmRingsGather(buf, sizes, outs, false);
   ch_.complete(recvs);
 }
 
@@ -155,14 +155,14 @@ void CommImpl::runAllreducePairwise(char* buf, size_t count, DataType dt, Reduce
   Blocks b(count, n, es);
   char* mine = buf + b.offset(r);
   if (op == ReduceOp::kAvg) divideBy(mine, b.count(r), dt, n);
-  if (place_.rings) {  // as the rule says (chooseAlgo): the all-gather half through the rings
+  if (place_.shmRings) {  // as the rule says (chooseAlgo): the all-gather half through the rings
     std::vector<size_t> sizes(static_cast<size_t>(n));
     std::vector<char*> outs(static_cast<size_t>(n));
     for (int p = 0; p < n; ++p) {
       sizes[static_cast<size_t>(p)] = b.count(p) * es;
       outs[static_cast<size_t>(p)] = buf + b.offset(p);
     }
-    return runAllgatherRing(mine, sizes, outs, false);
+    return runShmRingsGather(mine, sizes, outs, false);
   }
   pairwiseAllgather(all, buf, count, es);
 }
@@ -199,8 +199,8 @@ void CommImpl::runAllreduceHosts(char* buf, size_t count, DataType dt, ReduceOp 
   pairwiseAllgather(localRanks_, buf, count, es);
 }
 
-CommImpl::Rings CommImpl::rings() {
-  Rings r;
+CommImpl::ShmRings CommImpl::shmRings() {
+  ShmRings r;
   r.own = ch_.local()->broadcastRing(-1);
   r.of.resize(static_cast<size_t>(size_));
   r.myIdx = localIndex(rank_);
@@ -214,7 +214,7 @@ CommImpl::Rings CommImpl::rings() {
   return r;
 }
 
-void CommImpl::ringTurn(const Rings& r, size_t moved, const std::function<bool()>& ready) {
+void CommImpl::shmRingTurn(const ShmRings& r, size_t moved, const std::function<bool()>& ready) {
   for (auto& [lane, peer] : r.on)
     moved += ch_.progress(lane, peer);
   if (moved + pumpP2P() > 0) {
@@ -236,7 +236,7 @@ void CommImpl::ringTurn(const Rings& r, size_t moved, const std::function<bool()
 // where the pairwise reduce-scatter and ring all-gather moved 92 (n-1 reduction passes, each
 // reading and writing the accumulator), with two waits per chunk instead of n. Headers are
 // checked while the data moves, as in the ring broadcast.
-struct CommImpl::RingReduce {
+struct CommImpl::ShmRingsReduce {
   size_t nchunks;  // every chunk but the last has the same counts
   std::function<size_t(size_t, int)> count;
   std::function<const char*(size_t, int)> in;
@@ -244,10 +244,10 @@ struct CommImpl::RingReduce {
   bool gather;
 };
 
-void CommImpl::runRingsReduce(const RingReduce& job, DataType dt, ReduceOp op, double scale, bool bypass) {
+void CommImpl::runShmRingsReduce(const ShmRingsReduce& job, DataType dt, ReduceOp op, double scale, bool bypass) {
   const int n = size_, me = rank_;
   const size_t es = dtypeSize(dt), nchunks = job.nchunks, blocks = job.gather ? 2 : 1;
-  Rings rs = rings();
+  ShmRings rs = shmRings();
   transport::BroadcastRing& own = rs.own;
   const int myIdx = rs.myIdx;
   std::vector<transport::BroadcastRing>& peerRing = rs.of;
@@ -353,7 +353,7 @@ void CommImpl::runRingsReduce(const RingReduce& job, DataType dt, ReduceOp op, d
       ++read[static_cast<size_t>(p)];
       moved += len + 1;
     }
-    ringTurn(rs, moved, [&] {
+    shmRingTurn(rs, moved, [&] {
       if (nextWrite(false) || inputsReady()) return true;
       for (int p = 0; p < n; ++p)
         if (resultOf(p)) return true;
@@ -372,35 +372,35 @@ void CommImpl::runRingsReduce(const RingReduce& job, DataType dt, ReduceOp op, d
   }
 }
 
-void CommImpl::runAllreduceRings(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
-  const size_t es = dtypeSize(dt), chunkElems = ringSlice() / es * static_cast<size_t>(size_);
+void CommImpl::runAllreduceShmRings(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
+  const size_t es = dtypeSize(dt), chunkElems = shmRingSlice() / es * static_cast<size_t>(size_);
   auto chunkOf = [=](size_t k) { return Blocks(std::min(chunkElems, count - k * chunkElems), size_, es); };
   auto piece = [=](size_t k, int q) { return buf + k * chunkElems * es + chunkOf(k).offset(q); };
-  RingReduce job{(count + chunkElems - 1) / chunkElems, [=](size_t k, int q) { return chunkOf(k).count(q); },
+  ShmRingsReduce job{(count + chunkElems - 1) / chunkElems, [=](size_t k, int q) { return chunkOf(k).count(q); },
                  piece, piece, true};
-  runRingsReduce(job, dt, op, scale, count * es >= ch_.streamMin());
+  runShmRingsReduce(job, dt, op, scale, count * es >= ch_.streamMin());
 }
 
-void CommImpl::runReduceScatterRings(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
+void CommImpl::runReduceScatterShmRings(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
                                      double scale) {
-  const size_t es = dtypeSize(dt), chunkElems = ringSlice() / es;
+  const size_t es = dtypeSize(dt), chunkElems = shmRingSlice() / es;
   const int me = rank_;
   auto cnt = [=](size_t k) { return std::min(chunkElems, count - k * chunkElems); };
-  RingReduce job{(count + chunkElems - 1) / chunkElems, [=](size_t k, int) { return cnt(k); },
+  ShmRingsReduce job{(count + chunkElems - 1) / chunkElems, [=](size_t k, int) { return cnt(k); },
                  [=, &ins](size_t k, int q) -> const char* { return ins[static_cast<size_t>(q)] + k * chunkElems * es; },
                  [=](size_t k, int q) -> char* { return q == me ? out + k * chunkElems * es : nullptr; }, false};
-  runRingsReduce(job, dt, op, scale, false);
+  runShmRingsReduce(job, dt, op, scale, false);
 }
 
 // All-gather through the broadcast rings: each rank writes its piece once into its own ring
 // and copies every peer's piece out of theirs, n copies of each piece in all where per-peer
 // FIFOs make 2(n-1). With `headers`, header-only messages check every peer's call first.
-void CommImpl::runAllgatherRing(const char* mine, const std::vector<size_t>& sizes, const std::vector<char*>& outs,
+void CommImpl::runShmRingsGather(const char* mine, const std::vector<size_t>& sizes, const std::vector<char*>& outs,
                                 bool headers) {
   int n = size_, me = rank_;
   if (headers) syncRound();
   const size_t chunk = 256u << 10;
-  Rings rs = rings();
+  ShmRings rs = shmRings();
   transport::BroadcastRing& own = rs.own;
   const int myIdx = rs.myIdx;
   const size_t myBytes = sizes[static_cast<size_t>(me)];
@@ -437,7 +437,7 @@ void CommImpl::runAllgatherRing(const char* mine, const std::vector<size_t>& siz
       got[static_cast<size_t>(p)] += k;
       moved += k;
     }
-    ringTurn(rs, moved, [&] {
+    shmRingTurn(rs, moved, [&] {
       if (wrote < myBytes && own.canWrite(rs.consumers)) return true;
       for (int p = 0; p < n; ++p)
         if (p != me && got[static_cast<size_t>(p)] < sizes[static_cast<size_t>(p)] &&

@@ -112,7 +112,7 @@ void CommImpl::runReduceScatterRing(const std::vector<char*>& ins, char* out, si
 }
 
 // outs[r] receives rank r's `bytes` (ours is already in place).
-void CommImpl::runAllgatherRingOrder(const char*, size_t bytes, const std::vector<char*>& outs) {
+void CommImpl::runAllgatherRing(const char*, size_t bytes, const std::vector<char*>& outs) {
   const std::vector<int>& g = ringOrder();
   std::vector<char*> blocks;
   blocks.reserve(g.size());

@@ -89,7 +89,7 @@ const AlgoRow& algoRow(Algo a) {
   using C = CommImpl;
   static const AlgoRow rows[] = {
       {Algo::kOneShot, &C::runAllreduceOneShot, &C::runReduceScatterOneShot, nullptr, nullptr, false, planOneShot, true, plain},
-      {Algo::kRings, &C::runAllreduceRings, &C::runReduceScatterRings, &C::runAllgatherRings, &C::runBroadcastRing, false,
+      {Algo::kShmRings, &C::runAllreduceShmRings, &C::runReduceScatterShmRings, &C::runAllgatherShmRings, &C::runBroadcastShmRings, false,
        planRings, false, plain},
       {Algo::kHier, &C::runAllreduceHosts, &C::runReduceScatterHosts, &C::runAllgatherHosts, nullptr, false, planHier, true,
        hierRails},
@@ -97,7 +97,7 @@ const AlgoRow& algoRow(Algo a) {
        plain},
       {Algo::kChain, nullptr, nullptr, nullptr, &C::runBroadcastChains, false, planChain, true, chainRails},
       {Algo::kDirect, nullptr, nullptr, &C::runAllgatherDirect, nullptr, true, planOneShot, true, plain},
-      {Algo::kRing, &C::runAllreduceRing, &C::runReduceScatterRing, &C::runAllgatherRingOrder, nullptr, false, planRing, true,
+      {Algo::kRing, &C::runAllreduceRing, &C::runReduceScatterRing, &C::runAllgatherRing, nullptr, false, planRing, true,
        plain},
       {Algo::kTree, &C::runAllreduceTree, nullptr, nullptr, &C::runBroadcastTree, false, planTree, true, treeShape},
   };
