@@ -157,7 +157,16 @@ def failed_ranks(group=None, group_ranks=False):
         torch.distributed.shrink_group(railcc.failed_ranks(g, group_ranks=True), g)
 
     (the two differ for a subgroup, and for a default group that was shrunk before).
-    shrink_group checks that every survivor excludes the same ranks."""
+    shrink_group checks that every survivor excludes the same ranks.
+
+    Raises TypeError when group is not None or a torch.distributed process group, or group_ranks
+    not a bool."""
+    if group is not None and not isinstance(group, _dist.ProcessGroup):
+        raise TypeError(f"railcc.failed_ranks: group must be None (the default group) or a "
+                        f"torch.distributed process group, not {type(group).__name__} ({group!r:.60})")
+    if not isinstance(group_ranks, bool):
+        raise TypeError(f"railcc.failed_ranks: group_ranks must be True or False, not "
+                        f"{type(group_ranks).__name__} ({group_ranks!r:.60})")
     dead = sorted(set(backend_of(group).failed_ranks()))
     if group_ranks:
         g = group if group is not None else _dist.distributed_c10d._get_default_group()

@@ -95,7 +95,9 @@ def measure(cfg, nprocs, timeout=1800):
         cmd, env = launch(nprocs, [sys.executable, os.path.abspath(__file__), spec_path, out_path],
                           bind="core:overload-allowed" if getattr(cfg, "bind", False) else "none")
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+            # mpirun (and through it its ranks) ends with railcc-bench, even one killed by SIGKILL
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                               preexec_fn=_load("bench_limits").pdeathsig_preexec())
         except subprocess.TimeoutExpired:
             return None, f"mpirun did not finish within {timeout:.0f} s"
         if p.returncode != 0 or not os.path.exists(out_path):

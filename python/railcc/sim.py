@@ -17,6 +17,7 @@ byte, a message split across channels and one host's shared-memory rings are not
 
 import argparse
 import json
+import math
 import sys
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
@@ -29,11 +30,77 @@ ENDPOINT_BYTES = 101
 HOST_ID_BYTES = 47
 HOSTNAME_BYTES = 16
 
+# Bounds on the arguments, checked before anything is simulated (parse_args). The engine's own
+# ranges where the argument is one of its parameters (csrc/common/config.h).
+MAX_RANKS = 1 << 20
+MAX_JOBS = 16  # job sizes in one -n
+MAX_SIZES = 64  # sizes in one --sizes
+MAX_SIZE = 1 << 40  # bytes of one op
+ELEM_SIZES = (1, 2, 4, 8)
+BUFFSIZE_RANGE = (4096, 64 << 30)  # RAILCC_BUFFSIZE
+ONESHOT_RANGE = (0, 64 << 20)  # RAILCC_ONESHOT_BYTES
+CHANNELS_RANGE = (1, 64)  # RAILCC_NCHANNELS, but at least one
+# What the simulation holds while it plays one op (simulate.cpp and simulate_job below), an upper
+# estimate measured here: per rank its cursor, its sets of peers and its rows (about 2 KiB), per
+# peer a rank hears from a queue of messages and an entry of its rows (about 750 B), and per
+# message sent or received 4 to 8 bytes.
+SIM_BYTES_PER_RANK = 2048
+SIM_BYTES_PER_PEER = 1024
+SIM_BYTES_PER_MESSAGE = 8
+SIM_MAX_BYTES = 2 << 30  # and at most half the host's memory (or its cgroup's limit)
+
 
 def _size(text):
     t = text.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
     return int(t[:-1] if mult > 1 else t) * mult
+
+
+def sim_budget():
+    """(bytes the simulation may plan to hold, why that much)."""
+    try:
+        from .bench_limits import human, memory_limit
+
+        limit, what = memory_limit()
+    except Exception:  # noqa: BLE001 - no figure: the fixed cap alone
+        return SIM_MAX_BYTES, "railcc sim's cap"
+    if limit // 2 < SIM_MAX_BYTES:
+        return limit // 2, f"half of {what}, {human(limit)}"
+    return SIM_MAX_BYTES, "railcc sim's cap"
+
+
+def sim_cost(n, per_host, op, algo=""):
+    """(peers, messages): an upper estimate, per rank, of the peers it hears from and the messages
+    it sends in one op (the most over sizes), for the schedules the engine's rule picks (or, with
+    algo, any it may be told to run). Checked against the engine in tests/python/test_cli_args.py."""
+    lg = max(1, math.ceil(math.log2(n)))
+    if op == "broadcast":  # a tree or a chain: a parent, a few children
+        return lg + 4, lg + 4
+    # One host: one shot or direct meets every peer; hier: a host's ranks, two along the rail;
+    # ring and tree: two or three. Pairwise and rings (below 16 ranks only, unless algo says).
+    peers = n - 1 if algo else min(n - 1, max(per_host - 1, 15) + 2 * lg + 8)
+    if op != "all_reduce" or algo:
+        return peers, 2 * n if op == "all_reduce" else n  # a message per rank (ring, pairwise, hier's blocks)
+    # the rule's all-reduce: a ring over all (hosts of one rank), hier (a ring or pairwise along the
+    # rail, twice, and the host's steps), one shot on one host, or a tree
+    return peers, 2 * (n // per_host + per_host) + 2 * lg + 8
+
+
+def sim_bytes(n, per_host, ops, algo=""):
+    """(bytes, op): what simulating the costliest of ops at n ranks may hold, an upper estimate."""
+    best = (0, None)
+    for op in ops:
+        peers, messages = sim_cost(n, per_host, op, algo)
+        b = n * (SIM_BYTES_PER_RANK + peers * SIM_BYTES_PER_PEER + 2 * messages * SIM_BYTES_PER_MESSAGE)
+        best = max(best, (b, op))
+    return best
+
+
+def _human_bytes(b):
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= scale:
+            return f"{b / scale:.1f} {unit}"
+    return f"{b} B"
 
 
 def _human(b):
@@ -45,31 +112,104 @@ def _human(b):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m railcc sim", description=__doc__.split("\n\n")[0])
-    p.add_argument("-n", "--ranks", default="1024,4096", help="job sizes, comma-separated (default 1024,4096)")
-    p.add_argument("--per-host", type=int, default=8, help="ranks per host (default 8)")
-    p.add_argument("--ops", default=",".join(OPS), help="ops, comma-separated (default all four)")
-    p.add_argument("--sizes", default="8,1M,256M", help="op sizes in bytes, K/M/G suffixes (default 8,1M,256M)")
-    p.add_argument("--elem-size", type=int, default=4, help="bytes per element (default 4: float32)")
-    p.add_argument("--channels", type=int, default=2, help="channels per connected pair (default 2)")
+    p = argparse.ArgumentParser(
+        prog="python -m railcc sim", description=__doc__.split("\n\n")[0],
+        epilog="Every argument is checked before anything is simulated (exit status 2 names the one refused). "
+        "A job is simulated only where the simulation's memory, estimated from its ranks, ranks per host and "
+        f"ops, stays within {_human_bytes(SIM_MAX_BYTES)} (and half of this host's memory): reduce_scatter, "
+        "all_gather and all_reduce play about one message per rank and rank, so about "
+        f"{_most_ranks(8, OPS, '', SIM_MAX_BYTES):,} ranks at 8 per host (all four ops), broadcast alone about "
+        f"{_most_ranks(8, ['broadcast'], '', SIM_MAX_BYTES):,}; with --algo, every rank may meet every other, "
+        f"about {_most_ranks(8, OPS, 'any', SIM_MAX_BYTES):,}.")
+    p.add_argument("-n", "--ranks", default="1024,4096",
+                   help=f"job sizes, comma-separated, at most {MAX_JOBS}, each 2 to {MAX_RANKS:,} ranks and "
+                   "within the memory above (default 1024,4096)")
+    p.add_argument("--per-host", type=int, default=8,
+                   help="ranks per host, 1 to the job size, dividing it (default 8)")
+    p.add_argument("--ops", default=",".join(OPS), help=f"ops, comma-separated: {', '.join(OPS)} (default all four)")
+    p.add_argument("--sizes", default="8,1M,256M",
+                   help=f"op sizes in bytes, K/M/G/T suffixes, at most {MAX_SIZES}, each 0 to "
+                   f"{_human_bytes(MAX_SIZE)} (default 8,1M,256M)")
+    p.add_argument("--elem-size", type=int, default=4, choices=ELEM_SIZES,
+                   help="bytes per element: 1, 2, 4 or 8 (default 4: float32)")
+    p.add_argument("--channels", type=int, default=2,
+                   help=f"channels per connected pair, {CHANNELS_RANGE[0]} to {CHANNELS_RANGE[1]} (default 2)")
     p.add_argument("--algo", default="", help="RAILCC_ALGO to simulate (default: the rule)")
-    p.add_argument("--oneshot-bytes", type=int, default=65536, help="RAILCC_ONESHOT_BYTES (default 65536)")
-    p.add_argument("--buffsize", type=int, default=4 << 20, help="RAILCC_BUFFSIZE (default 4 MiB)")
+    p.add_argument("--oneshot-bytes", type=int, default=65536,
+                   help=f"RAILCC_ONESHOT_BYTES, {ONESHOT_RANGE[0]} to {ONESHOT_RANGE[1]:,} (default 65536)")
+    p.add_argument("--buffsize", type=int, default=4 << 20,
+                   help=f"RAILCC_BUFFSIZE, {BUFFSIZE_RANGE[0]:,} to {BUFFSIZE_RANGE[1]:,} (64 GiB) (default 4 MiB)")
     p.add_argument("--json", action="store_true", help="one JSON document instead of tables")
     a = p.parse_args(argv)
+
+    def within(arg, value, lo, hi, what=""):
+        if not lo <= value <= hi:
+            p.error(f"argument {arg}: {value:,} is not allowed: must be {lo:,} to {hi:,}{what}")
+
+    ranks = [x.strip() for x in a.ranks.split(",") if x.strip()]
+    if not ranks or len(ranks) > MAX_JOBS:
+        p.error(f"argument -n/--ranks: give 1 to {MAX_JOBS} job sizes (got {len(ranks)})")
     try:
-        a.ranks = [int(x) for x in a.ranks.split(",") if x.strip()]
-        a.sizes = [_size(x) for x in a.sizes.split(",") if x.strip()]
-    except ValueError as e:
-        p.error(f"bad number: {e}")
+        a.ranks = [int(x) for x in ranks]
+    except ValueError:
+        p.error(f"argument -n/--ranks: {a.ranks!r} is not a comma list of whole numbers")
+    sizes = [x.strip() for x in a.sizes.split(",") if x.strip()]
+    if not sizes or len(sizes) > MAX_SIZES:
+        p.error(f"argument --sizes: give 1 to {MAX_SIZES} sizes (got {len(sizes)})")
+    a.sizes = []
+    for x in sizes:
+        try:
+            a.sizes.append(_size(x))
+        except ValueError:
+            p.error(f"argument --sizes: {x!r} is not a size (a whole number of bytes, K/M/G/T suffixes)")
+    for b in a.sizes:
+        within("--sizes", b, 0, MAX_SIZE, " bytes")
     a.ops = [o.strip() for o in a.ops.split(",") if o.strip()]
     bad = [o for o in a.ops if o not in OPS]
-    if bad:
-        p.error(f"unknown op(s) {', '.join(bad)}; railcc sim knows {', '.join(OPS)}")
+    if bad or not a.ops:
+        p.error(f"argument --ops: unknown op(s) {', '.join(bad) or '(none given)'}; railcc sim knows {', '.join(OPS)}")
+    within("--buffsize", a.buffsize, *BUFFSIZE_RANGE, " bytes (RAILCC_BUFFSIZE's range)")
+    within("--oneshot-bytes", a.oneshot_bytes, *ONESHOT_RANGE, " bytes (RAILCC_ONESHOT_BYTES's range)")
+    within("--channels", a.channels, *CHANNELS_RANGE)
+    within("--per-host", a.per_host, 1, MAX_RANKS)
     for n in a.ranks:
-        if n < 2 or n % a.per_host:
-            p.error(f"{n} ranks at {a.per_host} per host: the ranks must fill whole hosts (2 ranks at least)")
+        within("-n/--ranks", n, 2, MAX_RANKS)
+        if a.per_host > n or n % a.per_host:
+            p.error(f"argument -n/--ranks: {n} ranks at {a.per_host} per host (--per-host): the ranks must fill "
+                    "whole hosts (2 ranks at least)")
+    if a.algo.strip():
+        try:  # the engine's own parser says what it knows
+            from . import _C
+
+            _C.rules.simulate(2, 1, "broadcast", 8, 1, algo=a.algo)
+        except Exception as e:  # noqa: BLE001 - any refusal is the argument's
+            p.error(f"argument --algo: {e}")
+    budget, why = sim_budget()
+    for n in a.ranks:
+        need, op = sim_bytes(n, a.per_host, a.ops, a.algo.strip())
+        if need > budget:
+            most = _most_ranks(a.per_host, a.ops, a.algo.strip(), budget)
+            fits = (f"at most {most:,} ranks at {a.per_host} per host with these --ops" if most >= 2
+                    else "not even one host at this --per-host with these --ops: fewer ranks per host")
+            p.error(f"argument -n/--ranks: simulating {op} at {n:,} ranks, {a.per_host} per host"
+                    f"{', RAILCC_ALGO ' + a.algo if a.algo.strip() else ''}, would hold about {_human_bytes(need)} "
+                    f"(every rank's messages are played), more than the {_human_bytes(budget)} railcc sim allows "
+                    f"({why}); {fits}")
     return a
+
+
+def _most_ranks(per_host, ops, algo, budget):
+    """The largest job, in whole hosts, whose simulation stays within budget (0: none)."""
+    lo, hi = 0, MAX_RANKS // per_host  # in hosts
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if mid * per_host >= 2 and sim_bytes(mid * per_host, per_host, ops, algo)[0] <= budget:
+            lo = mid
+        elif mid * per_host < 2:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * per_host
 
 
 def simulate_job(n, a):
