@@ -37,6 +37,7 @@
 #include "common/log.h"
 #include "engine/algorithms/choose.h"
 #include "engine/algorithms/table.h"
+#include "engine/device/device_plan.h"
 #include "engine/health.h"
 #include "engine/channels.h"
 #include "engine/communicator.h"
@@ -203,50 +204,15 @@ class CommImpl : private ChannelHost {
     return static_cast<int>(std::find(localRanks_.begin(), localRanks_.end(), r) - localRanks_.begin());
   }
 
-  // Device buffers (progress thread). An op on device memory runs its host algorithm chunk by
-  // chunk on pinned staging: the copy to host of chunk k+1 and the copy back of chunk k-1
-  // overlap the network part of chunk k. Each region is one buffer of the op; regions with the
-  // same address are staged once (in-place ops).
-  // Once per device op: sets the device, makes its events (and own stream), orders its stream after the caller's event.
-  struct DeviceOp {
-    int device;
-    void* stream;
-    bool queued = false;  // Placement::queued, with a caller's stream
-  };
+  // Device buffers (progress thread; device/device_plan.h describes an op on them). Once per
+  // device op: sets the device, makes its events (and own stream), orders its stream after the caller's event.
   DeviceOp beginDevice(const Placement& where);
-  struct Region {
-    char* dev;
-    size_t count;  // elements
-    bool in, out;  // copied to host before / back to the device after
-    static Region input(char* p, size_t n) { return {p, n, true, false}; }
-    static Region output(char* p, size_t n) { return {p, n, false, true}; }
-    static Region inOut(char* p, size_t n) { return {p, n, true, true}; }
-  };
-  using StagedBody = std::function<void(const std::vector<char*>& host, const std::vector<size_t>& counts)>;
   // `slots` is the most regions any rank of the group passes for this op, so every rank cuts the same
   // chunks; `agree` first agrees on the largest region across ranks (alltoall, whose splits differ).
   void runStaged(const DeviceOp& dv, DataType dt, size_t slots, std::vector<Region> regions, const StagedBody& body,
                  bool agree = false);
-  // An op on device buffers, described once for the device layer: its buffers (as staging
-  // copies them), the host algorithm that runs on staged copies, and its CUDA IPC form, which
-  // works on the device buffers in place. runDevice() picks: IPC where ipcReady() (every rank
+  // runDevice() picks how a DevicePlan (device/device_plan.h) runs: IPC where ipcReady() (every rank
   // on this host, peer access, RAILCC_CUDA_IPC), else staging.
-  struct DevicePlan {
-    std::vector<Region> regions;
-    size_t slots = 0;    // the most regions any rank passes, so every rank cuts the same chunks
-    bool agree = false;  // agree on the largest region first (alltoall: splits differ per rank)
-    StagedBody host;
-    std::function<void(const DeviceOp&)> ipc;
-    /// The plan of an op on one buffer.
-    static DevicePlan of(Region r, StagedBody host, std::function<void(const DeviceOp&)> ipc) {
-      DevicePlan p;
-      p.regions = {r};
-      p.slots = 1;
-      p.host = std::move(host);
-      p.ipc = std::move(ipc);
-      return p;
-    }
-  };
   void runDevice(const Placement& where, DataType dt, const DevicePlan& plan);
   // An op's body: its host algorithm on host buffers; on device buffers runDevice() on the
   // plan, which is built only for device ops (a template, so that a host op builds no

@@ -95,9 +95,9 @@ RequestPtr Communicator::allreduce(void* buf, size_t count, DataType dt, ReduceO
   auto run = [c, dt, op, scale](char* b, size_t n) { c->runAllreduce(b, n, dt, op, scale); };
   char* b8 = static_cast<char*>(buf);
   c->setBody(*o, where, dt, [b8, count, run] { run(b8, count); }, [&] {
-    return CommImpl::DevicePlan::of(CommImpl::Region::inOut(b8, count),
+    return DevicePlan::of(Region::inOut(b8, count),
                 [run](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); },
-                [c, b8, count, dt, op, scale](const CommImpl::DeviceOp& dv) {
+                [c, b8, count, dt, op, scale](const DeviceOp& dv) {
                   c->runIpcAllreduce(dv, {{b8, count}}, dt, op, scale);
                 });
   });
@@ -116,17 +116,17 @@ RequestPtr Communicator::allreduceCoalesced(std::vector<void*> bufs, std::vector
   std::vector<char*> ptrs;
   for (void* b : bufs) ptrs.push_back(static_cast<char*>(b));
   c->setBody(*o, where, dt, [c, ptrs, counts, dt, op, scale] { c->runAllreduceCoalesced(ptrs, counts, dt, op, scale); }, [&] {
-    CommImpl::DevicePlan p;
+    DevicePlan p;
     std::vector<std::pair<char*, size_t>> segs;
     for (size_t i = 0; i < ptrs.size(); ++i) {
-      p.regions.push_back(CommImpl::Region::inOut(ptrs[i], counts[i]));
+      p.regions.push_back(Region::inOut(ptrs[i], counts[i]));
       segs.push_back({ptrs[i], counts[i]});
     }
     p.slots = p.regions.size();
     p.host = [c, dt, op, scale](const std::vector<char*>& h, const std::vector<size_t>& n) {
       c->runAllreduceCoalesced(h, n, dt, op, scale);
     };
-    p.ipc = [c, segs, dt, op, scale](const CommImpl::DeviceOp& dv) { c->runIpcAllreduce(dv, segs, dt, op, scale); };
+    p.ipc = [c, segs, dt, op, scale](const DeviceOp& dv) { c->runIpcAllreduce(dv, segs, dt, op, scale); };
     return p;
   });
   return c->enqueue(std::move(o));
@@ -140,9 +140,9 @@ RequestPtr Communicator::broadcast(void* buf, size_t count, DataType dt, int roo
   char* b8 = static_cast<char*>(buf);
   c->setBody(*o, where, dt, [b8, count, run] { run(b8, count); }, [&] {
     bool isRoot = c->rank_ == root;
-    return CommImpl::DevicePlan::of(isRoot ? CommImpl::Region::input(b8, count) : CommImpl::Region::output(b8, count),
+    return DevicePlan::of(isRoot ? Region::input(b8, count) : Region::output(b8, count),
                 [run](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); },
-                [c, b8, count, dt, root](const CommImpl::DeviceOp& dv) { c->runIpcBroadcast(dv, b8, count, dt, root); });
+                [c, b8, count, dt, root](const DeviceOp& dv) { c->runIpcBroadcast(dv, b8, count, dt, root); });
   });
   return c->enqueue(std::move(o));
 }
@@ -156,9 +156,9 @@ RequestPtr Communicator::reduce(void* buf, size_t count, DataType dt, ReduceOp o
   auto run = [c, dt, op, root, scale](char* buf, size_t count) { c->runReduce(buf, count, dt, op, scale, root); };
   char* b8 = static_cast<char*>(buf);
   c->setBody(*o, where, dt, [b8, count, run] { run(b8, count); }, [&] {
-    return CommImpl::DevicePlan::of(c->rank_ == root ? CommImpl::Region::inOut(b8, count) : CommImpl::Region::input(b8, count),
+    return DevicePlan::of(c->rank_ == root ? Region::inOut(b8, count) : Region::input(b8, count),
                 [run](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); },
-                [c, b8, count, dt, op, scale, root](const CommImpl::DeviceOp& dv) {
+                [c, b8, count, dt, op, scale, root](const DeviceOp& dv) {
                   c->runIpcReduce(dv, b8, count, dt, op, scale, root);
                 });
   });
@@ -190,14 +190,14 @@ RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, st
   for (void* p : outs) o8.push_back(static_cast<char*>(p));
   char* in8 = const_cast<char*>(static_cast<const char*>(in));
   c->setBody(*o, where, dt, [in8, count, o8, run] { run(in8, count, o8); }, [&] {
-    CommImpl::DevicePlan p;
-    p.regions.push_back(CommImpl::Region::input(in8, count));
-    for (char* q : o8) p.regions.push_back(CommImpl::Region::output(q, count));
+    DevicePlan p;
+    p.regions.push_back(Region::input(in8, count));
+    for (char* q : o8) p.regions.push_back(Region::output(q, count));
     p.slots = o8.size() + 1;
     p.host = [run](const std::vector<char*>& h, const std::vector<size_t>& n) {
       run(h[0], n[0], std::vector<char*>(h.begin() + 1, h.end()));
     };
-    p.ipc = [c, in8, count, dt, o8](const CommImpl::DeviceOp& dv) { c->runIpcAllgather(dv, in8, count, dt, o8); };
+    p.ipc = [c, in8, count, dt, o8](const DeviceOp& dv) { c->runIpcAllgather(dv, in8, count, dt, o8); };
     return p;
   });
   return c->enqueue(std::move(o));
@@ -217,14 +217,14 @@ RequestPtr Communicator::reduceScatter(std::vector<const void*> ins, void* out, 
   for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
   char* out8 = static_cast<char*>(out);
   c->setBody(*o, where, dt, [i8, out8, count, run] { run(i8, out8, count); }, [&] {
-    CommImpl::DevicePlan p;
-    for (char* q : i8) p.regions.push_back(CommImpl::Region::input(q, count));
-    p.regions.push_back(CommImpl::Region::output(out8, count));
+    DevicePlan p;
+    for (char* q : i8) p.regions.push_back(Region::input(q, count));
+    p.regions.push_back(Region::output(out8, count));
     p.slots = i8.size() + 1;
     p.host = [run](const std::vector<char*>& h, const std::vector<size_t>& n) {
       run(std::vector<char*>(h.begin(), h.end() - 1), h.back(), n.back());
     };
-    p.ipc = [c, i8, out8, count, dt, op, scale](const CommImpl::DeviceOp& dv) {
+    p.ipc = [c, i8, out8, count, dt, op, scale](const DeviceOp& dv) {
       c->runIpcReduceScatter(dv, i8, out8, count, dt, op, scale);
     };
     return p;
@@ -249,9 +249,9 @@ RequestPtr Communicator::alltoall(std::vector<const void*> ins, std::vector<size
   for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
   for (void* p : outs) o8.push_back(static_cast<char*>(p));
   c->setBody(*o, where, dt, [i8, o8, inCounts, outCounts, run] { run(i8, inCounts, o8, outCounts); }, [&] {
-    CommImpl::DevicePlan p;
-    for (size_t i = 0; i < n; ++i) p.regions.push_back(CommImpl::Region::input(i8[i], inCounts[i]));
-    for (size_t i = 0; i < n; ++i) p.regions.push_back(CommImpl::Region::output(o8[i], outCounts[i]));
+    DevicePlan p;
+    for (size_t i = 0; i < n; ++i) p.regions.push_back(Region::input(i8[i], inCounts[i]));
+    for (size_t i = 0; i < n; ++i) p.regions.push_back(Region::output(o8[i], outCounts[i]));
     p.slots = 2 * n;
     p.agree = true;
     p.host = [run, n](const std::vector<char*>& h, const std::vector<size_t>& k) {
@@ -259,7 +259,7 @@ RequestPtr Communicator::alltoall(std::vector<const void*> ins, std::vector<size
       run(std::vector<char*>(h.begin(), h.begin() + half), std::vector<size_t>(k.begin(), k.begin() + half),
           std::vector<char*>(h.begin() + half, h.end()), std::vector<size_t>(k.begin() + half, k.end()));
     };
-    p.ipc = [c, i8, inCounts, o8, outCounts, dt](const CommImpl::DeviceOp& dv) {
+    p.ipc = [c, i8, inCounts, o8, outCounts, dt](const DeviceOp& dv) {
       c->runIpcAlltoall(dv, i8, inCounts, o8, outCounts, dt);
     };
     return p;
@@ -282,14 +282,14 @@ RequestPtr Communicator::gather(const void* in, size_t count, DataType dt, std::
     for (void* p : outs) o8.push_back(static_cast<char*>(p));
   char* in8 = const_cast<char*>(static_cast<const char*>(in));
   c->setBody(*o, where, dt, [in8, count, o8, run] { run(in8, count, o8); }, [&] {
-    CommImpl::DevicePlan p;
-    p.regions.push_back(CommImpl::Region::input(in8, count));
-    for (char* q : o8) p.regions.push_back(CommImpl::Region::output(q, count));
+    DevicePlan p;
+    p.regions.push_back(Region::input(in8, count));
+    for (char* q : o8) p.regions.push_back(Region::output(q, count));
     p.slots = static_cast<size_t>(c->size_) + 1;
     p.host = [run](const std::vector<char*>& h, const std::vector<size_t>& n) {
       run(h[0], n[0], std::vector<char*>(h.begin() + 1, h.end()));
     };
-    p.ipc = [c, in8, count, dt, o8, root](const CommImpl::DeviceOp& dv) { c->runIpcGather(dv, in8, count, dt, o8, root); };
+    p.ipc = [c, in8, count, dt, o8, root](const DeviceOp& dv) { c->runIpcGather(dv, in8, count, dt, o8, root); };
     return p;
   });
   return c->enqueue(std::move(o));
@@ -310,14 +310,14 @@ RequestPtr Communicator::scatter(std::vector<const void*> ins, void* out, size_t
     for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
   char* out8 = static_cast<char*>(out);
   c->setBody(*o, where, dt, [i8, out8, count, run] { run(i8, out8, count); }, [&] {
-    CommImpl::DevicePlan p;
-    for (char* q : i8) p.regions.push_back(CommImpl::Region::input(q, count));
-    p.regions.push_back(CommImpl::Region::output(out8, count));
+    DevicePlan p;
+    for (char* q : i8) p.regions.push_back(Region::input(q, count));
+    p.regions.push_back(Region::output(out8, count));
     p.slots = static_cast<size_t>(c->size_) + 1;
     p.host = [run](const std::vector<char*>& h, const std::vector<size_t>& n) {
       run(std::vector<char*>(h.begin(), h.end() - 1), h.back(), n.back());
     };
-    p.ipc = [c, i8, out8, count, dt, root](const CommImpl::DeviceOp& dv) { c->runIpcScatter(dv, i8, out8, count, dt, root); };
+    p.ipc = [c, i8, out8, count, dt, root](const DeviceOp& dv) { c->runIpcScatter(dv, i8, out8, count, dt, root); };
     return p;
   });
   return c->enqueue(std::move(o));

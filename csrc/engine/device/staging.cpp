@@ -88,7 +88,7 @@ void CommImpl::releaseDevice() {
   if (callerDevice >= 0) api->setDevice(callerDevice);
 }
 
-CommImpl::DeviceOp CommImpl::beginDevice(const Placement& where) {
+DeviceOp CommImpl::beginDevice(const Placement& where) {
   const cuda::DeviceApi& api = deviceApi();
   const int d = where.device;
   checkDevice(api.setDevice(d), "cudaSetDevice", d);
