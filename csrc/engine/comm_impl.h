@@ -1,8 +1,11 @@
 #pragma once
-// CommImpl, the state behind one Communicator, as an owner of parts: the channel layer
-// (channels.h), the op queue and progress thread (OpQueue), how the group stands (Health),
-// the watchdog's straggler state (Stragglers), the device layer's state (device_state.h) and
-// the flight recorder (telemetry.h). Private to csrc/engine: glue and transports never include it.
+// CommImpl, the state behind one Communicator, as an owner of parts, each declared in a header
+// of its own with the lock that guards it: the channel layer (channels.h), the op queue and its
+// ops (op_queue.h), how the group stands and its stragglers (health.h), the watchdog's shared
+// state (watchdog_tasks.h), the connections made at first use (links.h), this rank's place in
+// the topology (placement.h), the device layer's state (device/device_state.h) and how a device
+// op is described (device/device_plan.h), the algorithms (algorithms/table.h) and the flight
+// recorder (telemetry.h). Private to csrc/engine: glue and transports never include it.
 //
 // Who does what (one file each):
 //   bootstrap.cpp    set-up: peer records, transports per peer, their connections
@@ -45,6 +48,9 @@
 #include "engine/device/device_state.h"
 #include "engine/rail_check.h"
 #include "engine/telemetry.h"
+#include "engine/links.h"
+#include "engine/op_queue.h"
+#include "engine/placement.h"
 #include "engine/watchdog_tasks.h"
 #include "transport/copy.h"
 #include "transport/local.h"
@@ -52,25 +58,6 @@
 #include "transport/connection.h"
 
 namespace railcc::engine {
-
-// Counts the ops of a communicator that exist (queued, running, or finished but not yet let
-// go), for Communicator::drain: one atomic add when an op is queued, one sub when it goes.
-class LiveOps {
- public:
-  LiveOps() = default;
-  LiveOps(const LiveOps&) = delete;
-  LiveOps& operator=(const LiveOps&) = delete;
-  ~LiveOps() {
-    if (n_) n_->fetch_sub(1, std::memory_order_release);
-  }
-  void attach(std::atomic<int64_t>* n) {
-    n_ = n;
-    n_->fetch_add(1, std::memory_order_relaxed);
-  }
-
- private:
-  std::atomic<int64_t>* n_ = nullptr;
-};
 
 // What partial results are reduced with between ranks: a sum for PREMUL_SUM (each term scaled
 // once where it entered) and AVG (divided once at the end).
@@ -90,18 +77,6 @@ inline void ownTerm(char* dst, const char* src, size_t count, DataType dt, Reduc
 // may come later, made at first use) is made room for as far as the hard limit allows. `when`
 // says where the check runs ("init", "connecting to rank 7 at first use").
 void checkFdLimit(size_t conns, const std::string& group, size_t want = 0, const std::string& when = "init");
-
-// One queued op: what every layer may know of it (OpStamp), its body, and its request.
-struct Op : OpStamp {
-  LiveOps live;
-  bool p2p = false;
-  std::function<void()> body;
-  Transfer xfer;    // for sends and receives
-  std::shared_ptr<DeviceSide> gpu;  // xfer's GPU memory (xfer.device), kept while the op lives
-  bool anySource = false;
-  bool device = false;  // runs through a GPU: only the progress thread, which set the device, runs it
-  RequestPtr req;
-};
 
 class CommImpl : private ChannelHost {
  public:
@@ -378,27 +353,7 @@ class CommImpl : private ChannelHost {
   // The op queue, the engine token and the progress thread (progress.cpp). `mu` guards what
   // callers share with the engine (and Health::abortWhy); the rest is the token holder's.
   std::atomic<int64_t> opsLive_{0};  // Op::live of every op; declared before q_, which holds them
-  struct OpQueue {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<std::unique_ptr<Op>> queue;  // under mu: queued by callers
-    std::atomic<size_t> queued{0};          // how many queue holds: the hot path reads this, not mu
-    bool closing = false;                   // under mu: shutdown began, new ops fail at once
-    // The engine token (under mu): whoever holds it (the progress thread, or a caller running
-    // its own op in wait()) is the only thread touching channels, queues and transports.
-    bool busy = false;
-    bool kick = false;  // under mu: a caller left work behind: the progress thread should take the token
-    std::atomic<uint64_t> collSeq{0};  // the last collective's sequence number (callers)
-    // The token holder's: ops taken from `queue` (drainQueue), collectives in order, started
-    // sends and receives, and receives from any source not matched yet.
-    std::deque<std::unique_ptr<Op>> drained;
-    std::deque<std::unique_ptr<Op>> coll;
-    std::vector<std::unique_ptr<Op>> p2p;
-    std::vector<std::unique_ptr<Op>> anySource;
-    std::vector<int> p2pPeers;  // p2pPeers()'s, kept between calls
-    std::thread thread;
-    std::atomic<bool> stop{false};  // shutdown: finish what is queued, then exit
-  } q_;
+  OpQueue q_;  // op_queue.h
 
   // How the group stands (failure.cpp, progress.cpp). errMu guards `broken`; the flags are
   // read without it on the hot path.
@@ -409,16 +364,6 @@ class CommImpl : private ChannelHost {
 
   // watchdog thread: progress record, stragglers, what set-up left (tasks), every store write after
   // set-up (a frozen store blocks only it), sharing WatchdogShared so that it can be detached.
-  struct WatchdogShared {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool stop = false, exited = false, drained = true;
-    bool inComm = false;  // the watchdog uses the communicator outside `mu` (GPU checks): teardown waits
-    std::vector<std::pair<std::string, std::string>> publish;  // keys to set now (failure reports)
-    std::shared_ptr<Store> keep;  // keeps the store alive for a detached watchdog
-    Store* store = nullptr;
-    std::vector<WatchdogTask> tasks;  // set before the thread starts, then its own
-  };
   std::shared_ptr<WatchdogShared> wd_;
   std::thread watchdog_;
   mutable std::mutex traceMu_;  // one trace file write at a time
@@ -459,14 +404,6 @@ class CommImpl : private ChannelHost {
   bool hostSharesCores_ = false;  // this machine's ranks of the group outnumber the CPUs they may run on
   // placement.cpp: this rank's NIC and rail from the topology (logged at INFO once per process;
   // read early where the group spans hosts), and rank 0's check that the hosts agree on rails.
-  struct RailPlace {
-    int rail = -1;                     // -1: unknown (one host, no topology, no NIC)
-    std::string nic;                   // "mlx5_1"
-    std::vector<std::string> railIfs;  // per rail of this host, its NIC's IPv4 interface ("" none)
-    std::string why;
-    std::string line;                  // published to the peers for checkRails
-    std::vector<transport::GpuNicPath> gpuNics;  // for the GPUDirect RDMA decisions
-  };
   RailPlace placeRank();
   void discoverEarly();
   void checkRails(std::vector<std::string> lines, const std::vector<int>& heads, Clock::time_point deadline);
@@ -482,27 +419,7 @@ class CommImpl : private ChannelHost {
   // group's life, and per peer the one that reaches it (null: connected at init, or ourselves; or, with
   // `chooseLater`, one of `choices`, the first the peer's endpoint allows). Also what names each peer's link
   // (peers_[r].transport), which such a connection fills in later: `mu` guards it from then on (linkOf).
-  struct LazyPeer {  // one per rank: the rest of the peer's record is peers_'s (recordOf)
-    transport::Setup* setup = nullptr;
-    std::string endpoint;  // the peer's blob for `via`
-    int channels = 1;
-    std::array<bool, kLanes> started{};  // per lane: connect()/accept() called
-    bool named = false;          // peers_[peer].transport names a real connection
-    bool endpointLater = false;  // endpoint not read yet: `via`'s line of the peer's ep/ key
-    bool chooseLater = false;    // `setup` and `via` chosen among links_.choices with that endpoint
-    uint8_t via = 0;             // the set-up's transport name: links_.names[via]
-    uint8_t endpointMisses = 0;  // reads of its endpoint that found none: the next waits longer
-    Clock::time_point endpointRetry{};  // no read before then
-  };
-  struct Links {
-    mutable std::mutex mu;
-    std::vector<std::unique_ptr<transport::Setup>> setups;  // engine thread (bootstrap) writes, then fixed
-    std::vector<std::pair<std::string, transport::Setup*>> choices;  // several between hosts, in preference order
-    std::vector<LazyPeer> peers;                              // engine thread
-    std::vector<std::string> names;                           // LazyPeer::via
-    Clock::time_point retryAt = Clock::time_point::max();     // the next endpoint read due (connectingFds)
-    uint8_t nameOf(const std::string& n);                     // its index in names, added if new
-  } links_;
+  Links links_;  // links.h
   transport::PeerRecord recordOf(int peer, const LazyPeer& l) const;  // connections.cpp
   bool readEndpoint(int peer, LazyPeer& l);       // connections.cpp, as connectAtInit (RAILCC_RUNTIME_CONNECT=0)
   void connectAtInit(Clock::time_point deadline);

@@ -59,7 +59,7 @@ void checkFdLimit(size_t conns, const std::string& group, size_t want, const std
                " in the job's shell, or LimitNOFILE= for a systemd service)");
 }
 
-uint8_t CommImpl::Links::nameOf(const std::string& n) {
+uint8_t Links::nameOf(const std::string& n) {
   auto it = std::find(names.begin(), names.end(), n);
   if (it == names.end()) it = names.insert(it, n);
   return static_cast<uint8_t>(it - names.begin());

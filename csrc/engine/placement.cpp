@@ -98,7 +98,7 @@ void CommImpl::discoverEarly() {
     discoverOnce(cfg.topoFile, cfg.hwlocLib, cfg.topoShareSec, false);
 }
 
-CommImpl::RailPlace CommImpl::placeRank() {
+RailPlace CommImpl::placeRank() {
   const Config& cfg = opts_.config;
   const PeerInfo& self = peers_[static_cast<size_t>(rank_)];
   int local = 0, localIdx = 0;
