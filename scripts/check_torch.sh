@@ -14,7 +14,9 @@ cache=${RAILCC_WHEEL_DIR:-/tmp/railcc-torch-wheels}
 mkdir -p "$cache/$version"
 wheel=$(ls "$cache/$version"/torch-"$version"-*.whl 2>/dev/null | head -1 || true)
 if [ -z "$wheel" ]; then
-  "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$cache/$version" "torch==$version"
+  # Another release than the installed one: a machine-wide pip constraint (a pinned torch) must
+  # not apply to this download.
+  PIP_CONSTRAINT=/dev/null "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$cache/$version" "torch==$version"
   wheel=$(ls "$cache/$version"/torch-"$version"-*.whl | head -1)
 fi
 inc="$cache/$version/include"
