@@ -100,6 +100,6 @@ setup(
     ext_modules=[CMakeExtension("railcc._C")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",
-    entry_points={"console_scripts": ["railcc-bench = railcc.bench:main", "railcc = railcc.__main__:main"]},
+    entry_points={"console_scripts": ["railcc-bench = railcc.bench:main", "railcc = railcc.cli:main"]},
     zip_safe=False,
 )

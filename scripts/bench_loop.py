@@ -23,7 +23,7 @@ import time
 
 # railcc-bench's Open MPI launcher (by path: it imports neither torch nor the railcc package)
 _spec = importlib.util.spec_from_file_location(
-    "_bench_mpi", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "railcc", "bench_mpi.py"))
+    "_bench_mpi", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "railcc", "bench", "mpi.py"))
 bench_mpi = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_mpi)
 

@@ -22,7 +22,7 @@ Out-of-place first, in-place after the slash where the collective has both.
 import json
 import sys
 
-from railcc.bench_report import ratio
+from railcc.bench.report import ratio
 
 SMALL = 64 << 10
 

@@ -59,7 +59,7 @@ def _size(text):
 def sim_budget():
     """(bytes the simulation may plan to hold, why that much)."""
     try:
-        from .bench_limits import human, memory_limit
+        from .bench.limits import human, memory_limit
 
         limit, what = memory_limit()
     except Exception:  # noqa: BLE001 - no figure: the fixed cap alone

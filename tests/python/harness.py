@@ -184,7 +184,7 @@ def store_barrier(key, n):
     """Every rank of the default group here, through the store alone (no connection of the
     group is made). `key` must be new for each barrier: a pool's store outlives a test."""
     import torch.distributed as dist
-    from railcc.bench_timing import StoreBarrier
+    from railcc.bench.timing import StoreBarrier
 
     StoreBarrier(dist.distributed_c10d._get_default_store(), n, prefix=key)()
 

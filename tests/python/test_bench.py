@@ -1,8 +1,9 @@
-"""Tests of railcc-bench (python/railcc/bench.py).
+"""Tests of railcc-bench (python/railcc/bench/: runner.py and its siblings).
 
 The arithmetic is tested directly; the launcher and the table end to end through a subprocess,
-with gloo so they run before the railcc extension exists. The bench file is loaded by path and
-run as a script, because `import railcc.bench` may need the built extension. No test asserts
+with gloo so they run before the railcc extension exists. The runner file is loaded by path and
+run as a script, because `import railcc.bench` (like `python -m railcc.bench`) imports the railcc
+package, which needs the built extension. No test asserts
 anything about timings.
 """
 
@@ -19,7 +20,7 @@ import pytest
 import torch
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-BENCH = os.path.join(ROOT, "python", "railcc", "bench.py")
+BENCH = os.path.join(ROOT, "python", "railcc", "bench", "runner.py")
 
 _spec = importlib.util.spec_from_file_location("railcc_bench_under_test", BENCH)
 bench = importlib.util.module_from_spec(_spec)

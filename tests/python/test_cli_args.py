@@ -4,8 +4,8 @@ argparse message naming the flag and its range, never a traceback, an OOM kill o
 Ranks started by railcc-bench --nprocs die with it, even when it is killed by SIGKILL.
 railcc.failed_ranks refuses arguments of the wrong type with a TypeError that names them.
 
-The CLIs run as subprocesses; bench.py is run by path (with gloo), as tests/python/test_bench.py
-does, so those cases need no built extension; sim's need railcc._C.
+The CLIs run as subprocesses; railcc/bench/runner.py is run by path (with gloo), as
+tests/python/test_bench.py does, so those cases need no built extension; sim's need railcc._C.
 """
 
 import importlib.util
@@ -18,7 +18,7 @@ import time
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-BENCH = os.path.join(ROOT, "python", "railcc", "bench.py")
+BENCH = os.path.join(ROOT, "python", "railcc", "bench", "runner.py")
 
 _spec = importlib.util.spec_from_file_location("railcc_bench_cli_args", BENCH)
 bench = importlib.util.module_from_spec(_spec)
@@ -311,3 +311,27 @@ def test_failed_ranks_without_a_group_still_says_so():
 
     with pytest.raises(ValueError, match="no default process group"):
         railcc.failed_ranks()
+
+
+# ------------------------------------------------------------------------------------------------
+# python -m railcc COMMAND (railcc/cli/): every spelling reaches the command's own parser
+
+
+@needs_railcc
+@pytest.mark.timeout(120)
+def test_every_spelling_of_the_command_line_reaches_its_parser():
+    p = run([sys.executable, "-m", "railcc", "--help"])
+    assert p.returncode == 0, p.stderr
+    for cmd in ("env [--markdown]", "bench ...", "trace DIR", "doctor", "topo", "sim"):
+        assert f"python -m railcc {cmd}" in p.stdout, p.stdout
+    p = run([sys.executable, "-m", "railcc", "no-such-command"])
+    assert p.returncode == 2 and "invalid choice" in p.stderr, p.stderr
+    # options after the command are the command's, --help included
+    for argv, usage in ((["-m", "railcc", "bench", "--help"], "usage: railcc-bench"),
+                        (["-m", "railcc.bench", "--help"], "usage: railcc-bench"),
+                        (["-m", "railcc", "sim", "--help"], "usage: python -m railcc sim"),
+                        (["-m", "railcc", "trace", "--help"], "usage: python -m railcc trace"),
+                        (["-m", "railcc", "env", "--help"], "--markdown")):
+        p = run([sys.executable, *argv])
+        assert p.returncode == 0 and usage in p.stdout, (argv, p.stdout, p.stderr)
+    assert_usage_error(run([sys.executable, "-m", "railcc", "bench", "--backend", "gloo", "-n", "0"]), "-n/--iters")

@@ -1,4 +1,4 @@
-"""Tests of `python -m railcc trace` (python/railcc/trace.py) on synthetic flight-recorder dumps, and on two real
+"""Tests of `python -m railcc trace` (python/railcc/trace/verdict.py) on synthetic flight-recorder dumps, and on two real
 dump sets of the C++ engine (tests/python/data/trace_*: 3 ranks on one host, allreduce seq 4 hung, 5 s timeout).
 
 The module is loaded by path and the CLI run as a script, so no test needs torch or the built extension.
@@ -13,7 +13,7 @@ import sys
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-TRACE = os.path.join(ROOT, "python", "railcc", "trace.py")
+TRACE = os.path.join(ROOT, "python", "railcc", "trace", "verdict.py")
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 
 _spec = importlib.util.spec_from_file_location("railcc_trace_under_test", TRACE)
@@ -579,7 +579,7 @@ def test_largest_group_is_analyzed_in_bounded_memory(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_python_m_railcc_trace_refuses_a_fifo_too(tmp_path):
-    # the installed package reads its dumps through the same loader as the script (trace_load beside trace.py)
+    # the installed package reads its dumps through the same loader as the script (load.py beside verdict.py)
     if importlib.util.find_spec("railcc") is None:
         pytest.skip("railcc is not installed")
     fifo = tmp_path / "railcc-trace-0-rank0.json"

@@ -7,11 +7,11 @@ verdict share a line), suspect and slow links, stragglers, and each rank's error
 the analysis dict instead. It needs only the standard library, so it runs wherever the dump files are:
 
     python -m railcc trace /shared/traces
-    python path/to/railcc/trace.py /shared/traces --json
+    python path/to/railcc/trace/verdict.py /shared/traces --json
 
 Exit status: 0 when a verdict was printed (whatever it says); 2 when DIR is missing or holds no readable dump.
 A file that is not a rank's dump (not a regular file, over 256 MiB, not JSON, or a field of the wrong type or
-out of range, such as a size over 2^20: see trace_load.py) is skipped with a one-line warning on stderr naming it
+out of range, such as a size over 2^20: see load.py) is skipped with a one-line warning on stderr naming it
 and the field at fault; the verdict is made from the others.
 
 How a group is judged (N = its size: `--size`, or else the largest `size` in its dumps):
@@ -113,12 +113,12 @@ import statistics
 import sys
 
 try:
-    from . import trace_load
+    from . import load as trace_load
 except ImportError:  # run as a script or loaded by path (no package): load the module beside this file by path
     import importlib.util
 
     _spec = importlib.util.spec_from_file_location(
-        "railcc_trace_load", os.path.join(os.path.dirname(os.path.abspath(__file__)), "trace_load.py"))
+        "railcc_trace_load", os.path.join(os.path.dirname(os.path.abspath(__file__)), "load.py"))
     trace_load = importlib.util.module_from_spec(_spec)
     sys.modules[_spec.name] = trace_load
     _spec.loader.exec_module(trace_load)
@@ -198,7 +198,7 @@ def load_dumps(directory: str) -> list[dict]:
     """The dumps in directory (files matching railcc-trace-*.json), each with its path added as "file".
 
     Raises FileNotFoundError when directory is not a directory. A file that is not a rank's dump (not a regular
-    file, too big, not JSON, a field of the wrong type or out of range: see trace_load) is skipped with a warning
+    file, too big, not JSON, a field of the wrong type or out of range: see load.py) is skipped with a warning
     on stderr naming it and the field at fault; a version other than 1 is read as version 1, with a warning.
     """
     if not os.path.isdir(directory):

@@ -62,22 +62,22 @@ import warnings
 from dataclasses import dataclass, field
 
 if not __package__:
-    # Run as a file (python path/to/bench.py): make `import railcc` find this source tree, but
-    # only as a last resort so an installed build wins, and drop this package's own folder from
-    # the path so its module names cannot shadow the standard library.
+    # Run as a file (python path/to/railcc/bench/runner.py): make `import railcc` find this source
+    # tree, but only as a last resort so an installed build wins, and drop this package's own
+    # folder from the path so its module names cannot shadow others.
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
-    sys.path.append(os.path.dirname(_here))
+    sys.path.append(os.path.dirname(os.path.dirname(_here)))
 
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_WRONG = 0, 1, 2, 3
 
-# The arithmetic and the table live in bench_report.py, the clocks in bench_timing.py. Loaded
-# as a file (tests, `python path/to/bench.py`), this module must not import the railcc package,
-# which needs the built extension, so its siblings are then loaded by path; either way each is
-# found under one name.
+# The arithmetic and the table live in report.py, the clocks in timing.py. Loaded as a file
+# (tests, `python path/to/railcc/bench/runner.py`), this module must not import the railcc
+# package, which needs the built extension, so its siblings are then loaded by path; either way
+# each is found under one name, railcc_bench_<name>.
 def _sibling(name):
-    alias = "railcc_" + name
+    alias = "railcc_bench_" + name
     if alias not in sys.modules:
         if __package__:
             import importlib
@@ -92,10 +92,10 @@ def _sibling(name):
             spec.loader.exec_module(sys.modules[alias])
 
 
-_sibling("bench_report")
-_sibling("bench_timing")
-_sibling("bench_mpi")
-_sibling("bench_limits")
+_sibling("report")
+_sibling("timing")
+_sibling("mpi")
+_sibling("limits")
 # Some names below are used only by the tests, which reach them through this module.
 from railcc_bench_report import (  # noqa: E402
     COLLS, DTYPES, REDOPS, SHARED_BOUND_COLLS, _fmt, average_busbw, avg_tolerance, bandwidths,
@@ -796,8 +796,8 @@ def _bench(cfg, rank, n, timeout, device=None):
     if bench_mpi.NAME in cfg.backends:
         meta["openmpi"] = {"library": cfg.mpi_note, "launch": f"mpirun --bind-to {'core' if cfg.bind else 'none'} "
                            "--mca btl self,vader",
-                           "timing": "the same loop (bench_timing.iteration_times), mpi4py on numpy buffers "
-                           "on the pages torch's tensors get (bench_mpi.torch_hugepages)"}
+                           "timing": "the same loop (railcc.bench.timing.iteration_times), mpi4py on numpy buffers "
+                           "on the pages torch's tensors get (railcc.bench.mpi.torch_hugepages)"}
     if cuda:
         meta["rank_devices"] = rank_devices
         meta["ranks_per_device"] = ranks_per_device

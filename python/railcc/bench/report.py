@@ -1,6 +1,6 @@
 """railcc-bench's arithmetic and report: the collectives and dtypes it knows, size sweeps, bus
 bandwidth and the memory-bound fraction, the data patterns and the results to expect, records,
-and the text table. No process, no timing, no torch.distributed: bench.py drives the runs and
+and the text table. No process, no timing, no torch.distributed: runner.py drives the runs and
 uses these. Torch is imported only inside the functions that build tensors."""
 
 import re

@@ -4,8 +4,8 @@ before the torch ranks start. Its figures become rows of backend "openmpi" with 
 column, in the table, the JSON and the plot.
 
 The launcher side (`measure`) runs in railcc-bench's parent process; the MPI side runs this
-file as a script under mpirun and imports neither torch nor the railcc package (bench_report
-and bench_timing are loaded by path), so the MPI ranks start in well under a second.
+file as a script under mpirun and imports neither torch nor the railcc package (report.py
+and timing.py beside it are loaded by path), so the MPI ranks start in well under a second.
 """
 
 import importlib.util
@@ -26,7 +26,7 @@ _REDOPS = {"sum": "SUM", "prod": "PROD", "min": "MIN", "max": "MAX", "avg": None
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(f"_railcc_{name}", os.path.join(_HERE, f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(f"_railcc_bench_{name}", os.path.join(_HERE, f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -97,7 +97,7 @@ def measure(cfg, nprocs, timeout=1800):
         try:
             # mpirun (and through it its ranks) ends with railcc-bench, even one killed by SIGKILL
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                               preexec_fn=_load("bench_limits").pdeathsig_preexec())
+                               preexec_fn=_load("limits").pdeathsig_preexec())
         except subprocess.TimeoutExpired:
             return None, f"mpirun did not finish within {timeout:.0f} s"
         if p.returncode != 0 or not os.path.exists(out_path):
@@ -119,7 +119,7 @@ def _run(spec_path, out_path):
     import numpy as np
     from mpi4py import MPI
 
-    report, timing = _load("bench_report"), _load("bench_timing")
+    report, timing = _load("report"), _load("timing")
     with open(spec_path) as f:
         spec = json.load(f)
     comm = MPI.COMM_WORLD

@@ -1,6 +1,6 @@
 """railcc-bench's clocks: how one collective is timed (refills, barriers that leave nothing
 running, one clock across ranks where they share it) and the reference rates (memcpy and device
-copy bandwidth, peak RSS). bench.py decides what to run; this file only measures."""
+copy bandwidth, peak RSS). runner.py decides what to run; this file only measures."""
 
 import math
 import statistics

@@ -15,7 +15,7 @@ what was expected, anything the analysis could trip on:
 
 A field that is absent or null is accepted wherever the analysis has a default for it (dumps of processes that
 died while writing them lack some). Fields the analysis does not read (pid, lags, busy_us, ...) are not checked.
-It needs only the standard library, as trace.py does.
+It needs only the standard library, as verdict.py beside it does.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What this host can hold, for the argument checks of railcc-bench and `python -m railcc sim`:
 its memory (physical, or less where a cgroup caps it), the tasks its cgroup still allows, and
-ranks that die with the process that started them. No torch, no railcc: bench.py loads this by
+ranks that die with the process that started them. No torch, no railcc: runner.py loads this by
 path when run as a file."""
 
 import ctypes
