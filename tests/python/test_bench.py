@@ -940,7 +940,7 @@ def test_openmpi_without_mpirun_is_said_and_the_rest_runs(tmp_path):
 def test_bench_tables_takes_each_cell_whole_from_the_median_run_or_each_backends_best():
     # Three runs of one sweep: each cell comes from the run whose railcc time is the median, so
     # its ratios still compare one run; the bound of that cell is that run's.
-    path = os.path.join(ROOT, "scripts", "bench_tables.py")
+    path = os.path.join(ROOT, "tools", "bench_tables.py")
     spec = importlib.util.spec_from_file_location("bench_tables_under_test", path)
     tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tables)
@@ -971,9 +971,9 @@ def test_bench_tables_takes_each_cell_whole_from_the_median_run_or_each_backends
 
 
 # ------------------------------------------------------------------------------------------------
-# scripts/bench_loop.py: the cost of a steady stream of calls, with each rank's CPU and switches
+# tools/bench_loop.py: the cost of a steady stream of calls, with each rank's CPU and switches
 
-LOOP = os.path.join(ROOT, "scripts", "bench_loop.py")
+LOOP = os.path.join(ROOT, "tools", "bench_loop.py")
 
 
 @needs_railcc

@@ -1,4 +1,4 @@
-"""Tests of the scale harness (scripts/scale_harness.py), end to end at 4 ranks.
+"""Tests of the scale harness (tools/scale_harness.py), end to end at 4 ranks.
 
 The harness is run as a script, as a user runs it, with one rank per fake host (every pair
 of ranks over loopback TCP) and two (shared memory inside a host, TCP between the two): it
@@ -16,7 +16,7 @@ import sys
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-HARNESS = os.path.join(ROOT, "scripts", "scale_harness.py")
+HARNESS = os.path.join(ROOT, "tools", "scale_harness.py")
 NRANKS = 4
 
 # Every per-rank number the tables show; the harness's own list must not drift from it.

@@ -71,7 +71,7 @@ def test_shrink_group(mode, n):
 def test_torchrun_restart_sets_up_anew_without_the_failed_attempts_records():
     # torchrun keeps its store across restarts with the failed attempt's keys in it; the
     # restarted ranks must not dial their dead predecessors (gloo does, in torch 2.13).
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    sys.path.insert(0, os.path.join(REPO, "tools"))
     import recovery_bench
 
     took = recovery_bench.run_restart(kill_step=2, steps=5)
@@ -80,10 +80,10 @@ def test_torchrun_restart_sets_up_anew_without_the_failed_attempts_records():
 
 @pytest.mark.timeout(180)
 def test_shrink_cycles_leave_nothing_behind():
-    # scripts/shrink_cycles.py: kill, shrink, destroy, grow back with a fresh rank; what the
+    # tools/shrink_cycles.py: kill, shrink, destroy, grow back with a fresh rank; what the
     # survivors hold (fds, threads, mappings, /dev/shm) after cycle 3 equals that after cycle 2.
     import subprocess
 
-    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "shrink_cycles.py"), "--cycles", "3"],
+    r = subprocess.run([sys.executable, os.path.join(REPO, "tools", "shrink_cycles.py"), "--cycles", "3"],
                        capture_output=True, text=True, timeout=170)
     assert r.returncode == 0 and "nothing grew from cycle 2 to cycle 3" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]

@@ -3,9 +3,9 @@
 file descriptors, sockets, threads and two all-reduce latencies, per rank and as the median
 and maximum over ranks, for railcc and gloo side by side, measured on one machine.
 
-    python3 scripts/scale_harness.py -n 16,32,64                    # one rank per fake host
-    python3 scripts/scale_harness.py -n 8 --per-host 2,4 --json out.json
-    python3 scripts/scale_harness.py -n 128 --jobs 2                # two jobs of 64 at once
+    python3 tools/scale_harness.py -n 16,32,64                    # one rank per fake host
+    python3 tools/scale_harness.py -n 8 --per-host 2,4 --json out.json
+    python3 tools/scale_harness.py -n 128 --jobs 2                # two jobs of 64 at once
 
 Every rank is a process of its own, forked from this one after torch (and railcc) are
 imported, so the ranks share torch's pages instead of importing it 64 times. A rank pretends

@@ -4,8 +4,8 @@ switches per call: where railcc-bench's slowest-rank medians say how long one ca
 this says what a steady stream of calls costs the machine and why (a rank that yields to the
 rank beside it on a shared core, a rank that sleeps, a busy process elsewhere on the host).
 
-    python3 scripts/bench_loop.py --nprocs 4 --backend railcc,fake,openmpi -o all_reduce -s 8
-    python3 scripts/bench_loop.py --nprocs 2 --backend railcc,openmpi --hog 1   # a busy process beside
+    python3 tools/bench_loop.py --nprocs 4 --backend railcc,fake,openmpi -o all_reduce -s 8
+    python3 tools/bench_loop.py --nprocs 2 --backend railcc,openmpi --hog 1   # a busy process beside
 
 Backends: railcc, gloo, fake (torch's fake process group: c10d's dispatch alone) and openmpi
 (the same loop through mpi4py under mpirun, shared-memory transport; no torch in those ranks).

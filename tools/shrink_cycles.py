@@ -17,7 +17,7 @@ MAPS_SLACK, because glibc's malloc gives large blocks mappings of their own and 
 it sees fit (CI once saw 360 -> 362 with nothing of railcc's left). A leak of anything railcc
 maps per group (a segment per peer) shows in the exact count.
 
-    python3 scripts/shrink_cycles.py --cycles 20
+    python3 tools/shrink_cycles.py --cycles 20
 """
 import argparse
 import datetime

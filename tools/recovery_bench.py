@@ -14,7 +14,7 @@ Both use railcc. Steps lost: completed steps done again (0 for the shrink; for t
 steps since the last checkpoint, 0 here as it checkpoints every step, at the cost of a save per
 step). Prints a markdown table; --runs N repeats each way and reports the median.
 
-    python3 scripts/recovery_bench.py --runs 3
+    python3 tools/recovery_bench.py --runs 3
 """
 import argparse
 import os

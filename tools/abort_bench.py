@@ -13,7 +13,7 @@ group; the last rank is:
 Printed per case: each aborting rank's abort() time and its threads, fds and railcc shared-memory
 mappings before the group was made and after it was destroyed.
 
-    python3 scripts/abort_bench.py [--hosts 2]
+    python3 tools/abort_bench.py [--hosts 2]
 """
 import argparse
 import json

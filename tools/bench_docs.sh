@@ -4,7 +4,7 @@
 # Needs the install of scripts/install.sh; the cross-host runs need root (network namespaces).
 # Run it on an otherwise idle machine: the numbers are only as quiet as the host.
 #
-#   bash scripts/bench_docs.sh [OUTDIR]      (default: docs/bench)
+#   bash tools/bench_docs.sh [OUTDIR]      (default: docs/bench)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-docs/bench}
@@ -16,7 +16,7 @@ REFS="--backend railcc,gloo,openmpi,fake"
 SAME="-o all_reduce,all_gather,reduce_scatter,broadcast,reduce,alltoall -b 16 -e 256M -f 16 -n 10 -w 2"
 
 # RUNS full runs of each (3 by default): the tables take each cell from the run whose railcc time
-# is the median (scripts/bench_tables.py), since one run of a shared VM has outliers of several x.
+# is the median (tools/bench_tables.py), since one run of a shared VM has outliers of several x.
 RUNS=${RUNS:-3}
 for n in 2 4; do
   for k in $(seq 1 "$RUNS"); do
@@ -28,8 +28,8 @@ for n in 2 4; do
     railcc-bench $REFS --nprocs $n -o all_reduce,broadcast -b 8 -e 8 -n 2000 -w 200 --json "$out/latency-$n-$k.json" \
       | tee "$out/latency-$n-$k.txt"
   done
-  python3 scripts/bench_tables.py "$out"/same-host-$n-*.json > "$out/same-host-$n.md"
-  python3 scripts/bench_tables.py "$out"/latency-$n-*.json > "$out/latency-$n.md"
+  python3 tools/bench_tables.py "$out"/same-host-$n-*.json > "$out/same-host-$n.md"
+  python3 tools/bench_tables.py "$out"/latency-$n-*.json > "$out/latency-$n.md"
   echo "== same host, $n ranks: allreduce_coalesced of 256 tensors of 4 KiB"
   $B --nprocs $n -o allreduce_coalesced --ntensors 256 -b 4K -e 4K -n 50 -w 5 | tee "$out/coalesced-$n.txt"
 done
@@ -43,6 +43,6 @@ done
 
 for per in 1 2; do
   echo "== two namespaces (TCP across), $per rank(s) per host"
-  python3 scripts/bench_netns.py --per-host $per -- --backend railcc,gloo -o all_reduce -b 1M -e 256M -f 4 -n 10 -w 2 \
+  python3 tools/bench_netns.py --per-host $per -- --backend railcc,gloo -o all_reduce -b 1M -e 256M -f 4 -n 10 -w 2 \
     --json "$out/netns-$((2 * per)).json" | tee "$out/netns-$((2 * per)).txt"
 done

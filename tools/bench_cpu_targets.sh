@@ -3,10 +3,10 @@
 # targets stand"): 2 ranks each bound to a CPU of its own and 4 ranks sharing the machine's
 # cores, railcc beside Open MPI (mpi4py under mpirun), gloo and c10d's own dispatch (torch's
 # fake process group) in each run; RUNS alternations of the whole set (3 by default), then
-# tables where each backend's cell is its best of the runs (scripts/bench_tables.py --best).
+# tables where each backend's cell is its best of the runs (tools/bench_tables.py --best).
 # Needs the install of scripts/install.sh. Run it on an otherwise idle machine.
 #
-#   bash scripts/bench_cpu_targets.sh [OUTDIR]      (default: docs/bench/targets)
+#   bash tools/bench_cpu_targets.sh [OUTDIR]      (default: docs/bench/targets)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-docs/bench/targets}
@@ -30,6 +30,6 @@ for k in $(seq 1 "$RUNS"); do
     --json "$out/large-4-$k.json" | tee "$out/large-4-$k.txt"
 done
 for set in small-2 mid-2 large-2 large-4; do
-  python3 scripts/bench_tables.py --best "$out"/$set-*.json > "$out/$set.md"
+  python3 tools/bench_tables.py --best "$out"/$set-*.json > "$out/$set.md"
 done
 echo "tables: $out/small-2.md $out/mid-2.md $out/large-2.md $out/large-4.md"

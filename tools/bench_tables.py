@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Markdown tables for docs/benchmarks.md from railcc-bench JSON reports of one sweep.
 
-    python3 scripts/bench_tables.py [--best] docs/bench/same-host-2.json [more runs of the same sweep ...]
+    python3 tools/bench_tables.py [--best] docs/bench/same-host-2.json [more runs of the same sweep ...]
 
 With several runs, each cell (op, size, out-of-place or in-place) is taken whole from the run
 whose railcc time is the median of them (the lower one for an even count), so that every ratio

@@ -1,6 +1,6 @@
 """railcc-bench across two "hosts": two network namespaces joined by a veth pair (needs root).
 
-    python scripts/bench_netns.py --per-host 1 -- --backend railcc,gloo -o all_reduce -b 1M -e 256M -f 4
+    python tools/bench_netns.py --per-host 1 -- --backend railcc,gloo -o all_reduce -b 1M -e 256M -f 4
 
 starts torchrun in each namespace (--nnodes 2, --per-host ranks each) running railcc-bench with
 the arguments after `--`, and prints what rank 0 printed. Ranks in different namespaces talk TCP
