@@ -43,7 +43,7 @@ int64_t cmaBytesFor(int64_t configured, bool sharedCores);
 
 /// Across hosts, an all-reduce small enough for the one-shot runs by recursive doubling (tree)
 /// from this many ranks: every rank of the one-shot sends its buffer to each of n-1 peers. On
-/// ranks of fake hosts on one machine (scripts/scale_harness.py, docs/history/), 8 bytes:
+/// ranks of fake hosts on one machine (tools/scale_harness.py, docs/history/), 8 bytes:
 /// tree 0.98x the one-shot's time at 4 ranks, 0.82x at 8, 0.70x at 16 and 0.55x at 32. Those
 /// ranks share 2 cores, so the count of messages weighs more than on a real network, where the
 /// one-shot's single step may win at 8: the switch is at 16, where the gain was clear.
