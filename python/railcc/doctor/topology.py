@@ -18,7 +18,7 @@ class RulesUnavailable(RuntimeError):
 def rules():
     """railcc._C.rules; RulesUnavailable, saying why and how to rebuild, where it does not load."""
     global _rules, _rules_why
-    if _rules is None and not _rules_why:
+    if _rules is None:  # asked again each time until it loads (a failed import is not cached by Python)
         try:
             from .. import _C
 
