@@ -16,6 +16,7 @@ variables (PYTHONHASHSEED: every rank has the server's), limits, affinity and na
 """
 
 import importlib
+import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -265,3 +266,24 @@ def worker_result(p, timeout):
     out, err = p.communicate(timeout=timeout)
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     return (json.loads(lines[-1]) if lines else {"ok": False, "error": "no result"}), err
+
+
+def load_bench_runner(alias):
+    """python/railcc/bench/runner.py loaded by path under `alias`, as `python path/to/runner.py`
+    runs it: without importing the railcc package, which needs the built extension. Its command
+    line module is then sys.modules["railcc_bench_args"]."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "railcc", "bench", "runner.py")
+    spec = importlib.util.spec_from_file_location(alias, os.path.abspath(path))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def railcc_built():
+    """Whether railcc._C is there (find_spec of a submodule imports the package, which may fail
+    while the build is missing)."""
+    try:
+        return importlib.util.find_spec("railcc._C") is not None
+    except Exception:
+        return False

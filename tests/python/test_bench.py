@@ -19,23 +19,15 @@ import textwrap
 import pytest
 import torch
 
+import harness
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BENCH = os.path.join(ROOT, "python", "railcc", "bench", "runner.py")
 
-_spec = importlib.util.spec_from_file_location("railcc_bench_under_test", BENCH)
-bench = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = bench
-_spec.loader.exec_module(bench)
+bench = harness.load_bench_runner("railcc_bench_under_test")
+bench_args = sys.modules["railcc_bench_args"]  # its command line (bench/args.py)
 
-def _railcc_built():
-    # find_spec of a submodule imports the package, which may fail while the build is missing
-    try:
-        return importlib.util.find_spec("railcc._C") is not None
-    except Exception:
-        return False
-
-
-needs_railcc = pytest.mark.skipif(not _railcc_built(), reason="the railcc extension (railcc._C) is not built")
+needs_railcc = pytest.mark.skipif(not harness.railcc_built(), reason="the railcc extension (railcc._C) is not built")
 
 RESULT_KEYS = {
     "backend", "op", "size", "count", "type", "redop", "root", "inplace", "time_us", "algbw", "busbw", "wrong",
@@ -666,7 +658,7 @@ def _cfg(**kw):
         check=True, root=0, ntensors=3,
     )
     base.update(kw)
-    return bench.Config(**base)
+    return bench_args.Config(**base)
 
 
 @pytest.mark.parametrize("coll", [c for c in ALL_COLLS if bench.COLLS[c].min_ranks == 1])

@@ -8,7 +8,6 @@ The CLIs run as subprocesses; railcc/bench/runner.py is run by path (with gloo),
 tests/python/test_bench.py does, so those cases need no built extension; sim's need railcc._C.
 """
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -17,23 +16,15 @@ import time
 
 import pytest
 
+import harness
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BENCH = os.path.join(ROOT, "python", "railcc", "bench", "runner.py")
 
-_spec = importlib.util.spec_from_file_location("railcc_bench_cli_args", BENCH)
-bench = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = bench
-_spec.loader.exec_module(bench)
+bench = harness.load_bench_runner("railcc_bench_cli_args")
+bench_args = sys.modules["railcc_bench_args"]  # its command line (bench/args.py)
 
-
-def _railcc_built():
-    try:
-        return importlib.util.find_spec("railcc._C") is not None
-    except Exception:
-        return False
-
-
-needs_railcc = pytest.mark.skipif(not _railcc_built(), reason="the railcc extension (railcc._C) is not built")
+needs_railcc = pytest.mark.skipif(not harness.railcc_built(), reason="the railcc extension (railcc._C) is not built")
 
 
 def run(cmd, timeout=60):
@@ -187,14 +178,14 @@ def parse(argv, world=2):
 def test_bench_sweep_is_counted_before_it_is_made():
     for b, e, f, i in ((8, 32 << 20, 2.0, None), (1, 100, 1.5, None), (1, 1000, None, 7), (3, 3, 2.0, None)):
         want = len(bench.size_sweep(b, e, f or 2.0, i))
-        assert bench.sweep_length(b, e, f or 2.0, i, 1000) == want
-    assert bench.sweep_length(1, 1 << 30, 2.0, 1, bench.MAX_SIZES) == bench.MAX_SIZES + 1
-    assert bench.sweep_length(1, 1 << 60, 1.0000001, None, bench.MAX_SIZES) == bench.MAX_SIZES + 1
+        assert bench_args.sweep_length(b, e, f or 2.0, i, 1000) == want
+    assert bench_args.sweep_length(1, 1 << 30, 2.0, 1, bench_args.MAX_SIZES) == bench_args.MAX_SIZES + 1
+    assert bench_args.sweep_length(1, 1 << 60, 1.0000001, None, bench_args.MAX_SIZES) == bench_args.MAX_SIZES + 1
     assert len(parse(["-b", "1", "-e", "64", "-i", "1"]).sizes) == 64
 
 
 def test_bench_memory_check_follows_the_hosts_memory(monkeypatch):
-    monkeypatch.setattr(bench, "memory_limit", lambda: (2 << 30, "a 2 GiB cgroup"))
+    monkeypatch.setattr(bench_args, "memory_limit", lambda: (2 << 30, "a 2 GiB cgroup"))
     assert parse([]).sizes[-1] == 32 << 20  # the defaults run in 2 GiB
     with pytest.raises(ValueError, match="argument -e/--maxbytes:.*2 GiB cgroup"):
         parse(["-e", "256M"])
@@ -204,11 +195,11 @@ def test_bench_memory_check_follows_the_hosts_memory(monkeypatch):
         parse(["--bound", "--bound_bytes", "1G"])
     parse(["--bound_bytes", "1G"])  # only --bound allocates it
     # int8 patterns are built from int64 indices: 8 bytes per element
-    assert bench.rank_bytes("all_reduce", 1 << 20, 1) > bench.rank_bytes("all_reduce", 1 << 20, 4)
+    assert bench_args.rank_bytes("all_reduce", 1 << 20, 1) > bench_args.rank_bytes("all_reduce", 1 << 20, 4)
 
 
 def test_bench_nprocs_within_the_cgroups_tasks(monkeypatch):
-    monkeypatch.setattr(bench, "tasks_left", lambda: (30, 64))
+    monkeypatch.setattr(bench_args, "tasks_left", lambda: (30, 64))
     with pytest.raises(ValueError, match=r"argument --nprocs:.*pids.max 64"):
         parse(["--nprocs", "4"], 4)
     parse(["--nprocs", "2"], 2)
@@ -221,7 +212,7 @@ def test_bench_limits_read_this_host():
     assert mem <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     left, most = limits.tasks_left()
     assert (left is None) == (most is None)
-    assert 1 <= bench.max_nprocs() <= bench.MAX_NPROCS
+    assert 1 <= bench_args.max_nprocs() <= bench_args.MAX_NPROCS
 
 
 def _descendants(pid):

@@ -59,15 +59,21 @@ NAMED_TRANSPORT = re.compile(r"#\s*include\s*\"transport/[^/\"]+/|\btransport::(
 ENGINE_PUBLIC = {"engine/communicator.h", "engine/rail_check.h", "engine/simulate.h", "engine/store_watch.h"}
 
 
-def test_the_engine_names_no_transport():
+def _naming_a_transport(keep):
+    """Lines of the sources `keep(rel)` selects that name a transport's folder or namespace."""
     bad = []
     for rel, path in _sources():
-        if not rel.startswith("engine" + os.sep):
+        if not keep(rel):
             continue
         with open(path) as f:
             for n, line in enumerate(f, 1):
                 if NAMED_TRANSPORT.search(line.split("//")[0]):
                     bad.append(f"{rel}:{n}: {line.strip()}")
+    return bad
+
+
+def test_the_engine_names_no_transport():
+    bad = _naming_a_transport(lambda rel: rel.startswith("engine" + os.sep))
     assert not bad, "the engine reaches past the transport contract:\n" + "\n".join(bad)
 
 
@@ -90,14 +96,7 @@ def test_the_glue_includes_only_the_engines_public_headers():
 def test_the_glue_names_no_transport():
     # The glue asks the transports (their rules for the doctor, their statistics) through the
     # contract's headers directly in transport/ (rules.h, stats.h, ...), as the engine does.
-    bad = []
-    for rel, path in _sources():
-        if os.sep in rel:
-            continue
-        with open(path) as f:
-            for n, line in enumerate(f, 1):
-                if NAMED_TRANSPORT.search(line.split("//")[0]):
-                    bad.append(f"{rel}:{n}: {line.strip()}")
+    bad = _naming_a_transport(lambda rel: os.sep not in rel)  # the glue: csrc/*.cpp and csrc/*.h
     assert not bad, "the glue reaches past the transport contract:\n" + "\n".join(bad)
 
 
