@@ -56,8 +56,8 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
                   hostSharesCores_ ? 0 : opts_.config.spinUs, cmaBytesFor(opts_.config.cmaBytes, hostSharesCores_));
   place_.size = size_;
   place_.localRanks = static_cast<int>(localRanks_.size());
-  place_.shmRings = shmRingsCover();
-  place_.shmRingSlices = place_.shmRings && shmRingSlice() > 0;
+  place_.shmRings = algos_.shmRingsCover();
+  place_.shmRingSlices = place_.shmRings && algos_.shmRingSlice() > 0;
   place_.hostsEven = !rail_.empty();
   place_.oneshotBytes = opts_.config.oneshotBytes;
   place_.cmaBytes = cmaBytesFor(opts_.config.cmaBytes, hostSharesCores_);
@@ -262,7 +262,7 @@ void CommImpl::bootstrap(Store& store) {
     bool even = true;
     for (const auto& ranks : byHost) even = even && ranks.size() == localRanks_.size();
     if (even)
-      for (const auto& ranks : byHost) rail_.push_back(ranks[static_cast<size_t>(localIndex(rank_))]);
+      for (const auto& ranks : byHost) rail_.push_back(ranks[static_cast<size_t>(positionIn(localRanks_, rank_))]);
   }
   place_.hostsOfOne = size_ > 1 && static_cast<int>(placed.hosts.size()) == size_;  // the tree's rail: all ranks
   if (opts_.config.spinUs < 0) RAILCC_THROW(kInvalidUsage, "RAILCC_SPIN_US must be 0 or more, got ", opts_.config.spinUs);

@@ -216,6 +216,11 @@ class Channels {
     for (Transfer& t : xs) t.landsInPlace = t.kind == Transfer::kSend;
   }
 
+  /// What the engine around the layer does beside a step (ChannelHost), for algorithms that
+  /// wait in their own loops: move the work beside it; throw if the group was interrupted.
+  size_t pumpBeside() { return host_.pumpBeside(); }
+  void checkInterrupted() { host_.checkInterrupted(); }
+
   // ---- running a step (collective lane)
   /// Queues the transfers on the collective lane; anything that progresses those channels
   /// moves them from then on.

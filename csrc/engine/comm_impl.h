@@ -39,6 +39,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "engine/algorithms/choose.h"
+#include "engine/algorithms/algorithms.h"
 #include "engine/algorithms/table.h"
 #include "engine/device/device_plan.h"
 #include "engine/health.h"
@@ -58,18 +59,6 @@
 #include "transport/connection.h"
 
 namespace railcc::engine {
-
-// What partial results are reduced with between ranks: a sum for PREMUL_SUM (each term scaled
-// once where it entered) and AVG (divided once at the end).
-inline ReduceOp acrossRanks(ReduceOp op) {
-  return op == ReduceOp::kPremulSum || op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-}
-
-// This rank's own term of a reduction into `dst` (may be `src`): PREMUL_SUM's factor applied.
-inline void ownTerm(char* dst, const char* src, size_t count, DataType dt, ReduceOp op, double scale) {
-  if (op == ReduceOp::kPremulSum) scaleCopy(dst, src, count, dt, scale);
-  else if (dst != src && count) transport::moveBytes(dst, src, count * dtypeSize(dt));
-}
 
 // Said at init, with the number needed, rather than as an EMFILE from deep inside a
 // transport (connections.cpp): raises the soft limit of open files where the hard limit
@@ -95,89 +84,6 @@ class CommImpl : private ChannelHost {
   const pid_t ownerPid_ = thisPid();
   std::unique_ptr<Op> collective(OpKind kind, DataType dt, ReduceOp rop, int root, size_t count, Millis timeout);
 
-  // algorithms (progress thread)
-  void runAllreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
-  void runAllreduceCoalesced(const std::vector<char*>& bufs, const std::vector<size_t>& counts, DataType dt, ReduceOp op,
-                             double scale);
-  void runAllreduceShmRings(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
-  void runReduceScatterShmRings(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
-                             double scale);
-  struct ShmRingsReduce;
-  void runShmRingsReduce(const ShmRingsReduce& job, DataType dt, ReduceOp op, double scale, bool bypass);
-  void runAllreduceHosts(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
-  // Pairwise schedules among the ranks `g` (which include us), on `count` elements of `buf`
-  // split into |g| blocks: block j ends reduced at g[j]; then every block everywhere.
-  void pairwiseReduceScatter(const std::vector<int>& g, char* buf, size_t count, DataType dt, ReduceOp op,
-                             double scale);
-  void pairwiseAllgather(const std::vector<int>& g, char* buf, size_t count, size_t es);
-  // algorithms/ring.cpp: neighbours only, host by host; algorithms/tree.cpp: recursive doubling
-  const std::vector<int>& ringOrder();
-  void ringReduceScatter(const std::vector<int>& g, char* buf, size_t count, DataType dt, ReduceOp op);
-  void ringAllgather(const std::vector<int>& g, const std::vector<char*>& blocks, const std::vector<size_t>& sizes);
-  /// ringAllgather of `buf`'s `count` elements cut into g.size() Blocks, block j from g[j].
-  void ringAllgatherBlocks(const std::vector<int>& g, char* buf, size_t count, size_t es);
-  void runAllreduceRing(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
-  void runAllgatherRing(const char* in, size_t bytes, const std::vector<char*>& outs);  // own piece in place
-  void runReduceScatterRing(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
-                            double scale);
-  void runAllgatherHosts(const char* in, size_t bytes, const std::vector<char*>& outs);  // own piece in place
-  void runReduceScatterHosts(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op, double scale);
-  void runAllreduceTree(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
-  void runBroadcastShmRings(char* buf, size_t bytes, int root);
-  void runBroadcastTree(char* buf, size_t bytes, int root);  // algorithms/bcast_tree.cpp
-  // algorithms/direct.cpp: the other ops' host algorithms (the rule where there is a choice)
-  void runBroadcast(char* buf, size_t bytes, int root);
-  void runBroadcastChain(char* buf, size_t bytes, int root);
-  void runBroadcastRailChain(char* buf, size_t bytes, int root);  // the chain where hosts hold equal counts
-  void runBroadcastChains(char* buf, size_t bytes, int root);     // the rail chain where it runs, else the chain
-  // The rows of algorithms/table.cpp that are not functions of their own elsewhere.
-  void runAllreduceOneShot(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
-  void runAllreducePairwise(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
-  void runReduceScatterOneShot(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
-                               double scale);
-  void runReduceScatterPairwise(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
-                                double scale);
-  void runAllgatherShmRings(const char* in, size_t bytes, const std::vector<char*>& outs);
-  void runAllgatherDirect(const char* in, size_t bytes, const std::vector<char*>& outs);
-  friend const AlgoRow& algoRow(Algo a);  // the table names the run functions
-  PlanShape planShape();  // algorithms/peers.cpp: this group's shape, for its algorithms' plans
-  void runReduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale, int root);
-  void runAllgather(const char* in, size_t bytes, const std::vector<char*>& outs);
-  void runReduceScatter(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op, double scale);
-  void runAlltoall(const std::vector<char*>& ins, const std::vector<size_t>& inCounts, const std::vector<char*>& outs,
-                   const std::vector<size_t>& outCounts, DataType dt);
-  void runGather(const char* in, size_t bytes, const std::vector<char*>& outs, int root);
-  void runScatter(const std::vector<char*>& ins, char* out, size_t bytes, int root);
-  void runBarrier();
-  void runShmRingsGather(const char* mine, const std::vector<size_t>& sizes, const std::vector<char*>& outs,
-                        bool headers);
-  // Every same-host rank's broadcast ring, as an op that moves data through them sees them.
-  struct ShmRings {
-    transport::BroadcastRing own;
-    std::vector<transport::BroadcastRing> of;  // by rank; ours is empty
-    std::vector<int> consumers;                 // local indices of the peers reading ours
-    std::vector<transport::Doorbell*> wake;
-    std::vector<std::pair<int, int>> on;  // the collective lane of every peer
-    int myIdx = 0;
-  };
-  ShmRings shmRings();
-  // Bytes of one rank's slice per chunk of the two-shot all-reduce: a multiple of 64, so that a chunk's
-  // n-1 slices (block A) stay within BroadcastRing::blockMax(); 0 where rings are too small for it.
-  size_t shmRingSlice() const {
-    const transport::BroadcastRing own = ch_.local()->broadcastRing(-1);
-    size_t cap = own.capacity(), slice = cap / 2 / static_cast<size_t>(size_) / 64 * 64;
-    return cap % 64 == 0 && slice >= 64 && (static_cast<size_t>(size_) - 1) * slice <= own.blockMax() ? slice : 0;
-  }
-  // The end of one pass of a ring op's loop: reads the messages posted on the collective lane
-  // before the op (its header receives), so that a rank that took another path fails here and
-  // not at its timeout; then, if nothing moved, sleeps until `ready` may hold.
-  void shmRingTurn(const ShmRings& r, size_t moved, const std::function<bool()>& ready);
-  // Whether every rank shares this host's memory and there are enough of them for the
-  // broadcast rings to save copies (with two ranks a ring and a FIFO copy the same).
-  bool shmRingsCover() const { return size_ > 2 && static_cast<int>(localRanks_.size()) == size_; }
-  int localIndex(int r) const {
-    return static_cast<int>(std::find(localRanks_.begin(), localRanks_.end(), r) - localRanks_.begin());
-  }
 
   // Device buffers (progress thread; device/device_plan.h describes an op on them). Once per
   // device op: sets the device, makes its events (and own stream), orders its stream after the caller's event.
@@ -209,11 +115,6 @@ class CommImpl : private ChannelHost {
 
   DeviceState dev_;  // device/device_state.h
   bool ipcReady(int device);
-  // A zero-byte message to and from every peer: each rank knows every peer has reached this
-  // point of the op (and the headers check that all called the same op).
-  void syncRound();
-  // The transfers of one such round, for callers that wait on the two halves separately.
-  void headerRound(std::vector<Transfer>& sends, std::vector<Transfer>& recvs);
   // Closes the peers' pools and events; frees this rank's own only when `peersDone` (every
   // peer has closed them: an syncRound after their close).
   void releaseIpc(const cuda::DeviceApi& api, bool peersDone);
@@ -331,24 +232,13 @@ class CommImpl : private ChannelHost {
   // host's lowest rank; set only when there are two hosts or more and each has the same
   // number of ranks (two or more) sharing memory, else empty.
   std::vector<int> rail_;
-  std::vector<char> bucket_;
-  std::vector<int> ring_;  // ringOrder(), once known
-  std::vector<char> treeScratch_;  // what a recursive-doubling step sends while buf is reduced into
-  // One-shot receive area (n blocks of at most RAILCC_ONESHOT_BYTES); the partial sums of the
-  // ring and per-rail reduce-scatters (let go after an op that needed more than kScratchKeep).
-  std::vector<char> scratch_;
 
   // The algorithm rule (algorithms/choose.h) with this group's placement, set after set-up.
   AlgoPlace place_;
   std::vector<Algo> prefer_;  // RAILCC_ALGO / NCCL_ALGO
-  Algo algoFor(AlgoOp op, size_t bytes) const { return chooseAlgo(op, bytes, place_, prefer_, nullptr); }
-  bool oneshot(size_t bytes) const { return size_ > 1 && static_cast<int64_t>(bytes) <= opts_.config.oneshotBytes; }
-  // One step: `blockOf(p)` goes to every peer p, and every peer's block for us lands in the
-  // scratch area; then block 0 (op) block 1 (op) ... in rank order, so every rank computes
-  // bit-identical results whatever order the messages arrived in.
-  void oneshotReduce(const std::function<const char*(int)>& blockOf, char* out, size_t count, DataType dt,
-                     ReduceOp op, double scale);
-  std::vector<Transfer> oneshotXs_;  // oneshotReduce()'s, kept between ops: no allocation per op
+  // The host algorithms (algorithms/algorithms.h) on this group's channels and shape: declared
+  // after everything they are given.
+  Algorithms algos_{ch_, opts_.config, *tele_, rank_, size_, {peers_, localRanks_, rail_, place_, prefer_}};
 
   // The op queue, the engine token and the progress thread (progress.cpp). `mu` guards what
   // callers share with the engine (and Health::abortWhy); the rest is the token holder's.
@@ -387,9 +277,6 @@ class CommImpl : private ChannelHost {
     std::string t = linkOf(l.peer);
     return t.substr(0, t.find(' ')) + (l.send ? " send" : " receive");
   }
-  // Kept between ops: the reduce-scatters' partial sums up to this size (a bucket of a few
-  // tens of MiB per host is reused op after op); a larger one is let go after its op.
-  static constexpr size_t kScratchKeep = size_t(64) << 20;
   static constexpr int kMinLinkSamples = 3;  // fewer timed transfers say nothing about a link
   // Throughputs of the links with enough samples, by class.
   std::map<std::string, std::vector<double>> ratesByClass(const std::vector<Telemetry::LinkStats>& links) const {

@@ -92,7 +92,7 @@ RequestPtr Communicator::allreduce(void* buf, size_t count, DataType dt, ReduceO
   checkReduceSupported(op, dt);
   CommImpl* c = impl_.get();
   auto o = c->collective(OpKind::kAllreduce, dt, op, 0, count, timeout);
-  auto run = [c, dt, op, scale](char* b, size_t n) { c->runAllreduce(b, n, dt, op, scale); };
+  auto run = [c, dt, op, scale](char* b, size_t n) { c->algos_.allreduce(b, n, dt, op, scale); };
   char* b8 = static_cast<char*>(buf);
   c->setBody(*o, where, dt, [b8, count, run] { run(b8, count); }, [&] {
     return DevicePlan::of(Region::inOut(b8, count),
@@ -115,7 +115,7 @@ RequestPtr Communicator::allreduceCoalesced(std::vector<void*> bufs, std::vector
   auto o = c->collective(OpKind::kAllreduceCoalesced, dt, op, 0, total, timeout);
   std::vector<char*> ptrs;
   for (void* b : bufs) ptrs.push_back(static_cast<char*>(b));
-  c->setBody(*o, where, dt, [c, ptrs, counts, dt, op, scale] { c->runAllreduceCoalesced(ptrs, counts, dt, op, scale); }, [&] {
+  c->setBody(*o, where, dt, [c, ptrs, counts, dt, op, scale] { c->algos_.allreduceCoalesced(ptrs, counts, dt, op, scale); }, [&] {
     DevicePlan p;
     std::vector<std::pair<char*, size_t>> segs;
     for (size_t i = 0; i < ptrs.size(); ++i) {
@@ -124,7 +124,7 @@ RequestPtr Communicator::allreduceCoalesced(std::vector<void*> bufs, std::vector
     }
     p.slots = p.regions.size();
     p.host = [c, dt, op, scale](const std::vector<char*>& h, const std::vector<size_t>& n) {
-      c->runAllreduceCoalesced(h, n, dt, op, scale);
+      c->algos_.allreduceCoalesced(h, n, dt, op, scale);
     };
     p.ipc = [c, segs, dt, op, scale](const DeviceOp& dv) { c->runIpcAllreduce(dv, segs, dt, op, scale); };
     return p;
@@ -136,7 +136,7 @@ RequestPtr Communicator::broadcast(void* buf, size_t count, DataType dt, int roo
   CommImpl* c = impl_.get();
   checkRoot(root, c->size_, "broadcast");
   auto o = c->collective(OpKind::kBroadcast, dt, ReduceOp::kSum, root, count, timeout);
-  auto run = [c, dt, root](char* buf, size_t count) { c->runBroadcast(buf, count * dtypeSize(dt), root); };
+  auto run = [c, dt, root](char* buf, size_t count) { c->algos_.broadcast(buf, count * dtypeSize(dt), root); };
   char* b8 = static_cast<char*>(buf);
   c->setBody(*o, where, dt, [b8, count, run] { run(b8, count); }, [&] {
     bool isRoot = c->rank_ == root;
@@ -153,7 +153,7 @@ RequestPtr Communicator::reduce(void* buf, size_t count, DataType dt, ReduceOp o
   CommImpl* c = impl_.get();
   checkRoot(root, c->size_, "reduce");
   auto o = c->collective(OpKind::kReduce, dt, op, root, count, timeout);
-  auto run = [c, dt, op, root, scale](char* buf, size_t count) { c->runReduce(buf, count, dt, op, scale, root); };
+  auto run = [c, dt, op, root, scale](char* buf, size_t count) { c->algos_.reduce(buf, count, dt, op, scale, root); };
   char* b8 = static_cast<char*>(buf);
   c->setBody(*o, where, dt, [b8, count, run] { run(b8, count); }, [&] {
     return DevicePlan::of(c->rank_ == root ? Region::inOut(b8, count) : Region::input(b8, count),
@@ -184,7 +184,7 @@ RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, st
   }
   auto o = c->collective(OpKind::kAllgather, dt, ReduceOp::kSum, 0, count, timeout);
   auto run = [c, dt](const char* in, size_t count, const std::vector<char*>& outs) {
-    c->runAllgather(in, count * dtypeSize(dt), outs);
+    c->algos_.allgather(in, count * dtypeSize(dt), outs);
   };
   std::vector<char*> o8;
   for (void* p : outs) o8.push_back(static_cast<char*>(p));
@@ -211,7 +211,7 @@ RequestPtr Communicator::reduceScatter(std::vector<const void*> ins, void* out, 
                    " input buffers for a group of size ", c->size_);
   auto o = c->collective(OpKind::kReduceScatter, dt, op, 0, count, timeout);
   auto run = [c, dt, op, scale](const std::vector<char*>& ins, char* out, size_t count) {
-    c->runReduceScatter(ins, out, count, dt, op, scale);
+    c->algos_.reduceScatter(ins, out, count, dt, op, scale);
   };
   std::vector<char*> i8;
   for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
@@ -244,7 +244,7 @@ RequestPtr Communicator::alltoall(std::vector<const void*> ins, std::vector<size
   // Splits may differ per rank, so the fingerprint leaves count out; sizes are checked per message.
   auto o = c->collective(OpKind::kAlltoall, dt, ReduceOp::kSum, 0, 0, timeout);
   auto run = [c, dt](const std::vector<char*>& ins, const std::vector<size_t>& inCounts, const std::vector<char*>& outs,
-                     const std::vector<size_t>& outCounts) { c->runAlltoall(ins, inCounts, outs, outCounts, dt); };
+                     const std::vector<size_t>& outCounts) { c->algos_.alltoall(ins, inCounts, outs, outCounts, dt); };
   std::vector<char*> i8, o8;
   for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
   for (void* p : outs) o8.push_back(static_cast<char*>(p));
@@ -275,7 +275,7 @@ RequestPtr Communicator::gather(const void* in, size_t count, DataType dt, std::
     RAILCC_CHECK_ARG(static_cast<int>(outs.size()) == c->size_, "gather: root needs ", c->size_, " output buffers, got ", outs.size());
   auto o = c->collective(OpKind::kGather, dt, ReduceOp::kSum, root, count, timeout);
   auto run = [c, dt, root](const char* in, size_t count, const std::vector<char*>& outs) {
-    c->runGather(in, count * dtypeSize(dt), outs, root);
+    c->algos_.gather(in, count * dtypeSize(dt), outs, root);
   };
   std::vector<char*> o8;
   if (c->rank_ == root)
@@ -303,7 +303,7 @@ RequestPtr Communicator::scatter(std::vector<const void*> ins, void* out, size_t
     RAILCC_CHECK_ARG(static_cast<int>(ins.size()) == c->size_, "scatter: root needs ", c->size_, " input buffers, got ", ins.size());
   auto o = c->collective(OpKind::kScatter, dt, ReduceOp::kSum, root, count, timeout);
   auto run = [c, dt, root](const std::vector<char*>& ins, char* out, size_t count) {
-    c->runScatter(ins, out, count * dtypeSize(dt), root);
+    c->algos_.scatter(ins, out, count * dtypeSize(dt), root);
   };
   std::vector<char*> i8;
   if (c->rank_ == root)
@@ -326,7 +326,7 @@ RequestPtr Communicator::scatter(std::vector<const void*> ins, void* out, size_t
 RequestPtr Communicator::barrier(Millis timeout) {
   CommImpl* c = impl_.get();
   auto o = c->collective(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, 0, timeout);
-  o->body = [c] { c->runBarrier(); };
+  o->body = [c] { c->algos_.barrier(); };
   return c->enqueue(std::move(o));
 }
 

@@ -209,7 +209,7 @@ bool CommImpl::readEndpoint(int peer, LazyPeer& l) {
 // fails init naming it; one that died is named as at first use.
 void CommImpl::connectAtInit(Clock::time_point deadline) {
   std::vector<int> left;
-  for (int p : collectivePeers()) {
+  for (int p : algos_.collectivePeers()) {
     const LazyPeer& l = links_.peers.at(static_cast<size_t>(p));
     if (l.setup || l.chooseLater) left.push_back(p);
   }

@@ -3,7 +3,7 @@
 
 #include "engine/algorithms/plan.h"
 #include "engine/algorithms/table.h"
-#include "engine/comm_impl.h"
+#include "engine/algorithms/algorithms.h"
 
 namespace railcc::engine {
 
@@ -51,7 +51,7 @@ class GroupLayout : public Layout {
 
 }  // namespace
 
-PlanShape CommImpl::planShape() {
+PlanShape Algorithms::planShape() {
   PlanShape s;
   s.size = size_;
   s.hostRanks = static_cast<int>(localRanks_.size());
@@ -64,7 +64,7 @@ PlanShape CommImpl::planShape() {
   return s;
 }
 
-std::vector<int> CommImpl::collectivePeers() {
+std::vector<int> Algorithms::collectivePeers() {
   std::set<int> out;
   auto add = [&](int p) {
     if (p != rank_) out.insert(p);

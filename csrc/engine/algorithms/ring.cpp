@@ -1,7 +1,7 @@
 #include <map>
 
 #include "engine/algorithms/schedule.h"
-#include "engine/comm_impl.h"
+#include "engine/algorithms/algorithms.h"
 
 namespace railcc::engine {
 
@@ -14,7 +14,7 @@ namespace railcc::engine {
 
 // Hosts in the order of their lowest rank, each host's ranks in rank order. The placement is
 // fixed once the group is set up: worked out at the first ring op, kept for the rest.
-const std::vector<int>& CommImpl::ringOrder() {
+const std::vector<int>& Algorithms::ringOrder() {
   if (!ring_.empty()) return ring_;
   std::map<std::string, size_t> slot;
   std::vector<std::vector<int>> byHost;
@@ -31,7 +31,7 @@ const std::vector<int>& CommImpl::ringOrder() {
 // Block j ends reduced at g[j]. At step s a rank sends block i-1-s, which it reduced in the
 // step before (its own input at s = 0), and reduces block i-2-s from its predecessor: each
 // block's sum is built along the ring in one order, by one rank per term.
-void CommImpl::ringReduceScatter(const std::vector<int>& g, char* buf, size_t count, DataType dt, ReduceOp op) {
+void Algorithms::ringReduceScatter(const std::vector<int>& g, char* buf, size_t count, DataType dt, ReduceOp op) {
   const int m = static_cast<int>(g.size()), i = positionIn(g, rank_);
   const size_t es = dtypeSize(dt);
   Blocks b(count, m, es);
@@ -45,7 +45,7 @@ void CommImpl::ringReduceScatter(const std::vector<int>& g, char* buf, size_t co
 }
 
 // Each block travels once around the ring from the rank that holds it.
-void CommImpl::ringAllgather(const std::vector<int>& g, const std::vector<char*>& blocks, const std::vector<size_t>& sizes) {
+void Algorithms::ringAllgather(const std::vector<int>& g, const std::vector<char*>& blocks, const std::vector<size_t>& sizes) {
   const int m = static_cast<int>(g.size()), i = positionIn(g, rank_);
   const int next = g[static_cast<size_t>((i + 1) % m)], prev = g[static_cast<size_t>((i + m - 1) % m)];
   for (int s = 0; s < m - 1; ++s) {
@@ -57,7 +57,7 @@ void CommImpl::ringAllgather(const std::vector<int>& g, const std::vector<char*>
   }
 }
 
-void CommImpl::ringAllgatherBlocks(const std::vector<int>& g, char* buf, size_t count, size_t es) {
+void Algorithms::ringAllgatherBlocks(const std::vector<int>& g, char* buf, size_t count, size_t es) {
   const int m = static_cast<int>(g.size());
   Blocks b(count, m, es);
   std::vector<char*> blocks(static_cast<size_t>(m));
@@ -69,7 +69,7 @@ void CommImpl::ringAllgatherBlocks(const std::vector<int>& g, char* buf, size_t 
   ringAllgather(g, blocks, sizes);
 }
 
-void CommImpl::runAllreduceRing(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
+void Algorithms::allreduceRing(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
   const size_t es = dtypeSize(dt);
   // Partial sums travel, so a factor is applied once, up front, and an average divides once.
   if (op == ReduceOp::kPremulSum) scaleCopy(buf, buf, count, dt, scale);
@@ -87,8 +87,8 @@ void CommImpl::runAllreduceRing(char* buf, size_t count, DataType dt, ReduceOp o
 // ringReduceScatter, and ends at its owner in `out`. The inputs are the caller's and stay
 // untouched, so partial sums live in two scratch blocks, one sent while the other fills: the
 // block a rank reduces at step s is the one it sends at step s + 1.
-void CommImpl::runReduceScatterRing(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
-                                    double scale) {
+void Algorithms::reduceScatterRing(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
+                                   double scale) {
   const std::vector<int>& g = ringOrder();
   const int m = static_cast<int>(g.size()), i = positionIn(g, rank_);
   const size_t bytes = count * dtypeSize(dt);
@@ -112,7 +112,7 @@ void CommImpl::runReduceScatterRing(const std::vector<char*>& ins, char* out, si
 }
 
 // outs[r] receives rank r's `bytes` (ours is already in place).
-void CommImpl::runAllgatherRing(const char*, size_t bytes, const std::vector<char*>& outs) {
+void Algorithms::allgatherRing(const char*, size_t bytes, const std::vector<char*>& outs) {
   const std::vector<int>& g = ringOrder();
   std::vector<char*> blocks;
   blocks.reserve(g.size());

@@ -1,7 +1,7 @@
 #include "engine/algorithms/table.h"
 
 #include "common/error.h"
-#include "engine/comm_impl.h"
+#include "engine/algorithms/algorithms.h"
 
 namespace railcc::engine {
 
@@ -86,20 +86,20 @@ std::string chainRails(const PlanShape& s, AlgoOp) { return s.hostsEven ? " (rai
 // The rows. Run functions live in the algorithm's file (algorithms/*.cpp).
 
 const AlgoRow& algoRow(Algo a) {
-  using C = CommImpl;
+  using C = Algorithms;
   static const AlgoRow rows[] = {
-      {Algo::kOneShot, &C::runAllreduceOneShot, &C::runReduceScatterOneShot, nullptr, nullptr, false, planOneShot, true, plain},
-      {Algo::kShmRings, &C::runAllreduceShmRings, &C::runReduceScatterShmRings, &C::runAllgatherShmRings, &C::runBroadcastShmRings, false,
+      {Algo::kOneShot, &C::allreduceOneShot, &C::reduceScatterOneShot, nullptr, nullptr, false, planOneShot, true, plain},
+      {Algo::kShmRings, &C::allreduceShmRings, &C::reduceScatterShmRings, &C::allgatherShmRings, &C::broadcastShmRings, false,
        planRings, false, plain},
-      {Algo::kHier, &C::runAllreduceHosts, &C::runReduceScatterHosts, &C::runAllgatherHosts, nullptr, false, planHier, true,
+      {Algo::kHier, &C::allreduceHier, &C::reduceScatterHier, &C::allgatherHier, nullptr, false, planHier, true,
        hierRails},
-      {Algo::kPairwise, &C::runAllreducePairwise, &C::runReduceScatterPairwise, nullptr, nullptr, false, planPairwise, true,
+      {Algo::kPairwise, &C::allreducePairwise, &C::reduceScatterPairwise, nullptr, nullptr, false, planPairwise, true,
        plain},
-      {Algo::kChain, nullptr, nullptr, nullptr, &C::runBroadcastChains, false, planChain, true, chainRails},
-      {Algo::kDirect, nullptr, nullptr, &C::runAllgatherDirect, nullptr, true, planOneShot, true, plain},
-      {Algo::kRing, &C::runAllreduceRing, &C::runReduceScatterRing, &C::runAllgatherRing, nullptr, false, planRing, true,
+      {Algo::kChain, nullptr, nullptr, nullptr, &C::broadcastChains, false, planChain, true, chainRails},
+      {Algo::kDirect, nullptr, nullptr, &C::allgatherDirect, nullptr, true, planOneShot, true, plain},
+      {Algo::kRing, &C::allreduceRing, &C::reduceScatterRing, &C::allgatherRing, nullptr, false, planRing, true,
        plain},
-      {Algo::kTree, &C::runAllreduceTree, nullptr, nullptr, &C::runBroadcastTree, false, planTree, true, treeShape},
+      {Algo::kTree, &C::allreduceTree, nullptr, nullptr, &C::broadcastTree, false, planTree, true, treeShape},
   };
   for (const AlgoRow& r : rows)
     if (r.algo == a) return r;

@@ -13,16 +13,16 @@
 
 namespace railcc::engine {
 
-class CommImpl;
+class Algorithms;
 
 struct AlgoRow {
   Algo algo;
   // How this rank runs each op the algorithm serves on host buffers (nullptr: not served).
-  void (CommImpl::*allreduce)(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
-  void (CommImpl::*reduceScatter)(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
+  void (Algorithms::*allreduce)(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
+  void (Algorithms::*reduceScatter)(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
                                   double scale);
-  void (CommImpl::*allgather)(const char* in, size_t bytes, const std::vector<char*>& outs);
-  void (CommImpl::*broadcast)(char* buf, size_t bytes, int root);
+  void (Algorithms::*allgather)(const char* in, size_t bytes, const std::vector<char*>& outs);
+  void (Algorithms::*broadcast)(char* buf, size_t bytes, int root);
   bool copiesOwnPiece;  // its all-gather copies this rank's own piece itself (else the caller does, first)
   PlanFn plan;          // its phases: the simulation's schedule and the peers a rank meets
   bool simulated;       // false: the plan gives its peers only (the shared-memory rings of a one-host group)

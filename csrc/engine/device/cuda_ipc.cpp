@@ -7,7 +7,7 @@ namespace railcc::engine {
 
 void CommImpl::ipcStep(const cuda::DeviceApi& api, void* stream, int d, IpcEvent e) {
   checkDevice(api.eventRecord(dev_.ipc.ev[static_cast<size_t>(rank_)][e], stream), "cudaEventRecord", d);
-  syncRound();
+  algos_.syncRound();
   for (int q = 0; q < size_; ++q)
     if (q != rank_)
       checkDevice(api.streamWaitEvent(stream, dev_.ipc.ev[static_cast<size_t>(q)][e]), "cudaStreamWaitEvent (peer's IPC event)", d);
@@ -36,23 +36,6 @@ void CommImpl::releaseIpc(const cuda::DeviceApi& api, bool peersDone) {
   }
   dev_.ipc.pool.clear();
   dev_.ipc.ev.clear();
-}
-
-void CommImpl::headerRound(std::vector<Transfer>& sends, std::vector<Transfer>& recvs) {
-  sends.reserve(2 * static_cast<size_t>(size_));
-  recvs.reserve(static_cast<size_t>(size_));
-  for (int p = 0; p < size_; ++p)
-    if (p != rank_) {
-      sends.push_back(ch_.sendTo(p, nullptr, 0));
-      recvs.push_back(ch_.recvFrom(p, nullptr, 0));
-    }
-}
-
-void CommImpl::syncRound() {
-  std::vector<Transfer> sends, recvs;
-  headerRound(sends, recvs);
-  sends.insert(sends.end(), recvs.begin(), recvs.end());
-  ch_.exchange(sends);
 }
 
 bool CommImpl::ipcReady(int d) {
@@ -155,7 +138,7 @@ bool CommImpl::ipcReady(int d) {
   }
   // Every rank must take the same path, so one vote decides.
   int64_t vote = ok ? 1 : 0;
-  runAllreduce(reinterpret_cast<char*>(&vote), 1, DataType::kInt64, ReduceOp::kMin, 1.0);
+  algos_.allreduce(reinterpret_cast<char*>(&vote), 1, DataType::kInt64, ReduceOp::kMin, 1.0);
   if (vote == 0) {
     RAILCC_WARN(COLL, "group '", opts_.name, "': CUDA IPC is not usable (",
                 why.empty() ? std::string("another rank could not set it up") : why,
@@ -167,7 +150,7 @@ bool CommImpl::ipcReady(int d) {
     dev_.ipc.pool[mine] = nullptr;
     dev_.ipc.ev[mine] = {nullptr, nullptr, nullptr};
     releaseIpc(api, false);
-    syncRound();
+    algos_.syncRound();
     freeOwn(own, ownEv);
     dev_.ipc.failed = true;
     return false;
@@ -208,7 +191,7 @@ void CommImpl::runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<c
   // One shot for small messages (RAILCC_ONESHOT_BYTES, one chunk): every rank reduces the whole
   // chunk itself, in rank order, into its own reduced buffer, which only it reads: two host
   // rounds instead of three, and no all-gather.
-  if (oneshot(count * es) && count <= per) {
+  if (algos_.oneshot(count * es) && count <= per) {
     auto in = [&](size_t q) { return dev_.ipc.pool[q]; };
     char* out = dev_.ipc.pool[me] + dev_.ipc.chunk;
     stageIn(in(me), 0, count);
@@ -381,7 +364,7 @@ void CommImpl::runIpcAlltoall(const DeviceOp& dv, const std::vector<char*>& ins,
   // Splits differ per rank: agree on the number of chunks first.
   int64_t most = 0;
   for (size_t j = 0; j < n; ++j) most = std::max<int64_t>(most, static_cast<int64_t>(std::max(inCounts[j], outCounts[j])));
-  runAllreduce(reinterpret_cast<char*>(&most), 1, DataType::kInt64, ReduceOp::kMax, 1.0);
+  algos_.allreduce(reinterpret_cast<char*>(&most), 1, DataType::kInt64, ReduceOp::kMax, 1.0);
   const size_t chunks = std::max<size_t>(1, (static_cast<size_t>(most) + per - 1) / per);
   auto part = [&](size_t count, size_t k) {
     size_t lo = k * per;

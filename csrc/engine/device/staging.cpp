@@ -156,7 +156,7 @@ void CommImpl::runStaged(const DeviceOp& dv, DataType dt, size_t slots, std::vec
   for (auto& r : regions) maxCount = std::max(maxCount, r.count);
   if (agree && size_ > 1) {
     int64_t m = static_cast<int64_t>(maxCount);
-    runAllreduce(reinterpret_cast<char*>(&m), 1, DataType::kInt64, ReduceOp::kMax, 1.0);
+    algos_.allreduce(reinterpret_cast<char*>(&m), 1, DataType::kInt64, ReduceOp::kMax, 1.0);
     maxCount = static_cast<size_t>(m);
   }
   const size_t chunks = std::max<size_t>(1, (maxCount + per - 1) / per);

@@ -1,9 +1,40 @@
+#include "engine/algorithms/algorithms.h"
 #include "engine/algorithms/schedule.h"
-#include "engine/comm_impl.h"
 
 namespace railcc::engine {
 
-// ---------------------------------------------------------------------------------------
+// All-reduce across hosts that each run the same number of ranks: reduce-scatter among the
+// ranks of each host (shared memory), all-reduce each host's piece among the ranks that hold
+// it on every host (one rail: the network), then all-gather on each host again. Every rank
+// sends S/L bytes over the network where the flat pairwise schedule sends about S (L ranks
+// per host, S the buffer's size), and each element is reduced once, by one rank, so every
+// rank ends with the same bits. Each rank checks the headers of its host's ranks and of its
+// rail; a rank that disagrees fails those, and their failure reaches the rest.
+void Algorithms::allreduceHier(char* buf, size_t count, DataType dt, ReduceOp op, double scale) {
+  const size_t es = dtypeSize(dt);
+  const int L = static_cast<int>(localRanks_.size()), H = static_cast<int>(rail_.size());
+  Blocks b(count, L, es);
+  const int li = localIndex(rank_);
+  char* piece = buf + b.offset(li);
+  const size_t pc = b.count(li);
+  pairwiseReduceScatter(localRanks_, buf, count, dt, op, scale);
+  // The host's partial results are already scaled; an average divides once, at the end.
+  ReduceOp across = acrossRanks(op);
+  // The rail: pairwise up to kRingMinRanks hosts, then around a ring (two network peers per
+  // rank however many hosts). Either way block j of the piece ends reduced at rail_[j].
+  const bool ring = railRing(H, prefer_);
+  if (ring) ringReduceScatter(rail_, piece, pc, dt, across);
+  else pairwiseReduceScatter(rail_, piece, pc, dt, across, 1.0);
+  if (op == ReduceOp::kAvg) {
+    Blocks c(pc, H, es);
+    const int hi = positionIn(rail_, rank_);
+    divideBy(piece + c.offset(hi), c.count(hi), dt, size_);
+  }
+  if (ring) ringAllgatherBlocks(rail_, piece, pc, es);
+  else pairwiseAllgather(rail_, piece, pc, es);
+  pairwiseAllgather(localRanks_, buf, count, es);
+}
+
 // Reduce-scatter and all-gather across hosts that each run the same number of ranks (L), the
 // way the per-host all-reduce does it: the network stage runs along rails (the ranks with the
 // same local index, one per host, H of them), around a ring, so every rank's NIC carries its
@@ -11,7 +42,6 @@ namespace railcc::engine {
 // exchange among the host's ranks (shared memory), whose messages carry a rail's worth of
 // blocks (H at a time). ringOrder() lists the ranks host by host, so the rank of local index
 // t on the j-th host is ringOrder()[j * L + t].
-
 namespace {
 int onHost(const std::vector<int>& order, int L, int host, int t) {
   return order[static_cast<size_t>(host * L + t)];
@@ -19,7 +49,7 @@ int onHost(const std::vector<int>& order, int L, int host, int t) {
 }  // namespace
 
 // outs[r] receives rank r's `bytes`; ours is already in place.
-void CommImpl::runAllgatherHosts(const char*, size_t bytes, const std::vector<char*>& outs) {
+void Algorithms::allgatherHier(const char*, size_t bytes, const std::vector<char*>& outs) {
   const std::vector<int>& order = ringOrder();
   const int L = static_cast<int>(localRanks_.size()), H = static_cast<int>(rail_.size());
   const int li = localIndex(rank_);
@@ -45,8 +75,8 @@ void CommImpl::runAllgatherHosts(const char*, size_t bytes, const std::vector<ch
 // rank of our rail, the host's terms into an accumulator (our own first, then each host
 // peer's); the rail stage reduce-scatters those H accumulators around the rail's ring, so the
 // block of rail_[j] ends reduced at it.
-void CommImpl::runReduceScatterHosts(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
-                                     double scale) {
+void Algorithms::reduceScatterHier(const std::vector<char*>& ins, char* out, size_t count, DataType dt, ReduceOp op,
+                                   double scale) {
   const std::vector<int>& order = ringOrder();
   const int L = static_cast<int>(localRanks_.size()), H = static_cast<int>(rail_.size());
   const int li = localIndex(rank_);
