@@ -1,3 +1,4 @@
+#include "common/log.h"
 #include "engine/comm_impl.h"
 
 #include <sched.h>
@@ -32,10 +33,6 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
       ch_(*this, opts_.config, *tele_, rank_, size_) {
   log::setThreadRank(rank_);
   userPool_ = std::make_shared<CallbackPool>(rank_);
-  wd_ = std::make_shared<WatchdogShared>();
-  wd_->keep = opts_.storeKeepAlive;
-  wd_->store = store_;
-  strag_.lagFlagged.assign(static_cast<size_t>(size_), false);
   try {
     bootstrap(store);
   } catch (const Error& e) {
@@ -74,11 +71,8 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
       std::rethrow_exception(globalized(std::current_exception()));
     }
   }
-  // A first progress record now, so that a rank frozen before the watchdog's first beat is
-  // still told apart from one that never published anything.
-  if (size_ > 1 && opts_.config.progressIntervalMs > 0) store.set("progress/" + std::to_string(rank_), progressRecord());
+  watchdog_.start();  // its first progress record goes out now
   q_.thread = std::thread([this] { progressLoop(); });
-  if (size_ > 1) watchdog_ = std::thread([this, w = wd_] { watchdogLoop(w); });
   enlist();
   // Set-up succeeded: should the group end before every rank of the host mapped its shared
   // memory, the name waits for them (not where one reaches this rank otherwise: it never will).

@@ -11,7 +11,7 @@
 namespace railcc::engine {
 
 // ---------------------------------------------------------------------------------------
-// Channels: moving an op's transfers over its connections. Headers are read and checked
+// ChannelLayer: moving an op's transfers over its connections. Headers are read and checked
 // against the op's fingerprint, sends and receives (and receive-reduce) advance as far as the
 // connections let them, exchange/post/complete run a step's transfers together, and idle()
 // waits for the peers a step waits on (spin, then poll() or the doorbell), checking liveness
@@ -19,7 +19,7 @@ namespace railcc::engine {
 
 // A small message read in one go once all of it is there: header, payload, padding, one
 // consume (one publication back to the sender). False, having read nothing, while it is not.
-bool Channels::recvWhole(Channel& ch, Transfer& t, int lane, int peer, size_t& moved) {
+bool ChannelLayer::recvWhole(Channel& ch, Transfer& t, int lane, int peer, size_t& moved) {
   const size_t pad = pad8(t.bytes) - t.bytes, total = sizeof(WireHeader) + t.bytes + pad;
   auto [p, avail] = ch.conn->peek();
   if (avail < total) return false;
@@ -41,7 +41,7 @@ bool Channels::recvWhole(Channel& ch, Transfer& t, int lane, int peer, size_t& m
 
 // The peer's header (in ch.inHdr) for receive `t`: checked against our own call, and its start
 // time noted for the arrival lags.
-void Channels::acceptHeader(Channel& ch, Transfer& t, int lane, int peer) {
+void ChannelLayer::acceptHeader(Channel& ch, Transfer& t, int lane, int peer) {
   checkHeader(t, ch.inHdr, peer);
   t.matched = true;
   if (lane == kCollLane && arrivals_[static_cast<size_t>(peer)] == 0 && ch.inHdr.startUs > 0) {
@@ -50,7 +50,7 @@ void Channels::acceptHeader(Channel& ch, Transfer& t, int lane, int peer) {
   }
 }
 
-bool Channels::readHeader(Channel& ch, size_t& moved) {
+bool ChannelLayer::readHeader(Channel& ch, size_t& moved) {
   while (ch.inHdrGot < sizeof(WireHeader)) {
     size_t k = ch.conn->recv(reinterpret_cast<char*>(&ch.inHdr) + ch.inHdrGot, sizeof(WireHeader) - ch.inHdrGot);
     if (k == 0) return false;
@@ -60,7 +60,7 @@ bool Channels::readHeader(Channel& ch, size_t& moved) {
   return true;
 }
 
-void Channels::checkHeader(const Transfer& t, const WireHeader& h, int peer) {
+void ChannelLayer::checkHeader(const Transfer& t, const WireHeader& h, int peer) {
   if (h.magic != kWireMagic)
     RAILCC_THROW(kInternal, "corrupt message from ", host_.peerName(peer), " (bad magic ", h.magic, ")");
   const WireHeader& e = t.hdr;
@@ -86,7 +86,7 @@ void Channels::checkHeader(const Transfer& t, const WireHeader& h, int peer) {
   throw err;
 }
 
-size_t Channels::sendByAddress(Channel& ch, Transfer& t) {
+size_t ChannelLayer::sendByAddress(Channel& ch, Transfer& t) {
   size_t moved = 0;
   if (t.byAddress == Transfer::ByAddress::kSending) {
     struct {
@@ -109,7 +109,7 @@ size_t Channels::sendByAddress(Channel& ch, Transfer& t) {
   return moved + t.bytes;
 }
 
-size_t Channels::recvByAddress(Channel& ch, Transfer& t) {
+size_t ChannelLayer::recvByAddress(Channel& ch, Transfer& t) {
   size_t moved = 0;
   while (ch.inAddrGot < sizeof(AddressMsg)) {
     size_t k = ch.conn->recv(reinterpret_cast<char*>(&ch.inAddr) + ch.inAddrGot, sizeof(AddressMsg) - ch.inAddrGot);
@@ -117,7 +117,7 @@ size_t Channels::recvByAddress(Channel& ch, Transfer& t) {
     ch.inAddrGot += k;
     moved += k;
   }
-  // Only steps whose receives copy pass addresses (Channels::singleCopy, zeroCopy): a reducing
+  // Only steps whose receives copy pass addresses (ChannelLayer::singleCopy, zeroCopy): a reducing
   // receive never meets one unless an algorithm marked it wrongly.
   if (t.kind != Transfer::kRecv)
     RAILCC_THROW(kInternal, "a reducing receive from ", host_.peerName(t.peer), " was sent an address");
@@ -140,7 +140,7 @@ size_t Channels::recvByAddress(Channel& ch, Transfer& t) {
   return moved;
 }
 
-size_t Channels::progressSend(Channel& ch, Transfer& t) {
+size_t ChannelLayer::progressSend(Channel& ch, Transfer& t) {
   if (gated(t)) return 0;
   if (t.device && !startDeviceSend(ch, t)) return 0;
   if (t.hdrDone == 0 && t.byAddress == Transfer::ByAddress::kNo && sendsByAddress(ch, t)) {
@@ -193,7 +193,7 @@ size_t Channels::progressSend(Channel& ch, Transfer& t) {
   return moved;
 }
 
-size_t Channels::progressRecv(Channel& ch, Transfer& t) {
+size_t ChannelLayer::progressRecv(Channel& ch, Transfer& t) {
   if (t.byAddress == Transfer::ByAddress::kReceiving) return recvByAddress(ch, t);
   size_t moved = 0;
   if (t.kind == Transfer::kRecv) {
@@ -258,7 +258,7 @@ size_t Channels::progressRecv(Channel& ch, Transfer& t) {
   return moved;
 }
 
-size_t Channels::progress(int lane, int peer) {
+size_t ChannelLayer::progress(int lane, int peer) {
   // A peer on another host may be met for the first time: connect, then move bytes.
   if (!pair(lane, peer)[0].conn && !host_.connectPeer(peer, lane)) return 0;
   try {
@@ -272,7 +272,7 @@ size_t Channels::progress(int lane, int peer) {
   }
 }
 
-size_t Channels::progressPair(Channel& ch, int lane, int peer) {
+size_t ChannelLayer::progressPair(Channel& ch, int lane, int peer) {
   size_t moved = 0;
   while (!ch.sendq.empty()) {
     Transfer& t = *ch.sendq.front();
@@ -306,7 +306,7 @@ size_t Channels::progressPair(Channel& ch, int lane, int peer) {
   return moved;
 }
 
-void Channels::post(std::vector<Transfer>& xs) {
+void ChannelLayer::post(std::vector<Transfer>& xs) {
   for (auto& t : xs) {
     t.lane = kCollLane;
     if (t.peer == rank_) RAILCC_THROW(kInternal, "transfer to self");
@@ -343,7 +343,7 @@ void Channels::post(std::vector<Transfer>& xs) {
 
 // A split message is done when every share is; its `done` counts the bytes moved without a
 // gap from its start, which is what a forwarding send limited by it may rely on.
-void Channels::refreshSplit(Transfer& t) {
+void ChannelLayer::refreshSplit(Transfer& t) {
   if (!t.parts) return;
   size_t prefix = 0;
   bool all = true, gap = false;
@@ -357,7 +357,7 @@ void Channels::refreshSplit(Transfer& t) {
   t.finished = all;
 }
 
-void Channels::complete(std::vector<Transfer>& xs) {
+void ChannelLayer::complete(std::vector<Transfer>& xs) {
   std::vector<std::pair<int, int>>& chans = completeChans_;  // kept: no allocation per step
   chans.clear();
   for (auto& t : xs)
@@ -365,7 +365,7 @@ void Channels::complete(std::vector<Transfer>& xs) {
       chans.push_back({kCollLane, t.peer});
   // Bytes per peer go to the flight recorder, and on failure the peers still owed bytes.
   struct Account {
-    Channels* c;
+    ChannelLayer* c;
     std::vector<Transfer>& xs;
     ~Account() {
       if (!c->op_) return;
@@ -407,7 +407,7 @@ void Channels::complete(std::vector<Transfer>& xs) {
   }
 }
 
-Channels::Channels(ChannelHost& host, const Config& config, Telemetry& tele, int rank, int size)
+ChannelLayer::ChannelLayer(ChannelHost& host, const Config& config, Telemetry& tele, int rank, int size)
     : host_(host), config_(config), tele_(tele), rank_(rank), size_(size) {
   wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   RAILCC_SYSCHECK(wakeFd_, "eventfd");
@@ -419,12 +419,12 @@ Channels::Channels(ChannelHost& host, const Config& config, Telemetry& tele, int
   lastProgress_ = lastAliveCheck_ = Clock::now();
 }
 
-Channels::~Channels() {
+ChannelLayer::~ChannelLayer() {
   close();
   if (wakeFd_ >= 0) ::close(wakeFd_);
 }
 
-void Channels::setShmPeers(std::vector<bool> shm, std::vector<int> localRanks, size_t streamMin, int64_t busyUs,
+void ChannelLayer::setShmPeers(std::vector<bool> shm, std::vector<int> localRanks, size_t streamMin, int64_t busyUs,
                            int64_t cmaBytes) {
   byAddressMin_ = cmaBytes > 0 ? std::max<size_t>(static_cast<size_t>(cmaBytes), 4096) : ~size_t(0);
   shmPeer_ = std::move(shm);
@@ -434,7 +434,7 @@ void Channels::setShmPeers(std::vector<bool> shm, std::vector<int> localRanks, s
   lastProgress_ = lastAliveCheck_ = Clock::now();
 }
 
-void Channels::begin(const OpStamp* op) {
+void ChannelLayer::begin(const OpStamp* op) {
   op_ = op;
   lastProgress_ = Clock::now();
   for (auto& [peer, us] : arrived_) arrivals_[static_cast<size_t>(peer)] = 0;
@@ -442,13 +442,13 @@ void Channels::begin(const OpStamp* op) {
   waitingOn_.clear();
 }
 
-void Channels::sampleLink(const Transfer& t, bool send) {
+void ChannelLayer::sampleLink(const Transfer& t, bool send) {
   if (!sampled(t) || t.began == Clock::time_point{}) return;
   tele_.linkSample(t.peer, send, t.bytes,
                    std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t.began).count());
 }
 
-void Channels::wake(bool ifSleeping) {
+void ChannelLayer::wake(bool ifSleeping) {
   if (ifSleeping && !sleeping_.load()) return;
   {
     std::lock_guard<std::mutex> g(connMu_);
@@ -458,13 +458,13 @@ void Channels::wake(bool ifSleeping) {
   if (write(wakeFd_, &one, sizeof(one)) < 0) { /* wake-up is best effort */ }
 }
 
-void Channels::makePair(std::vector<Channel>& v, int peer) {
+void ChannelLayer::makePair(std::vector<Channel>& v, int peer) {
   // Under connMu_: wake(), markFailed() and close() walk every pair from other threads.
   std::lock_guard<std::mutex> g(connMu_);
   v.resize(std::max<size_t>(nchan_[static_cast<size_t>(peer)], 1));
 }
 
-void Channels::markFailed() {
+void ChannelLayer::markFailed() {
   std::lock_guard<std::mutex> g(connMu_);
   if (local_) local_->markFailed();
   for (auto& lane : chans_)
@@ -473,13 +473,13 @@ void Channels::markFailed() {
         if (ch.conn) ch.conn->markFailed();
 }
 
-void Channels::close() {
+void ChannelLayer::close() {
   std::lock_guard<std::mutex> g(connMu_);
   chans_.clear();
   local_.reset();
 }
 
-void Channels::clear() {
+void ChannelLayer::clear() {
   for (auto& lane : chans_)
     for (auto& peer : lane)
       for (auto& ch : peer) {

@@ -112,12 +112,12 @@ class ChannelHost {
   ~ChannelHost() = default;
 };
 
-class Channels {
+class ChannelLayer {
  public:
-  Channels(ChannelHost& host, const Config& config, Telemetry& tele, int rank, int size);
-  ~Channels();
-  Channels(const Channels&) = delete;
-  Channels& operator=(const Channels&) = delete;
+  ChannelLayer(ChannelHost& host, const Config& config, Telemetry& tele, int rank, int size);
+  ~ChannelLayer();
+  ChannelLayer(const ChannelLayer&) = delete;
+  ChannelLayer& operator=(const ChannelLayer&) = delete;
 
   // ---- set-up (bootstrap)
   /// The channels of (lane, peer), made the first time the pair is asked for (idle until a
@@ -220,6 +220,7 @@ class Channels {
   /// wait in their own loops: move the work beside it; throw if the group was interrupted.
   size_t pumpBeside() { return host_.pumpBeside(); }
   void checkInterrupted() { host_.checkInterrupted(); }
+  std::string rankName(int r) const { return host_.rankName(r); }
 
   // ---- running a step (collective lane)
   /// Queues the transfers on the collective lane; anything that progresses those channels

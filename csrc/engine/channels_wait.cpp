@@ -16,7 +16,7 @@ namespace railcc::engine {
 // rank may keep its core, then poll() or the shared-memory doorbell), and between waits checks
 // liveness (a peer's report, a dead shared-memory peer) and the op's timeout.
 
-int64_t Channels::busyFor(const std::vector<std::pair<int, int>>& waitOn) {
+int64_t ChannelLayer::busyFor(const std::vector<std::pair<int, int>>& waitOn) {
   if (busyUs_ == 0 || !local_) return busyUs_;
   int cpu = sched_getcpu();
   if (cpu < 0) return busyUs_;
@@ -28,7 +28,7 @@ int64_t Channels::busyFor(const std::vector<std::pair<int, int>>& waitOn) {
   return busyUs_;
 }
 
-void Channels::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeout, const char* what,
+void ChannelLayer::idle(const std::vector<std::pair<int, int>>& waitOn, Millis timeout, const char* what,
                     const std::function<bool()>& alsoReady) {
   host_.checkInterrupted();
   auto now = Clock::now();

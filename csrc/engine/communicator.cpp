@@ -1,6 +1,7 @@
 #include "engine/communicator.h"
 
 #include "common/pid.h"
+#include "common/log.h"
 #include "engine/comm_impl.h"
 
 namespace railcc::engine {
@@ -53,12 +54,12 @@ std::vector<int> Communicator::laterDead() const {
   std::lock_guard<std::mutex> g(impl_->health_.errMu);
   return impl_->health_.laterDead;
 }
-std::vector<int> Communicator::stillSilent(const std::vector<int>& globals) { return impl_->stillSilent(globals); }
-std::string Communicator::traceJson(const std::string& reason) const { return impl_->traceJson(reason); }
+std::vector<int> Communicator::stillSilent(const std::vector<int>& globals) { return impl_->watchdog_.stillSilent(globals); }
+std::string Communicator::traceJson(const std::string& reason) const { return impl_->watchdog_.traceJson(reason); }
 std::string Communicator::dumpTrace(const std::string& reason, const std::string& dir) const {
-  return impl_->writeTrace(reason, dir);
+  return impl_->watchdog_.writeTrace(reason, dir);
 }
-std::string Communicator::stragglerReport() { return impl_->stragglerReport(); }
+std::string Communicator::stragglerReport() { return impl_->watchdog_.stragglerReport(); }
 uint64_t Communicator::collectiveCount() const { return impl_->q_.collSeq.load(); }
 
 namespace {
@@ -94,11 +95,11 @@ RequestPtr Communicator::allreduce(void* buf, size_t count, DataType dt, ReduceO
   auto o = c->collective(OpKind::kAllreduce, dt, op, 0, count, timeout);
   auto run = [c, dt, op, scale](char* b, size_t n) { c->algos_.allreduce(b, n, dt, op, scale); };
   char* b8 = static_cast<char*>(buf);
-  c->setBody(*o, where, dt, [b8, count, run] { run(b8, count); }, [&] {
+  c->device_.setBody(*o, where, dt, [b8, count, run] { run(b8, count); }, [&] {
     return DevicePlan::of(Region::inOut(b8, count),
                 [run](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); },
                 [c, b8, count, dt, op, scale](const DeviceOp& dv) {
-                  c->runIpcAllreduce(dv, {{b8, count}}, dt, op, scale);
+                  c->device_.runIpcAllreduce(dv, {{b8, count}}, dt, op, scale);
                 });
   });
   return c->enqueue(std::move(o));
@@ -115,7 +116,7 @@ RequestPtr Communicator::allreduceCoalesced(std::vector<void*> bufs, std::vector
   auto o = c->collective(OpKind::kAllreduceCoalesced, dt, op, 0, total, timeout);
   std::vector<char*> ptrs;
   for (void* b : bufs) ptrs.push_back(static_cast<char*>(b));
-  c->setBody(*o, where, dt, [c, ptrs, counts, dt, op, scale] { c->algos_.allreduceCoalesced(ptrs, counts, dt, op, scale); }, [&] {
+  c->device_.setBody(*o, where, dt, [c, ptrs, counts, dt, op, scale] { c->algos_.allreduceCoalesced(ptrs, counts, dt, op, scale); }, [&] {
     DevicePlan p;
     std::vector<std::pair<char*, size_t>> segs;
     for (size_t i = 0; i < ptrs.size(); ++i) {
@@ -126,7 +127,7 @@ RequestPtr Communicator::allreduceCoalesced(std::vector<void*> bufs, std::vector
     p.host = [c, dt, op, scale](const std::vector<char*>& h, const std::vector<size_t>& n) {
       c->algos_.allreduceCoalesced(h, n, dt, op, scale);
     };
-    p.ipc = [c, segs, dt, op, scale](const DeviceOp& dv) { c->runIpcAllreduce(dv, segs, dt, op, scale); };
+    p.ipc = [c, segs, dt, op, scale](const DeviceOp& dv) { c->device_.runIpcAllreduce(dv, segs, dt, op, scale); };
     return p;
   });
   return c->enqueue(std::move(o));
@@ -138,11 +139,11 @@ RequestPtr Communicator::broadcast(void* buf, size_t count, DataType dt, int roo
   auto o = c->collective(OpKind::kBroadcast, dt, ReduceOp::kSum, root, count, timeout);
   auto run = [c, dt, root](char* buf, size_t count) { c->algos_.broadcast(buf, count * dtypeSize(dt), root); };
   char* b8 = static_cast<char*>(buf);
-  c->setBody(*o, where, dt, [b8, count, run] { run(b8, count); }, [&] {
+  c->device_.setBody(*o, where, dt, [b8, count, run] { run(b8, count); }, [&] {
     bool isRoot = c->rank_ == root;
     return DevicePlan::of(isRoot ? Region::input(b8, count) : Region::output(b8, count),
                 [run](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); },
-                [c, b8, count, dt, root](const DeviceOp& dv) { c->runIpcBroadcast(dv, b8, count, dt, root); });
+                [c, b8, count, dt, root](const DeviceOp& dv) { c->device_.runIpcBroadcast(dv, b8, count, dt, root); });
   });
   return c->enqueue(std::move(o));
 }
@@ -155,11 +156,11 @@ RequestPtr Communicator::reduce(void* buf, size_t count, DataType dt, ReduceOp o
   auto o = c->collective(OpKind::kReduce, dt, op, root, count, timeout);
   auto run = [c, dt, op, root, scale](char* buf, size_t count) { c->algos_.reduce(buf, count, dt, op, scale, root); };
   char* b8 = static_cast<char*>(buf);
-  c->setBody(*o, where, dt, [b8, count, run] { run(b8, count); }, [&] {
+  c->device_.setBody(*o, where, dt, [b8, count, run] { run(b8, count); }, [&] {
     return DevicePlan::of(c->rank_ == root ? Region::inOut(b8, count) : Region::input(b8, count),
                 [run](const std::vector<char*>& h, const std::vector<size_t>& n) { run(h[0], n[0]); },
                 [c, b8, count, dt, op, scale, root](const DeviceOp& dv) {
-                  c->runIpcReduce(dv, b8, count, dt, op, scale, root);
+                  c->device_.runIpcReduce(dv, b8, count, dt, op, scale, root);
                 });
   });
   return c->enqueue(std::move(o));
@@ -189,7 +190,7 @@ RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, st
   std::vector<char*> o8;
   for (void* p : outs) o8.push_back(static_cast<char*>(p));
   char* in8 = const_cast<char*>(static_cast<const char*>(in));
-  c->setBody(*o, where, dt, [in8, count, o8, run] { run(in8, count, o8); }, [&] {
+  c->device_.setBody(*o, where, dt, [in8, count, o8, run] { run(in8, count, o8); }, [&] {
     DevicePlan p;
     p.regions.push_back(Region::input(in8, count));
     for (char* q : o8) p.regions.push_back(Region::output(q, count));
@@ -197,7 +198,7 @@ RequestPtr Communicator::allgather(const void* in, size_t count, DataType dt, st
     p.host = [run](const std::vector<char*>& h, const std::vector<size_t>& n) {
       run(h[0], n[0], std::vector<char*>(h.begin() + 1, h.end()));
     };
-    p.ipc = [c, in8, count, dt, o8](const DeviceOp& dv) { c->runIpcAllgather(dv, in8, count, dt, o8); };
+    p.ipc = [c, in8, count, dt, o8](const DeviceOp& dv) { c->device_.runIpcAllgather(dv, in8, count, dt, o8); };
     return p;
   });
   return c->enqueue(std::move(o));
@@ -216,7 +217,7 @@ RequestPtr Communicator::reduceScatter(std::vector<const void*> ins, void* out, 
   std::vector<char*> i8;
   for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
   char* out8 = static_cast<char*>(out);
-  c->setBody(*o, where, dt, [i8, out8, count, run] { run(i8, out8, count); }, [&] {
+  c->device_.setBody(*o, where, dt, [i8, out8, count, run] { run(i8, out8, count); }, [&] {
     DevicePlan p;
     for (char* q : i8) p.regions.push_back(Region::input(q, count));
     p.regions.push_back(Region::output(out8, count));
@@ -225,7 +226,7 @@ RequestPtr Communicator::reduceScatter(std::vector<const void*> ins, void* out, 
       run(std::vector<char*>(h.begin(), h.end() - 1), h.back(), n.back());
     };
     p.ipc = [c, i8, out8, count, dt, op, scale](const DeviceOp& dv) {
-      c->runIpcReduceScatter(dv, i8, out8, count, dt, op, scale);
+      c->device_.runIpcReduceScatter(dv, i8, out8, count, dt, op, scale);
     };
     return p;
   });
@@ -248,7 +249,7 @@ RequestPtr Communicator::alltoall(std::vector<const void*> ins, std::vector<size
   std::vector<char*> i8, o8;
   for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
   for (void* p : outs) o8.push_back(static_cast<char*>(p));
-  c->setBody(*o, where, dt, [i8, o8, inCounts, outCounts, run] { run(i8, inCounts, o8, outCounts); }, [&] {
+  c->device_.setBody(*o, where, dt, [i8, o8, inCounts, outCounts, run] { run(i8, inCounts, o8, outCounts); }, [&] {
     DevicePlan p;
     for (size_t i = 0; i < n; ++i) p.regions.push_back(Region::input(i8[i], inCounts[i]));
     for (size_t i = 0; i < n; ++i) p.regions.push_back(Region::output(o8[i], outCounts[i]));
@@ -260,7 +261,7 @@ RequestPtr Communicator::alltoall(std::vector<const void*> ins, std::vector<size
           std::vector<char*>(h.begin() + half, h.end()), std::vector<size_t>(k.begin() + half, k.end()));
     };
     p.ipc = [c, i8, inCounts, o8, outCounts, dt](const DeviceOp& dv) {
-      c->runIpcAlltoall(dv, i8, inCounts, o8, outCounts, dt);
+      c->device_.runIpcAlltoall(dv, i8, inCounts, o8, outCounts, dt);
     };
     return p;
   });
@@ -281,7 +282,7 @@ RequestPtr Communicator::gather(const void* in, size_t count, DataType dt, std::
   if (c->rank_ == root)
     for (void* p : outs) o8.push_back(static_cast<char*>(p));
   char* in8 = const_cast<char*>(static_cast<const char*>(in));
-  c->setBody(*o, where, dt, [in8, count, o8, run] { run(in8, count, o8); }, [&] {
+  c->device_.setBody(*o, where, dt, [in8, count, o8, run] { run(in8, count, o8); }, [&] {
     DevicePlan p;
     p.regions.push_back(Region::input(in8, count));
     for (char* q : o8) p.regions.push_back(Region::output(q, count));
@@ -289,7 +290,7 @@ RequestPtr Communicator::gather(const void* in, size_t count, DataType dt, std::
     p.host = [run](const std::vector<char*>& h, const std::vector<size_t>& n) {
       run(h[0], n[0], std::vector<char*>(h.begin() + 1, h.end()));
     };
-    p.ipc = [c, in8, count, dt, o8, root](const DeviceOp& dv) { c->runIpcGather(dv, in8, count, dt, o8, root); };
+    p.ipc = [c, in8, count, dt, o8, root](const DeviceOp& dv) { c->device_.runIpcGather(dv, in8, count, dt, o8, root); };
     return p;
   });
   return c->enqueue(std::move(o));
@@ -309,7 +310,7 @@ RequestPtr Communicator::scatter(std::vector<const void*> ins, void* out, size_t
   if (c->rank_ == root)
     for (const void* p : ins) i8.push_back(const_cast<char*>(static_cast<const char*>(p)));
   char* out8 = static_cast<char*>(out);
-  c->setBody(*o, where, dt, [i8, out8, count, run] { run(i8, out8, count); }, [&] {
+  c->device_.setBody(*o, where, dt, [i8, out8, count, run] { run(i8, out8, count); }, [&] {
     DevicePlan p;
     for (char* q : i8) p.regions.push_back(Region::input(q, count));
     p.regions.push_back(Region::output(out8, count));
@@ -317,7 +318,7 @@ RequestPtr Communicator::scatter(std::vector<const void*> ins, void* out, size_t
     p.host = [run](const std::vector<char*>& h, const std::vector<size_t>& n) {
       run(std::vector<char*>(h.begin(), h.end() - 1), h.back(), n.back());
     };
-    p.ipc = [c, i8, out8, count, dt, root](const DeviceOp& dv) { c->runIpcScatter(dv, i8, out8, count, dt, root); };
+    p.ipc = [c, i8, out8, count, dt, root](const DeviceOp& dv) { c->device_.runIpcScatter(dv, i8, out8, count, dt, root); };
     return p;
   });
   return c->enqueue(std::move(o));

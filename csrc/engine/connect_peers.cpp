@@ -1,3 +1,4 @@
+#include "common/log.h"
 #include "engine/comm_impl.h"
 
 #include "common/crypto.h"
@@ -54,7 +55,7 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   ctx.railIfs = place.railIfs;
   ctx.gpuNics = place.gpuNics;
   ctx.publish = [this](const std::string& k, const std::string& v) { store_->set(k, v); };
-  ctx.peek = [this](const std::string& k, std::string& v) { return storeTryGet(k, Millis(2), v); };
+  ctx.peek = [this](const std::string& k, std::string& v) { return watchdog_.storeTryGet(k, Millis(2), v); };
   bool remote = static_cast<int>(localRanks_.size()) < size_;
 
   // RAILCC_NET / NCCL_NET names the transport between hosts (NCCL's "Socket" and "IB" too).
@@ -309,7 +310,7 @@ void CommImpl::connectPeers(Store& store, const std::string& secretHex, Clock::t
   for (auto& o : open) {
     if (auto d = o.setup->localDomain()) {
       ch_.setLocal(d);
-      wd_->tasks.push_back({[weak = std::weak_ptr<transport::LocalDomain>(d)] {
+      watchdog_.addTask({[weak = std::weak_ptr<transport::LocalDomain>(d)] {
         auto domain = weak.lock();
         return !domain || domain->releaseName();
       }});

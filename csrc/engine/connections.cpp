@@ -10,6 +10,7 @@
 #include <chrono>
 #include <utility>
 
+#include "common/log.h"
 #include "engine/comm_impl.h"
 #include "engine/records.h"
 
@@ -161,7 +162,7 @@ bool CommImpl::connectPeer(int peer, int lane) {
 // the wait, and its message says the connection is not up).
 bool CommImpl::readEndpoint(int peer, LazyPeer& l) {
   std::string v;
-  if (!storeTryGet("ep/" + std::to_string(peer), Millis(0), v)) return false;  // one look (connectPeer paces them)
+  if (!watchdog_.storeTryGet("ep/" + std::to_string(peer), Millis(0), v)) return false;  // one look (connectPeer paces them)
   const std::string who = "railcc group '" + opts_.name + "': " + rankName(peer) + " (host " +
                           peers_[static_cast<size_t>(peer)].hostname + ")";
   auto theirs = parseEndpoints(v, who);

@@ -1,3 +1,5 @@
+#include "common/log.h"
+#include "common/strings.h"
 #include "engine/comm_impl.h"
 #include "engine/records.h"
 
@@ -32,14 +34,7 @@ void CommImpl::fail(std::exception_ptr err) {
   // Tell the peers at once, and why: they would otherwise wait for their timeout. The reason
   // goes through the store (from the watchdog thread); peers that see the flags below wait
   // a moment for it.
-  if (wd_ && size_ > 1) {
-    {
-      std::lock_guard<std::mutex> g(wd_->mu);
-      wd_->publish.push_back({"failed/" + std::to_string(rank_), (culprits.empty() ? "" : "ranks=" + culprits + "\n") + msg});
-      wd_->drained = false;
-    }
-    wd_->cv.notify_all();
-  }
+  watchdog_.publish("failed/" + std::to_string(rank_), (culprits.empty() ? "" : "ranks=" + culprits + "\n") + msg);
   ch_.markFailed();
   // A peer dialing us for a connection made at first use is refused from now on, instead of
   // waiting for a handshake nobody will answer.
@@ -51,7 +46,7 @@ void CommImpl::fail(std::exception_ptr err) {
   } catch (...) {
   }
   try {
-    std::string path = writeTrace("failure");
+    std::string path = watchdog_.writeTrace("failure");
     if (!path.empty()) RAILCC_WARN(WATCHDOG, "flight recorder written to ", path);
   } catch (const std::exception& e) {
     RAILCC_WARN(WATCHDOG, "could not write the flight recorder: ", e.what());
@@ -65,13 +60,25 @@ void CommImpl::fail(std::exception_ptr err) {
   }
   if (opts_.config.abortOnError && !userEnded) {
     RAILCC_WARN(WATCHDOG, "RAILCC_ABORT_ON_ERROR=1: tearing the process down");
-    {
-      // Give the watchdog a moment to put the reason in the store for the peers.
-      std::unique_lock<std::mutex> g(wd_->mu);
-      wd_->cv.wait_for(g, Millis(1000), [&] { return wd_->drained; });
-    }
+    watchdog_.waitPublished(Millis(1000));  // a moment to put the reason in the store for the peers
     std::abort();
   }
+}
+
+// The watchdog's look at the GPU work (device/gpu_watch.cpp): work past its op's timeout fails
+// the group, and the progress thread is woken wherever it waits so that what is queued fails too.
+void CommImpl::checkGpu(Clock::time_point* next) {
+  std::exception_ptr late = device_.checkGpuWork(next);
+  if (!late || brokenError()) return;
+  fail(late);
+  ch_.wake();
+  q_.cv.notify_all();
+}
+
+// The group was aborted, or failed by another group of this rank (memberDied).
+void CommImpl::checkInterrupted() {
+  if (health_.aborted) RAILCC_THROW(kAborted, health_.abortWhy);
+  if (health_.memberDown) std::rethrow_exception(brokenError());
 }
 
 void CommImpl::stalled(const std::vector<Transfer*>& pending, Millis timeout) { failStalled(pending, timeout); }
@@ -92,16 +99,17 @@ void CommImpl::checkPeersReported(const std::vector<std::pair<int, int>>& waitOn
   // (a setting of its own refused), and said why in the group's store (publishInitFailure).
   if (std::any_of(peers.begin(), peers.end(), [](const auto& e) { return !e.second; })) {
     std::string rec;
-    if (storeTryGet("initfail/why", Millis(2), rec))
+    if (watchdog_.storeTryGet("initfail/why", Millis(2), rec))
       throwInitFailure(rec, "railcc group '" + opts_.name + "': ", ", so it never joins the group");
   }
   const size_t n = std::min(peers.size(), kPerCheck);
   for (size_t i = 0; i < n; ++i) {
     const auto [p, up] = peers[(health_.reportTurn + i) % peers.size()];
     std::string reason;
-    if (storeTryGet("failed/" + std::to_string(p), Millis(2), reason) && !reason.empty())
+    if (watchdog_.storeTryGet("failed/" + std::to_string(p), Millis(2), reason) && !reason.empty())
       peerFailed(p, "it reported a failure of its own");
-    if (!up) checkHeartbeat(p);
+    std::string why;
+    if (!up && watchdog_.heartbeatStopped(p, why)) peerFailed(p, why);
   }
   health_.reportTurn += n;
 }
@@ -109,7 +117,7 @@ void CommImpl::checkPeersReported(const std::vector<std::pair<int, int>>& waitOn
 void CommImpl::peerFailed(int peer, const std::string& detail) {
   const PeerInfo& p = peers_[static_cast<size_t>(peer)];
   std::string reason;
-  storeTryGet("failed/" + std::to_string(peer), Millis(200), reason);
+  watchdog_.storeTryGet("failed/" + std::to_string(peer), Millis(200), reason);
   std::vector<int> rootCause;  // global ranks the peer blamed for its own failure
   if (reason.rfind("ranks=", 0) == 0) {
     size_t nl = reason.find('\n');
@@ -124,7 +132,7 @@ void CommImpl::peerFailed(int peer, const std::string& detail) {
   }
   int pid = p.pid;
   std::string rec;  // a rank of another host: set-up never read its record; read now, at best effort
-  if (pid <= 0 && storeTryGet("peer/" + std::to_string(peer), Millis(200), rec)) {
+  if (pid <= 0 && watchdog_.storeTryGet("peer/" + std::to_string(peer), Millis(200), rec)) {
     try {
       pid = std::atoi(parsePeerRecord(rec, rankName(peer))[2].c_str());
     } catch (const Error&) {  // malformed: the message goes without the pid
@@ -201,7 +209,7 @@ void CommImpl::failStalled(const std::vector<Transfer*>& pending, Millis timeout
     // Which ranks never called this op, which froze, which joined and are stuck: from the
     // progress records every rank publishes.
     std::vector<int> culprits;
-    os << describePeerProgress(ch_.current()->fp.seq, culprits);
+    os << watchdog_.describePeerProgress(ch_.current()->fp.seq, culprits);
     if (!culprits.empty()) {
       ranks = culprits;
       hosts.clear();

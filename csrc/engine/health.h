@@ -32,14 +32,9 @@ struct Health {
   bool initFailSeen = false;
   Clock::time_point lastInitFailCheck{};
   size_t reportTurn = 0;  // checkPeersReported's place among the peers waited on (engine thread)
-  struct Beat {
-    std::string record;      // the peer's progress record as last read
-    Clock::time_point since;  // when it was first read so
-  };
-  std::map<int, Beat> beats;  // peers waited on without a connection (checkHeartbeat; engine thread)
 };
 
-// watchdog.cpp: `mu` guards what the watchdog found and the caller reads.
+// watchdog.cpp (Watchdog): `mu` guards what the watchdog found and the caller reads.
 struct Stragglers {
   mutable std::mutex mu;
   std::mutex checkMu;  // one checkStragglers() at a time

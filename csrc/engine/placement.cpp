@@ -8,7 +8,10 @@
 #include <set>
 
 #include "common/interfaces.h"
+#include "common/log.h"
+#include "common/strings.h"
 #include "engine/comm_impl.h"
+#include "engine/rail_check.h"
 #include "engine/records.h"
 #include "engine/store.h"
 #include "topology/rails.h"
@@ -280,8 +283,8 @@ void CommImpl::checkRails(std::vector<std::string> lines, const std::vector<int>
   for (int r : heads) later->keys.push_back("ep/" + std::to_string(r));
   later->giveUp = deadline;
   if (later->keys.empty()) return reportRails(later->lines);
-  if (wd_->keep) {  // the watchdog thread, started after set-up, runs it from then on
-    wd_->tasks.push_back({[later, store = wd_->store] { return railCheckStep(*store, *later); }});
+  if (watchdog_.keepsStore()) {  // the watchdog thread, started after set-up, runs it from then on
+    watchdog_.addTask({[later, store = store_] { return railCheckStep(*store, *later); }});
     return;
   }
   later->giveUp = Clock::now();  // one read, waiting within set-up's deadline

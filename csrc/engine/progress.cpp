@@ -1,3 +1,4 @@
+#include "common/log.h"
 #include "engine/comm_impl.h"
 
 namespace railcc::engine {
@@ -30,18 +31,15 @@ RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
                                   rooted ? op->fp.root : -1, op->fp.count);
   }
   RequestPtr req = op->req;
-  if (strag_.pending.load(std::memory_order_acquire)) {
-    // A straggler reported by the watchdog fails the next op when RAILCC_STRAGGLER_ACTION=raise.
-    // Attached before the op is queued: a small op may be finished before enqueue() returns.
-    std::lock_guard<std::mutex> g(strag_.mu);
-    strag_.pending.store(false);
-    if (!strag_.msg.empty()) {
-      Error e(ErrorCode::kStraggler, strag_.msg);
-      e.ranks = strag_.ranks;
-      for (int r : e.ranks) e.hosts.push_back(peers_[static_cast<size_t>(r)].hostname);
-      strag_.msg.clear();
-      req->setStraggler(globalized(std::make_exception_ptr(e)));
-    }
+  // A straggler reported by the watchdog fails the next op when RAILCC_STRAGGLER_ACTION=raise.
+  // Attached before the op is queued: a small op may be finished before enqueue() returns.
+  std::string stragglers;
+  std::vector<int> slow;
+  if (watchdog_.takeStraggler(stragglers, slow)) {
+    Error e(ErrorCode::kStraggler, stragglers);
+    e.ranks = slow;
+    for (int r : e.ranks) e.hosts.push_back(peers_[static_cast<size_t>(r)].hostname);
+    req->setStraggler(globalized(std::make_exception_ptr(e)));
   }
   std::exception_ptr err;
   // A caller that runs the op itself in wait() needs no wake-up, unless somebody holds the
@@ -394,28 +392,25 @@ void CommImpl::shutdown() {
   // Every request is finished now; the callbacks they handed over run to their end (new ops
   // they queue fail at once: q_.closing is set).
   userPool_->shutdown(Millis(5000));
-  if (watchdog_.joinable()) {
-    std::unique_lock<std::mutex> g(wd_->mu);
-    wd_->stop = true;
-    wd_->cv.notify_all();
-    wd_->cv.wait(g, [&] { return !wd_->inComm; });  // a GPU check in progress uses this communicator
-    // A watchdog blocked in an unreachable store must not hold up destroy_process_group: it
-    // never touches the communicator once `stop` is set, so it can be left to finish alone.
-    // Without a keep-alive the store is the caller's, and may go right after us: always join.
-    if (!wd_->keep || wd_->cv.wait_for(g, Millis(2000), [&] { return wd_->exited; })) {
-      wd_->cv.wait(g, [&] { return wd_->exited; });
-      g.unlock();
-      watchdog_.join();
-    } else {
-      g.unlock();
-      RAILCC_WARN(WATCHDOG, "the watchdog thread is blocked in the c10d store; leaving it behind");
-      watchdog_.detach();
-    }
-  }
+  watchdog_.stop();
   // abort() may run now on another thread (a watchdog, work.wait(timeout)): close() and
   // markFailed() exclude each other.
   ch_.close();
-  releaseDevice();
+  device_.releaseDevice();
+}
+
+// Keeps sends and receives moving while a collective waits; returns bytes moved.
+size_t CommImpl::pumpP2P() {
+  if (q_.p2p.empty() && q_.anySource.empty() && q_.queued.load(std::memory_order_relaxed) == 0) return 0;
+  drainQueue();
+  size_t moved = progressP2P();
+  finishP2P();
+  return moved;
+}
+
+std::exception_ptr CommImpl::abortedError() {
+  std::lock_guard<std::mutex> g(q_.mu);
+  return std::make_exception_ptr(Error(ErrorCode::kAborted, health_.abortWhy));
 }
 
 }  // namespace railcc::engine

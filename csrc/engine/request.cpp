@@ -1,3 +1,4 @@
+#include "common/log.h"
 #include "engine/comm_impl.h"
 
 namespace railcc::engine {

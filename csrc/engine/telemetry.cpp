@@ -39,6 +39,20 @@ size_t utf8Length(const std::string& s, size_t i) {
 
 // Strict JSON: bytes that are not UTF-8 (an error message quoting what another process sent)
 // become U+FFFD, so no reader refuses the whole dump for one stray byte.
+bool jsonNumber(const std::string& doc, const char* key, long long& out) {
+  std::string k = std::string("\"") + key + "\": ";
+  auto pos = doc.find(k);
+  if (pos == std::string::npos) return false;
+  out = std::strtoll(doc.c_str() + pos + k.size(), nullptr, 10);
+  return true;
+}
+
+std::string formatNumber(const char* f, double v) {
+  char buf[64];
+  snprintf(buf, sizeof(buf), f, v);
+  return buf;
+}
+
 std::string jsonString(const std::string& s) {
   std::string out = "\"";
   for (size_t i = 0; i < s.size(); ++i) {

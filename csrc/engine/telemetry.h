@@ -121,5 +121,9 @@ class Telemetry {
 
 /// Escapes a string for a JSON literal (quotes included).
 std::string jsonString(const std::string& s);
+/// Reads the number that follows "key" in a flat JSON record this engine wrote (a progress record).
+bool jsonNumber(const std::string& doc, const char* key, long long& out);
+/// `v` printed with the printf format `f` ("%.1f").
+std::string formatNumber(const char* f, double v);
 
 }  // namespace railcc::engine

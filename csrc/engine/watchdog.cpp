@@ -3,24 +3,21 @@
 
 #include <fstream>
 
-#include "engine/comm_impl.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "common/pid.h"
+#include "engine/callback_pool.h"
 #include "engine/records.h"
+#include "engine/watchdog.h"
+#include "transport/local.h"
 
 namespace railcc::engine {
 
-// ---------------------------------------------------------------------------------------
-// Watchdog: progress records, stragglers, flight-recorder dumps
+// The watchdog: its thread and its store traffic, what the other ranks' progress records say
+// (a peer gone, who never called an op, who froze), and the flight-recorder dump. Stragglers
+// and slow links are in stragglers.cpp.
 
 namespace {
-
-// Reads a number that follows "key": in a flat JSON record we wrote ourselves.
-bool jsonNumber(const std::string& doc, const char* key, long long& out) {
-  std::string k = std::string("\"") + key + "\": ";
-  auto pos = doc.find(k);
-  if (pos == std::string::npos) return false;
-  out = std::strtoll(doc.c_str() + pos + k.size(), nullptr, 10);
-  return true;
-}
 
 std::string jsonText(const std::string& doc, const char* key) {
   std::string k = std::string("\"") + key + "\": \"";
@@ -29,8 +26,6 @@ std::string jsonText(const std::string& doc, const char* key) {
   auto end = doc.find('"', pos + k.size());
   return doc.substr(pos + k.size(), end - pos - k.size());
 }
-
-std::string transportKind(const std::string& t) { return t.substr(0, t.find(' ')); }
 
 char processState(int pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
@@ -54,23 +49,10 @@ CallbackPool& readers() {
   return *gReaders.load();
 }
 
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  snprintf(buf, sizeof(buf), f, v);
-  return buf;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
-
 }  // namespace
 
-std::string CommImpl::progressRecord() const {
-  Telemetry::Progress p = tele_->progress();
+std::string Watchdog::progressRecord() const {
+  Telemetry::Progress p = tele_.progress();
   std::ostringstream os;
   os << "{\"rank\": " << rank_ << ", \"pid\": " << getpid() << ", \"wall_us\": " << wallMicros()
      << ", \"every_ms\": " << opts_.config.progressIntervalMs
@@ -86,7 +68,7 @@ std::string CommImpl::progressRecord() const {
   return os.str();
 }
 
-bool CommImpl::storeTryGet(const std::string& key, Millis wait, std::string& out) {
+bool Watchdog::storeTryGet(const std::string& key, Millis wait, std::string& out) {
   if (store_->lost()) return false;  // its host has exited: nothing to read, and no noise
   if (!wd_->keep) {  // a store the caller owns (tests): read in place, it cannot be left behind
     try {
@@ -129,28 +111,29 @@ bool CommImpl::storeTryGet(const std::string& key, Millis wait, std::string& out
 // through the store, so nothing closes or refuses when the peer is gone) is alive while its
 // watchdog rewrites its progress record. Unchanged for ten of its intervals (2 s at least), it
 // is gone: the op fails now, naming it, instead of at its timeout.
-void CommImpl::checkHeartbeat(int peer) {
+bool Watchdog::heartbeatStopped(int peer, std::string& why) {
   std::string rec;
-  if (!storeTryGet("progress/" + std::to_string(peer), Millis(2), rec)) return;  // none yet, or a slow store: no verdict
+  if (!storeTryGet("progress/" + std::to_string(peer), Millis(2), rec)) return false;  // none yet, or a slow store: no verdict
   const auto now = Clock::now();
-  auto& b = health_.beats[peer];
+  auto& b = beats_[peer];
   if (b.record != rec) {  // first read (a record is never empty), or it moved: alive
     b.record = rec;
     b.since = now;
-    return;
+    return false;
   }
   long long every = 0;
   if (!jsonNumber(rec, "every_ms", every) || every <= 0) every = opts_.config.progressIntervalMs;
   const Millis limit = std::max(Millis(2000), Millis(10 * every));
-  if (now - b.since < limit) return;
+  if (now - b.since < limit) return false;
   const double s = static_cast<double>(std::chrono::duration_cast<Millis>(now - b.since).count()) / 1000.0;
-  health_.beats.erase(peer);
-  peerFailed(peer, "no connection to it is up for this op (made at first use), and its progress record in the store, "
-                   "rewritten every " + std::to_string(every) + " ms while its process group lives, has not changed for " +
-                   fmt("%.1f", s) + " s");
+  beats_.erase(peer);
+  why = "no connection to it is up for this op (made at first use), and its progress record in the store, "
+        "rewritten every " + std::to_string(every) + " ms while its process group lives, has not changed for " +
+        formatNumber("%.1f", s) + " s";
+  return true;
 }
 
-void CommImpl::watchdogLoop(std::shared_ptr<WatchdogShared> w) {
+void Watchdog::loop(std::shared_ptr<WatchdogShared> w) {
   log::setThreadRank(rank_);
   const int rank = rank_;
   const bool stragglers = opts_.config.stragglerAction != "off";
@@ -187,12 +170,12 @@ void CommImpl::watchdogLoop(std::shared_ptr<WatchdogShared> w) {
         if (records) todo.push_back({"progress/" + std::to_string(rank), progressRecord()});
       }
       // GPU work is checked outside `mu` (failing the group takes it); teardown waits for it.
-      gpu = w->inComm = dev_.gpuWatched.load(std::memory_order_relaxed);
+      gpu = w->inComm = host_.gpuWatched();
     }
     if (gpu) {
       // Sleeps at most a second while GPU work is watched: entries queued meanwhile are due later.
       gpuNext = Clock::now() + std::chrono::seconds(1);
-      checkGpuWork(&gpuNext);
+      host_.checkGpu(&gpuNext);
       std::lock_guard<std::mutex> g(w->mu);
       w->inComm = false;
       w->cv.notify_all();
@@ -241,145 +224,9 @@ void CommImpl::watchdogLoop(std::shared_ptr<WatchdogShared> w) {
   w->cv.notify_all();
 }
 
-void CommImpl::checkStragglers() {
-  std::lock_guard<std::mutex> serial(strag_.checkMu);  // the watchdog and straggler_report() both call this
-  const Config& cfg = opts_.config;
-  bool raise = cfg.stragglerAction == "raise";
-  std::vector<std::string> news;
-  std::vector<int> newRanks;
-  // Compute stragglers: ranks that arrive last, by far, collective after collective.
-  auto lags = tele_->lags();
-  double limit = static_cast<double>(cfg.stragglerLagMs) * 1000.0;
-  int minOps = static_cast<int>(std::min<int64_t>(8, cfg.stragglerWindow));
-  // Only ranks this one heard from have lags (its algorithms' peers: a few at any job size),
-  // so the comparison runs over those, not over every pair of ranks of the group.
-  std::vector<size_t> heard;
-  for (size_t r = 0; r < lags.size(); ++r)
-    if (lags[r].ops > 0) heard.push_back(r);
-  std::vector<double> others;
-  for (size_t r : heard) {
-    const auto& l = lags[r];
-    others.clear();  // the typical rank, this one left out (with 2 ranks: the other)
-    for (size_t q : heard)
-      if (q != r) others.push_back(lags[q].meanUs);
-    double med = median(others);
-    bool bad = l.ops >= minOps && l.meanUs > limit && l.meanUs > 4 * med;
-    if (bad && !strag_.lagFlagged[r]) {
-      news.push_back(rankName(r) + " (host " + peers_[r].hostname + ") is a straggler: it entered the last " +
-                     std::to_string(l.ops) + " collectives " + fmt("%.1f", l.meanUs / 1000) + " ms after the first rank on average (max " +
-                     fmt("%.1f", l.maxUs / 1000) + " ms; median rank " + fmt("%.1f", med / 1000) + " ms)");
-      newRanks.push_back(static_cast<int>(r));
-    }
-    if (bad) strag_.lagFlagged[r] = true;
-    else if (l.meanUs < limit / 2) strag_.lagFlagged[r] = false;
-  }
-  // Slow links: far below the median link of the same transport.
-  auto links = tele_->links();
-  auto byKind = ratesByClass(links);
-  std::set<std::pair<int, bool>> flagged;
-  for (auto& l : links) {
-    auto& all = byKind[linkClass(l)];
-    double m = median(all);
-    if (l.samples < kMinLinkSamples || all.size() < 2 || l.gbps() >= m * static_cast<double>(cfg.stragglerLinkPct) / 100.0) continue;
-    flagged.insert({l.peer, l.send});
-    std::lock_guard<std::mutex> g(strag_.mu);
-    if (strag_.linkFlagged.count({l.peer, l.send})) continue;
-    int src = l.send ? rank_ : l.peer, dst = l.send ? l.peer : rank_;
-    news.push_back("slow link: rank " + std::to_string(src) + " -> rank " + std::to_string(dst) + " (" +
-                   peers_[src].hostname + " -> " + peers_[dst].hostname + ", " + linkOf(static_cast<int>(l.peer)) + ") moves " +
-                   fmt("%.3f", l.gbps()) + " GB/s against a median of " + fmt("%.3f", m) + " GB/s over the " +
-                   std::to_string(all.size()) + " " + linkClass(l) + " links of rank " + std::to_string(rank_));
-    newRanks.push_back(l.peer);
-  }
-  std::lock_guard<std::mutex> g(strag_.mu);
-  strag_.linkFlagged = flagged;
-  for (auto& m : news) RAILCC_WARN(WATCHDOG, m);
-  if (raise && !news.empty()) {
-    strag_.msg.clear();
-    for (auto& m : news) strag_.msg += (strag_.msg.empty() ? "" : "\n") + m;
-    strag_.pending.store(true);
-    strag_.ranks = newRanks;
-  }
-}
 
-std::string CommImpl::stragglerReport() {
-  checkStragglers();
-  std::ostringstream os;
-  auto lags = tele_->lags();
-  os << "{\"rank\": " << rank_ << ", \"window\": " << opts_.config.stragglerWindow << ", \"ranks\": [";
-  {
-    std::lock_guard<std::mutex> g(strag_.mu);
-    for (size_t r = 0; r < lags.size(); ++r)
-      os << (r ? ", " : "") << "{\"rank\": " << r << ", \"host\": " << jsonString(peers_[r].hostname)
-         << ", \"lag_us_mean\": " << fmt("%.1f", lags[r].meanUs) << ", \"lag_us_max\": " << fmt("%.1f", lags[r].maxUs)
-         << ", \"ops\": " << lags[r].ops << ", \"straggler\": " << (strag_.lagFlagged[r] ? "true" : "false") << "}";
-  }
-  os << "], \"links\": [";
-  auto links = tele_->links();
-  auto byKind = ratesByClass(links);
-  std::set<std::pair<int, int>> slow;
-  bool first = true;
-  for (auto& l : links) {
-    std::string kind = transportKind(linkOf(static_cast<int>(l.peer)));
-    double m = median(byKind[linkClass(l)]);
-    int src = l.send ? rank_ : l.peer, dst = l.send ? l.peer : rank_;
-    bool isSlow;
-    {
-      std::lock_guard<std::mutex> g(strag_.mu);
-      isSlow = strag_.linkFlagged.count({l.peer, l.send}) > 0;
-    }
-    if (isSlow) slow.insert({src, dst});
-    os << (first ? "" : ", ") << "{\"src\": " << src << ", \"dst\": " << dst << ", \"src_host\": "
-       << jsonString(peers_[src].hostname) << ", \"dst_host\": " << jsonString(peers_[dst].hostname)
-       << ", \"transport\": " << jsonString(kind) << ", \"link\": " << jsonString(linkOf(static_cast<int>(l.peer))) << ", \"bytes\": " << l.bytes << ", \"samples\": " << l.samples << ", \"gbps\": " << fmt("%.4f", l.gbps())
-       << ", \"median_gbps\": " << fmt("%.4f", m) << ", \"slow\": " << (isSlow ? "true" : "false") << "}";
-    first = false;
-  }
-  // Slow links other ranks found (published with their progress records), read within 2 s in
-  // all: at thousands of ranks the report must not wait 20 ms for each rank with no record.
-  int unread = 0;
-  if (opts_.config.progressIntervalMs > 0) {
-    const Clock::time_point until = Clock::now() + Millis(2000);
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      const auto left = std::chrono::duration_cast<Millis>(until - Clock::now());
-      if (left.count() <= 0) {
-        unread = size_ - r - (rank_ > r ? 1 : 0);
-        break;
-      }
-      std::string rec;
-      if (!storeTryGet("progress/" + std::to_string(r), std::max(Millis(1), std::min(Millis(20), left)), rec)) continue;
-      size_t pos = 0;
-      while ((pos = rec.find("{\"src\": ", pos)) != std::string::npos) {
-        long long a = std::strtoll(rec.c_str() + pos + 8, nullptr, 10), b = -1;
-        jsonNumber(rec.substr(pos, rec.find('}', pos) - pos + 1), "dst", b);
-        if (a >= 0 && a < size_ && b >= 0 && b < size_) slow.insert({static_cast<int>(a), static_cast<int>(b)});
-        ++pos;
-      }
-    }
-  }
-  os << "], \"stragglers\": [";
-  first = true;
-  {
-    std::lock_guard<std::mutex> g(strag_.mu);
-    for (size_t r = 0; r < strag_.lagFlagged.size(); ++r)
-      if (strag_.lagFlagged[r]) {
-        os << (first ? "" : ", ") << r;
-        first = false;
-      }
-  }
-  os << "], \"slow_links\": [";
-  first = true;
-  for (auto& [a, b] : slow) {
-    os << (first ? "" : ", ") << "{\"src\": " << a << ", \"dst\": " << b << ", \"src_host\": " << jsonString(peers_[a].hostname)
-       << ", \"dst_host\": " << jsonString(peers_[b].hostname) << "}";
-    first = false;
-  }
-  os << "], \"records_unread\": " << unread << "}";
-  return os.str();
-}
 
-std::string CommImpl::describePeerProgress(uint64_t seq, std::vector<int>& culprits) {
+std::string Watchdog::describePeerProgress(uint64_t seq, std::vector<int>& culprits) {
   if (opts_.config.progressIntervalMs <= 0) return "";
   std::ostringstream os;
   std::vector<int> never, frozen, joined;
@@ -396,7 +243,7 @@ std::string CommImpl::describePeerProgress(uint64_t seq, std::vector<int>& culpr
       break;
     }
     if (!storeTryGet("progress/" + std::to_string(r), std::max(Millis(1), std::min(Millis(100), left)), rec)) {
-      os << "\n  " << rankName(r) << " (host " << p.hostname << ") has no progress record in the store";
+      os << "\n  " << host_.rankName(r) << " (host " << p.hostname << ") has no progress record in the store";
       frozen.push_back(r);
       continue;
     }
@@ -410,13 +257,13 @@ std::string CommImpl::describePeerProgress(uint64_t seq, std::vector<int>& culpr
     bool stopped = p.hostId == peers_[static_cast<size_t>(rank_)].hostId && processState(p.pid) == 'T';
     std::string last = jsonText(rec, "last_op");
     std::string lastCall = "seq " + std::to_string(enq) + (enq > 0 && !last.empty() ? " (" + last + ")" : "");
-    os << "\n  " << rankName(r) << " (host " << p.hostname << ") ";
+    os << "\n  " << host_.rankName(r) << " (host " << p.hostname << ") ";
     if (stopped || stale) {
       // Its record is old: whether it reached this op is unknown, but it is not running.
       os << (stopped ? "is frozen: its process " + std::to_string(p.pid) + " is stopped (SIGSTOP or a debugger)"
                      : "is frozen or unreachable: it stopped reporting (SIGSTOP, debugger, swap storm, or hung "
                        "outside railcc)")
-         << "; its last report, " << fmt("%.1f", age) << " s ago, said its last call was " << lastCall;
+         << "; its last report, " << formatNumber("%.1f", age) << " s ago, said its last call was " << lastCall;
       frozen.push_back(r);
     } else if (enq < static_cast<long long>(seq)) {
       os << "never called seq " << seq << ": its last call was " << lastCall
@@ -446,7 +293,7 @@ std::string CommImpl::describePeerProgress(uint64_t seq, std::vector<int>& culpr
   return body.empty() ? "" : "\nprogress of the other ranks:" + body;
 }
 
-std::vector<int> CommImpl::stillSilent(const std::vector<int>& globals) {
+std::vector<int> Watchdog::stillSilent(const std::vector<int>& globals) {
   if (opts_.config.progressIntervalMs <= 0) return globals;  // no records to tell by
   std::vector<int> out;
   const int64_t staleUs = 3 * opts_.config.progressIntervalMs * 1000 + 1000000;
@@ -454,7 +301,7 @@ std::vector<int> CommImpl::stillSilent(const std::vector<int>& globals) {
   for (int g : globals) {
     int r = -1;
     for (int q = 0; q < size_ && r < 0; ++q)
-      if (globalRank(q) == g) r = q;
+      if (host_.globalRank(q) == g) r = q;
     if (r < 0 || r == rank_) continue;
     const PeerInfo& p = peers_[static_cast<size_t>(r)];
     const bool here = p.hostId == myHost && p.pid > 0 && p.pidNs == pidNamespace();
@@ -472,17 +319,13 @@ std::vector<int> CommImpl::stillSilent(const std::vector<int>& globals) {
   return out;
 }
 
-std::string CommImpl::traceJson(const std::string& reason) const {
+std::string Watchdog::traceJson(const std::string& reason) const {
   std::ostringstream os;
-  Telemetry::Progress p = tele_->progress();
+  Telemetry::Progress p = tele_.progress();
   os << "{\n  \"version\": 1, \"group\": " << jsonString(opts_.name) << ", \"rank\": " << rank_ << ", \"size\": " << size_
-     << ", \"host\": " << jsonString(hostname_) << ", \"pid\": " << getpid() << ",\n  \"dumped_at_us\": " << wallMicros()
+     << ", \"host\": " << jsonString(hostname()) << ", \"pid\": " << getpid() << ",\n  \"dumped_at_us\": " << wallMicros()
      << ", \"reason\": " << jsonString(reason) << ",\n  \"error\": ";
-  std::exception_ptr broken;
-  {
-    std::lock_guard<std::mutex> g(health_.errMu);
-    broken = health_.broken;
-  }
+  std::exception_ptr broken = host_.brokenError();
   if (!broken) {
     os << "null";
   } else {
@@ -506,12 +349,12 @@ std::string CommImpl::traceJson(const std::string& reason) const {
      << ", \"completed\": " << p.completed << "},\n  \"peers\": [";
   for (size_t r = 0; r < peers_.size(); ++r)
     os << (r ? ", " : "") << "{\"rank\": " << r << ", \"host\": " << jsonString(peers_[r].hostname)
-       << ", \"transport\": " << jsonString(linkOf(static_cast<int>(r))) << "}";
-  auto lags = tele_->lags();
+       << ", \"transport\": " << jsonString(host_.linkOf(static_cast<int>(r))) << "}";
+  auto lags = tele_.lags();
   const auto& mine = lags[static_cast<size_t>(rank_)];
-  os << "],\n  \"ops\": " << tele_->opsJson() << ",\n  \"links\": " << tele_->linksJson()
-     << ",\n  \"arrival\": {\"lag_us_mean\": " << fmt("%.1f", mine.meanUs) << ", \"lag_us_max\": " << fmt("%.1f", mine.maxUs)
-     << ", \"last_count\": " << mine.ops << "},\n  \"lags\": " << tele_->lagsJson();
+  os << "],\n  \"ops\": " << tele_.opsJson() << ",\n  \"links\": " << tele_.linksJson()
+     << ",\n  \"arrival\": {\"lag_us_mean\": " << formatNumber("%.1f", mine.meanUs) << ", \"lag_us_max\": " << formatNumber("%.1f", mine.maxUs)
+     << ", \"last_count\": " << mine.ops << "},\n  \"lags\": " << tele_.lagsJson();
   {
     std::lock_guard<std::mutex> g(strag_.mu);
     os << ",\n  \"peer_progress\": " << strag_.peerProgressJson << "\n}\n";
@@ -532,9 +375,9 @@ bool ownDumpAt(const std::string& path, const std::string& host, int pid) {
 }
 }  // namespace
 
-bool CommImpl::ownDump(const std::string& path) const { return ownDumpAt(path, hostname_, getpid()); }
+bool Watchdog::ownDump(const std::string& path) const { return ownDumpAt(path, hostname(), getpid()); }
 
-std::string CommImpl::writeTrace(const std::string& reason, const std::string& dirArg) const {
+std::string Watchdog::writeTrace(const std::string& reason, const std::string& dirArg) const {
   std::lock_guard<std::mutex> serial(traceMu_);
   std::string dir = dirArg.empty() ? opts_.config.traceDir : dirArg;
   if (dir.empty()) return "";
@@ -546,7 +389,7 @@ std::string CommImpl::writeTrace(const std::string& reason, const std::string& d
   std::string path = dir + "/railcc-trace-" + group + "-rank" + std::to_string(rank_) + ".json";
   if (!ownDump(path)) {
     // Another process's dump (a second job sharing the directory): kept, and ours goes beside it.
-    path = dir + "/railcc-trace-" + group + "-rank" + std::to_string(rank_) + "-" + hostname_ + "-" +
+    path = dir + "/railcc-trace-" + group + "-rank" + std::to_string(rank_) + "-" + hostname() + "-" +
            std::to_string(getpid()) + ".json";
   }
   std::string tmp = path + ".tmp";
@@ -558,5 +401,60 @@ std::string CommImpl::writeTrace(const std::string& reason, const std::string& d
   if (std::rename(tmp.c_str(), path.c_str()) != 0) RAILCC_THROW(kSystem, "renaming ", tmp, ": ", detail::errnoString());
   return path;
 }
+
+Watchdog::Watchdog(WatchdogHost& host, const CommOptions& opts, Telemetry& tele, int rank, int size,
+                   const std::vector<PeerInfo>& peers, Store* store, std::shared_ptr<Store> keep)
+    : host_(host), opts_(opts), tele_(tele), rank_(rank), size_(size), peers_(peers), store_(store),
+      wd_(std::make_shared<WatchdogShared>()) {
+  wd_->keep = std::move(keep);
+  wd_->store = store_;
+  strag_.lagFlagged.assign(static_cast<size_t>(size_), false);
+}
+
+void Watchdog::start() {
+  if (size_ < 2) return;
+  // A first progress record now, so that a rank frozen before the thread's first beat is
+  // still told apart from one that never published anything.
+  if (opts_.config.progressIntervalMs > 0) store_->set("progress/" + std::to_string(rank_), progressRecord());
+  thread_ = std::thread([this, w = wd_] { loop(w); });
+}
+
+void Watchdog::stop() {
+  if (!thread_.joinable()) return;
+  std::unique_lock<std::mutex> g(wd_->mu);
+  wd_->stop = true;
+  wd_->cv.notify_all();
+  wd_->cv.wait(g, [&] { return !wd_->inComm; });  // a GPU check in progress uses the communicator
+  // A watchdog blocked in an unreachable store must not hold up destroy_process_group: it
+  // never touches the communicator once `stop` is set, so it can be left to finish alone.
+  // Without a keep-alive the store is the caller's, and may go right after us: always join.
+  if (!wd_->keep || wd_->cv.wait_for(g, Millis(2000), [&] { return wd_->exited; })) {
+    wd_->cv.wait(g, [&] { return wd_->exited; });
+    g.unlock();
+    thread_.join();
+  } else {
+    g.unlock();
+    RAILCC_WARN(WATCHDOG, "the watchdog thread is blocked in the c10d store; leaving it behind");
+    thread_.detach();
+  }
+}
+
+void Watchdog::publish(const std::string& key, const std::string& value) {
+  if (size_ < 2) return;
+  {
+    std::lock_guard<std::mutex> g(wd_->mu);
+    wd_->publish.push_back({key, value});
+    wd_->drained = false;
+  }
+  wd_->cv.notify_all();
+}
+
+void Watchdog::waitPublished(Millis wait) {
+  std::unique_lock<std::mutex> g(wd_->mu);
+  wd_->cv.wait_for(g, wait, [&] { return wd_->drained; });
+}
+
+
+
 
 }  // namespace railcc::engine

@@ -114,8 +114,8 @@ struct Transfer {
   // send is the peer's `ticket`-th).
   enum class ByAddress : uint8_t { kNo, kSending, kAwaitingAck, kReceiving } byAddress = ByAddress::kNo;
   uint64_t ticket = 0;
-  bool mayPassAddress = false;  // set by the algorithm where single copy wins (Channels::singleCopy)
-  bool landsInPlace = false;    // the peer's receive copies it into place, reducing nothing (Channels::zeroCopy)
+  bool mayPassAddress = false;  // set by the algorithm where single copy wins (ChannelLayer::singleCopy)
+  bool landsInPlace = false;    // the peer's receive copies it into place, reducing nothing (ChannelLayer::zeroCopy)
   uint64_t addrKey = 0;         // passed by address: the key the peer reads it with
   DeviceSide* device = nullptr;  // GPU memory behind src/dst, until the way it moves is decided
   // progress

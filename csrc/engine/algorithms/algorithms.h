@@ -45,7 +45,7 @@ inline void ownTerm(char* dst, const char* src, size_t count, DataType dt, Reduc
 }
 
 // An all-gather's own piece, from the input to its place in the output (dispatch.cpp).
-void copyOwnPiece(const Channels& ch, int n, char* own, const char* in, size_t bytes);
+void copyOwnPiece(const ChannelLayer& ch, int n, char* own, const char* in, size_t bytes);
 
 class Algorithms {
  public:
@@ -58,7 +58,7 @@ class Algorithms {
     const AlgoPlace& place;               // what the rule reads of the placement
     const std::vector<Algo>& prefer;      // RAILCC_ALGO / NCCL_ALGO
   };
-  Algorithms(Channels& ch, const Config& config, Telemetry& tele, int rank, int size, Group g);
+  Algorithms(ChannelLayer& ch, const Config& config, Telemetry& tele, int rank, int size, Group g);
 
   // ---- each op's entry (dispatch.cpp, direct.cpp)
   void allreduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale);
@@ -161,7 +161,7 @@ class Algorithms {
   void allgatherShmRings(const char* in, size_t bytes, const std::vector<char*>& outs);
   void broadcastShmRings(char* buf, size_t bytes, int root);
 
-  Channels& ch_;
+  ChannelLayer& ch_;
   const Config& config_;
   Telemetry& tele_;
   const int rank_, size_;

@@ -11,7 +11,7 @@ namespace {
 // is in: every rank before it then agreed on the call. A tail whose predecessor is `to` itself
 // vouches only for itself, which `to` checks in the acknowledgement's header: it sends it at
 // once, so that rank waits a one-way trip, not a round trip (two ranks; a host of two).
-void tailAcknowledges(const Channels& ch, std::vector<Transfer>& xs, int from, int to) {
+void tailAcknowledges(const ChannelLayer& ch, std::vector<Transfer>& xs, int from, int to) {
   xs.push_back(ch.sendTo(to, nullptr, 0));
   if (from == to) return;
   xs.front().gates = true;

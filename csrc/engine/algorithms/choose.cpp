@@ -118,7 +118,7 @@ Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& p, const std::vector<A
     case AlgoOp::kAllgather:
       if (fits(Algo::kShmRings, op, bytes, p) && static_cast<int64_t>(bytes) > p.oneshotBytes)
         return pick(Algo::kShmRings, "every rank on this host, above RAILCC_ONESHOT_BYTES");
-      // The chain's latency is n - 1 hops; a tree's, twice its depth (bcast_tree.cpp).
+      // The chain's latency is n - 1 hops; a tree's, twice its depth (tree.cpp).
       if (op == AlgoOp::kBroadcast && acrossHosts && p.size >= kTreeMinRanks &&
           static_cast<int64_t>(bytes) <= p.oneshotBytes)
         return pick(Algo::kTree, "16 or more ranks across hosts, at most RAILCC_ONESHOT_BYTES: a tree along rails");

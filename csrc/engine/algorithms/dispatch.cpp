@@ -5,7 +5,7 @@
 
 namespace railcc::engine {
 
-Algorithms::Algorithms(Channels& ch, const Config& config, Telemetry& tele, int rank, int size, Group g)
+Algorithms::Algorithms(ChannelLayer& ch, const Config& config, Telemetry& tele, int rank, int size, Group g)
     : ch_(ch),
       config_(config),
       tele_(tele),
@@ -66,7 +66,7 @@ void Algorithms::broadcast(char* buf, size_t bytes, int root) {
 // An all-gather's own piece, from the input to its place in the output: written around the
 // cache where the whole result is larger than this rank's share of it (it saves reading every
 // destination line first; the FIFO receives of such a result do the same).
-void copyOwnPiece(const Channels& ch, int n, char* own, const char* in, size_t bytes) {
+void copyOwnPiece(const ChannelLayer& ch, int n, char* own, const char* in, size_t bytes) {
   const bool apart = own + bytes <= in || in + bytes <= own;
   if (apart && ch.streamPiece(bytes * static_cast<size_t>(n), bytes)) transport::streamCopy(own, in, bytes);
   else transport::moveBytes(own, in, bytes);

@@ -1,7 +1,7 @@
 #pragma once
 // Which peer and which block, step by step: the schedules of the engine's algorithms as pure
 // functions of (group size, position, step). The algorithms (ring.cpp, tree.cpp,
-// host_algorithms.cpp) move bytes by them, and the scale simulation (engine/simulate.h) counts
+// pairwise.cpp, chain.cpp) move bytes by them, and the scale simulation (engine/simulate.h) counts
 // by them, so a simulated schedule is the one the engine runs.
 
 namespace railcc::engine::schedule {
@@ -85,7 +85,7 @@ inline TreeLinks binaryTree(int m, int i) {
 
 inline int treeSteps(const TreeLinks& t) { return (t.parent >= 0 ? 2 : 0) + (t.nkids > 0 ? 2 : 0); }
 
-/// The small broadcast (bcast_tree.cpp) over H hosts of L ranks each, ranks numbered h*L + l
+/// The small broadcast (tree.cpp) over H hosts of L ranks each, ranks numbered h*L + l
 /// (host h, local index l), from the root at (hr, lr): the ranks of the root's local index run
 /// a binary tree over the hosts from the root's host on, and each of them heads a binary tree
 /// over its host's ranks from its own local index on. Only H - 1 messages cross the network;

@@ -1,11 +1,13 @@
-#include "engine/comm_impl.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "engine/device/device_layer.h"
 
 namespace railcc::engine {
 
 // ---------------------------------------------------------------------------------------
 // Device buffers: CUDA IPC between the processes of one host
 
-void CommImpl::ipcStep(const cuda::DeviceApi& api, void* stream, int d, IpcEvent e) {
+void DeviceLayer::ipcStep(const cuda::DeviceApi& api, void* stream, int d, IpcEvent e) {
   checkDevice(api.eventRecord(dev_.ipc.ev[static_cast<size_t>(rank_)][e], stream), "cudaEventRecord", d);
   algos_.syncRound();
   for (int q = 0; q < size_; ++q)
@@ -13,7 +15,7 @@ void CommImpl::ipcStep(const cuda::DeviceApi& api, void* stream, int d, IpcEvent
       checkDevice(api.streamWaitEvent(stream, dev_.ipc.ev[static_cast<size_t>(q)][e]), "cudaStreamWaitEvent (peer's IPC event)", d);
 }
 
-void CommImpl::releaseIpc(const cuda::DeviceApi& api, bool peersDone) {
+void DeviceLayer::releaseIpc(const cuda::DeviceApi& api, bool peersDone) {
   const size_t me = static_cast<size_t>(rank_);
   for (size_t r = 0; r < dev_.ipc.pool.size(); ++r) {
     if (r == me) continue;
@@ -38,7 +40,13 @@ void CommImpl::releaseIpc(const cuda::DeviceApi& api, bool peersDone) {
   dev_.ipc.ev.clear();
 }
 
-bool CommImpl::ipcReady(int d) {
+void DeviceLayer::ipcFinish(const cuda::DeviceApi& api, const DeviceOp& dv, const char* what) {
+  if (dv.queued) return watchGpu(api, dv, what);
+  checkDevice(api.eventRecord(dev_.stageEv[0], dv.stream), "cudaEventRecord", dv.device);
+  deviceWait(api, dev_.stageEv[0], dv.device, what, dv.stream);
+}
+
+bool DeviceLayer::ipcReady(int d) {
   const cuda::DeviceApi& api = deviceApi();
   if (!opts_.config.cudaIpc || size_ < 2 || static_cast<int>(localRanks_.size()) != size_ || !api.ipcGetMemHandle)
     return false;
@@ -117,7 +125,7 @@ bool CommImpl::ipcReady(int d) {
     const char* b = all.data() + blob * q;
     if (b[0] != 1) {
       ok = false;
-      why = rankName(q) + " could not set up its side";
+      why = ch_.rankName(q) + " could not set up its side";
       break;
     }
     void* mp = nullptr;
@@ -160,7 +168,7 @@ bool CommImpl::ipcReady(int d) {
   return true;
 }
 
-void CommImpl::runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<char*, size_t>>& segs, DataType dt,
+void DeviceLayer::runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<char*, size_t>>& segs, DataType dt,
                                ReduceOp op, double scale) {
   const cuda::DeviceApi& api = deviceApi();
   const int d = dv.device;
@@ -233,7 +241,7 @@ void CommImpl::runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<c
   ipcFinish(api, dv, "the CUDA IPC all-reduce");
 }
 
-void CommImpl::ipcReduceRanks(const cuda::DeviceApi& api, const DeviceOp& dv, char* out,
+void DeviceLayer::ipcReduceRanks(const cuda::DeviceApi& api, const DeviceOp& dv, char* out,
                               const std::function<const char*(size_t)>& src, size_t len, DataType dt, ReduceOp op,
                               double scale) {
   if (!len) return;
@@ -245,7 +253,7 @@ void CommImpl::ipcReduceRanks(const cuda::DeviceApi& api, const DeviceOp& dv, ch
   if (op == ReduceOp::kAvg) checkDevice(api.divideAsync(out, len, dt, static_cast<double>(n), dv.stream), "divide kernel", d);
 }
 
-void CommImpl::ipcSlotChunks(const cuda::DeviceApi& api, const DeviceOp& dv, const char* in, size_t count, size_t es,
+void DeviceLayer::ipcSlotChunks(const cuda::DeviceApi& api, const DeviceOp& dv, const char* in, size_t count, size_t es,
                              bool stage,
                              const std::function<void(const std::function<char*(size_t)>&, size_t, size_t)>& use) {
   const size_t me = static_cast<size_t>(rank_), per = 2 * dev_.ipc.chunk / es;
@@ -264,7 +272,7 @@ void CommImpl::ipcSlotChunks(const cuda::DeviceApi& api, const DeviceOp& dv, con
 
 // The root alone reduces the ranks' slots, straight into its buffer (its own contribution is
 // already in its slot); the other ranks' buffers are left as they were.
-void CommImpl::runIpcReduce(const DeviceOp& dv, char* buf, size_t count, DataType dt, ReduceOp op, double scale,
+void DeviceLayer::runIpcReduce(const DeviceOp& dv, char* buf, size_t count, DataType dt, ReduceOp op, double scale,
                             int root) {
   const cuda::DeviceApi& api = deviceApi();
   const size_t es = dtypeSize(dt);
@@ -274,7 +282,7 @@ void CommImpl::runIpcReduce(const DeviceOp& dv, char* buf, size_t count, DataTyp
   ipcFinish(api, dv, "the CUDA IPC reduce");
 }
 
-void CommImpl::runIpcGather(const DeviceOp& dv, const char* in, size_t count, DataType dt, const std::vector<char*>& outs,
+void DeviceLayer::runIpcGather(const DeviceOp& dv, const char* in, size_t count, DataType dt, const std::vector<char*>& outs,
                             int root) {
   const cuda::DeviceApi& api = deviceApi();
   const size_t es = dtypeSize(dt);
@@ -286,7 +294,7 @@ void CommImpl::runIpcGather(const DeviceOp& dv, const char* in, size_t count, Da
   ipcFinish(api, dv, "the CUDA IPC gather");
 }
 
-void CommImpl::runIpcScatter(const DeviceOp& dv, const std::vector<char*>& ins, char* out, size_t count, DataType dt,
+void DeviceLayer::runIpcScatter(const DeviceOp& dv, const std::vector<char*>& ins, char* out, size_t count, DataType dt,
                              int root) {
   const cuda::DeviceApi& api = deviceApi();
   const int d = dv.device;
@@ -309,7 +317,7 @@ void CommImpl::runIpcScatter(const DeviceOp& dv, const std::vector<char*>& ins, 
   ipcFinish(api, dv, "the CUDA IPC scatter");
 }
 
-void CommImpl::runIpcAllgather(const DeviceOp& dv, const char* in, size_t count, DataType dt,
+void DeviceLayer::runIpcAllgather(const DeviceOp& dv, const char* in, size_t count, DataType dt,
                                const std::vector<char*>& outs) {
   const cuda::DeviceApi& api = deviceApi();
   const size_t es = dtypeSize(dt);
@@ -320,7 +328,7 @@ void CommImpl::runIpcAllgather(const DeviceOp& dv, const char* in, size_t count,
   ipcFinish(api, dv, "the CUDA IPC all-gather");
 }
 
-void CommImpl::runIpcReduceScatter(const DeviceOp& dv, const std::vector<char*>& ins, char* out, size_t count,
+void DeviceLayer::runIpcReduceScatter(const DeviceOp& dv, const std::vector<char*>& ins, char* out, size_t count,
                                    DataType dt, ReduceOp op, double scale) {
   const cuda::DeviceApi& api = deviceApi();
   const int d = dv.device;
@@ -342,7 +350,7 @@ void CommImpl::runIpcReduceScatter(const DeviceOp& dv, const std::vector<char*>&
   ipcFinish(api, dv, "the CUDA IPC reduce-scatter");
 }
 
-void CommImpl::runIpcBroadcast(const DeviceOp& dv, char* buf, size_t count, DataType dt, int root) {
+void DeviceLayer::runIpcBroadcast(const DeviceOp& dv, char* buf, size_t count, DataType dt, int root) {
   const cuda::DeviceApi& api = deviceApi();
   const size_t es = dtypeSize(dt);
   ipcSlotChunks(api, dv, buf, count, es, rank_ == root,
@@ -354,7 +362,7 @@ void CommImpl::runIpcBroadcast(const DeviceOp& dv, char* buf, size_t count, Data
   ipcFinish(api, dv, "the CUDA IPC broadcast");
 }
 
-void CommImpl::runIpcAlltoall(const DeviceOp& dv, const std::vector<char*>& ins, const std::vector<size_t>& inCounts,
+void DeviceLayer::runIpcAlltoall(const DeviceOp& dv, const std::vector<char*>& ins, const std::vector<size_t>& inCounts,
                               const std::vector<char*>& outs, const std::vector<size_t>& outCounts, DataType dt) {
   const cuda::DeviceApi& api = deviceApi();
   const int d = dv.device;

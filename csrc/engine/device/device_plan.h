@@ -2,7 +2,7 @@
 // How an op on device buffers is described to the device layer (device/staging.cpp,
 // device/cuda_ipc.cpp), once per op by its Communicator method: its buffers as staging copies
 // them, the host algorithm that runs on the staged copies, and its CUDA IPC form, which works on
-// the device buffers in place. Data only; CommImpl::runDevice() picks the form.
+// the device buffers in place. Data only; DeviceLayer::runDevice() picks the form.
 
 #include <cstddef>
 #include <functional>
@@ -11,7 +11,7 @@
 
 namespace railcc::engine {
 
-/// A device op's stream and device, set up once per op (CommImpl::beginDevice).
+/// A device op's stream and device, set up once per op (DeviceLayer::beginDevice).
 struct DeviceOp {
   int device;
   void* stream;

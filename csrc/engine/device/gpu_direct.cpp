@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include "engine/callback_pool.h"
-#include "engine/comm_impl.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "engine/device/device_layer.h"
 #include "transport/gpu_memory.h"
 
 namespace railcc::engine {
@@ -40,7 +42,7 @@ class OnDevice {
 
 }  // namespace
 
-bool Channels::startDeviceSend(Channel& ch, Transfer& t) {
+bool ChannelLayer::startDeviceSend(Channel& ch, Transfer& t) {
   DeviceSide& d = *t.device;
   OnDevice on(deviceApi(), d.device);
   if (!host_.deviceReady(d)) return deviceWaiting();
@@ -55,7 +57,7 @@ bool Channels::startDeviceSend(Channel& ch, Transfer& t) {
   return true;
 }
 
-bool Channels::startDeviceRecv(Channel& ch, Transfer& t) {
+bool ChannelLayer::startDeviceRecv(Channel& ch, Transfer& t) {
   DeviceSide& d = *t.device;
   OnDevice on(deviceApi(), d.device);
   if (t.dst != d.gpu) {
@@ -74,7 +76,7 @@ bool Channels::startDeviceRecv(Channel& ch, Transfer& t) {
   return true;
 }
 
-bool CommImpl::deviceReady(const DeviceSide& d) {
+bool DeviceLayer::deviceReady(const DeviceSide& d) {
   if (!d.ready) return true;
   const cuda::DeviceApi& api = deviceApi();
   int e = api.eventQuery(d.ready);
@@ -83,7 +85,7 @@ bool CommImpl::deviceReady(const DeviceSide& d) {
   return true;
 }
 
-void CommImpl::stageDeviceSend(Transfer& t) {
+void DeviceLayer::stageDeviceSend(Transfer& t) {
   const DeviceSide& d = *t.device;
   const cuda::DeviceApi& api = deviceApi();
   // Not the staging's stream and events (device_state.h): a collective may be using them.
@@ -107,7 +109,7 @@ void CommImpl::stageDeviceSend(Transfer& t) {
   }
 }
 
-void CommImpl::releaseSendStaging(const cuda::DeviceApi& api) {
+void DeviceLayer::releaseSendStaging(const cuda::DeviceApi& api) {
   if (dev_.sendEv) api.eventDestroy(dev_.sendEv), dev_.sendEv = nullptr;
   if (dev_.sendStream) api.streamDestroy(dev_.sendStream), dev_.sendStream = nullptr;
   dev_.sendDev = -1;

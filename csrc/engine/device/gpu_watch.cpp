@@ -1,4 +1,6 @@
-#include "engine/comm_impl.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "engine/device/device_layer.h"
 
 namespace railcc::engine {
 
@@ -21,7 +23,7 @@ std::string pointerText(const void* p) {
 
 }  // namespace
 
-void CommImpl::watchGpu(const cuda::DeviceApi& api, const DeviceOp& dv, const char* what) {
+void DeviceLayer::watchGpu(const cuda::DeviceApi& api, const DeviceOp& dv, const char* what) {
   retireGpuWork(api, nullptr, nullptr);
   void* ev = nullptr;
   {
@@ -41,7 +43,7 @@ void CommImpl::watchGpu(const cuda::DeviceApi& api, const DeviceOp& dv, const ch
   dev_.gpuWatched.store(true, std::memory_order_relaxed);
 }
 
-std::exception_ptr CommImpl::retireGpuWork(const cuda::DeviceApi& api, const Clock::time_point* now,
+std::exception_ptr DeviceLayer::retireGpuWork(const cuda::DeviceApi& api, const Clock::time_point* now,
                                            Clock::time_point* next) {
   std::lock_guard<std::mutex> g(dev_.gpuMu);
   while (!dev_.gpuWork.empty()) {
@@ -71,27 +73,22 @@ std::exception_ptr CommImpl::retireGpuWork(const cuda::DeviceApi& api, const Clo
   return nullptr;
 }
 
-void CommImpl::checkGpuWork(Clock::time_point* next) {
+std::exception_ptr DeviceLayer::checkGpuWork(Clock::time_point* next) {
   const cuda::DeviceApi* api = nullptr;
   {
     std::lock_guard<std::mutex> g(dev_.gpuMu);
-    if (dev_.gpuWork.empty()) return;
+    if (dev_.gpuWork.empty()) return nullptr;
   }
   try {
     api = &deviceApi();
   } catch (const Error&) {
-    return;
+    return nullptr;
   }
   Clock::time_point now = Clock::now();
-  std::exception_ptr err = retireGpuWork(*api, &now, next);
-  if (!err || brokenError()) return;
-  fail(err);
-  // Wake the progress thread wherever it waits: what is queued fails with this error.
-  ch_.wake();
-  q_.cv.notify_all();
+  return retireGpuWork(*api, &now, next);
 }
 
-void CommImpl::releaseGpuWork(const cuda::DeviceApi& api) {
+void DeviceLayer::releaseGpuWork(const cuda::DeviceApi& api) {
   std::lock_guard<std::mutex> g(dev_.gpuMu);
   // CUDA frees an event destroyed before its work completes once that work is done.
   for (GpuWork& w : dev_.gpuWork) api.eventDestroy(w.event);

@@ -1,18 +1,24 @@
-#include "engine/comm_impl.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "engine/device/device_layer.h"
 
 namespace railcc::engine {
 
 // ---------------------------------------------------------------------------------------
 // Device buffers: pinned staging
 
-void CommImpl::deviceWait(const cuda::DeviceApi& api, void* ev, int device, const char* what, void* stream) {
+DeviceLayer::DeviceLayer(ChannelLayer& ch, Algorithms& algos, const CommOptions& opts, int rank, int size,
+                         const std::vector<int>& localRanks, const AlgoPlace& place)
+    : ch_(ch), algos_(algos), opts_(opts), rank_(rank), size_(size), localRanks_(localRanks), place_(place) {}
+
+void DeviceLayer::deviceWait(const cuda::DeviceApi& api, void* ev, int device, const char* what, void* stream) {
   auto t0 = Clock::now();
   Millis limit = ch_.current() ? ch_.current()->timeout : opts_.timeout;
   for (int spins = 0;; ++spins) {
     int e = api.eventQuery(ev);
     if (e == 0) return;
     if (e != api.notReady) checkDevice(e, "cudaEventQuery", device);
-    if (health_.aborted) RAILCC_THROW(kAborted, health_.abortWhy);
+    ch_.checkInterrupted();
     auto waited = Clock::now() - t0;
     if (waited > limit) {
       char s[32];
@@ -53,7 +59,7 @@ bool drained(const cuda::DeviceApi& api, void* ev, void* stream) {
 
 }  // namespace
 
-void CommImpl::releaseDevice() {
+void DeviceLayer::releaseDevice() {
   if (dev_.devOf < 0 && !dev_.stage && dev_.ipc.pool.empty() && dev_.sendDev < 0) return;
   const cuda::DeviceApi* api = nullptr;
   try {
@@ -88,7 +94,7 @@ void CommImpl::releaseDevice() {
   if (callerDevice >= 0) api->setDevice(callerDevice);
 }
 
-DeviceOp CommImpl::beginDevice(const Placement& where) {
+DeviceOp DeviceLayer::beginDevice(const Placement& where) {
   const cuda::DeviceApi& api = deviceApi();
   const int d = where.device;
   checkDevice(api.setDevice(d), "cudaSetDevice", d);
@@ -117,11 +123,11 @@ DeviceOp CommImpl::beginDevice(const Placement& where) {
   return {d, stream, where.queued && where.stream != nullptr};
 }
 
-void CommImpl::setDeviceBody(Op& o, const Placement& where, DataType dt, DevicePlan plan) {
+void DeviceLayer::setDeviceBody(Op& o, const Placement& where, DataType dt, DevicePlan plan) {
   o.body = [this, where, dt, p = std::move(plan)] { runDevice(where, dt, p); };
 }
 
-void CommImpl::runDevice(const Placement& where, DataType dt, const DevicePlan& plan) {
+void DeviceLayer::runDevice(const Placement& where, DataType dt, const DevicePlan& plan) {
   DeviceOp dv = beginDevice(where);
   // ipcReady() maps the peers' pools at the group's first device op (a collective step).
   bool mapped = place_.cudaIpc && plan.ipc && ipcReady(dv.device);
@@ -129,7 +135,7 @@ void CommImpl::runDevice(const Placement& where, DataType dt, const DevicePlan& 
   runStaged(dv, dt, plan.slots, plan.regions, plan.host, plan.agree);
 }
 
-void CommImpl::runStaged(const DeviceOp& dv, DataType dt, size_t slots, std::vector<Region> regions,
+void DeviceLayer::runStaged(const DeviceOp& dv, DataType dt, size_t slots, std::vector<Region> regions,
                          const StagedBody& body, bool agree) {
   const cuda::DeviceApi& api = deviceApi();
   const int d = dv.device;

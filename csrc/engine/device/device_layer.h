@@ -1,0 +1,131 @@
+#pragma once
+// The device layer of one group: ops on GPU buffers. Each op is described once as a
+// DevicePlan (device_plan.h) by its Communicator method; runDevice() runs it through CUDA IPC
+// where every rank of the group is on this host and can map its peers' memory (cuda_ipc.cpp),
+// else through pinned host staging under the host algorithms (staging.cpp). GPU memory sent
+// or received point to point goes through gpu_direct.cpp; the GPU work of ops that complete
+// once queued is watched by gpu_watch.cpp. What it keeps between ops is DeviceState
+// (device_state.h). Private to csrc/engine.
+//
+// Threads: everything runs with the engine token held (the op's thread, which has set the
+// device), except checkGpuWork(), which the watchdog thread calls (DeviceState::gpuMu guards
+// the GPU work list against it), and gpuWatched().
+
+#include <exception>
+#include <functional>
+#include <vector>
+
+#include "common/config.h"
+#include "engine/algorithms/algorithms.h"
+#include "engine/algorithms/choose.h"
+#include "engine/channels.h"
+#include "engine/communicator.h"
+#include "engine/device.h"
+#include "engine/device/device_plan.h"
+#include "engine/device/device_state.h"
+#include "engine/op_queue.h"
+
+namespace railcc::engine {
+
+class DeviceLayer {
+ public:
+  // The layer's view of its group: fixed before the first op (set-up fills `localRanks` and
+  // `place` in), read only here. The host algorithms run the staged ops and the rounds.
+  DeviceLayer(ChannelLayer& ch, Algorithms& algos, const CommOptions& opts, int rank, int size,
+              const std::vector<int>& localRanks, const AlgoPlace& place);
+
+  // An op's body: its host algorithm on host buffers; on device buffers runDevice() on the
+  // plan, which is built only for device ops (a template, so that a host op builds no
+  // std::function around the plan's maker).
+  template <typename MakePlan>
+  void setBody(Op& o, const Placement& where, DataType dt, std::function<void()> host, MakePlan&& plan) {
+    o.device = where.onDevice();
+    if (!o.device) {
+      o.body = std::move(host);
+      return;
+    }
+    setDeviceBody(o, where, dt, plan());
+  }
+  // runDevice() picks how a DevicePlan runs: IPC where ipcReady() (every rank on this host,
+  // peer access, RAILCC_CUDA_IPC), else staging.
+  void runDevice(const Placement& where, DataType dt, const DevicePlan& plan);
+
+  // The CUDA IPC form of each op (cuda_ipc.cpp), in place on the device buffers. All-reduce
+  // takes the buffers `segs` (pointer, element count) as if they were one array: a single
+  // tensor is one segment, a coalesced call packs many into each chunk.
+  void runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<char*, size_t>>& segs, DataType dt, ReduceOp op,
+                       double scale);
+  void runIpcReduce(const DeviceOp& dv, char* buf, size_t count, DataType dt, ReduceOp op, double scale, int root);
+  void runIpcGather(const DeviceOp& dv, const char* in, size_t count, DataType dt, const std::vector<char*>& outs,
+                    int root);
+  void runIpcScatter(const DeviceOp& dv, const std::vector<char*>& ins, char* out, size_t count, DataType dt, int root);
+  void runIpcAllgather(const DeviceOp& dv, const char* in, size_t count, DataType dt, const std::vector<char*>& outs);
+  void runIpcReduceScatter(const DeviceOp& dv, const std::vector<char*>& ins, char* out, size_t count, DataType dt,
+                           ReduceOp op, double scale);
+  void runIpcBroadcast(const DeviceOp& dv, char* buf, size_t count, DataType dt, int root);
+  void runIpcAlltoall(const DeviceOp& dv, const std::vector<char*>& ins, const std::vector<size_t>& inCounts,
+                      const std::vector<char*>& outs, const std::vector<size_t>& outCounts, DataType dt);
+
+  // What the channel layer asks of GPU memory sent or received (gpu_direct.cpp, ChannelHost).
+  bool deviceReady(const DeviceSide& d);
+  void stageDeviceSend(Transfer& t);
+
+  // The watchdog's side (any thread): the error of the oldest GPU work past its op's timeout
+  // (nullptr if none), with `next` set to when the oldest runs out; the group fails with it.
+  std::exception_ptr checkGpuWork(Clock::time_point* next);
+  bool gpuWatched() const { return dev_.gpuWatched.load(std::memory_order_relaxed); }
+  // Teardown (the caller's thread): lets the GPU finish, unmaps and frees everything.
+  void releaseDevice();
+
+ private:
+  void setDeviceBody(Op& o, const Placement& where, DataType dt, DevicePlan plan);
+  // Once per device op: sets the device, makes its events (and own stream), orders its
+  // stream after the caller's event.
+  DeviceOp beginDevice(const Placement& where);
+  // `slots` is the most regions any rank of the group passes for this op, so every rank cuts
+  // the same chunks; `agree` first agrees on the largest region across ranks (alltoall, whose
+  // splits differ).
+  void runStaged(const DeviceOp& dv, DataType dt, size_t slots, std::vector<Region> regions, const StagedBody& body,
+                 bool agree = false);
+  // Waits for `ev` without holding a CPU: polls, then naps for a tenth of the time waited so
+  // far (20 us to 1 ms). Throws kTimeout after the op's timeout, naming `what` and `stream`.
+  void deviceWait(const cuda::DeviceApi& api, void* ev, int device, const char* what, void* stream);
+
+  bool ipcReady(int device);
+  // Closes the peers' pools and events; frees this rank's own only when `peersDone` (every
+  // peer has closed them: a syncRound after their close).
+  void releaseIpc(const cuda::DeviceApi& api, bool peersDone);
+  // out = src(0) op src(1) ... op src(n-1) over `len` elements on the GPU, in rank order (the
+  // same bits wherever it runs), PREMUL_SUM's scale and AVG's division included.
+  void ipcReduceRanks(const cuda::DeviceApi& api, const DeviceOp& dv, char* out,
+                      const std::function<const char*(size_t)>& src, size_t len, DataType dt, ReduceOp op, double scale);
+  // The pattern of the rooted and gathering IPC ops, a slot (two chunk buffers) at a time:
+  // ranks that `stage` copy elements [off, off + m) of `in` into their slot, and after the In
+  // step `use(slot, off, m)` may read any rank's slot; the Done step then frees the slots.
+  void ipcSlotChunks(const cuda::DeviceApi& api, const DeviceOp& dv, const char* in, size_t count, size_t es, bool stage,
+                     const std::function<void(const std::function<char*(size_t)>& slot, size_t off, size_t m)>& use);
+  // Records `e` on this rank's stream, tells every peer, and orders this rank's stream after
+  // every peer's record of `e`.
+  void ipcStep(const cuda::DeviceApi& api, void* stream, int d, IpcEvent e);
+  // The end of an IPC op. Its GPU work is ordered by events alone (every slot is rewritten
+  // only after each peer's stream has passed its reads of it, whatever op comes next), so the
+  // host need not wait for it unless the caller has no stream to order on.
+  void ipcFinish(const cuda::DeviceApi& api, const DeviceOp& dv, const char* what);
+
+  // gpu_watch.cpp: an op's GPU work left for the watchdog; with `now`, retireGpuWork() also
+  // returns the error of the oldest entry past its timeout and sets `next`.
+  void watchGpu(const cuda::DeviceApi& api, const DeviceOp& dv, const char* what);
+  std::exception_ptr retireGpuWork(const cuda::DeviceApi& api, const Clock::time_point* now, Clock::time_point* next);
+  void releaseGpuWork(const cuda::DeviceApi& api);
+  void releaseSendStaging(const cuda::DeviceApi& api);  // gpu_direct.cpp
+
+  ChannelLayer& ch_;
+  Algorithms& algos_;
+  const CommOptions& opts_;
+  const int rank_, size_;
+  const std::vector<int>& localRanks_;
+  const AlgoPlace& place_;
+  DeviceState dev_;
+};
+
+}  // namespace railcc::engine
