@@ -12,8 +12,10 @@ the first word wins): "go" (every view there and alike: build the group), "views
 every survivor raises) or "absent" (a survivor gave up: its wait ran out, or its shrink failed
 before it published). A survivor still waiting when an attempt is "absent" moves on to the next
 attempt (waiting a whole timeout again), where the one that gave up comes when it retries; one
-that arrives later skips every attempt already ended. So a shrink that failed on one rank can be retried, and the ranks meet
-again instead of one of them entering a group the others never build.
+that arrives later skips every attempt already ended, except that where the last ended over
+views that differ and this process has not seen that end, it fails at once with them (its
+retry then meets theirs). So a shrink that failed on one rank can be retried, and the ranks
+meet again instead of one of them entering a group the others never build.
 """
 
 import functools as _functools
@@ -79,6 +81,12 @@ def _give_up(store, attempt, why):
     return store.compare_set(f"{attempt}/outcome", "", "absent|" + why).decode(errors="replace")
 
 
+# The attempts of each group's shrink this process has seen end (by group name): a rank that
+# comes to an attempt the others ended over views that differ, without having seen that end,
+# fails with them at once instead of waiting a whole timeout alone in the next attempt.
+_ends_seen = {}
+
+
 def _agree(store, name, glob, me, survivors, view, timeout):
     """Meets the other survivors in an attempt whose views all match this rank's, within
     `timeout`; returns that attempt's number, or raises naming the views that differ or the
@@ -99,13 +107,22 @@ def _agree(store, name, glob, me, survivors, view, timeout):
                         f"{theirs} (ranks of the default group); every rank that stays must exclude the same ranks")
         return ""
 
+    def who_of(n):  # every rank that published a view under attempt `n`, this one left out
+        who = store.get(f"{n}/who").decode(errors="replace")
+        return sorted({int(w) for w in who.split(",") if w.strip().isdigit()} - {glob[me]})
+
+    ended = _ends_seen.setdefault(name, set())
     kept = [glob[r] for r in survivors]
     while True:
         if not attempt:  # (re)join: the first attempt not ended yet, for a whole timeout from now
             attempt, seen, nap = _first_open_attempt(store), set(), 0.001
-            # A rank later than the others may skip the attempt they ended over views that
-            # differ: its timeout then says what that attempt found.
             before = store.get(f"{attempt - 1}/outcome").decode(errors="replace") if attempt > 1 else ""
+            if before.startswith("views|") and attempt - 1 not in ended:
+                # The others ended the attempt before over views that differ, before this rank
+                # came: it fails with them now (its retry meets theirs in the next attempt).
+                ended.add(attempt - 1)
+                attempt -= 1
+                raise RuntimeError(disagreement(views_of(who_of(attempt))) or before[6:])
             store.set(f"{attempt}/view/{glob[me]}", view)
             store.append(f"{attempt}/who", f",{glob[me]}")  # every rank that published, kept or not
         outcome = store.get(f"{attempt}/outcome").decode(errors="replace") if store.check([f"{attempt}/outcome"]) else ""
@@ -135,14 +152,15 @@ def _agree(store, name, glob, me, survivors, view, timeout):
             # "go" was set by a rank whose kept ranks' views all matched its own: where this
             # rank's kept ranks have published and agree, that is the same group. Otherwise (this
             # rank left out, or differing) it says the disagreement as it sees it.
+            ended.add(attempt)
             if outcome == "go" and store.check([f"{attempt}/view/{r}" for r in kept]) and not disagreement(views_of(kept)):
                 return attempt
-            who = store.get(f"{attempt}/who").decode(errors="replace")
-            why = disagreement(views_of(sorted({int(w) for w in who.split(",") if w.strip().isdigit()} - {glob[me]})))
+            why = disagreement(views_of(who_of(attempt)))
             raise RuntimeError(why or outcome.partition("|")[2] or
                                f"railcc shrink of group '{name}': the other ranks built their group without this "
                                f"rank's view ({view}); every rank that stays must exclude the same ranks")
         if outcome:  # "absent": a rank gave up on this attempt; meet its retry in the next
+            ended.add(attempt)
             attempt = 0
             deadline = _time.monotonic() + timeout.total_seconds()
             continue

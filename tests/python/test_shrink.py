@@ -2,6 +2,7 @@
 TCPStore, shared memory between the ranks. The elastic example (a rank SIGKILLed mid-step,
 the survivors shrink and finish with identical parameters) and shrink's refusals of bad input."""
 import os
+import re
 import sys
 
 import pytest
@@ -61,7 +62,8 @@ def test_shrink_group(mode, n):
         return
     if mode == "disagree":
         assert "rank 0 excludes [3] but rank 2 excludes [1, 3]" in outs[0], outs[0][-2500:]
-        assert "rank 2 excludes [1, 3] but rank 0 excludes [3]" in outs[2], outs[2][-2500:]
+        # Rank 2 names the first rank whose view it read (0 or 1: which came first is timing).
+        assert re.search(r"rank 2 excludes \[1, 3\] but rank [01] excludes \[3\]", outs[2]), outs[2][-2500:]
     else:
         survivors = n if mode == "bad" else n - 2
         assert all(f"rank {r} ok" in outs[r] for r in range(survivors)), _explain(codes, outs)
