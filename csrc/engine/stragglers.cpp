@@ -164,8 +164,7 @@ std::string Watchdog::stragglerReport() {
   return os.str();
 }
 
-bool Watchdog::takeStraggler(std::string& msg, std::vector<int>& ranks) {
-  if (!strag_.pending.load(std::memory_order_acquire)) return false;
+bool Watchdog::takePendingStraggler(std::string& msg, std::vector<int>& ranks) {
   std::lock_guard<std::mutex> g(strag_.mu);
   strag_.pending.store(false);
   if (strag_.msg.empty()) return false;

@@ -64,8 +64,11 @@ class Watchdog {
   /// up to `wait` to have done so.
   void publish(const std::string& key, const std::string& value);
   void waitPublished(Millis wait);
-  /// The StragglerError pending for the next op (RAILCC_STRAGGLER_ACTION=raise), once.
-  bool takeStraggler(std::string& msg, std::vector<int>& ranks);
+  /// The StragglerError pending for the next op (RAILCC_STRAGGLER_ACTION=raise), once; a load
+  /// of one flag per op when there is none.
+  bool takeStraggler(std::string& msg, std::vector<int>& ranks) {
+    return strag_.pending.load(std::memory_order_acquire) && takePendingStraggler(msg, ranks);
+  }
   /// Engine thread: whether `peer`, waited on without a connection, stopped rewriting its
   /// progress record (ten of its intervals, 2 s at least); `why` then says so.
   bool heartbeatStopped(int peer, std::string& why);
@@ -80,6 +83,7 @@ class Watchdog {
 
  private:
   void loop(std::shared_ptr<WatchdogShared> w);  // the thread
+  bool takePendingStraggler(std::string& msg, std::vector<int>& ranks);
   void checkStragglers();
   std::string progressRecord() const;
   const std::string& hostname() const { return peers_[static_cast<size_t>(rank_)].hostname; }
