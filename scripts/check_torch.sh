@@ -1,14 +1,41 @@
 #!/usr/bin/env bash
-# Checks that the c10d glue compiles against another torch release's headers, without
-# installing it: downloads that release's wheel from PyPI (no dependencies), unpacks only its
-# headers and compiles csrc/backend.cpp and csrc/module.cpp with -fsyntax-only.
+# Checks railcc against another torch release than the installed one.
 #
-#   bash scripts/check_torch.sh 2.11.0        # the GPU machines' torch
+#   bash scripts/check_torch.sh 2.15.0          # the c10d glue compiles against its headers
+#   bash scripts/check_torch.sh 2.14.1 --run    # and railcc built against it passes the core set
 #
-# The wheel is kept in ${RAILCC_WHEEL_DIR:-/tmp/railcc-torch-wheels} for the next run.
+# Without --run: downloads that release's wheel from PyPI (no dependencies), unpacks only its
+# headers and compiles csrc/backend.cpp and csrc/module.cpp with -fsyntax-only. The wheel is kept
+# in ${RAILCC_WHEEL_DIR:-/tmp/railcc-torch-wheels} for the next run.
+#
+# With --run: a venv with that torch (a CUDA build from PyPI, several GB, run on the CPU here),
+# a copy of this working tree built against it, and the core set of tests run there: the
+# collectives matrix, the watchdog, shrink and split, DDP and FSDP2 on CPU (RAILCC_CORE_TESTS
+# overrides the list). Everything lives in ${RAILCC_TORCH_RUNS:-/tmp/railcc-torch-runs}/VERSION;
+# a second run reuses the venv and the build. Takes 15-30 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-version=${1:?usage: check_torch.sh TORCH_VERSION}
+version=${1:?usage: check_torch.sh TORCH_VERSION [--run]}
+if [ "${2:-}" = "--run" ]; then
+  base=${RAILCC_TORCH_RUNS:-/tmp/railcc-torch-runs}/$version
+  venv=$base/venv src=$base/src
+  mkdir -p "$base"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  # A machine-wide pip constraint (a pinned torch) must not apply to this venv.
+  "$venv/bin/python" -c "import torch" 2>/dev/null ||
+    PIP_CONSTRAINT=/dev/null "$venv/bin/python" -m pip install -q "torch==$version" pytest pytest-timeout numpy setuptools
+  # The working tree as it is (tracked and new files), so that its build and tests use nothing
+  # of this checkout's build.
+  rm -rf "$src" && mkdir -p "$src"
+  git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$src"
+  (cd "$src" && RAILCC_BUILD_DIR="$base/build" CCACHE_BASEDIR="$src" \
+     "$venv/bin/python" -m pip install -q --no-build-isolation -e .)
+  tests=${RAILCC_CORE_TESTS:-"tests/python/test_collectives.py tests/python/test_watchdog.py tests/python/test_shrink.py tests/python/test_training.py"}
+  echo "torch $version: running the core set: $tests"
+  # shellcheck disable=SC2086
+  (cd "$src" && "$venv/bin/python" -m pytest -q -p no:cacheprovider $tests)
+  exit $?
+fi
 PY=${PYTHON:-python3}
 cache=${RAILCC_WHEEL_DIR:-/tmp/railcc-torch-wheels}
 mkdir -p "$cache/$version"

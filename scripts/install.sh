@@ -30,4 +30,11 @@ PY=${PYTHON:-python3}
 torch_now=$("$PY" -c "import torch; print(torch.__version__)")
 "$PY" -m pip install -q lightning deepspeed accelerate transformers "torch==$torch_now" ||
   echo "install.sh: lightning/deepspeed/accelerate/transformers not installed; their tests will be skipped" >&2
+# The newest torch's wheel (its headers only are used): tests/python/test_torch_versions.py
+# compiles the c10d glue against them, so that CI sees an API change before users do.
+newest=2.15.0
+ls "${RAILCC_WHEEL_DIR:-/tmp/railcc-torch-wheels}/$newest"/torch-$newest-*.whl >/dev/null 2>&1 ||
+  PIP_CONSTRAINT=/dev/null "$PY" -m pip download -q --no-deps --only-binary=:all: \
+    -d "${RAILCC_WHEEL_DIR:-/tmp/railcc-torch-wheels}/$newest" "torch==$newest" ||
+  echo "install.sh: torch $newest's wheel not downloaded; the glue's compile against it will be skipped" >&2
 "$PY" -c "import railcc, torch; print('railcc', railcc.__version__, 'built against torch', torch.__version__)"
