@@ -77,6 +77,9 @@ class ProcessGroupRailcc : public c10d::Backend {
 
   const std::string getBackendName() const override { return "railcc"; }
   bool supportsCoalescing() const override { return true; }
+  // torch.distributed's _time_estimator: ops costed by railcc's own schedule model, not run
+  // (engine/algorithms/estimate.cpp; _start_time_estimate / _end_time_estimate, module.cpp).
+  bool supportsTimeEstimation() const override { return true; }
   // split_group: a child group of some of this group's ranks, formed by those ranks alone
   // through the store torch hands over (traffic proportional to the child, nothing asked of
   // the other ranks); nullptr on a rank left out.

@@ -104,6 +104,11 @@ PYBIND11_MODULE(_C, m) {
         if (why.empty()) self.abort();
         else self.comm().abort(why);
       }, py::arg("why") = "", py::call_guard<py::gil_scoped_release>())
+      // torch.distributed._time_estimator asks these of the backend object; the estimate is in
+      // microseconds, as NCCL's.
+      .def_property_readonly("supports_time_estimate", [](railcc::ProcessGroupRailcc&) { return true; })
+      .def("_start_time_estimate", [](railcc::ProcessGroupRailcc& self) { self.comm().startTimeEstimate(); })
+      .def("_end_time_estimate", [](railcc::ProcessGroupRailcc& self) { return self.comm().endTimeEstimate(); })
       // shrink (railcc/_shrink.py): torch.distributed.shrink_group asks the backend object.
       .def_property_readonly("supports_shrinking", [](railcc::ProcessGroupRailcc&) { return true; })
       // dist.split_group deep-copies the parent's `options` for the child, and c10d's base

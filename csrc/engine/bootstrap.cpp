@@ -74,6 +74,7 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   watchdog_.start();  // its first progress record goes out now
   q_.thread = std::thread([this] { progressLoop(); });
   enlist();
+  algos_.ringOrder();  // worked out now, once: read from any thread from here on (time estimates)
   // Set-up succeeded: should the group end before every rank of the host mapped its shared
   // memory, the name waits for them (not where one reaches this rank otherwise: it never will).
   if (ch_.local() && hostAllShm) ch_.local()->keepNameForPeers();

@@ -18,6 +18,7 @@
 //   progress.cpp   the op queue's threads, p2p ops, abort and teardown
 //   failure.cpp    how a group fails, names the peer at fault, and tells its other groups
 //   rank_names.cpp ranks and links as users know them
+//   time_estimate.cpp  c10d's time estimator: ops costed by the algorithms' plans, not run
 //   communicator.cpp  the public Communicator: argument checks, then each op's body
 
 #include <poll.h>
@@ -125,6 +126,18 @@ class CommImpl : private ChannelHost, private WatchdogHost {
   void abort(const std::string& why);
   void shutdown();
   std::exception_ptr abortedError();  // what every op fails with once abort() was called
+
+  // ---- c10d's time estimator (time_estimate.cpp): while it is on, ops are costed, not run,
+  // and take no sequence number (so a rank that estimates stays in step with one that does not)
+  struct Estimating {
+    std::atomic<bool> on{false};
+    std::mutex mu;  // guards the rest: callers
+    double us = 0;
+    std::vector<Algorithms::LinkCost> byPeer;
+  } estimate_;
+  void startEstimate();
+  double endEstimate();
+  RequestPtr estimated(const Op& op);  // its cost counted; a Request finished already
 
   // ---- failure (failure.cpp)
   void fail(std::exception_ptr err);

@@ -61,6 +61,8 @@ std::string Communicator::dumpTrace(const std::string& reason, const std::string
 }
 std::string Communicator::stragglerReport() { return impl_->watchdog_.stragglerReport(); }
 uint64_t Communicator::collectiveCount() const { return impl_->q_.collSeq.load(); }
+void Communicator::startTimeEstimate() { impl_->startEstimate(); }
+double Communicator::endTimeEstimate() { return impl_->endEstimate(); }
 
 namespace {
 void checkRoot(int root, int size, const char* what) {
@@ -244,6 +246,8 @@ RequestPtr Communicator::alltoall(std::vector<const void*> ins, std::vector<size
                    " elements (input split) but expects ", outCounts[r], " (output split)");
   // Splits may differ per rank, so the fingerprint leaves count out; sizes are checked per message.
   auto o = c->collective(OpKind::kAlltoall, dt, ReduceOp::kSum, 0, 0, timeout);
+  if (c->estimate_.on.load(std::memory_order_relaxed))  // costed by its largest message
+    o->fp.count = *std::max_element(inCounts.begin(), inCounts.end());
   auto run = [c, dt](const std::vector<char*>& ins, const std::vector<size_t>& inCounts, const std::vector<char*>& outs,
                      const std::vector<size_t>& outCounts) { c->algos_.alltoall(ins, inCounts, outs, outCounts, dt); };
   std::vector<char*> i8, o8;

@@ -192,6 +192,12 @@ class Communicator {
 
   /// Number of collectives queued so far.
   uint64_t collectiveCount() const;
+  /// c10d's time estimator: from startTimeEstimate() to endTimeEstimate(), ops on this
+  /// communicator (on the calling process only: no peer needs to take part) move nothing and
+  /// finish at once; endTimeEstimate() returns the microseconds they would have taken by the
+  /// model of algorithms/estimate.cpp. Throws kInvalidUsage when not started, or started twice.
+  void startTimeEstimate();
+  double endTimeEstimate();
 
   /// Fails every pending and future op with kAborted and wakes all waiters. Thread-safe,
   /// never blocks for long.

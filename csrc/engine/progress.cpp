@@ -15,6 +15,7 @@ void CommImpl::checkOwner() const {
 
 RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
   checkOwner();
+  if (estimate_.on.load(std::memory_order_relaxed)) return estimated(*op);
   op->req = std::make_shared<Request>(opts_.config.spinUs, userPool_);
   op->live.attach(&opsLive_);
   if (op->timeout.count() <= 0) op->timeout = opts_.timeout;
@@ -80,7 +81,7 @@ std::unique_ptr<Op> CommImpl::collective(OpKind kind, DataType dt, ReduceOp rop,
   op->fp.redop = static_cast<uint8_t>(rop);
   op->fp.root = root;
   op->fp.count = count;
-  op->fp.seq = q_.collSeq.fetch_add(1) + 1;
+  if (!estimate_.on.load(std::memory_order_relaxed)) op->fp.seq = q_.collSeq.fetch_add(1) + 1;
   return op;
 }
 

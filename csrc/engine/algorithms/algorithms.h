@@ -17,6 +17,7 @@
 //   shm_rings.cpp the shared-memory broadcast rings (every rank on one host)
 //   direct.cpp    every peer at once: all-gather, all-to-all, gather, scatter, barrier, rounds
 //   peers.cpp     the peers the plans meet (what set-up connects), this group's PlanShape
+//   estimate.cpp  what an op would take, from the same plans (c10d's time estimator)
 
 #include <functional>
 #include <vector>
@@ -91,6 +92,15 @@ class Algorithms {
   const std::vector<int>& ringOrder();  // ring.cpp: hosts in order of their lowest rank
   PlanShape planShape();                // peers.cpp: this group's shape, for its algorithms' plans
   std::vector<int> collectivePeers();   // peers.cpp: the peers the collectives' plans meet
+  // estimate.cpp: how long an op of `bytes` (a rank's block for reduce_scatter and all_gather,
+  // the most to one peer for all-to-all) would take on this rank, without running it (c10d's
+  // time estimator). Each step of this rank's plan costs the largest latency of the peers it
+  // meets plus the time of its bytes on each peer's link (`byPeer`, indexed by rank); the ops
+  // without a row of the table by their one shape. Reductions' own time is not counted.
+  struct LinkCost {
+    double latencyUs = 0, usPerByte = 0;
+  };
+  double estimateUs(OpKind kind, size_t bytes, const std::vector<LinkCost>& byPeer);
 
  private:
   friend const AlgoRow& algoRow(Algo a);  // the table names the run functions

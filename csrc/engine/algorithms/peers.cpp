@@ -17,39 +17,6 @@ namespace railcc::engine {
 // ends of every pair listed connect it. The peers are those of each algorithm's plan (its row
 // in table.cpp, the same the simulation plays), step by step: nothing here names an algorithm.
 
-namespace {
-
-// This rank's orders (plan.h), from what set-up found.
-class GroupLayout : public Layout {
- public:
-  GroupLayout(int rank, const std::vector<int>& ring, const std::vector<int>& host, const std::vector<int>& rail)
-      : rank_(rank), ring_(ring), host_(host), rail_(rail) {}
-  int at(Order o, int j) const override {
-    const size_t i = static_cast<size_t>(j);
-    switch (o) {
-      case Order::kRing: return ring_[i];
-      case Order::kHost: return host_[i];
-      case Order::kRail: return rail_.empty() ? j : rail_[i];  // hosts of one rank: every rank
-      default: return j;
-    }
-  }
-  int me(Order o) const override {
-    switch (o) {
-      case Order::kRing: return index(ring_);
-      case Order::kHost: return index(host_);
-      case Order::kRail: return rail_.empty() ? rank_ : index(rail_);
-      default: return rank_;
-    }
-  }
-  int rootIndex() const override { return static_cast<int>(std::find(ring_.begin(), ring_.end(), 0) - ring_.begin()); }
-
- private:
-  int index(const std::vector<int>& g) const { return static_cast<int>(std::find(g.begin(), g.end(), rank_) - g.begin()); }
-  int rank_;
-  const std::vector<int>&ring_, &host_, &rail_;
-};
-
-}  // namespace
 
 PlanShape Algorithms::planShape() {
   PlanShape s;
@@ -70,7 +37,7 @@ std::vector<int> Algorithms::collectivePeers() {
     if (p != rank_) out.insert(p);
   };
   const PlanShape shape = planShape();
-  const GroupLayout layout(rank_, ringOrder(), localRanks_, rail_);
+  const RankLayout layout(rank_, ringOrder(), localRanks_, rail_);
   const int64_t oneshot = std::max<int64_t>(place_.oneshotBytes, 0);
   const std::vector<size_t> sizes{0,
                                   1,

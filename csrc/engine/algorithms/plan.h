@@ -10,6 +10,7 @@
 // is arithmetic), a communicator's come from its set-up (ringOrder(), its host's and rail's
 // ranks).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -33,6 +34,37 @@ class Layout {
   virtual int at(Order o, int index) const = 0;  // the rank at `index` of order `o`
   virtual int me(Order o) const = 0;             // this rank's index in `o`
   virtual int rootIndex() const = 0;             // rank 0's index in kRing (broadcasts from rank 0)
+};
+
+/// A communicator's orders, from what its set-up found: ringOrder(), its host's ranks, its
+/// rail's (empty where hosts hold one rank each: then every rank).
+class RankLayout : public Layout {
+ public:
+  RankLayout(int rank, const std::vector<int>& ring, const std::vector<int>& host, const std::vector<int>& rail)
+      : rank_(rank), ring_(ring), host_(host), rail_(rail) {}
+  int at(Order o, int j) const override {
+    const size_t i = static_cast<size_t>(j);
+    switch (o) {
+      case Order::kRing: return ring_[i];
+      case Order::kHost: return host_[i];
+      case Order::kRail: return rail_.empty() ? j : rail_[i];
+      default: return j;
+    }
+  }
+  int me(Order o) const override {
+    switch (o) {
+      case Order::kRing: return index(ring_);
+      case Order::kHost: return index(host_);
+      case Order::kRail: return rail_.empty() ? rank_ : index(rail_);
+      default: return rank_;
+    }
+  }
+  int rootIndex() const override { return static_cast<int>(std::find(ring_.begin(), ring_.end(), 0) - ring_.begin()); }
+
+ private:
+  int index(const std::vector<int>& g) const { return static_cast<int>(std::find(g.begin(), g.end(), rank_) - g.begin()); }
+  int rank_;
+  const std::vector<int>&ring_, &host_, &rail_;
 };
 
 /// What a plan may depend on: the same on every rank of the group.
