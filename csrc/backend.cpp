@@ -199,12 +199,19 @@ ProcessGroupRailcc::ProcessGroupRailcc(const c10::intrusive_ptr<c10d::Store>& st
       c10dStore_(perAttempt(store)),
       groupName_(groupName), globalRanks_(static_cast<int>(globalRanks.size()) == size ? globalRanks : std::vector<int>{}) {
   for (int r = static_cast<int>(globalRanks_.size()); r < size; ++r) globalRanks_.push_back(r);
+  comm_ = connect("init", rank, size, std::move(groupName),
+                  static_cast<int>(globalRanks.size()) == size ? std::move(globalRanks) : std::vector<int>{});
+  init();
+}
+
+std::unique_ptr<engine::Communicator> ProcessGroupRailcc::connect(const char* what, int rank, int size, std::string name,
+                                                                  std::vector<int> globalRanks) {
   engine::CommOptions o;
   o.rank = rank;
   o.size = size;
-  o.name = std::move(groupName);
-  if (static_cast<int>(globalRanks.size()) == size) o.globalRanks = std::move(globalRanks);
-  o.timeout = timeout;
+  o.name = std::move(name);
+  o.globalRanks = std::move(globalRanks);
+  o.timeout = timeout_;
   o.storeKeepAlive = store_;
   o.config = configFromEnv();
   if (const char* l = std::getenv("LOCAL_WORLD_SIZE")) {  // torchrun's ranks per host: a hint, ignored unless sane
@@ -212,8 +219,7 @@ ProcessGroupRailcc::ProcessGroupRailcc(const c10::intrusive_ptr<c10d::Store>& st
     const long v = std::strtol(l, &end, 10);
     if (end != l && *end == '\0' && v > 0 && v <= (1 << 20)) o.ranksPerHostHint = static_cast<int>(v);
   }
-  comm_ = guard("init", [&] { return std::make_unique<engine::Communicator>(*store_, o); });
-  init();
+  return guard(what, [&] { return std::make_unique<engine::Communicator>(*store_, o); });
 }
 
 ProcessGroupRailcc::~ProcessGroupRailcc() {

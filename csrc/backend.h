@@ -150,6 +150,13 @@ class ProcessGroupRailcc : public c10d::Backend {
   /// Per-peer transport, e.g. {"shm", "socket 10.0.0.2:4000"}, for diagnostics.
   std::vector<std::string> peerTransports() const;
 
+#ifdef C10D_BACKEND_HAS_RECONFIGURE
+  // torch 2.14's reconfigure (reconfigure.cpp): the group takes a new membership in place.
+  bool supportsReconfigure() const override { return true; }
+  c10d::ReconfigureHandle get_reconfigure_handle() const override;
+  c10::intrusive_ptr<c10d::Work> reconfigure(const c10d::ReconfigureOptions& opts) override;
+#endif
+
  private:
   c10::intrusive_ptr<c10d::Work> makeWork(c10d::OpType type, const char* name, std::vector<engine::RequestPtr> reqs,
                                           std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep = {},
@@ -159,8 +166,19 @@ class ProcessGroupRailcc : public c10d::Backend {
   DeviceCallPtr deviceCall(const char* what, const std::vector<at::Tensor>& tensors);
   std::chrono::milliseconds opTimeout(std::chrono::milliseconds requested) const;
 
+  /// The communicator of this group's `rank` and `size` over store_ (init, reconfigure).
+  std::unique_ptr<engine::Communicator> connect(const char* what, int rank, int size, std::string name,
+                                                std::vector<int> globalRanks);
+
   std::shared_ptr<engine::Store> store_;  // shared with a watchdog thread that may outlive us
   std::unique_ptr<engine::Communicator> comm_;
+  // Reconfigure: this process's part of every handle (random, made once), the uuids used, and
+  // the communicators and stores replaced (shut down, but a Work of theirs may still ask them).
+  mutable std::once_flag handleOnce_;
+  mutable std::string handleId_;
+  std::vector<int64_t> uuids_;
+  std::vector<std::unique_ptr<engine::Communicator>> retired_;
+  std::vector<std::shared_ptr<engine::Store>> retiredStores_;
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> c10dStore_;
   std::string groupName_;
