@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <sstream>
 #include <thread>
 
@@ -213,6 +212,7 @@ std::unique_ptr<engine::Communicator> ProcessGroupRailcc::connect(const char* wh
   o.globalRanks = std::move(globalRanks);
   o.timeout = timeout_;
   o.storeKeepAlive = store_;
+  o.onFailure = [hooks = abortHooks_](std::exception_ptr err) { hooks->runFor(err); };
   o.config = configFromEnv();
   if (const char* l = std::getenv("LOCAL_WORLD_SIZE")) {  // torchrun's ranks per host: a hint, ignored unless sane
     char* end = nullptr;
@@ -278,7 +278,10 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupRailcc::split(const c10::intrusive
   return child;
 }
 
-void ProcessGroupRailcc::abort() { comm_->abort("abort() was called on the process group"); }
+void ProcessGroupRailcc::abort() {
+  abortHooks_->run();  // torch 2.14's abort hooks (backend.h), before the group ends
+  comm_->abort("abort() was called on the process group");
+}
 
 void ProcessGroupRailcc::shutdown() { comm_->shutdown(); }
 

@@ -8,6 +8,7 @@
 
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
+#include <torch/version.h>
 
 #include <functional>
 #include <map>
@@ -64,6 +65,37 @@ class RailccError : public c10::DistBackendError {
   long long seq;
   std::string op;
   bool ranksDead;  // `ranks` were seen gone (process exited, connections dropped), not merely slow
+};
+
+/// torch 2.14's abort hooks (Backend::registerAbortHook), by id: they run before the group
+/// aborts, from abort() and on the thread that finds a failure (a timeout, a dead peer), not
+/// for shutdown(). Shared with the communicators, whose threads may outlive the group.
+struct AbortHooks {
+  std::mutex mu;
+  std::map<int64_t, std::function<void()>> hooks;
+  void run() {
+    std::vector<std::function<void()>> now;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      for (auto& [id, h] : hooks) now.push_back(h);
+    }
+    for (auto& h : now) {
+      try {
+        h();
+      } catch (const std::exception&) {  // one hook's failure keeps none of the others from running
+      }
+    }
+  }
+  // A failure of the group's: abort() has run the hooks already and shutdown() needs none.
+  void runFor(std::exception_ptr err) {
+    try {
+      std::rethrow_exception(err);
+    } catch (const ::railcc::Error& e) {
+      if (e.code() == ::railcc::ErrorCode::kAborted) return;
+    } catch (...) {
+    }
+    run();
+  }
 };
 
 /// Converts an engine exception_ptr into a RailccError exception_ptr (others pass through).
@@ -156,6 +188,24 @@ class ProcessGroupRailcc : public c10d::Backend {
   c10d::ReconfigureHandle get_reconfigure_handle() const override;
   c10::intrusive_ptr<c10d::Work> reconfigure(const c10d::ReconfigureOptions& opts) override;
 #endif
+#ifdef C10D_BACKEND_HAS_WINDOW
+  // torch 2.14's one-sided windows over host memory (window.cpp).
+  bool supportsWindow() const override { return true; }
+  c10::intrusive_ptr<c10d::Window> new_window(const std::optional<at::Tensor>& tensor) override;
+#endif
+#ifdef C10D_BACKEND_HAS_HOOKS
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)  // asked from 2.15 on
+  bool supportsAbortHooks() const override { return true; }
+#endif
+  void registerAbortHook(int64_t id, c10d::AbortHook hook) override {
+    std::lock_guard<std::mutex> g(abortHooks_->mu);
+    abortHooks_->hooks[id] = std::move(hook);
+  }
+  void unregisterAbortHook(int64_t id) override {
+    std::lock_guard<std::mutex> g(abortHooks_->mu);
+    abortHooks_->hooks.erase(id);
+  }
+#endif
 
  private:
   c10::intrusive_ptr<c10d::Work> makeWork(c10d::OpType type, const char* name, std::vector<engine::RequestPtr> reqs,
@@ -189,6 +239,8 @@ class ProcessGroupRailcc : public c10d::Backend {
   std::mutex splitMu_;
   std::map<std::string, c10::weak_intrusive_ptr<c10d::Backend>> splits_;
   uint64_t seq_ = 0;
+  uint64_t windows_ = 0;  // new_window calls: every rank makes its windows in one order
+  std::shared_ptr<AbortHooks> abortHooks_ = std::make_shared<AbortHooks>();
   bool coalescing_ = false;
   std::vector<engine::RequestPtr> coalescedReqs_;
   std::vector<at::Tensor> coalescedOutputs_;

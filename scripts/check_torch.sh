@@ -5,13 +5,13 @@
 #   bash scripts/check_torch.sh 2.14.1 --run    # and railcc built against it passes the core set
 #
 # Without --run: downloads that release's wheel from PyPI (no dependencies), unpacks only its
-# headers and compiles the glue (csrc/backend.cpp, module.cpp, reconfigure.cpp) with
+# headers and compiles the glue (csrc/backend.cpp, module.cpp, reconfigure.cpp, window.cpp) with
 # -fsyntax-only. The wheel is kept in ${RAILCC_WHEEL_DIR:-/tmp/railcc-torch-wheels}.
 #
 # With --run: a venv with that torch (a CUDA build from PyPI, several GB, run on the CPU here),
 # a copy of this working tree built against it, and the core set of tests run there: the
 # collectives matrix, the watchdog, shrink and split, DDP and FSDP2 on CPU, and torch 2.14's
-# reconfigure where it has it (RAILCC_CORE_TESTS
+# reconfigure, windows and abort hooks where it has them (RAILCC_CORE_TESTS
 # overrides the list). Everything lives in ${RAILCC_TORCH_RUNS:-/tmp/railcc-torch-runs}/VERSION;
 # a second run reuses the venv and the build. Takes 15-30 minutes on 2 cores.
 set -euo pipefail
@@ -31,7 +31,7 @@ if [ "${2:-}" = "--run" ]; then
   git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$src"
   (cd "$src" && RAILCC_BUILD_DIR="$base/build" CCACHE_BASEDIR="$src" \
      "$venv/bin/python" -m pip install -q --no-build-isolation -e .)
-  tests=${RAILCC_CORE_TESTS:-"tests/python/test_collectives.py tests/python/test_watchdog.py tests/python/test_shrink.py tests/python/test_training.py tests/python/test_reconfigure.py"}
+  tests=${RAILCC_CORE_TESTS:-"tests/python/test_collectives.py tests/python/test_watchdog.py tests/python/test_shrink.py tests/python/test_training.py tests/python/test_reconfigure.py tests/python/test_window.py"}
   echo "torch $version: running the core set: $tests"
   # shellcheck disable=SC2086
   (cd "$src" && "$venv/bin/python" -m pytest -q -p no:cacheprovider $tests)
@@ -54,7 +54,7 @@ if [ ! -d "$inc/torch" ]; then
 fi
 pyinc=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 status=0
-for f in csrc/backend.cpp csrc/module.cpp csrc/reconfigure.cpp; do
+for f in csrc/backend.cpp csrc/module.cpp csrc/reconfigure.cpp csrc/window.cpp; do
   if c++ -std=gnu++20 -fsyntax-only -Wall -Wno-unused-parameter -DTORCH_EXTENSION_NAME=_C -DUSE_DISTRIBUTED \
       -DUSE_C10D_GLOO -Icsrc -isystem "$pyinc" -isystem "$inc" -isystem "$inc/torch/csrc/api/include" "$f"; then
     echo "torch $version: $f compiles"

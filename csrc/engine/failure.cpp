@@ -18,6 +18,13 @@ void CommImpl::fail(std::exception_ptr err) {
     health_.broken = err;
     health_.brokenSet.store(true, std::memory_order_release);
   }
+  if (opts_.onFailure) {
+    try {
+      opts_.onFailure(err);
+    } catch (const std::exception& e) {
+      RAILCC_WARN(WATCHDOG, "group '", opts_.name, "': a failure hook threw: ", e.what());
+    }
+  }
   std::string msg, culprits;
   try {
     std::rethrow_exception(err);

@@ -26,3 +26,4 @@ def test_glue_compiles_against_other_torch_headers(version):
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"torch {version}: csrc/backend.cpp compiles" in r.stdout
     assert f"torch {version}: csrc/module.cpp compiles" in r.stdout
+    assert f"torch {version}: csrc/window.cpp compiles" in r.stdout
