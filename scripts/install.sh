@@ -25,11 +25,11 @@ PY=${PYTHON:-python3}
 "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch==2.13.0"
 "$PY" -m pip install -q pytest pytest-timeout matplotlib mpi4py numpy
 "$PY" -m pip install -q --no-build-isolation -e .
-# Training libraries the client tests run (tests/python/test_clients.py), held to the torch
+# Training libraries the client tests run (tests/python/test_clients.py, test_torchft.py), held to the torch
 # above; where they cannot be installed those tests skip, saying so.
 torch_now=$("$PY" -c "import torch; print(torch.__version__)")
-"$PY" -m pip install -q lightning deepspeed accelerate transformers "torch==$torch_now" ||
-  echo "install.sh: lightning/deepspeed/accelerate/transformers not installed; their tests will be skipped" >&2
+"$PY" -m pip install -q lightning deepspeed accelerate transformers "torchft==0.2.0" "torch==$torch_now" ||
+  echo "install.sh: lightning/deepspeed/accelerate/transformers/torchft not installed; their tests will be skipped" >&2
 # The newest torch's wheel (its headers only are used): tests/python/test_torch_versions.py
 # compiles the c10d glue against them, so that CI sees an API change before users do.
 newest=2.15.0
