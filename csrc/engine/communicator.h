@@ -81,8 +81,8 @@ struct CommOptions {
   /// outlive the communicator (it is then left behind at shutdown instead of joined).
   std::shared_ptr<Store> storeKeepAlive;
   /// Called once, on the thread that finds it, when the group fails (an op timed out, a peer
-  /// died, abort() or shutdown() ended it), before the peers are told: torch's abort hooks run
-  /// here. It must be short, and must not call into this communicator.
+  /// died, abort() or shutdown() ended it), after the peers are told and before any teardown:
+  /// torch's abort hooks run here. It must not call into this communicator.
   std::function<void(std::exception_ptr)> onFailure;
   /// Ranks per host as the launcher tells them (torchrun's LOCAL_WORLD_SIZE); 0: not told. A
   /// group larger than that spans hosts, so its topology is read while set-up still waits for

@@ -18,13 +18,6 @@ void CommImpl::fail(std::exception_ptr err) {
     health_.broken = err;
     health_.brokenSet.store(true, std::memory_order_release);
   }
-  if (opts_.onFailure) {
-    try {
-      opts_.onFailure(err);
-    } catch (const std::exception& e) {
-      RAILCC_WARN(WATCHDOG, "group '", opts_.name, "': a failure hook threw: ", e.what());
-    }
-  }
   std::string msg, culprits;
   try {
     std::rethrow_exception(err);
@@ -57,6 +50,15 @@ void CommImpl::fail(std::exception_ptr err) {
     if (!path.empty()) RAILCC_WARN(WATCHDOG, "flight recorder written to ", path);
   } catch (const std::exception& e) {
     RAILCC_WARN(WATCHDOG, "could not write the flight recorder: ", e.what());
+  }
+  // torch's abort hooks: after the peers are told (a hook may take a while, a flight-recorder
+  // dump, and a late peer must not finish the op meanwhile), before any teardown.
+  if (opts_.onFailure) {
+    try {
+      opts_.onFailure(err);
+    } catch (const std::exception& e) {
+      RAILCC_WARN(WATCHDOG, "group '", opts_.name, "': a failure hook threw: ", e.what());
+    }
   }
   bool userEnded = false;  // abort() or shutdown(): asked for, not a failure to tear down for
   try {
