@@ -216,7 +216,8 @@ elif mode in ("subgroup", "wait", "excluded"):
         check_sum("after the shrink that waited")
         leave([0, 1])
 elif mode == "apart":
-    if me >= 2:
+    if me >= 2:  # done with the store (init's last read) before rank 0, its host, may leave
+        c10d._get_default_store().set(f"left/{me}", "1")
         time.sleep(8)
         os._exit(0)
     t0 = time.monotonic()
@@ -228,7 +229,7 @@ elif mode == "apart":
         assert f"rank {me} excludes [{3 - me}] but rank {1 - me} excludes [{2 + me}]" in str(e), str(e)
         assert took < 8, took
         print(f"rank {me} refused in {took:.1f} s: {e}", flush=True)
-    leave([0, 1])
+    leave([0, 1, 2, 3])
 elif mode in ("late", "drain", "second"):
     store = c10d._get_default_store()
     dist.all_reduce(torch.ones(4))
