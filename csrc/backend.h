@@ -19,6 +19,7 @@
 
 #include "engine/communicator.h"
 #include "common/error.h"
+#include "common/log.h"
 
 namespace railcc {
 
@@ -67,9 +68,10 @@ class RailccError : public c10::DistBackendError {
   bool ranksDead;  // `ranks` were seen gone (process exited, connections dropped), not merely slow
 };
 
-/// torch 2.14's abort hooks (Backend::registerAbortHook), by id: they run before the group
-/// aborts, from abort() and on the thread that finds a failure (a timeout, a dead peer), not
-/// for shutdown(). Shared with the communicators, whose threads may outlive the group.
+/// torch 2.14's abort hooks (Backend::registerAbortHook), by id: abort() runs them first, and a
+/// failure (a timeout, a dead peer) on the thread that finds it, once the peers are told and
+/// before anything is torn down; shutdown() runs none. Shared with the communicators, whose
+/// threads may outlive the group.
 struct AbortHooks {
   std::mutex mu;
   std::map<int64_t, std::function<void()>> hooks;
@@ -82,7 +84,8 @@ struct AbortHooks {
     for (auto& h : now) {
       try {
         h();
-      } catch (const std::exception&) {  // one hook's failure keeps none of the others from running
+      } catch (const std::exception& e) {  // one hook's failure keeps none of the others from running
+        RAILCC_WARN(WATCHDOG, "an abort hook threw: ", e.what());
       }
     }
   }

@@ -135,6 +135,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reconfigure(const c10d::Recon
   globalRanks_.clear();
   for (int r = 0; r < size; ++r) globalRanks_.push_back(r);
   uuids_.push_back(opts.uuid);
+  windows_ = 0;  // the new membership numbers its windows afresh (a member that joined made none)
   rank_ = rank;
   size_ = size;
   comm_ = connect("reconfigure", rank, size, groupName_ + ":reconfigure" + std::to_string(opts.uuid), {});

@@ -18,6 +18,21 @@ def barrier(key):
         time.sleep(0.01)
 
 
+def window_round(size):
+    """Every member puts its rank into every member's window and signals it (torch 2.14's
+    windows on the group as it now is)."""
+    me = dist.get_rank()
+    buf = torch.zeros(size)
+    win = dist.distributed_c10d._new_window(buf)
+    for dst in range(size):
+        win.put(torch.full((1,), float(me + 1)), dst, me, False).wait()
+        win.signal(dst, False).wait()
+    for src in range(size):
+        win.wait_signal(src, False).wait()
+    assert torch.equal(buf, torch.arange(1, size + 1, dtype=torch.float32)), buf
+    win.tensor_deregister()
+
+
 assert dist._supports_reconfigure()
 mine = dist._get_reconfigure_handle()
 assert mine == dist._get_reconfigure_handle(), "a handle is the same every time it is asked"
@@ -33,6 +48,7 @@ if rank != n - 1:
     dist.all_reduce(t)
     assert torch.equal(t, torch.full((4,), float(sum(range(1, n))))), t
     dist.broadcast(t, 0)
+    window_round(n - 1)  # a window among the n - 1: the leaver makes none
     print(f"rank {rank}: first reconfigure ok, rank {dist.get_rank()} of {dist.get_world_size()}", flush=True)
 barrier("test/phase2")
 
@@ -42,6 +58,7 @@ assert (dist.get_rank(), dist.get_world_size()) == (sorted(handles).index(mine),
 t = torch.full((3,), float(rank + 1))
 dist.all_reduce(t)
 assert torch.equal(t, torch.full((3,), float(n * (n + 1) // 2))), t
+window_round(n)  # windows are numbered afresh in each membership, whatever each made before
 print(f"rank {rank}: rejoined, rank {dist.get_rank()} of {dist.get_world_size()}", flush=True)
 
 # 3. Misuse is refused by name, and the group still works.
