@@ -70,7 +70,7 @@ class WindowEndpoint {
   /// Waits until `peer` has signalled this rank once more than this rank consumed, and
   /// consumes that one. Throws kTimeout (or kPeerFailure once the peer's connection dropped).
   void waitSignal(int peer, std::chrono::milliseconds timeout);
-  /// How the last put to `peer` travelled: "process_vm_readv", "socket ip:port", or "-".
+  /// How the last put to `peer` travelled: "process_vm_readv", "socket", "memcpy" (this rank), or "-".
   std::string pathTo(int peer) const;
 
   int rank() const;
