@@ -160,17 +160,6 @@ void checkRank(int r, int size, const char* what, const char* arg) {
             std::to_string(size));
 }
 
-// Engine errors raised on the caller's thread (argument checks) become ValueError.
-template <typename F>
-auto guard(const char* what, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const Error& e) {
-    if (e.code() == ErrorCode::kInvalidUsage) invalid(std::string(what) + ": " + e.what());
-    throw RailccError(e, std::string("railcc ") + what + ": ");
-  }
-}
-
 engine::Placement placed(const DeviceCallPtr& dev) { return dev ? dev->where() : engine::Placement{}; }
 
 Config configFromEnv() {

@@ -8,6 +8,7 @@
 
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
+#include <c10/util/Exception.h>
 #include <torch/version.h>
 
 #include <functional>
@@ -103,6 +104,19 @@ struct AbortHooks {
 
 /// Converts an engine exception_ptr into a RailccError exception_ptr (others pass through).
 std::exception_ptr toTorchError(std::exception_ptr err, const std::string& context);
+
+/// Runs an engine call for the glue: bad arguments (kInvalidUsage) become ValueError, every
+/// other engine error a RailccError naming `what`.
+template <typename F>
+auto guard(const char* what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const ::railcc::Error& e) {
+    if (e.code() == ::railcc::ErrorCode::kInvalidUsage)
+      C10_THROW_ERROR(ValueError, std::string("railcc: ") + what + ": " + e.what());
+    throw RailccError(e, std::string("railcc ") + what + ": ");
+  }
+}
 
 class ProcessGroupRailcc : public c10d::Backend {
  public:

@@ -19,15 +19,6 @@ namespace {
 
 [[noreturn]] void refuse(const std::string& msg) { C10_THROW_ERROR(ValueError, "railcc window: " + msg); }
 
-template <typename F>
-auto translated(const char* what, F&& f) {
-  try {
-    return f();
-  } catch (const Error&) {
-    std::rethrow_exception(toTorchError(std::current_exception(), std::string("railcc ") + what + ": "));
-  }
-}
-
 class RailccWindow : public c10d::Window {
  public:
   RailccWindow(std::unique_ptr<transport::WindowEndpoint> ep, std::chrono::milliseconds timeout)
@@ -38,7 +29,7 @@ class RailccWindow : public c10d::Window {
     if (!tensor.device().is_cpu())
       refuse("tensor_register: railcc windows hold host memory; got a tensor on " + tensor.device().str());
     if (!tensor.is_contiguous()) refuse("tensor_register: the tensor must be contiguous (a window is one region)");
-    translated("window tensor_register", [&] {
+    guard("window tensor_register", [&] {
       ep_->registerRegion(tensor.data_ptr(), tensor.nbytes(), tensor.element_size(),
                           std::string(c10::toString(tensor.scalar_type())));
     });
@@ -47,7 +38,7 @@ class RailccWindow : public c10d::Window {
   }
 
   void tensor_deregister() override {
-    translated("window tensor_deregister", [&] { ep_->deregister(timeout_); });
+    guard("window tensor_deregister", [&] { ep_->deregister(timeout_); });
     tensor_.reset();
   }
 
@@ -58,7 +49,7 @@ class RailccWindow : public c10d::Window {
              (tensor.defined() ? "a tensor on " + tensor.device().str() : std::string("an undefined tensor")));
     if (targetOffsetNelems < 0) refuse("put: targetOffsetNelems is " + std::to_string(targetOffsetNelems));
     const at::Tensor src = tensor.contiguous();
-    translated("window put", [&] {
+    guard("window put", [&] {
       ep_->put(src.data_ptr(), src.nbytes(), std::string(c10::toString(src.scalar_type())), static_cast<int>(dstRank),
                static_cast<size_t>(targetOffsetNelems), timeoutOf(opts.timeout));
     });
@@ -73,13 +64,13 @@ class RailccWindow : public c10d::Window {
   }
 
   c10::intrusive_ptr<c10d::Work> signal(int64_t peerRank, bool /*asyncOp*/, const c10d::SignalOptions& opts) override {
-    translated("window signal", [&] { ep_->signal(static_cast<int>(peerRank), timeoutOf(opts.timeout)); });
+    guard("window signal", [&] { ep_->signal(static_cast<int>(peerRank), timeoutOf(opts.timeout)); });
     return done("window signal");
   }
 
   c10::intrusive_ptr<c10d::Work> wait_signal(int64_t peerRank, bool /*asyncOp*/,
                                              const c10d::WaitSignalOptions& opts) override {
-    translated("window wait_signal", [&] { ep_->waitSignal(static_cast<int>(peerRank), timeoutOf(opts.timeout)); });
+    guard("window wait_signal", [&] { ep_->waitSignal(static_cast<int>(peerRank), timeoutOf(opts.timeout)); });
     return done("window wait_signal");
   }
 
@@ -116,7 +107,7 @@ c10::intrusive_ptr<c10d::Window> ProcessGroupRailcc::new_window(const std::optio
   dir.add = [store, prefix](const std::string& k, int64_t d) { return store->add(prefix + k, d); };
   std::vector<transport::WindowPeer> peers;
   for (const auto& p : comm_->peers()) peers.push_back({p.hostId, p.hostname, p.pidNs});
-  auto window = translated("new_window", [&] {
+  auto window = guard("new_window", [&] {
     return c10::make_intrusive<RailccWindow>(
         std::make_unique<transport::WindowEndpoint>(std::move(dir), getRank(), std::move(peers),
                                                     "window " + std::to_string(n) + " of group '" + groupName_ + "'",

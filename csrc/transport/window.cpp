@@ -4,7 +4,6 @@
 
 #include "transport/window.h"
 
-#include <arpa/inet.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -22,7 +21,6 @@
 #include "common/config.h"
 #include "common/crypto.h"
 #include "common/error.h"
-#include "common/strings.h"
 #include "transport/shm/shm_segment.h"
 #include "transport/socket/socket_transport.h"
 
@@ -50,12 +48,6 @@ struct Reply {
   uint32_t status = kOk;
   uint32_t textLen = 0;
 };
-
-std::string pidNamespaceHere() {
-  char buf[128];
-  ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf));
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
-}
 
 // Waits for `events` on fd until the deadline; false at the deadline.
 bool waitFd(int fd, short events, Clock::time_point deadline) {
@@ -102,20 +94,6 @@ std::string recvAll(int fd, void* data, size_t n, Clock::time_point deadline) {
   return "";
 }
 
-std::string hexToken() {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (uint8_t b : randomBytes(16)) out += digits[b >> 4], out += digits[b & 15];
-  return out;
-}
-
-bool sameText(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 }  // namespace
 
 struct WindowEndpoint::Impl {
@@ -124,7 +102,7 @@ struct WindowEndpoint::Impl {
   std::vector<WindowPeer> peers;
   std::string name;
   Millis timeout;
-  std::string token = hexToken();
+  std::string token = randomHex(16);
   std::unique_ptr<socket::Listener> listener;
   int wakeFd = -1;
   std::atomic<bool> stop{false};
@@ -211,9 +189,15 @@ struct WindowEndpoint::Impl {
     if (c.rank < 0) {  // the first message must prove the sender read this rank's token
       if (h.kind != kHello || h.bytes != token.size() || h.gen >= peers.size()) return false;
       std::string t(token.size(), '\0');
-      if (!recvAll(c.fd, t.data(), t.size(), deadline).empty() || !sameText(t, token)) return false;
+      if (!recvAll(c.fd, t.data(), t.size(), deadline).empty() ||
+          !equalConstantTime(sha256(t.data(), t.size()), sha256(token.data(), token.size())))
+        return false;
       c.rank = static_cast<int>(h.gen);
       c.pid = static_cast<int>(h.offset);
+      {
+        std::lock_guard<std::mutex> g(sigMu);  // a peer that dropped and came back counts again
+        dropped[static_cast<size_t>(c.rank)] = 0;
+      }
       answer(c.fd, kOk, "");
       return true;
     }
@@ -300,12 +284,12 @@ struct WindowEndpoint::Impl {
     std::string where, peerToken;
     int pid = 0;
     rec >> where >> pid >> peerToken;
-    const size_t colon = where.rfind(':');
     sockaddr_in to{};
-    to.sin_family = AF_INET;
-    if (colon == std::string::npos || inet_pton(AF_INET, where.substr(0, colon).c_str(), &to.sin_addr) != 1)
-      fail(ErrorCode::kInternal, peer, "connect", "its window address '" + quoteBytes(where, 100) + "' is not ip:port");
-    to.sin_port = htons(static_cast<uint16_t>(std::atoi(where.c_str() + colon + 1)));
+    try {
+      to = socket::parseAddr(where);
+    } catch (const Error& e) {
+      fail(ErrorCode::kInternal, peer, "connect", std::string("its window record is damaged: ") + e.what());
+    }
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) fail(ErrorCode::kSystem, peer, "connect", std::string("socket: ") + strerror(errno));
     std::string err;
@@ -392,7 +376,6 @@ WindowEndpoint::WindowEndpoint(Directory dir, int rank, std::vector<WindowPeer> 
   m.timeout = timeout;
   RAILCC_CHECK_ARG(rank >= 0 && rank < static_cast<int>(m.peers.size()), m.name, ": rank ", rank, " of ",
                    m.peers.size());
-  if (m.peers[static_cast<size_t>(rank)].pidNs.empty()) m.peers[static_cast<size_t>(rank)].pidNs = pidNamespaceHere();
   m.got.assign(m.peers.size(), 0);
   m.used.assign(m.peers.size(), 0);
   m.dropped.assign(m.peers.size(), 0);

@@ -37,7 +37,7 @@ struct Directory {
 struct WindowPeer {
   std::string hostId;    // ranks with equal ids and pid namespaces may read each other's memory
   std::string hostname;  // for people
-  std::string pidNs;
+  std::string pidNs;      // its pid namespace ("pid:[...]"); empty: unknown, memory never read
 };
 
 class WindowEndpoint {

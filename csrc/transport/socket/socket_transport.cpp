@@ -23,19 +23,6 @@ namespace {
 
 constexpr int kMaxChannels = 64;  // slot = lane * kMaxChannels + channel in the handshake
 
-sockaddr_in parseAddr(const std::string& s) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  auto colon = s.rfind(':');
-  if (colon == std::string::npos || inet_pton(AF_INET, s.substr(0, colon).c_str(), &a.sin_addr) != 1)
-    RAILCC_THROW(kInvalidUsage, "socket endpoint '", quoteBytes(s, 80), "' is not ip:port");
-  long long port = 0;
-  if (!parseInt(s.substr(colon + 1), 1, 65535, port))
-    RAILCC_THROW(kInvalidUsage, "socket endpoint '", quoteBytes(s, 64), "' has port '", quoteBytes(s.substr(colon + 1), 16),
-                 "', not a number from 1 to 65535");
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  return a;
-}
 
 // A published endpoint: "-" (nobody dials this rank), "ip:port,ip:port" (one listener per
 // interface), or with rails "ip:port@0,ip:port@1;rail=1" (each listener's rail, and the rank's).
@@ -261,6 +248,20 @@ class SocketTransport : public railcc::transport::Transport {
 };
 
 }  // namespace
+
+sockaddr_in parseAddr(const std::string& s) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  auto colon = s.rfind(':');
+  if (colon == std::string::npos || inet_pton(AF_INET, s.substr(0, colon).c_str(), &a.sin_addr) != 1)
+    RAILCC_THROW(kInvalidUsage, "socket endpoint '", quoteBytes(s, 80), "' is not ip:port");
+  long long port = 0;
+  if (!parseInt(s.substr(colon + 1), 1, 65535, port))
+    RAILCC_THROW(kInvalidUsage, "socket endpoint '", quoteBytes(s, 64), "' has port '", quoteBytes(s.substr(colon + 1), 16),
+                 "', not a number from 1 to 65535");
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  return a;
+}
 
 std::unique_ptr<railcc::transport::Transport> makeTransport() { return std::make_unique<SocketTransport>(); }
 

@@ -15,6 +15,8 @@ namespace railcc::transport::socket {
 
 /// An IPv4 address and port in text form for logs: "10.0.0.2:41234".
 std::string formatAddr(const sockaddr_in& a);
+/// The inverse: "10.0.0.2:41234" to an address; throws kInvalidUsage naming what is wrong.
+sockaddr_in parseAddr(const std::string& s);
 
 struct Interface {
   std::string name;
