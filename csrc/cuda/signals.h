@@ -127,17 +127,18 @@ RAILCC_HD void recordFailure(SignalFailure* f, uint32_t why, int peer, uint64_t 
 }
 
 /// Waits until rank `peer` has signalled `pad`'s owner `expected` times in all (modulo 2^32),
-/// or `deadlineNs` (signalNow()'s clock) passes, or the host raises pad->abort; the failures
-/// are recorded in `failure` with `seq`. After kSignalled, the peer's writes before its signal
-/// are visible here.
+/// or `deadlineNs` (signalNow()'s clock) passes, or the host raises pad->abort or `hostAbort`
+/// (a flag in host-mapped memory the host can set while the GPU is busy; may be null); the
+/// failures are recorded in `failure` with `seq`. After kSignalled, the peer's writes before its
+/// signal are visible here.
 RAILCC_HD SignalWait signalWait(const SignalPad* pad, int peer, uint32_t expected, uint64_t deadlineNs, uint64_t seq,
-                                SignalFailure* failure) {
+                                SignalFailure* failure, const uint32_t* hostAbort = nullptr) {
   for (uint32_t spins = 0;; ++spins) {
     const uint32_t seen = loadAcquire(&pad->count[peer]);
     if (signalReached(seen, expected)) return kSignalled;
     // The clock and the flag every 64 reads: a read of the global timer is not free.
     if ((spins & 63) == 63) {
-      if (loadRelaxed(&pad->abort) != 0) {
+      if (loadRelaxed(&pad->abort) != 0 || (hostAbort != nullptr && loadRelaxed(hostAbort) != 0)) {
         recordFailure(failure, kAborted, peer, seq, seen, expected);
         return kAborted;
       }

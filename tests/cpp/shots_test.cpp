@@ -1,0 +1,309 @@
+// The one-kernel all-reduces of csrc/cuda/shots.h, played by CPU threads on host memory: a
+// thread per (rank, block) stands for a block of the kernel, a thread per rank for its stream
+// (it refills the input, "launches" its blocks, waits for them and checks the output). The same
+// header, the same signals and memory orders as the kernels nvcc builds from it; no GPU runs
+// here. Every rank must end with its reference's bits (ranks reduced in rank order), on odd
+// world sizes, odd and zero counts, every op, in and out of place, ops back to back with new
+// inputs (a fast rank runs ahead into the next op), counts that wrap at 2^32, and a rank that
+// stops coming or an abort: the waits end and the failure names the op and the rank.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "cuda/shots.h"
+
+using namespace railcc;
+using namespace railcc::cuda;
+
+namespace {
+
+constexpr uint64_t kSecond = 1000000000ull;
+
+enum class Shot { kOne, kTwo };
+
+// n ranks' buffers, scratch, pads, epochs and table in one process (host memory stands for
+// device memory).
+template <typename T>
+struct Group {
+  int n;
+  size_t count, chunk;
+  bool inPlace;
+  std::vector<std::vector<T>> in, out, scratch;
+  std::vector<std::unique_ptr<SignalPad[]>> pads;
+  std::vector<std::vector<uint32_t>> epochs;
+  ShotPeers table{};  // every rank maps the others at the same addresses here
+  SignalFailure failure{};
+
+  Group(int n_, size_t count_, bool inPlace_, size_t chunk_ = 0, uint32_t firstEpoch = 0)
+      : n(n_), count(count_), chunk(chunk_ ? chunk_ : count_ + 1), inPlace(inPlace_),
+        in(n_, std::vector<T>(count_ + 1)), out(n_, std::vector<T>(count_ + 1)), scratch(n_, std::vector<T>(chunk)) {
+    for (int r = 0; r < n; ++r) {
+      pads.emplace_back(new SignalPad[kMaxShotBlocks]);
+      std::memset(pads.back().get(), 0, sizeof(SignalPad) * kMaxShotBlocks);
+      for (int b = 0; b < kMaxShotBlocks; ++b)
+        for (uint32_t& c : pads.back()[b].count) c = 2u * firstEpoch;
+      epochs.emplace_back(kMaxShotBlocks, firstEpoch);
+      table.scratch[r] = scratch[r].data();
+      table.pads[r] = pads[r].get();
+    }
+  }
+  T* result(int r) { return inPlace ? in[r].data() : out[r].data(); }
+  ShotArgs args(int r, ReduceOp op, uint64_t seq, uint64_t timeoutNs) {
+    return ShotArgs{&table, in[r].data(), result(r), r, n, count, chunk, epochs[r].data(), timeoutNs, seq, &failure, nullptr, 0.5, op};
+  }
+};
+
+template <typename T>
+T inputValue(int r, int k, size_t i) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (i % 97 == 5 && r == 1) return std::nan("");  // NaN propagates through every op
+    return static_cast<T>(0.1 * static_cast<double>((i * 7 + static_cast<size_t>(r) * 13 + static_cast<size_t>(k)) % 23) - 1.0);
+  } else {
+    return static_cast<T>((i * 7 + static_cast<size_t>(r) * 13 + static_cast<size_t>(k) * 3) % 11 + (r == 2 ? 64 : 1));
+  }
+}
+
+// The reference: ranks folded in rank order, independent of shots.h's code.
+template <typename T>
+T reference(ReduceOp op, int n, int k, size_t i) {
+  auto bothNan = [](T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) return std::isnan(a) ? a : b;
+    else return b;
+  };
+  T acc = inputValue<T>(0, k, i);
+  for (int r = 1; r < n; ++r) {
+    T v = inputValue<T>(r, k, i);
+    bool nan = false;
+    if constexpr (std::is_floating_point_v<T>) nan = std::isnan(acc) || std::isnan(v);
+    switch (op) {
+      case ReduceOp::kSum: case ReduceOp::kAvg: case ReduceOp::kPremulSum: acc = static_cast<T>(acc + v); break;
+      case ReduceOp::kProduct: acc = static_cast<T>(acc * v); break;
+      case ReduceOp::kMin: acc = nan ? bothNan(acc, v) : (v < acc ? v : acc); break;
+      case ReduceOp::kMax: acc = nan ? bothNan(acc, v) : (acc < v ? v : acc); break;
+      default:
+        if constexpr (std::is_integral_v<T>) {
+          if (op == ReduceOp::kBand) acc = static_cast<T>(acc & v);
+          if (op == ReduceOp::kBor) acc = static_cast<T>(acc | v);
+          if (op == ReduceOp::kBxor) acc = static_cast<T>(acc ^ v);
+        }
+    }
+  }
+  if (op == ReduceOp::kAvg) acc = static_cast<T>(static_cast<double>(acc) / n);
+  if (op == ReduceOp::kPremulSum) acc = static_cast<T>(static_cast<double>(acc) * 0.5);
+  return acc;
+}
+
+template <typename T>
+bool sameBits(T a, T b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+template <typename T>
+using BlockFn = std::function<bool(const ShotArgs&, int, int, const ShotThreads&, uint64_t)>;
+
+template <typename T>
+BlockFn<T> blockFor(Shot shot, ReduceOp op) {
+  auto pick = [&](auto opTag) -> BlockFn<T> {
+    using O = decltype(opTag);
+    if (shot == Shot::kOne) return oneShotBlock<T, O>;
+    return twoShotBlock<T, O>;
+  };
+  switch (op) {
+    case ReduceOp::kSum: case ReduceOp::kAvg: case ReduceOp::kPremulSum: return pick(ShotSum{});
+    case ReduceOp::kProduct: return pick(ShotProd{});
+    case ReduceOp::kMin: return pick(ShotMin{});
+    case ReduceOp::kMax: return pick(ShotMax{});
+    default: break;
+  }
+  if constexpr (std::is_integral_v<T>) {
+    if (op == ReduceOp::kBand) return pick(ShotBand{});
+    if (op == ReduceOp::kBor) return pick(ShotBor{});
+    return pick(ShotBxor{});
+  }
+  return nullptr;
+}
+
+// Runs `ops` all-reduces on every rank, each rank on its own thread, its blocks on theirs.
+// `stopAfter[r]`: rank r launches only that many ops. Returns how many (rank, op) outputs were
+// wrong; `failedOps` counts the ops in which some block's wait failed.
+template <typename T>
+int run(Group<T>& g, Shot shot, ReduceOp op, int blocks, int ops, std::vector<int> stopAfter = {},
+        uint64_t timeoutNs = 60 * kSecond, int* failedOps = nullptr) {
+  std::atomic<int> wrong{0}, failed{0};
+  BlockFn<T> fn = blockFor<T>(shot, op);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < g.n; ++r)
+    ranks.emplace_back([&, r] {
+      const int mine = stopAfter.empty() ? ops : stopAfter[static_cast<size_t>(r)];
+      for (int k = 0; k < mine; ++k) {
+        for (size_t i = 0; i < g.count; ++i) g.in[r][i] = inputValue<T>(r, k, i);
+        ShotArgs a = g.args(r, op, static_cast<uint64_t>(k), timeoutNs);
+        std::atomic<bool> ok{true};
+        std::vector<std::thread> bs;
+        for (int b = 0; b < blocks; ++b)
+          bs.emplace_back([&, b] {
+            if (!fn(a, b, blocks, ShotThreads{0, 1}, signalNow() + timeoutNs)) ok = false;
+          });
+        for (auto& t : bs) t.join();
+        if (!ok) {
+          ++failed;
+          return;  // a failed op leaves the output incomplete; the rank stops as the watchdog would have it
+        }
+        const T* res = g.result(r);
+        for (size_t i = 0; i < g.count; ++i)
+          if (!sameBits(res[i], reference<T>(op, g.n, k, i))) {
+            ++wrong;
+            break;
+          }
+        if (!sameBits(res[g.count], T{})) ++wrong;  // nothing written past the end
+      }
+    });
+  for (auto& t : ranks) t.join();
+  if (failedOps) *failedOps = failed.load();
+  else EXPECT_EQ(failed.load(), 0);
+  return wrong.load();
+}
+
+const ReduceOp kFloatOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kPremulSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax};
+const ReduceOp kIntOps[] = {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor};
+
+}  // namespace
+
+TEST(Shots, PartsOfAChunkCoverEveryElementOnceAndKeepTheirOwners) {
+  for (size_t chunk : {size_t{16}, size_t{1000}, size_t{65536}})
+    for (size_t len : {size_t{0}, size_t{1}, chunk / 3, chunk - 1, chunk})
+      for (int slices : {1, 2, 3})
+        for (int blocks : {1, 3}) {
+          std::vector<int> owner(chunk, -1), seen(len, 0);
+          for (int r = 0; r < slices; ++r)
+            for (int b = 0; b < blocks; ++b) {
+              size_t s, e, fs, fe;
+              shotPart(chunk, len, r, slices, b, blocks, &s, &e);
+              shotPart(chunk, chunk, r, slices, b, blocks, &fs, &fe);
+              for (size_t i = s; i < e; ++i) ++seen[i];
+              for (size_t i = fs; i < fe; ++i) owner[i] = r * blocks + b;
+              for (size_t i = s; i < e; ++i) EXPECT_EQ(owner[i], r * blocks + b);  // the full chunk's owner
+            }
+          for (size_t i = 0; i < len; ++i) ASSERT_EQ(seen[i], 1) << chunk << " " << len << " " << i;
+        }
+}
+
+TEST(Shots, RangesCoverEveryElementOnceAndStartOnSixteen) {
+  for (size_t count : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{1000}, size_t{4099}})
+    for (int blocks : {1, 2, 3, 7, kMaxShotBlocks}) {
+      size_t next = 0;
+      for (int b = 0; b < blocks; ++b) {
+        size_t s, e;
+        shotRange(count, b, blocks, &s, &e);
+        EXPECT_LE(s, e);
+        if (s < e) {
+          EXPECT_EQ(s, next) << count << " " << blocks << " " << b;
+          EXPECT_EQ(s % 16, 0u);
+          next = e;
+        }
+      }
+      EXPECT_EQ(next, count) << count << " " << blocks;
+    }
+}
+
+TEST(Shots, OneShotEveryFloatOpMatchesTheRankOrderReferenceBitForBit) {
+  for (int n : {1, 2, 3, 5})
+    for (ReduceOp op : kFloatOps)
+      for (bool inPlace : {false, true})
+        for (size_t chunk : {size_t{0}, size_t{100}}) {
+          Group<float> g(n, 1013, inPlace, chunk);
+          EXPECT_EQ(run(g, Shot::kOne, op, 3, 4), 0)
+              << "n=" << n << " op=" << reduceOpName(op) << " inPlace=" << inPlace << " chunk=" << chunk;
+        }
+}
+
+TEST(Shots, TwoShotEveryFloatOpMatchesTheRankOrderReferenceBitForBit) {
+  for (int n : {1, 2, 3, 5})
+    for (ReduceOp op : kFloatOps)
+      for (bool inPlace : {false, true})
+        for (size_t chunk : {size_t{0}, size_t{100}}) {
+          Group<double> g(n, 1013, inPlace, chunk);
+          EXPECT_EQ(run(g, Shot::kTwo, op, 3, 4), 0)
+              << "n=" << n << " op=" << reduceOpName(op) << " inPlace=" << inPlace << " chunk=" << chunk;
+        }
+}
+
+TEST(Shots, IntegerOpsAndOddCounts) {
+  for (Shot shot : {Shot::kOne, Shot::kTwo})
+    for (ReduceOp op : kIntOps)
+      for (size_t count : {size_t{0}, size_t{1}, size_t{17}, size_t{333}}) {
+        Group<int64_t> g(3, count, shot == Shot::kTwo);
+        EXPECT_EQ(run(g, shot, op, 2, 3), 0) << reduceOpName(op) << " count=" << count;
+        Group<uint8_t> u(4, count, false);
+        EXPECT_EQ(run(u, shot, op, 5, 2), 0) << reduceOpName(op) << " count=" << count;
+      }
+}
+
+// More blocks than a rank's slice has ranges, many chunks an op and many ops back to back:
+// ranks run ahead of each other into the next chunk and op, and the per-block counts keep them
+// apart.
+TEST(Shots, ManyOpsBackToBackWithMoreBlocksThanWork) {
+  Group<float> one(3, 40, false);
+  EXPECT_EQ(run(one, Shot::kOne, ReduceOp::kSum, 4, 200), 0);
+  Group<float> two(5, 70, true, 33);  // 3 chunks an op, the last one short
+  EXPECT_EQ(run(two, Shot::kTwo, ReduceOp::kSum, 4, 100), 0);
+  EXPECT_EQ(one.epochs[0][0], 200u);
+  EXPECT_EQ(two.epochs[4][3], 300u);
+}
+
+TEST(Shots, CountsWrapPastTwoToThe32) {
+  const uint32_t start = 0x7ffffff0u;  // 2 * epoch wraps within the run
+  Group<int32_t> g(3, 100, false, 30, start);  // 4 chunks an op
+  EXPECT_EQ(run(g, Shot::kTwo, ReduceOp::kSum, 2, 10), 0);
+  EXPECT_EQ(g.epochs[1][1], start + 40);
+  EXPECT_LT(g.pads[0][0].count[1], 2u * start);  // wrapped
+}
+
+// Rank 2 runs op 0 and never op 1: the others' waits end at their deadline, and the first
+// failure names op 1 and rank 2.
+TEST(Shots, ARankThatStopsComingEndsTheOthersWaitsAndIsNamed) {
+  for (Shot shot : {Shot::kOne, Shot::kTwo}) {
+    Group<float> g(4, 256, false);
+    int failedOps = 0;
+    const auto t0 = signalNow();
+    run(g, shot, ReduceOp::kSum, 2, 3, {3, 3, 1, 3}, kSecond / 5, &failedOps);
+    EXPECT_LT(signalNow() - t0, 30 * kSecond);
+    EXPECT_EQ(failedOps, 3);  // ranks 0, 1 and 3 each stop at op 1
+    EXPECT_EQ(g.failure.state, static_cast<uint32_t>(kTimedOut));
+    EXPECT_EQ(g.failure.peer, 2);
+    EXPECT_EQ(g.failure.seq, 1u);
+  }
+}
+
+// The host raises the abort flag on every pad of rank 0 while rank 1 never comes: rank 0's
+// blocks leave at once, long before their 60 s deadline.
+TEST(Shots, AnAbortEndsTheWaitsAtOnce) {
+  Group<float> g(2, 64, false);
+  std::thread host([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    for (int b = 0; b < kMaxShotBlocks; ++b) __atomic_store_n(&g.pads[0][b].abort, 1u, __ATOMIC_RELAXED);
+  });
+  int failedOps = 0;
+  const auto t0 = signalNow();
+  run(g, Shot::kOne, ReduceOp::kSum, 3, 1, {1, 0}, 60 * kSecond, &failedOps);
+  host.join();
+  EXPECT_LT(signalNow() - t0, 20 * kSecond);
+  EXPECT_EQ(failedOps, 1);
+  EXPECT_EQ(g.failure.state, static_cast<uint32_t>(kAborted));
+  EXPECT_EQ(g.failure.peer, 1);
+}
+// A short last chunk: its parts are cut as the full chunks' are, so no block of a peer writes
+// scratch that a block of this rank is still copying out of the chunk before (found so).
+TEST(Shots, AShortLastChunkKeepsEveryElementsOwner) {
+  for (bool inPlace : {true, false}) {
+    Group<float> two(2, 100003, inPlace, 65536);
+    EXPECT_EQ(run(two, Shot::kTwo, ReduceOp::kSum, 3, 3), 0) << "inPlace " << inPlace;
+    Group<float> one(3, 100003, inPlace, 65536);
+    EXPECT_EQ(run(one, Shot::kOne, ReduceOp::kSum, 3, 3), 0) << "inPlace " << inPlace;
+  }
+}
