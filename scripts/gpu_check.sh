@@ -14,6 +14,7 @@
 #   nccl      nccl with 2 ranks on the one GPU, its error recorded
 #   bench     railcc-bench --device cuda --bound, railcc and gloo on the same CUDA tensors,
 #             all_reduce/all_gather/reduce_scatter/broadcast, 8 B to 256 MiB (4x steps), 2 then 4 ranks
+#   bench_shots  the same for all_reduce with RAILCC_CUDA_SHOTS=1 (one kernel per tensor)
 #   test_cuda tests/python/test_cuda.py with the time left: by default a cross-section (every
 #             collective at 2 ranks over CUDA IPC and 3 staged, stream semantics, TCP, DDP and
 #             FSDP2 against a single-process reference); RAILCC_GPU_CHECK_K="not
@@ -123,6 +124,7 @@ env_facts() {
   echo "hwloc: $(ldconfig -p | grep -o 'libhwloc.so[.0-9]*' | sort -u | tr '\n' ' ')$(ls /usr/include/hwloc.h 2>/dev/null)"
   echo "rdma-core: $(ldconfig -p | grep -o 'libibverbs.so[.0-9]*' | sort -u | tr '\n' ' ')$(ls /usr/include/infiniband/verbs.h 2>/dev/null)"
   df -h /dev/shm | tail -1
+  echo "MPS control daemon: $(pgrep -l nvidia-cuda-mps 2>/dev/null | tr '\n' ' ')$(command -v nvidia-cuda-mps-control >/dev/null && echo '(nvidia-cuda-mps-control present)' || echo '(nvidia-cuda-mps-control absent)')"
   return 0
 }
 step env 20 "$OUT/env.log" env_facts
@@ -204,7 +206,20 @@ bench() {
   done
 }
 run_step bench 110 "$OUT/bench.log" bench
-"$PY" scripts/gpu_check_targets.py "$OUT/bench.json" "$WORK"/bench2.json "$WORK"/bench4.json > "$WORK/targets" 2>&1
+
+# ---- bench_shots: all_reduce as one kernel per tensor (RAILCC_CUDA_SHOTS=1: device signals,
+# no host round per chunk), beside gloo and the copy rate again, into the same log
+bench_shots() {
+  local dev=cuda max=256M iters="-n 5 -w 2" bound=256M
+  [ $DRY = 1 ] && dev=cpu max=64K iters="-n 2 -w 1" bound=64M
+  for n in 2 4; do
+    RAILCC_CUDA_SHOTS=1 "$PY" -m railcc bench --device $dev --nprocs $n --backend railcc,gloo --bound \
+      --bound_bytes $bound -o all_reduce -b 8 -e $max -f 4 $iters --timeout 60 --json "$WORK/shots$n.json" || return $?
+  done
+}
+run_step bench_shots 80 "$OUT/bench.log" bench_shots
+"$PY" scripts/gpu_check_targets.py "$OUT/bench.json" "$WORK"/bench2.json "$WORK"/bench4.json \
+  "shots=$WORK/shots2.json" "shots=$WORK/shots4.json" > "$WORK/targets" 2>&1
 # One row per report: all_reduce at 256 MiB against the targets (>= 40% of 2NS/B, >= 10x gloo).
 sed 's/^- //; s/|/\//g; s/^/| bench target | INFO | 0 | /; s/$/ |/' "$WORK/targets" >> "$SUMMARY"
 
@@ -213,7 +228,7 @@ sed 's/^- //; s/|/\//g; s/^/| bench target | INFO | 0 | /; s/$/ |/' "$WORK/targe
 # session's device time), every kind of test once: 2 ranks over CUDA IPC, 3 staged through
 # host memory, TCP, DDP and FSDP2. RAILCC_GPU_CHECK_K="not watchdog_times_out" runs them all.
 # -v lists each case as it ends, so a run cut short still says which passed.
-K_DEFAULT="plugin or info or 2-ipc or 3-staged or [2] or shrunk or split"
+K_DEFAULT="plugin or info or 2-ipc or 3-staged or 2-shots or [2] or shrunk or split"
 run_step test_cuda 250 "$OUT/test_cuda.log" "${PYTEST[@]}" tests/python/test_cuda.py -v -rfEs --durations=15 -k "${RAILCC_GPU_CHECK_K:-$K_DEFAULT}"
 
 echo "$(ls "$OUT" | wc -l) files in \$OUT; $(( $(date +%s) - START )) s in all; exit status $FAILED" >> "$SUMMARY"

@@ -2,7 +2,9 @@
 row at the largest size against issue 36's targets: at least 40% of the 2NS/B bound, and at
 least 10x gloo on the same CUDA tensors. Also merges the reports into one file.
 
-    python3 scripts/gpu_check_targets.py OUT.json REPORT.json [REPORT.json ...]
+    python3 scripts/gpu_check_targets.py OUT.json [LABEL=]REPORT.json [[LABEL=]REPORT.json ...]
+
+A LABEL (for example shots=, for RAILCC_CUDA_SHOTS=1) starts the report's line.
 
 Prints one markdown line per report; exits 0 (the figures are the result, not a verdict).
 """
@@ -42,7 +44,8 @@ def main(argv):
         print(__doc__, file=sys.stderr)
         return 2
     merged = []
-    for path in argv[1:]:
+    for arg in argv[1:]:
+        label, _, path = arg.rpartition("=")
         try:
             with open(path) as f:
                 report = json.load(f)
@@ -50,7 +53,7 @@ def main(argv):
             print(f"- {path}: no report ({e})")
             continue
         merged.append(report)
-        print(f"- {summarize(report)}")
+        print(f"- {label + ': ' if label else ''}{summarize(report)}")
     with open(argv[0], "w") as f:
         json.dump(merged, f, indent=1)
     return 0

@@ -15,7 +15,9 @@
 
 namespace railcc::cuda {
 
-constexpr uint32_t kDeviceApiVersion = 3;
+struct ShotArgs;  // cuda/shots.h
+
+constexpr uint32_t kDeviceApiVersion = 4;
 constexpr size_t kIpcHandleBytes = 64;  // cudaIpcMemHandle_t and cudaIpcEventHandle_t
 
 struct DeviceApi {
@@ -71,6 +73,10 @@ struct DeviceApi {
   /// Makes RDMA writes that landed in the current device's memory visible to its later work
   /// (cudaDeviceFlushGPUDirectRDMAWrites); a no-op where the device needs none.
   int (*flushRdmaWrites)();
+
+  /// One all-reduce in one kernel (cuda/shot_kernels.h): one-shot, or two-shot when `twoShot`,
+  /// through the peers' scratch named by args->peers, `blocks` blocks (the same on every rank).
+  int (*shotAllReduceAsync)(const ShotArgs* args, DataType t, bool twoShot, int blocks, void* stream);
 };
 
 }  // namespace railcc::cuda

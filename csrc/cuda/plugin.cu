@@ -9,6 +9,7 @@
 
 #include "cuda/device_api.h"
 #include "cuda/reduce_kernels.h"
+#include "cuda/shot_kernels.h"
 
 namespace railcc::cuda {
 namespace {
@@ -128,6 +129,10 @@ int flushRdmaWrites() {
                                                 cudaFlushGPUDirectRDMAWritesToOwner));
 }
 
+int shotAllReduce(const ShotArgs* a, DataType t, bool two, int blocks, void* stream) {
+  return ret(static_cast<cudaError_t>(shotAllReduceAsync(*a, t, two, blocks, stream)));
+}
+
 #define RAILCC_STR2(x) #x
 #define RAILCC_STR(x) RAILCC_STR2(x)
 
@@ -166,6 +171,7 @@ const DeviceApi kApi = {
     allocationRange,
     dmabufFd,
     flushRdmaWrites,
+    shotAllReduce,
 };
 
 }  // namespace

@@ -36,6 +36,7 @@ void CommImpl::fail(std::exception_ptr err) {
   // a moment for it.
   watchdog_.publish("failed/" + std::to_string(rank_), (culprits.empty() ? "" : "ranks=" + culprits + "\n") + msg);
   ch_.markFailed();
+  device_.abortShots();  // a one-kernel op waiting on the GPU for a peer gives up too
   // A peer dialing us for a connection made at first use is refused from now on, instead of
   // waiting for a handshake nobody will answer.
   for (auto& s : links_.setups) s->markFailed();

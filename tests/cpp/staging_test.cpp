@@ -1,15 +1,6 @@
 // Collectives on "device" buffers without a GPU: the engine's pinned staging, and the CUDA
-// IPC all-reduce (pools mapped by peers, interprocess events, zero-byte host rounds).
-//
-// FakeDeviceApi is a fake, named so: there is no GPU on the machines that run this suite, so
-// "device memory" is host memory. What it does keep from a real GPU is the part the staging
-// logic can get wrong: copies are only queued by memcpyAsync and run, in stream order, when
-// an event recorded after them is polled (which first answers "not ready"), so a chunk used
-// before its copy was waited for, or a result not copied back before the op completes, shows
-// up as wrong data. A stream's wait on another rank's event runs that rank's stream up to the
-// event first, so a missing cross-rank wait shows up the same way; IPC handles carry plain
-// pointers (ranks are threads here). The real runtime behind the same table is
-// csrc/cuda/plugin.cu.
+// IPC all-reduce (pools mapped by peers, interprocess events, zero-byte host rounds), on the
+// fake device runtime of fake_device.h (host memory, named so).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -28,162 +19,14 @@
 #include "engine/communicator.h"
 #include "engine/device.h"
 #include "common/error.h"
+#include "fake_device.h"
 #include "ranks.h"
 
 using namespace railcc;
 using namespace railcc::engine;
+using namespace railcc::engine::fake_device;
 
 namespace {
-
-constexpr int kNotReady = 600;
-
-// One lock for every fake stream: a stream that waits on another's event drains that one
-// from inside its own drain, and ranks are threads.
-std::recursive_mutex gFakeMu;
-
-// While set, a stream stops at its "kernel that never finishes" (Fake::hangAsync).
-std::atomic<bool> gHung{false};
-std::atomic<long> gQueries{0};  // eventQuery calls: how often somebody asked the "GPU"
-
-struct FakeStream {
-  std::deque<std::function<bool()>> q;  // an entry returns false while it cannot run yet (a wait)
-  uint64_t queued = 0, done = 0;
-  uint64_t hangAt = ~uint64_t(0);  // position of a kernel that never finishes
-  bool draining = false;           // drain() is running it (a wait may lead back here)
-};
-struct FakeEvent {
-  FakeEvent* alias = nullptr;  // an event opened from an IPC handle refers to the original
-  FakeStream* s = nullptr;
-  uint64_t at = 0;
-  int polls = 0;
-  FakeEvent* self() { return alias ? alias : this; }
-};
-// Destroyed streams and events, kept to the end of the process: a stream that waits on
-// another rank's event may look at it after that rank's teardown (the work it waits for is
-// done; on a GPU the wait is then a no-op), and the fake must not read freed memory there.
-std::vector<std::unique_ptr<FakeStream>> gDeadStreams;
-std::vector<std::unique_ptr<FakeEvent>> gDeadEvents;
-
-struct Fake {
-  static const char* errorString(int) { return "fake device error"; }
-  static int deviceCount(int* n) { return *n = 1, 0; }
-  static int setDevice(int d) { return d == 0 ? 0 : 101; }
-  static int getDevice(int* d) { return *d = 0, 0; }
-  static int pointerDevice(const void*, int* d) { return *d = 0, 0; }
-  static int hostAlloc(void** p, size_t n) {
-    *p = std::malloc(n);
-    std::memset(*p, 0xAB, n);  // stale bytes, not zeros: unstaged data must not pass
-    return 0;
-  }
-  static int hostFree(void* p) { return std::free(p), 0; }
-  static int streamCreate(void** s) { return *s = new FakeStream, 0; }
-  static int streamDestroy(void* s) {
-    std::lock_guard<std::recursive_mutex> g(gFakeMu);
-    gDeadStreams.emplace_back(static_cast<FakeStream*>(s));
-    return 0;
-  }
-  static int streamSynchronize(void* s) { return drain(static_cast<FakeStream*>(s), ~uint64_t(0)), 0; }
-  static int eventCreate(void** e) { return *e = new FakeEvent, 0; }
-  static int eventDestroy(void* e) {
-    std::lock_guard<std::recursive_mutex> g(gFakeMu);
-    gDeadEvents.emplace_back(static_cast<FakeEvent*>(e));
-    return 0;
-  }
-  static int eventRecord(void* e, void* s) {
-    std::lock_guard<std::recursive_mutex> g(gFakeMu);
-    auto* ev = static_cast<FakeEvent*>(e)->self();
-    auto* st = static_cast<FakeStream*>(s);
-    ev->s = st;
-    ev->at = st->queued;
-    return 0;
-  }
-  static int eventQuery(void* e) {
-    std::lock_guard<std::recursive_mutex> g(gFakeMu);
-    gQueries.fetch_add(1);
-    auto* ev = static_cast<FakeEvent*>(e)->self();
-    if (!ev->s) return 0;
-    if (++ev->polls % 2 == 1) return kNotReady;
-    drain(ev->s, ev->at);
-    return ev->s->done >= ev->at ? 0 : kNotReady;
-  }
-  // A kernel that runs until gHung is cleared (a test's stand-in for torch.cuda._sleep).
-  static void hangAsync(void* s) {
-    std::lock_guard<std::recursive_mutex> g(gFakeMu);
-    static_cast<FakeStream*>(s)->hangAt = static_cast<FakeStream*>(s)->queued;
-    enqueue(s, [] {});
-  }
-  // The wait binds to the event's latest record at the time of the call, as in CUDA.
-  static int streamWaitEvent(void* s, void* e) {
-    std::lock_guard<std::recursive_mutex> g(gFakeMu);
-    auto* ev = static_cast<FakeEvent*>(e)->self();
-    FakeStream* src = ev->s;
-    uint64_t at = ev->at;
-    // A stream behind a wait does not pass it until the other stream has (a hung kernel there
-    // holds this one too, as on a GPU), whatever order the ranks' threads query them in.
-    if (src && src != s) enqueueStep(s, [src, at] { return drain(src, at), src->done >= at; });
-    return 0;
-  }
-  static int memcpyAsync(void* dst, const void* src, size_t n, void* s) {
-    return enqueue(s, [=] { std::memcpy(dst, src, n); }), 0;
-  }
-  static int deviceMalloc(void** p, size_t n) { return hostAlloc(p, n); }
-  static int deviceFree(void* p) { return hostFree(p); }
-  static int canAccessPeer(int, int, int* can) { return *can = 1, 0; }
-  // Ranks are threads of one process, so a handle can simply carry the pointer.
-  static int ipcGetMemHandle(void* h, void* p) { return std::memcpy(h, &p, sizeof(p)), 0; }
-  static int ipcOpenMemHandle(void** p, const void* h) { return std::memcpy(p, h, sizeof(*p)), 0; }
-  static int ipcCloseMemHandle(void*) { return 0; }
-  static int ipcGetEventHandle(void* h, void* e) { return std::memcpy(h, &e, sizeof(e)), 0; }
-  static int ipcOpenEventHandle(void** e, const void* h) {
-    FakeEvent* orig = nullptr;
-    std::memcpy(&orig, h, sizeof(orig));
-    auto* ev = new FakeEvent;
-    ev->alias = orig;
-    return *e = ev, 0;
-  }
-  static int reduceAsync(void* dst, const void* src, size_t n, DataType t, ReduceOp op, double scale, void* s) {
-    return enqueue(s, [=] { reduceInto(dst, src, n, t, op, scale); }), 0;
-  }
-  static int divideAsync(void* buf, size_t n, DataType t, double by, void* s) {
-    return enqueue(s, [=] { divideBy(buf, n, t, by); }), 0;
-  }
-  static int scaleCopyAsync(void* dst, const void* src, size_t n, DataType t, double scale, void* s) {
-    return enqueue(s, [=] { scaleCopy(dst, src, n, t, scale); }), 0;
-  }
-  static void enqueue(void* s, std::function<void()> f) {
-    enqueueStep(s, [f = std::move(f)] { return f(), true; });
-  }
-  static void enqueueStep(void* s, std::function<bool()> f) {
-    std::lock_guard<std::recursive_mutex> g(gFakeMu);
-    auto* st = static_cast<FakeStream*>(s);
-    st->q.push_back(std::move(f));
-    ++st->queued;
-  }
-  // Runs `s` up to position `upTo`, stopping at a hung kernel or a wait not satisfied yet. A
-  // drain that reaches back into a stream being drained returns at once: what that stream has
-  // done so far is what the wait sees.
-  static void drain(FakeStream* s, uint64_t upTo) {
-    std::lock_guard<std::recursive_mutex> g(gFakeMu);
-    if (s->draining) return;
-    s->draining = true;
-    while (s->done < upTo && !s->q.empty()) {
-      if (s->done == s->hangAt && gHung) break;
-      if (!s->q.front()()) break;
-      s->q.pop_front();
-      ++s->done;
-    }
-    s->draining = false;
-  }
-};
-
-const cuda::DeviceApi kFake = {
-    cuda::kDeviceApiVersion, "fake device (host memory)", kNotReady, Fake::errorString, Fake::deviceCount,
-    Fake::setDevice, Fake::getDevice, Fake::pointerDevice, Fake::hostAlloc, Fake::hostFree, Fake::streamCreate,
-    Fake::streamDestroy, Fake::streamSynchronize, Fake::eventCreate, Fake::eventDestroy, Fake::eventRecord,
-    Fake::eventQuery, Fake::streamWaitEvent, Fake::memcpyAsync, Fake::deviceMalloc, Fake::deviceFree,
-    Fake::canAccessPeer, Fake::ipcGetMemHandle, Fake::ipcOpenMemHandle, Fake::ipcCloseMemHandle, Fake::eventCreate,
-    Fake::ipcGetEventHandle, Fake::ipcOpenEventHandle, Fake::reduceAsync, Fake::divideAsync, Fake::scaleCopyAsync,
-};
 
 struct Param {
   int size;

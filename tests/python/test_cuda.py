@@ -264,6 +264,44 @@ def rk_cuda_split(rank, n):
     return bad
 
 
+def rk_cuda_shot_missing_peer(rank, n):
+    """RAILCC_CUDA_SHOTS=1: the last rank stops calling after one all_reduce. The others' kernels
+    wait on the device, give up within the group's timeout instead of hanging the GPU, and the
+    error names the missing rank; their GPU is usable afterwards."""
+    import time
+    from datetime import timedelta
+
+    dev = _dev(rank)
+    bad = []
+    g = dist.new_group(list(range(n)), timeout=timedelta(seconds=4))
+    t = torch.ones(4096, device=dev)
+    dist.all_reduce(t, group=g)
+    torch.cuda.synchronize()
+    if not torch.all(t.cpu() == n):
+        bad.append(f"first all_reduce: {t[:3].tolist()} != {n}")
+    missing = n - 1
+    if rank != missing:
+        start = time.monotonic()
+        try:
+            dist.all_reduce(t, group=g)
+            torch.cuda.synchronize()
+            # A queued op returns at once; the watchdog fails the group when the kernel gives up.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                time.sleep(0.5)
+                dist.all_reduce(torch.ones(1, device=dev), group=g)
+            bad.append("no error within 30 s of a rank that stopped calling")
+        except (railcc.CollectiveTimeoutError, railcc.PeerFailureError, RuntimeError) as e:
+            if f"rank {missing}" not in str(e):
+                bad.append(f"the error does not name rank {missing}: {e}")
+            if time.monotonic() - start > 30:
+                bad.append(f"the error came after {time.monotonic() - start:.0f} s")
+        torch.cuda.synchronize()  # the kernel ended: the GPU is not hung
+    torch.ones(1, device=dev).add_(1).cpu()
+    dist.barrier()
+    return bad
+
+
 def rk_cuda_gpu_hang(rank, n):
     """A kernel that sleeps past the op's timeout on the caller's stream, then an all_reduce:
     the call returns (through CUDA IPC it completes once its GPU work is queued), the watchdog
@@ -312,7 +350,9 @@ def rk_cuda_gpu_hang(rank, n):
 # Small buffers, so that ops cross many chunks; "ipc" is the default path for ranks of one host,
 # "staged" forces pinned host staging for everything.
 SMALL_STAGING = {"RAILCC_CUDA_STAGING_BYTES": "65536", "RAILCC_CUDA_IPC_BYTES": "262144"}
-PATHS = {"ipc": {}, "staged": {"RAILCC_CUDA_IPC": "0"}}
+# "shots": all_reduce in one kernel per tensor through the IPC pools (RAILCC_CUDA_SHOTS), the
+# other ops as "ipc".
+PATHS = {"ipc": {}, "staged": {"RAILCC_CUDA_IPC": "0"}, "shots": {"RAILCC_CUDA_SHOTS": "1"}}
 
 
 def run_all(pool, fn, *args, timeout=600):
@@ -364,6 +404,12 @@ def test_cuda_tensors_on_a_split_group(pools):
 @pytest.mark.parametrize("n", [2])
 def test_cuda_watchdog_times_out_a_gpu_op_that_never_finishes(pools, n):
     run_all(pools(n), rk_cuda_gpu_hang, timeout=120)
+
+
+@needs_gpu
+@pytest.mark.parametrize("n", [2, 3])
+def test_cuda_shots_name_a_peer_that_stops_calling(pools, n):
+    run_all(pools(n, RAILCC_CUDA_SHOTS="1"), rk_cuda_shot_missing_peer, timeout=120)
 
 
 def train_on_cuda(script, world_size, extra, tmp_path, monkeypatch):

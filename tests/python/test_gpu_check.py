@@ -45,11 +45,12 @@ def test_targets_read_the_largest_all_reduce(tmp_path):
     b.write_text(json.dumps(_report(4, 9000.0, 0.31, 7.5)))
     merged = tmp_path / "merged.json"
     r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "gpu_check_targets.py"), str(merged), str(a), str(b),
-                        str(tmp_path / "missing.json")], capture_output=True, text=True)
+                        str(tmp_path / "missing.json"), "shots=" + str(a)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("- 2 ranks, all_reduce 268435456 B: 5000 us")
     assert "55% (meets 40%)" in lines[0] and "12.0x (meets 10x)" in lines[0]
     assert "31% (below 40%)" in lines[1] and "7.5x (below 10x)" in lines[1]
     assert "missing.json: no report" in lines[2]
-    assert [x["meta"]["world_size"] for x in json.loads(merged.read_text())] == [2, 4]
+    assert lines[3].startswith("- shots: 2 ranks, all_reduce 268435456 B: 5000 us")  # a labelled report
+    assert [x["meta"]["world_size"] for x in json.loads(merged.read_text())] == [2, 4, 2]

@@ -16,6 +16,7 @@ void DeviceLayer::ipcStep(const cuda::DeviceApi& api, void* stream, int d, IpcEv
 }
 
 void DeviceLayer::releaseIpc(const cuda::DeviceApi& api, bool peersDone) {
+  shotRelease(api);
   const size_t me = static_cast<size_t>(rank_);
   for (size_t r = 0; r < dev_.ipc.pool.size(); ++r) {
     if (r == me) continue;
@@ -46,7 +47,7 @@ void DeviceLayer::ipcFinish(const cuda::DeviceApi& api, const DeviceOp& dv, cons
   deviceWait(api, dev_.stageEv[0], dv.device, what, dv.stream);
 }
 
-bool DeviceLayer::ipcReady(int d) {
+bool DeviceLayer::ipcReady(int d, void* stream) {
   const cuda::DeviceApi& api = deviceApi();
   if (!opts_.config.cudaIpc || size_ < 2 || static_cast<int>(localRanks_.size()) != size_ || !api.ipcGetMemHandle)
     return false;
@@ -69,16 +70,27 @@ bool DeviceLayer::ipcReady(int d) {
       why = call + " failed: " + (api.errorString ? api.errorString(err) : "?");
     }
   };
-  // The blob: ok flag, the two sizes every rank must agree on (they fix the chunking and the
-  // number of host rounds, which zero-byte rounds cannot check), then the handles.
-  const size_t hb = cuda::kIpcHandleBytes, cfgAt = 1, handlesAt = cfgAt + 2 * sizeof(int64_t);
+  // The blob: ok flag, the settings every rank must agree on (they fix the chunking, the
+  // number of host rounds, which zero-byte rounds cannot check, and the one-kernel ops'
+  // shape), then the handles.
+  const bool shots = opts_.config.cudaShots && api.shotAllReduceAsync != nullptr;
+  constexpr size_t kCfg = 4;
+  const size_t hb = cuda::kIpcHandleBytes, cfgAt = 1, handlesAt = cfgAt + kCfg * sizeof(int64_t);
   const size_t blob = handlesAt + hb * (1 + kIpcEvents);
   std::vector<char> mine(blob, 0), all(blob * n, 0);
-  const int64_t cfg[2] = {static_cast<int64_t>(dev_.ipc.chunk), opts_.config.oneshotBytes};
+  const int64_t cfg[kCfg] = {static_cast<int64_t>(dev_.ipc.chunk), opts_.config.oneshotBytes, shots ? 1 : 0,
+                             opts_.config.cudaShotBlocks};
   std::memcpy(mine.data() + cfgAt, cfg, sizeof(cfg));
   void* p = nullptr;
-  attempt(api.deviceMalloc(&p, 4 * dev_.ipc.chunk), "cudaMalloc (CUDA IPC pool)");
+  // Four chunk buffers, then the one-kernel ops' signal pads, zeroed before any peer maps them.
+  attempt(api.deviceMalloc(&p, 4 * dev_.ipc.chunk + shotPadBytes()), "cudaMalloc (CUDA IPC pool)");
   dev_.ipc.pool[me] = static_cast<char*>(p);
+  if (ok) {
+    std::vector<char> zeros(shotPadBytes(), 0);
+    attempt(api.memcpyAsync(dev_.ipc.pool[me] + 4 * dev_.ipc.chunk, zeros.data(), zeros.size(), stream),
+            "cudaMemcpyAsync (signal pads)");
+    if (ok) attempt(api.streamSynchronize(stream), "cudaStreamSynchronize (signal pads)");
+  }
   for (auto& e : dev_.ipc.ev[me]) attempt(api.ipcEventCreate(&e), "cudaEventCreate (interprocess)");
   if (ok) attempt(api.ipcGetMemHandle(mine.data() + handlesAt, dev_.ipc.pool[me]), "cudaIpcGetMemHandle");
   for (int i = 0; i < kIpcEvents && ok; ++i)
@@ -104,9 +116,9 @@ bool DeviceLayer::ipcReady(int d) {
   // Every rank sees every blob, so all of them reach the same verdict here.
   for (size_t q = 0; q < n; ++q) {
     if (q == me) continue;
-    int64_t theirs[2];
+    int64_t theirs[kCfg];
     std::memcpy(theirs, all.data() + blob * q + cfgAt, sizeof(theirs));
-    if (theirs[0] == cfg[0] && theirs[1] == cfg[1]) continue;
+    if (std::equal(theirs, theirs + kCfg, cfg)) continue;
     freeOwn(dev_.ipc.pool[me], dev_.ipc.ev[me]);  // nobody has opened them yet
     dev_.ipc.pool.clear();
     dev_.ipc.ev.clear();
@@ -114,9 +126,12 @@ bool DeviceLayer::ipcReady(int d) {
     Error err(ErrorCode::kMismatch,
               "CUDA IPC settings differ between ranks (they must be equal on all ranks): rank " + std::to_string(rank_) +
                   " has RAILCC_CUDA_IPC_BYTES=" + std::to_string(opts_.config.cudaIpcBytes) + " (chunk " +
-                  std::to_string(cfg[0]) + " B) and RAILCC_ONESHOT_BYTES=" + std::to_string(cfg[1]) + ", rank " +
-                  std::to_string(q) + " a chunk of " + std::to_string(theirs[0]) + " B and RAILCC_ONESHOT_BYTES=" +
-                  std::to_string(theirs[1]));
+                  std::to_string(cfg[0]) + " B), RAILCC_ONESHOT_BYTES=" + std::to_string(cfg[1]) +
+                  ", RAILCC_CUDA_SHOTS=" + std::to_string(cfg[2]) + " and RAILCC_CUDA_SHOT_BLOCKS=" +
+                  std::to_string(cfg[3]) + ", rank " + std::to_string(q) + " a chunk of " + std::to_string(theirs[0]) +
+                  " B, RAILCC_ONESHOT_BYTES=" + std::to_string(theirs[1]) + ", RAILCC_CUDA_SHOTS=" +
+                  std::to_string(theirs[2]) + " and RAILCC_CUDA_SHOT_BLOCKS=" + std::to_string(theirs[3]) +
+                  " (RAILCC_CUDA_SHOTS reads 0 where the CUDA plugin has no one-kernel ops)");
     err.ranks = {rank_, static_cast<int>(q)};
     throw err;
   }
@@ -144,6 +159,8 @@ bool DeviceLayer::ipcReady(int d) {
       }
     }
   }
+  // The one-kernel ops' table, once every peer's pool is mapped.
+  if (ok && shots && !shotSetup(api, stream, d, &why)) ok = false;
   // Every rank must take the same path, so one vote decides.
   int64_t vote = ok ? 1 : 0;
   algos_.allreduce(reinterpret_cast<char*>(&vote), 1, DataType::kInt64, ReduceOp::kMin, 1.0);
@@ -163,13 +180,16 @@ bool DeviceLayer::ipcReady(int d) {
     dev_.ipc.failed = true;
     return false;
   }
+  dev_.shot.ready = shots;
   RAILCC_INFO(COLL, "group '", opts_.name, "': CUDA IPC on cuda:", d, ", ", (4 * dev_.ipc.chunk) >> 10,
-              " KiB of device memory per rank (RAILCC_CUDA_IPC_BYTES)");
+              " KiB of device memory per rank (RAILCC_CUDA_IPC_BYTES)",
+              shots ? "; all-reduce in one kernel per tensor (RAILCC_CUDA_SHOTS=1)" : "");
   return true;
 }
 
 void DeviceLayer::runIpcAllreduce(const DeviceOp& dv, const std::vector<std::pair<char*, size_t>>& segs, DataType dt,
                                ReduceOp op, double scale) {
+  if (shotUsable(dt, op)) return runShotAllreduce(dv, segs, dt, op, scale);
   const cuda::DeviceApi& api = deviceApi();
   const int d = dv.device;
   void* stream = dv.stream;

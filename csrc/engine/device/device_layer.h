@@ -76,6 +76,8 @@ class DeviceLayer {
   bool gpuWatched() const { return dev_.gpuWatched.load(std::memory_order_relaxed); }
   // Teardown (the caller's thread): lets the GPU finish, unmaps and frees everything.
   void releaseDevice();
+  // Any thread, when the group fails or is aborted: every one-kernel op's device wait gives up.
+  void abortShots();
 
  private:
   void setDeviceBody(Op& o, const Placement& where, DataType dt, DevicePlan plan);
@@ -91,7 +93,7 @@ class DeviceLayer {
   // far (20 us to 1 ms). Throws kTimeout after the op's timeout, naming `what` and `stream`.
   void deviceWait(const cuda::DeviceApi& api, void* ev, int device, const char* what, void* stream);
 
-  bool ipcReady(int device);
+  bool ipcReady(int device, void* stream);
   // Closes the peers' pools and events; frees this rank's own only when `peersDone` (every
   // peer has closed them: a syncRound after their close).
   void releaseIpc(const cuda::DeviceApi& api, bool peersDone);
@@ -111,6 +113,18 @@ class DeviceLayer {
   // only after each peer's stream has passed its reads of it, whatever op comes next), so the
   // host need not wait for it unless the caller has no stream to order on.
   void ipcFinish(const cuda::DeviceApi& api, const DeviceOp& dv, const char* what);
+
+  // shot_allreduce.cpp: the one-kernel all-reduce (RAILCC_CUDA_SHOTS). The pads sit at the
+  // tail of each rank's IPC pool (shotPadBytes() of it, zeroed before peers map it);
+  // shotSetup() fills the table once the pools are mapped (false and `why` when it cannot);
+  // shotFailure() is the error of the first failed device wait, once.
+  static size_t shotPadBytes();
+  bool shotSetup(const cuda::DeviceApi& api, void* stream, int device, std::string* why);
+  void shotRelease(const cuda::DeviceApi& api);
+  bool shotUsable(DataType dt, ReduceOp op) const;
+  void runShotAllreduce(const DeviceOp& dv, const std::vector<std::pair<char*, size_t>>& segs, DataType dt, ReduceOp op,
+                        double scale);
+  std::exception_ptr shotFailure();
 
   // gpu_watch.cpp: an op's GPU work left for the watchdog; with `now`, retireGpuWork() also
   // returns the error of the oldest entry past its timeout and sets `next`.

@@ -30,6 +30,20 @@ struct IpcState {
   std::vector<std::array<void*, kIpcEvents>> ev;  // [rank]: its events as opened here
 };
 
+// One-kernel all-reduce (RAILCC_CUDA_SHOTS, device/shot_allreduce.cpp, cuda/shots.h): set up
+// with the IPC pools, whose buffers are the scratch and whose tails hold every rank's signal
+// pads. `table` (device memory) names every rank's scratch and pads as mapped here; `epochs`
+// (device memory) are this rank's per-block chunk counts; `failure` and `abort` are pinned
+// host memory the kernels see (the first failed wait; the host's "give up").
+struct ShotState {
+  bool ready = false;
+  void* table = nullptr;
+  uint32_t* epochs = nullptr;
+  void* failure = nullptr;  // cuda::SignalFailure
+  uint32_t* abort = nullptr;
+  std::atomic<bool> failureSeen{false};  // reported already (the engine's thread or the watchdog's)
+};
+
 // The GPU work of an op that completed once queued (engine/device/gpu_watch.cpp): the
 // watchdog thread fails the group, naming the op and its stream, when the oldest entry is
 // not done within the op's timeout.
@@ -46,6 +60,7 @@ struct GpuWork {
 
 struct DeviceState {
   IpcState ipc;
+  ShotState shot;
   // Pinned staging (device/staging.cpp): two sets of chunks, their events, and a stream of
   // our own for ops that name none, all on device `devOf`.
   char* stage = nullptr;

@@ -73,7 +73,9 @@ void DeviceLayer::releaseDevice() {
   api->getDevice(&callerDevice);
   if (dev_.devOf >= 0) api->setDevice(dev_.devOf);
   // IPC ops may still run on the GPU (they complete once queued): let them finish before the
-  // peers' pools are unmapped, but never hang teardown on a GPU that does not.
+  // peers' pools are unmapped, but never hang teardown on a GPU that does not. A one-kernel
+  // op still waiting for a peer gives up at once.
+  abortShots();
   drained(*api, dev_.stageEv[0], dev_.lastStream);
   dev_.lastStream = nullptr;
   // A send's copy to host memory that failed while queued keeps its buffers until the copy is
@@ -130,7 +132,7 @@ void DeviceLayer::setDeviceBody(Op& o, const Placement& where, DataType dt, Devi
 void DeviceLayer::runDevice(const Placement& where, DataType dt, const DevicePlan& plan) {
   DeviceOp dv = beginDevice(where);
   // ipcReady() maps the peers' pools at the group's first device op (a collective step).
-  bool mapped = place_.cudaIpc && plan.ipc && ipcReady(dv.device);
+  bool mapped = place_.cudaIpc && plan.ipc && ipcReady(dv.device, dv.stream);
   if (chooseDevicePath(place_, mapped, nullptr) == DevicePath::kCudaIpc) return plan.ipc(dv);
   runStaged(dv, dt, plan.slots, plan.regions, plan.host, plan.agree);
 }

@@ -1,0 +1,142 @@
+#include <cstring>
+#include <mutex>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "cuda/shots.h"
+#include "engine/device/device_layer.h"
+
+namespace railcc::engine {
+
+// ---------------------------------------------------------------------------------------
+// One-kernel all-reduce (RAILCC_CUDA_SHOTS): cuda/shots.h launched through the plugin. Set up
+// once with the CUDA IPC pools (cuda_ipc.cpp): a rank's pool is its scratch, and the pool's
+// tail holds its signal pads, so the one IPC handle per rank that the pools exchange already
+// maps everything. Per op there is one launch and no host round: ranks meet on the device.
+
+size_t DeviceLayer::shotPadBytes() { return (sizeof(cuda::SignalPad) * cuda::kMaxShotBlocks + 255) / 256 * 256; }
+
+bool DeviceLayer::shotSetup(const cuda::DeviceApi& api, void* stream, int d, std::string* why) {
+  ShotState& s = dev_.shot;
+  auto attempt = [&](int err, const char* call) {
+    if (err != 0 && why->empty()) *why = std::string(call) + " failed: " + (api.errorString ? api.errorString(err) : "?");
+    return err == 0;
+  };
+  cuda::ShotPeers host{};
+  for (size_t q = 0; q < static_cast<size_t>(size_); ++q) {
+    host.scratch[q] = dev_.ipc.pool[q];
+    host.pads[q] = reinterpret_cast<cuda::SignalPad*>(dev_.ipc.pool[q] + 4 * dev_.ipc.chunk);
+  }
+  std::vector<uint32_t> zeros(cuda::kMaxShotBlocks, 0);
+  void* p = nullptr;
+  bool ok = attempt(api.deviceMalloc(&s.table, sizeof(cuda::ShotPeers)), "cudaMalloc (shot table)") &&
+            attempt(api.deviceMalloc(&p, zeros.size() * sizeof(uint32_t)), "cudaMalloc (shot epochs)");
+  s.epochs = static_cast<uint32_t*>(p);
+  ok = ok && attempt(api.hostAlloc(&s.failure, sizeof(cuda::SignalFailure)), "cudaHostAlloc (shot failure record)");
+  p = nullptr;
+  ok = ok && attempt(api.hostAlloc(&p, sizeof(uint32_t)), "cudaHostAlloc (shot abort flag)");
+  s.abort = static_cast<uint32_t*>(p);
+  if (ok) {
+    std::memset(s.failure, 0, sizeof(cuda::SignalFailure));
+    __atomic_store_n(s.abort, 0u, __ATOMIC_RELEASE);
+    ok = attempt(api.memcpyAsync(s.table, &host, sizeof(host), stream), "cudaMemcpyAsync (shot table)") &&
+         attempt(api.memcpyAsync(s.epochs, zeros.data(), zeros.size() * sizeof(uint32_t), stream),
+                 "cudaMemcpyAsync (shot epochs)") &&
+         attempt(api.streamSynchronize(stream), "cudaStreamSynchronize (shot set-up)");
+  }
+  if (!ok) shotRelease(api);
+  (void)d;
+  return ok;
+}
+
+void DeviceLayer::shotRelease(const cuda::DeviceApi& api) {
+  ShotState& s = dev_.shot;
+  std::lock_guard<std::mutex> g(dev_.gpuMu);  // the watchdog reads the failure record under it
+  if (s.table) api.deviceFree(s.table);
+  if (s.epochs) api.deviceFree(s.epochs);
+  if (s.failure) api.hostFree(s.failure);
+  if (s.abort) api.hostFree(s.abort);
+  s.ready = false;
+  s.table = s.failure = nullptr;
+  s.epochs = s.abort = nullptr;
+  s.failureSeen = false;
+}
+
+void DeviceLayer::abortShots() {
+  std::lock_guard<std::mutex> g(dev_.gpuMu);
+  if (dev_.shot.abort) __atomic_store_n(dev_.shot.abort, 1u, __ATOMIC_RELEASE);
+}
+
+std::exception_ptr DeviceLayer::shotFailure() {
+  ShotState& s = dev_.shot;
+  if (!s.failure || s.failureSeen.load()) return nullptr;
+  const auto* f = static_cast<const cuda::SignalFailure*>(s.failure);
+  const uint32_t state = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
+  if (state != cuda::kTimedOut && state != cuda::kAborted) return nullptr;  // none, or being written
+  if (s.failureSeen.exchange(true)) return nullptr;
+  std::ostringstream os;
+  if (state == cuda::kAborted) {
+    os << "all_reduce (seq " << f->seq << ", the one-kernel all-reduce on the GPU) was aborted while it waited for "
+       << ch_.rankName(f->peer);
+  } else {
+    os << "all_reduce (seq " << f->seq << ", the one-kernel all-reduce on the GPU) timed out: "
+       << ch_.rankName(f->peer) << " did not signal within the op's timeout (" << f->count << " of " << f->expected
+       << " signals seen); it stopped calling, died, or runs a different op";
+  }
+  Error err(state == cuda::kAborted ? ErrorCode::kAborted : ErrorCode::kTimeout, os.str());
+  err.seq = static_cast<long long>(f->seq);
+  err.op = "all_reduce";
+  if (state == cuda::kTimedOut) err.ranks = {f->peer};
+  return std::make_exception_ptr(err);
+}
+
+bool DeviceLayer::shotUsable(DataType dt, ReduceOp op) const {
+  return dev_.shot.ready && cuda::shotSupported(dt, op);
+}
+
+void DeviceLayer::runShotAllreduce(const DeviceOp& dv, const std::vector<std::pair<char*, size_t>>& segs, DataType dt,
+                                   ReduceOp op, double scale) {
+  const cuda::DeviceApi& api = deviceApi();
+  const size_t es = dtypeSize(dt);
+  const OpStamp* cur = ch_.current();
+  const Millis timeout = cur ? cur->timeout : opts_.timeout;
+  // The scratch holds 4 chunks' bytes; a chunk of elements starts on a multiple of 16.
+  const size_t chunk = std::max<size_t>(4 * dev_.ipc.chunk / es / 16 * 16, 16);
+  const int blocks = static_cast<int>(opts_.config.cudaShotBlocks);
+  for (auto& [p, count] : segs) {
+    if (count == 0) continue;  // every rank passes the same segments, so all skip it
+    cuda::ShotArgs a{};
+    a.peers = static_cast<const cuda::ShotPeers*>(dev_.shot.table);
+    a.input = p;
+    a.output = p;
+    a.me = rank_;
+    a.n = size_;
+    a.count = count;
+    a.chunk = chunk;
+    a.epochs = dev_.shot.epochs;
+    // The device gives up a tenth before the host would (deviceWait, the watchdog's look at
+    // the GPU work), so that the error names the peer that did not come.
+    a.timeoutNs = static_cast<uint64_t>(timeout.count()) * 900000ull;
+    a.seq = cur ? cur->fp.seq : 0;
+    a.failure = static_cast<cuda::SignalFailure*>(dev_.shot.failure);
+    a.abort = dev_.shot.abort;
+    a.scale = scale;
+    a.op = op;
+    const bool two = !algos_.oneshot(count * es);
+    checkDevice(api.shotAllReduceAsync(&a, dt, two, blocks, dv.stream), two ? "two-shot all-reduce kernel" : "one-shot all-reduce kernel",
+                dv.device);
+  }
+  ch_.touch();
+  if (dv.queued) return watchGpu(api, dv, "the one-kernel all-reduce");
+  checkDevice(api.eventRecord(dev_.stageEv[0], dv.stream), "cudaEventRecord", dv.device);
+  deviceWait(api, dev_.stageEv[0], dv.device, "the one-kernel all-reduce", dv.stream);
+  std::exception_ptr e;
+  {
+    std::lock_guard<std::mutex> g(dev_.gpuMu);
+    e = shotFailure();
+  }
+  if (e) std::rethrow_exception(e);
+}
+
+}  // namespace railcc::engine

@@ -1,0 +1,168 @@
+// The one-kernel all-reduce (RAILCC_CUDA_SHOTS) through the real engine: ranks are threads
+// with their own communicators over the real shm transport; the device is the fake runtime of
+// fake_device.h (host memory, named so), whose "kernel" is the host build of cuda/shots.h, a
+// thread per block. What this checks is the host's side: the pads at the pools' tails zeroed
+// before peers map them, the table filled once, the per-block counts carried across ops and
+// chunks, the settings agreed on, and a peer that stops calling ending the others' op with an
+// error that names it. (The kernels themselves are compiled by nvcc in the same build and run
+// on a lent GPU by scripts/gpu_check.sh.)
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "engine/communicator.h"
+#include "engine/device.h"
+#include "fake_device.h"
+#include "ranks.h"
+
+using namespace railcc;
+using namespace railcc::engine;
+using namespace railcc::engine::fake_device;
+using testing_util::waitOk;
+
+namespace {
+
+const Placement kDev{0, nullptr, nullptr};
+
+Config shotConfig() {
+  Config cfg = Config::defaults();
+  cfg.initTimeoutSec = 30;
+  cfg.cudaIpc = true;
+  cfg.cudaShots = true;
+  cfg.cudaShotBlocks = 3;
+  cfg.cudaIpcBytes = 4 * 65536;  // 256 KiB of scratch: large ops take several chunks
+  cfg.buffSize = 64 * 1024;
+  return cfg;
+}
+
+class ShotEngine : public testing::Test {
+ protected:
+  void SetUp() override { setDeviceApiForTesting(&kFake); }
+  void TearDown() override { setDeviceApiForTesting(nullptr); }
+};
+
+template <typename T>
+std::vector<T> inputOf(int rank, size_t count) {
+  std::vector<T> v(count);
+  for (size_t i = 0; i < count; ++i) v[i] = static_cast<T>((i * 7 + static_cast<size_t>(rank) * 3) % 5 + 1);
+  return v;
+}
+
+// Expected: the engine's host reduction applied in rank order (small integers: exact).
+template <typename T>
+void allreduceMatches(Communicator& c, DataType dt, ReduceOp op, double scale, size_t count) {
+  const int n = c.size();
+  std::vector<T> want = inputOf<T>(0, count);
+  if (op == ReduceOp::kPremulSum) scaleCopy(want.data(), want.data(), count, dt, scale);
+  for (int r = 1; r < n; ++r) {
+    auto x = inputOf<T>(r, count);
+    reduceInto(want.data(), x.data(), count, dt, op, scale);
+  }
+  if (op == ReduceOp::kAvg) divideBy(want.data(), count, dt, n);
+  auto got = inputOf<T>(c.rank(), count);
+  waitOk(c.allreduce(got.data(), count, dt, op, scale, Millis(0), kDev));
+  for (size_t i = 0; i < count; ++i)
+    ASSERT_EQ(got[i], want[i]) << dtypeName(dt) << " " << reduceOpName(op) << " count " << count << " i " << i;
+}
+
+}  // namespace
+
+// One-shot (up to RAILCC_ONESHOT_BYTES) and two-shot, one chunk and several, every kind of op.
+TEST_F(ShotEngine, EveryOpOnOddWorldSizesAndCountsAcrossChunks) {
+  const long before = gShotLaunches.load();
+  for (int n : {2, 3}) {
+    testing_util::runRanks(n, shotConfig(), "shots", [](Communicator& c) {
+      for (size_t count : {size_t(0), size_t(1), size_t(1001), size_t(100003)}) {
+        allreduceMatches<float>(c, DataType::kFloat32, ReduceOp::kSum, 1.0, count);
+        allreduceMatches<float>(c, DataType::kFloat32, ReduceOp::kPremulSum, 0.5, count);
+        allreduceMatches<double>(c, DataType::kFloat64, ReduceOp::kAvg, 1.0, count);
+        allreduceMatches<int64_t>(c, DataType::kInt64, ReduceOp::kProduct, 1.0, count);
+        allreduceMatches<int32_t>(c, DataType::kInt32, ReduceOp::kMax, 1.0, count);
+        allreduceMatches<int8_t>(c, DataType::kInt8, ReduceOp::kMin, 1.0, count);
+        allreduceMatches<uint8_t>(c, DataType::kUInt8, ReduceOp::kBxor, 1.0, count);
+      }
+    });
+  }
+  // Each rank, each dtype and op, each count but 0: the kernel ran, not the IPC copies.
+  EXPECT_EQ(gShotLaunches.load() - before, (2 + 3) * 7 * 3);
+}
+
+// Many ops back to back, and a coalesced call (a kernel per tensor, a zero-size one skipped by
+// every rank alike), then ops queued on the caller's stream (complete once queued).
+TEST_F(ShotEngine, ManyOpsCoalescedAndQueued) {
+  testing_util::runRanks(4, shotConfig(), "shots", [](Communicator& c) {
+    const int n = c.size(), me = c.rank();
+    for (int k = 0; k < 100; ++k) {
+      std::vector<int32_t> v(37, me + k);
+      waitOk(c.allreduce(v.data(), v.size(), DataType::kInt32, ReduceOp::kSum, 1.0, Millis(0), kDev));
+      for (int32_t x : v) ASSERT_EQ(x, n * (n - 1) / 2 + n * k) << "op " << k;
+    }
+    std::vector<std::vector<float>> bufs = {std::vector<float>(5, 1.0f), {}, std::vector<float>(70001, 2.0f)};
+    std::vector<void*> ptrs;
+    std::vector<size_t> counts;
+    for (auto& b : bufs) ptrs.push_back(b.data()), counts.push_back(b.size());
+    waitOk(c.allreduceCoalesced(ptrs, counts, DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), kDev));
+    for (float x : bufs[0]) ASSERT_EQ(x, static_cast<float>(n));
+    for (float x : bufs[2]) ASSERT_EQ(x, 2.0f * n);
+
+    void* mine = nullptr;  // the caller's stream; destroyed streams stay readable (teardown drains it)
+    Fake::streamCreate(&mine);
+    const Placement on{0, mine, nullptr, /*queued=*/true};
+    std::vector<int64_t> q(50000, me + 1);
+    waitOk(c.allreduce(q.data(), q.size(), DataType::kInt64, ReduceOp::kSum, 1.0, Millis(0), on));
+    Fake::streamSynchronize(mine);  // the caller orders on its stream
+    for (int64_t x : q) ASSERT_EQ(x, n * (n + 1) / 2);
+    Fake::streamDestroy(mine);
+  });
+}
+
+// Rank 2 stops calling after the first op: the others' kernels give up within the op's timeout,
+// and their error names rank 2 (the device's failure record, read by the host).
+TEST_F(ShotEngine, APeerThatStopsCallingIsNamed) {
+  std::atomic<int> failed{0};
+  testing_util::runRanks(3, shotConfig(), "shots", [&](Communicator& c) {
+    std::vector<float> v(1000, 1.0f);
+    waitOk(c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), kDev));
+    if (c.rank() == 2) {
+      while (failed.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto req = c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(1500), kDev);
+    auto e = testing_util::failureOf(req, Millis(60000));
+    failed.fetch_add(1);
+    ASSERT_TRUE(e) << "rank " << c.rank() << " did not fail with a railcc error";
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+    const std::string what = e->what();
+    EXPECT_NE(what.find("rank 2"), std::string::npos) << what;
+  });
+}
+
+// RAILCC_CUDA_SHOTS and RAILCC_CUDA_SHOT_BLOCKS decide what every rank's GPU does: ranks that
+// disagree all fail at the first CUDA op, naming the setting.
+TEST_F(ShotEngine, SettingsThatDifferFailOnEveryRank) {
+  for (int which : {0, 1}) {
+    testing_util::runRanks(
+        3, shotConfig(), "shots",
+        [which](Communicator& c) {
+          std::vector<int32_t> v(100, 1);
+          auto req = c.allreduce(v.data(), v.size(), DataType::kInt32, ReduceOp::kSum, 1.0, Millis(0), kDev);
+          auto e = testing_util::failureOf(req, Millis(60000));
+          ASSERT_TRUE(e) << "rank " << c.rank() << " did not fail with a railcc error";
+          EXPECT_EQ(e->code(), ErrorCode::kMismatch) << e->what();
+          EXPECT_NE(std::string(e->what()).find(which == 0 ? "RAILCC_CUDA_SHOTS=0" : "RAILCC_CUDA_SHOT_BLOCKS=5"),
+                    std::string::npos)
+              << e->what();
+        },
+        [which](int rank, Config& c) {
+          if (rank != 1) return;
+          if (which == 0) c.cudaShots = false;
+          else c.cudaShotBlocks = 5;
+        });
+  }
+}
