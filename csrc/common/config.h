@@ -51,12 +51,13 @@ namespace railcc {
     "Bytes of device memory per rank and group for the CUDA IPC path (four chunk buffers, "   \
     "peers map them). Must be equal on all ranks.")                                          \
   X(cudaShots, bool, "RAILCC_CUDA_SHOTS", "", "0", "",                                            \
-    "1: on the CUDA IPC path, an all-reduce runs as one kernel per tensor that reads the "    \
-    "peers' device memory and waits on signals in it, with no host round per chunk: one-shot " \
-    "up to RAILCC_ONESHOT_BYTES, two-shot above. Off by default until measured on a GPU "     \
-    "(scripts/gpu_check.sh runs both). Must be equal on all ranks.")                          \
+    "1: on the CUDA IPC path, all-reduce (one-shot up to RAILCC_ONESHOT_BYTES, two-shot "    \
+    "above), broadcast, and all-gather and reduce-scatter of one tensor run as one kernel per " \
+    "tensor that reads the peers' device memory and waits on signals in it, with no host "    \
+    "round per chunk. Off by default until measured on a GPU (scripts/gpu_check.sh runs "     \
+    "both). Must be equal on all ranks.")                                                     \
   X(cudaShotBlocks, int64_t, "RAILCC_CUDA_SHOT_BLOCKS", "", "8", "1..32",                        \
-    "Thread blocks of each one-kernel all-reduce (RAILCC_CUDA_SHOTS). Ranks that share a GPU " \
+    "Thread blocks of each one-kernel collective (RAILCC_CUDA_SHOTS). Ranks that share a GPU " \
     "without MPS need all their blocks resident at once: keep it small there. Must be equal " \
     "on all ranks.")                                                                          \
   X(bucketSize, int64_t, "RAILCC_BUCKET_SIZE", "", "8388608", "1..68719476736",                                 \

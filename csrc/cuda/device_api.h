@@ -16,6 +16,7 @@
 namespace railcc::cuda {
 
 struct ShotArgs;  // cuda/shots.h
+enum class ShotKind : uint8_t;
 
 constexpr uint32_t kDeviceApiVersion = 4;
 constexpr size_t kIpcHandleBytes = 64;  // cudaIpcMemHandle_t and cudaIpcEventHandle_t
@@ -74,9 +75,9 @@ struct DeviceApi {
   /// (cudaDeviceFlushGPUDirectRDMAWrites); a no-op where the device needs none.
   int (*flushRdmaWrites)();
 
-  /// One all-reduce in one kernel (cuda/shot_kernels.h): one-shot, or two-shot when `twoShot`,
-  /// through the peers' scratch named by args->peers, `blocks` blocks (the same on every rank).
-  int (*shotAllReduceAsync)(const ShotArgs* args, DataType t, bool twoShot, int blocks, void* stream);
+  /// One collective in one kernel (cuda/shot_kernels.h) through the peers' scratch named by
+  /// args->peers, `blocks` blocks (the same on every rank).
+  int (*shotAsync)(const ShotArgs* args, DataType t, ShotKind kind, int blocks, void* stream);
 };
 
 }  // namespace railcc::cuda

@@ -129,8 +129,8 @@ int flushRdmaWrites() {
                                                 cudaFlushGPUDirectRDMAWritesToOwner));
 }
 
-int shotAllReduce(const ShotArgs* a, DataType t, bool two, int blocks, void* stream) {
-  return ret(static_cast<cudaError_t>(shotAllReduceAsync(*a, t, two, blocks, stream)));
+int shot(const ShotArgs* a, DataType t, ShotKind k, int blocks, void* stream) {
+  return ret(static_cast<cudaError_t>(shotAsync(*a, t, k, blocks, stream)));
 }
 
 #define RAILCC_STR2(x) #x
@@ -171,7 +171,7 @@ const DeviceApi kApi = {
     allocationRange,
     dmabufFd,
     flushRdmaWrites,
-    shotAllReduce,
+    shot,
 };
 
 }  // namespace

@@ -25,36 +25,31 @@ namespace {
 
 constexpr int kShotThreads = 512;
 
-template <typename T, typename Op, bool kTwo>
-__global__ void __launch_bounds__(kShotThreads) shotKernel(ShotArgs a) {
+template <typename T, typename Op>
+__global__ void __launch_bounds__(kShotThreads) shotKernel(ShotArgs a, ShotKind k) {
   const ShotThreads t{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
   const uint64_t deadline = signalNow() + a.timeoutNs;
-  const int b = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
-  if (kTwo) twoShotBlock<T, Op>(a, b, blocks, t, deadline);
-  else oneShotBlock<T, Op>(a, b, blocks, t, deadline);
+  shotBlock<T, Op>(k, a, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), t, deadline);
 }
 
 struct Launch {
   const ShotArgs& a;
-  bool two;
+  ShotKind k;
   int blocks;
   cudaStream_t s;
   template <typename T, typename Op>
   int run() const {
     (void)cudaGetLastError();  // what the check below reads must be this launch's
-    if (two) shotKernel<T, Op, true><<<blocks, kShotThreads, 0, s>>>(a);
-    else shotKernel<T, Op, false><<<blocks, kShotThreads, 0, s>>>(a);
+    shotKernel<T, Op><<<blocks, kShotThreads, 0, s>>>(a, k);
     return static_cast<int>(cudaGetLastError());
   }
 };
 
 }  // namespace
 
-int shotAllReduceAsync(const ShotArgs& a, DataType t, bool twoShot, int blocks, void* stream) {
-  if (a.n < 1 || a.n > kMaxSignalPeers || a.me < 0 || a.me >= a.n || blocks < 1 || blocks > kMaxShotBlocks ||
-      a.peers == nullptr || a.epochs == nullptr || a.chunk == 0)
-    return static_cast<int>(cudaErrorInvalidValue);
-  return shotDispatch<__half, __nv_bfloat16>(t, a.op, Launch{a, twoShot, blocks, static_cast<cudaStream_t>(stream)},
+int shotAsync(const ShotArgs& a, DataType t, ShotKind k, int blocks, void* stream) {
+  if (!shotArgsValid(a, k, blocks)) return static_cast<int>(cudaErrorInvalidValue);
+  return shotDispatch<__half, __nv_bfloat16>(k, t, a.op, Launch{a, k, blocks, static_cast<cudaStream_t>(stream)},
                                              static_cast<int>(cudaErrorInvalidValue));
 }
 

@@ -8,12 +8,12 @@
 
 namespace railcc::cuda {
 
-/// One all-reduce of `args` in one kernel on `stream`, `blocks` blocks (at most kMaxShotBlocks;
-/// every rank of the collective must pass the same number): one-shot (`twoShot` false: every
-/// rank reads every input) or two-shot (each rank reduces its slice into every output). `args`
-/// is copied into the launch; args.peers, args.epochs and the pads must be device-visible, and
-/// args.failure host-mapped. A peer that does not come within args.timeoutNs, or an abort raised
-/// on this rank's pads, ends the kernel with the failure recorded: it never hangs.
-int shotAllReduceAsync(const ShotArgs& args, DataType t, bool twoShot, int blocks, void* stream);
+/// One collective of kind `k` (shots.h) in one kernel on `stream`, `blocks` blocks (at most
+/// kMaxShotBlocks; every rank of the collective must pass the same number). `args` is copied
+/// into the launch; args.peers, args.epochs and the scratch and pads must be device-visible,
+/// args.failure and args.abort host-mapped. A peer that does not come within args.timeoutNs, or
+/// the host's abort, ends the kernel with the failure recorded: it never hangs. Arguments that
+/// shotArgsValid() refuses, and (dtype, op) pairs shots do not reduce, are cudaErrorInvalidValue.
+int shotAsync(const ShotArgs& args, DataType t, ShotKind k, int blocks, void* stream);
 
 }  // namespace railcc::cuda

@@ -48,14 +48,24 @@ struct ShotPeers {
   SignalPad* pads[kMaxSignalPeers];  // rank r's kMaxShotBlocks pads, as mapped here
 };
 
-/// One all-reduce.
+/// The collectives a shot kernel runs.
+enum class ShotKind : uint8_t {
+  kAllReduceOne,   // one-shot all-reduce
+  kAllReduceTwo,   // two-shot all-reduce
+  kAllGather,      // output: n * count elements, rank r's input at r * count
+  kReduceScatter,  // input: n * count elements, rank r reduces the block at r * count
+  kBroadcast,      // root's input to every other rank's output (the root's output untouched)
+};
+
+/// One collective.
 struct ShotArgs {
   const ShotPeers* peers;
-  const void* input;       // this rank's, `count` elements (only this rank touches it)
-  void* output;            // this rank's; may be the input
+  const void* input;       // this rank's (only this rank touches it)
+  void* output;            // this rank's; may be the input (all-reduce, broadcast)
   int me;
   int n;
-  size_t count;            // elements
+  int root;                // broadcast
+  size_t count;            // elements: the all-reduce's and broadcast's, each rank's block otherwise
   size_t chunk;            // elements the scratch holds: every rank passes the same
   uint32_t* epochs;        // this rank's per-block chunk counts (kMaxShotBlocks), in its own memory
   uint64_t timeoutNs;      // each wait's bound
@@ -170,18 +180,18 @@ RAILCC_HD void shotCopy(T* dst, const T* src, size_t s, size_t e, const ShotThre
   for (size_t i = s + static_cast<size_t>(t.tid); i < e; i += static_cast<size_t>(t.count)) dst[i] = src[i];
 }
 
-/// For i in [s, e) of a chunk: every rank's scratch[i] reduced in rank order, stored at
-/// `dst[i]` (kEveryRank false) or in every rank's scratch (true).
+/// For i in [s, e) of a chunk: every rank's scratch[at + i] reduced in rank order, stored at
+/// `dst[i]` (kEveryRank false) or in every rank's scratch at the same place (true).
 template <typename T, typename Op, bool kEveryRank>
-RAILCC_HD void shotReduce(const ShotArgs& a, size_t s, size_t e, T* dst, const ShotThreads& t) {
+RAILCC_HD void shotReduce(const ShotArgs& a, size_t at, size_t s, size_t e, T* dst, const ShotThreads& t) {
   using W = Accum<T>;
   const ShotPeers& p = *a.peers;
   for (size_t i = s + static_cast<size_t>(t.tid); i < e; i += static_cast<size_t>(t.count)) {
-    typename W::type acc = W::in(static_cast<const T*>(p.scratch[0])[i]);
-    for (int r = 1; r < a.n; ++r) acc = Op::apply(acc, W::in(static_cast<const T*>(p.scratch[r])[i]));
+    typename W::type acc = W::in(static_cast<const T*>(p.scratch[0])[at + i]);
+    for (int r = 1; r < a.n; ++r) acc = Op::apply(acc, W::in(static_cast<const T*>(p.scratch[r])[at + i]));
     const T v = shotFinish<T>(acc, a);
     if (kEveryRank) {
-      for (int r = 0; r < a.n; ++r) static_cast<T*>(p.scratch[r])[i] = v;
+      for (int r = 0; r < a.n; ++r) static_cast<T*>(p.scratch[r])[at + i] = v;
     } else {
       dst[i] = v;
     }
@@ -203,7 +213,7 @@ RAILCC_HD bool oneShotBlock(const ShotArgs& a, int b, int blocks, const ShotThre
     shotPart(a.chunk, len, 0, 1, b, blocks, &s, &e);
     shotCopy(mine, in + c0, s, e, t);
     if (!shotBarrier(a, b, epoch, 1, deadline, t)) return false;
-    shotReduce<T, Op, false>(a, s, e, out + c0, t);
+    shotReduce<T, Op, false>(a, 0, s, e, out + c0, t);
     if (!shotBarrier(a, b, epoch, 2, deadline, t)) return false;
     if (t.tid == 0) a.epochs[b] = epoch + 1;
     t.sync();
@@ -229,7 +239,7 @@ RAILCC_HD bool twoShotBlock(const ShotArgs& a, int b, int blocks, const ShotThre
     }
     if (!shotBarrier(a, b, epoch, 1, deadline, t)) return false;
     shotPart(a.chunk, len, a.me, a.n, b, blocks, &s, &e);
-    shotReduce<T, Op, true>(a, s, e, nullptr, t);
+    shotReduce<T, Op, true>(a, 0, s, e, nullptr, t);
     if (!shotBarrier(a, b, epoch, 2, deadline, t)) return false;
     for (int r = 0; r < a.n; ++r) {  // every slice's part b is in my scratch now
       shotPart(a.chunk, len, r, a.n, b, blocks, &s, &e);
@@ -239,6 +249,120 @@ RAILCC_HD bool twoShotBlock(const ShotArgs& a, int b, int blocks, const ShotThre
     t.sync();
   }
   return true;
+}
+
+/// Block b of this rank's all-gather, chunk by chunk: copy my part of the chunk into my
+/// scratch; in; copy that part of every rank's scratch into its place in my output; out.
+template <typename T>
+RAILCC_HD bool allGatherBlock(const ShotArgs& a, int b, int blocks, const ShotThreads& t, uint64_t deadline) {
+  const T* in = static_cast<const T*>(a.input);
+  T* out = static_cast<T*>(a.output);
+  T* mine = static_cast<T*>(a.peers->scratch[a.me]);
+  for (size_t c0 = 0; c0 < a.count; c0 += a.chunk) {
+    const size_t len = a.count - c0 < a.chunk ? a.count - c0 : a.chunk;
+    const uint32_t epoch = a.epochs[b];
+    size_t s, e;
+    shotPart(a.chunk, len, 0, 1, b, blocks, &s, &e);
+    shotCopy(mine, in + c0, s, e, t);
+    if (!shotBarrier(a, b, epoch, 1, deadline, t)) return false;
+    for (int r = 0; r < a.n; ++r)
+      shotCopy(out + static_cast<size_t>(r) * a.count + c0, static_cast<const T*>(a.peers->scratch[r]), s, e, t);
+    if (!shotBarrier(a, b, epoch, 2, deadline, t)) return false;
+    if (t.tid == 0) a.epochs[b] = epoch + 1;
+    t.sync();
+  }
+  return true;
+}
+
+/// Block b of this rank's broadcast: the root copies its part of the chunk into its scratch;
+/// in; every other rank copies that part of the root's scratch into its output; out.
+template <typename T>
+RAILCC_HD bool broadcastBlock(const ShotArgs& a, int b, int blocks, const ShotThreads& t, uint64_t deadline) {
+  const T* in = static_cast<const T*>(a.input);
+  T* out = static_cast<T*>(a.output);
+  const T* root = static_cast<const T*>(a.peers->scratch[a.root]);
+  for (size_t c0 = 0; c0 < a.count; c0 += a.chunk) {
+    const size_t len = a.count - c0 < a.chunk ? a.count - c0 : a.chunk;
+    const uint32_t epoch = a.epochs[b];
+    size_t s, e;
+    shotPart(a.chunk, len, 0, 1, b, blocks, &s, &e);
+    if (a.me == a.root) shotCopy(static_cast<T*>(a.peers->scratch[a.me]), in + c0, s, e, t);
+    if (!shotBarrier(a, b, epoch, 1, deadline, t)) return false;
+    if (a.me != a.root) shotCopy(out + c0, root, s, e, t);
+    if (!shotBarrier(a, b, epoch, 2, deadline, t)) return false;
+    if (t.tid == 0) a.epochs[b] = epoch + 1;
+    t.sync();
+  }
+  return true;
+}
+
+/// Elements of each rank's block that one chunk of a reduce-scatter carries: the scratch holds
+/// that many of every block, in rank order (a multiple of 16, at least 16; 0 if it cannot).
+RAILCC_HD size_t shotScatterChunk(size_t chunk, int n) {
+  const size_t per = chunk / static_cast<size_t>(n) / 16 * 16;
+  return per;
+}
+
+/// Block b of this rank's reduce-scatter: copy my part of every rank's block (this chunk of
+/// it) into my scratch, block r at r * per; in; reduce my part of my block from every rank's
+/// scratch into my output; out.
+template <typename T, typename Op>
+RAILCC_HD bool reduceScatterBlock(const ShotArgs& a, int b, int blocks, const ShotThreads& t, uint64_t deadline) {
+  const T* in = static_cast<const T*>(a.input);
+  T* out = static_cast<T*>(a.output);
+  T* mine = static_cast<T*>(a.peers->scratch[a.me]);
+  const size_t per = shotScatterChunk(a.chunk, a.n);
+  if (per == 0) return false;  // refused at launch
+  for (size_t c0 = 0; c0 < a.count; c0 += per) {
+    const size_t len = a.count - c0 < per ? a.count - c0 : per;
+    const uint32_t epoch = a.epochs[b];
+    size_t s, e;
+    shotPart(per, len, 0, 1, b, blocks, &s, &e);
+    for (int r = 0; r < a.n; ++r)
+      shotCopy(mine + static_cast<size_t>(r) * per, in + static_cast<size_t>(r) * a.count + c0, s, e, t);
+    if (!shotBarrier(a, b, epoch, 1, deadline, t)) return false;
+    shotReduce<T, Op, false>(a, static_cast<size_t>(a.me) * per, s, e, out + c0, t);
+    if (!shotBarrier(a, b, epoch, 2, deadline, t)) return false;
+    if (t.tid == 0) a.epochs[b] = epoch + 1;
+    t.sync();
+  }
+  return true;
+}
+
+/// Whether a launch of kind `k` with `blocks` blocks can run `a` (the launchers refuse it
+/// otherwise, before any rank waits on it).
+RAILCC_HD bool shotArgsValid(const ShotArgs& a, ShotKind k, int blocks) {
+  if (a.n < 1 || a.n > kMaxSignalPeers || a.me < 0 || a.me >= a.n || blocks < 1 || blocks > kMaxShotBlocks ||
+      a.peers == nullptr || a.epochs == nullptr || a.chunk == 0)
+    return false;
+  if (k == ShotKind::kBroadcast && (a.root < 0 || a.root >= a.n)) return false;
+  if (k == ShotKind::kReduceScatter && shotScatterChunk(a.chunk, a.n) == 0) return false;
+  return true;
+}
+
+/// Block b of kind `k`: the reducing kinds with (T, Op); all-gather and broadcast move T as bits.
+template <typename T, typename Op>
+RAILCC_HD bool shotBlock(ShotKind k, const ShotArgs& a, int b, int blocks, const ShotThreads& t, uint64_t deadline) {
+  switch (k) {
+    case ShotKind::kAllReduceOne: return oneShotBlock<T, Op>(a, b, blocks, t, deadline);
+    case ShotKind::kAllReduceTwo: return twoShotBlock<T, Op>(a, b, blocks, t, deadline);
+    case ShotKind::kReduceScatter: return reduceScatterBlock<T, Op>(a, b, blocks, t, deadline);
+    case ShotKind::kAllGather: return allGatherBlock<T>(a, b, blocks, t, deadline);
+    case ShotKind::kBroadcast: return broadcastBlock<T>(a, b, blocks, t, deadline);
+  }
+  return false;
+}
+
+/// Bytes of an element of t (common/types.h's dtypeSize lives in the engine, which the CUDA
+/// plugin does not link).
+inline size_t shotElementBytes(DataType t) {
+  switch (t) {
+    case DataType::kFloat64: case DataType::kInt64: return 8;
+    case DataType::kFloat32: case DataType::kInt32: return 4;
+    case DataType::kFloat16: case DataType::kBFloat16: case DataType::kInt16: return 2;
+    case DataType::kInt8: case DataType::kUInt8: case DataType::kBool: return 1;
+  }
+  return 0;
 }
 
 /// Whether shots reduce (op, t): what railcc reduces anywhere, bools through the bitwise ops.
@@ -251,11 +375,22 @@ inline bool shotSupported(DataType t, ReduceOp op) {
   }
 }
 
-/// Calls f.template run<T, Op>() for (t, op), with `Half` and `BFloat16` the caller's types for
-/// the 16-bit floats (void where it has none: then those return `invalid`, as does a pair that
-/// shotSupported() refuses). Host code: the kernels' launcher and the fake runtime of the tests.
+/// Calls f.template run<T, Op>() for kind `k` on (t, op), with `Half` and `BFloat16` the
+/// caller's types for the 16-bit floats (void where it has none: then those return `invalid`,
+/// as does a pair that shotSupported() refuses). All-gather and broadcast only move elements:
+/// they run on the unsigned type of t's size, with ShotSum as a placeholder. Host code: the
+/// kernels' launcher and the fake runtime of the tests.
 template <typename Half, typename BFloat16, typename F>
-int shotDispatch(DataType t, ReduceOp op, F&& f, int invalid) {
+int shotDispatch(ShotKind k, DataType t, ReduceOp op, F&& f, int invalid) {
+  if (k == ShotKind::kAllGather || k == ShotKind::kBroadcast) {
+    switch (shotElementBytes(t)) {
+      case 1: return f.template run<uint8_t, ShotSum>();
+      case 2: return f.template run<uint16_t, ShotSum>();
+      case 4: return f.template run<uint32_t, ShotSum>();
+      case 8: return f.template run<uint64_t, ShotSum>();
+      default: return invalid;
+    }
+  }
   if (!shotSupported(t, op)) return invalid;
   auto arith = [&](auto opTag) -> int {
     using O = decltype(opTag);

@@ -6,7 +6,7 @@
 // used before its copy was waited for, or a result not copied back before the op completes,
 // shows up as wrong data. A stream's wait on another rank's event runs that rank's stream up to
 // the event first, so a missing cross-rank wait shows up the same way; IPC handles carry plain
-// pointers (ranks are threads here). A one-kernel all-reduce runs the host build of
+// pointers (ranks are threads here). A one-kernel collective runs the host build of
 // cuda/shots.h, a thread per block, once its stream reaches it. The real runtime behind the
 // same table is csrc/cuda/plugin.cu. Used by staging_test.cpp and shot_engine_test.cpp.
 
@@ -35,7 +35,7 @@ inline std::recursive_mutex gFakeMu;
 
 // While set, a stream stops at its "kernel that never finishes" (Fake::hangAsync).
 inline std::atomic<bool> gHung{false};
-inline std::atomic<long> gShotLaunches{0};       // one-kernel all-reduces launched
+inline std::atomic<long> gShotLaunches{0};       // one-kernel collectives launched
 inline std::atomic<int> gShotBlocksRunning{0};  // their blocks started and not finished
 inline std::atomic<long> gQueries{0};  // eventQuery calls: how often somebody asked the "GPU"
 
@@ -171,22 +171,20 @@ struct Fake {
   };
   struct ShotLaunch {
     cuda::ShotArgs a;
-    bool two;
+    cuda::ShotKind k;
     int blocks;
     void* s;
     template <typename T, typename Op>
     int run() const {
       auto st = std::make_shared<ShotBlocks>();
-      enqueueStep(s, [a = a, two = two, blocks = blocks, st] {
+      enqueueStep(s, [a = a, k = k, blocks = blocks, st] {
         if (!st->started) {
           st->started = true;
           gShotBlocksRunning.fetch_add(blocks);
           for (int b = 0; b < blocks; ++b)
-            st->threads.emplace_back([a, two, blocks, b, st = st.get()] {
-              const cuda::ShotThreads one{0, 1};
+            st->threads.emplace_back([a, k, blocks, b, st = st.get()] {
               const uint64_t deadline = cuda::signalNow() + a.timeoutNs;
-              if (two) cuda::twoShotBlock<T, Op>(a, b, blocks, one, deadline);
-              else cuda::oneShotBlock<T, Op>(a, b, blocks, one, deadline);
+              cuda::shotBlock<T, Op>(k, a, b, blocks, cuda::ShotThreads{0, 1}, deadline);
               st->done.fetch_add(1);
               gShotBlocksRunning.fetch_sub(1);
             });
@@ -196,10 +194,10 @@ struct Fake {
       return 0;
     }
   };
-  static int shotAllReduceAsync(const cuda::ShotArgs* a, DataType t, bool two, int blocks, void* s) {
+  static int shotAsync(const cuda::ShotArgs* a, DataType t, cuda::ShotKind k, int blocks, void* s) {
     gShotLaunches.fetch_add(1);
-    if (blocks < 1 || blocks > cuda::kMaxShotBlocks || a->chunk == 0) return 1;
-    return cuda::shotDispatch<void, void>(t, a->op, ShotLaunch{*a, two, blocks, s}, 1);
+    if (!cuda::shotArgsValid(*a, k, blocks)) return 1;
+    return cuda::shotDispatch<void, void>(k, t, a->op, ShotLaunch{*a, k, blocks, s}, 1);
   }
   static void enqueue(void* s, std::function<void()> f) {
     enqueueStep(s, [f = std::move(f)] { return f(), true; });
@@ -234,7 +232,7 @@ inline const cuda::DeviceApi kFake = {
     Fake::eventQuery, Fake::streamWaitEvent, Fake::memcpyAsync, Fake::deviceMalloc, Fake::deviceFree,
     Fake::canAccessPeer, Fake::ipcGetMemHandle, Fake::ipcOpenMemHandle, Fake::ipcCloseMemHandle, Fake::eventCreate,
     Fake::ipcGetEventHandle, Fake::ipcOpenEventHandle, Fake::reduceAsync, Fake::divideAsync, Fake::scaleCopyAsync,
-    nullptr, nullptr, nullptr, Fake::shotAllReduceAsync,
+    nullptr, nullptr, nullptr, Fake::shotAsync,
 };
 
 }  // namespace railcc::engine::fake_device

@@ -166,3 +166,59 @@ TEST_F(ShotEngine, SettingsThatDifferFailOnEveryRank) {
         });
   }
 }
+
+// All-gather and reduce-scatter of one tensor of n blocks (the *_tensor calls), in place too,
+// and broadcast from every root, through the kernels; blocks that are separate tensors take
+// the IPC copies instead.
+TEST_F(ShotEngine, AllgatherReduceScatterAndBroadcast) {
+  const long before = gShotLaunches.load();
+  testing_util::runRanks(3, shotConfig(), "shots", [](Communicator& c) {
+    const int n = c.size(), me = c.rank();
+    const size_t nn = static_cast<size_t>(n);
+    for (size_t count : {size_t(0), size_t(5), size_t(70001)}) {
+      std::vector<int32_t> mine(count), all(count * nn, -1);
+      for (size_t i = 0; i < count; ++i) mine[i] = static_cast<int32_t>(i * 3) + me;
+      std::vector<void*> outs;
+      for (size_t r = 0; r < nn; ++r) outs.push_back(all.data() + r * count);
+      waitOk(c.allgather(mine.data(), count, DataType::kInt32, outs, Millis(0), kDev));
+      for (size_t i = 0; i < all.size(); ++i)
+        ASSERT_EQ(all[i], static_cast<int32_t>((i % count) * 3 + i / count)) << "all-gather count " << count << " i " << i;
+      // in place: the input is this rank's block of the output
+      std::vector<int32_t> inplace(count * nn, -1);
+      for (size_t i = 0; i < count; ++i) inplace[static_cast<size_t>(me) * count + i] = static_cast<int32_t>(i * 3) + me;
+      std::vector<void*> outs2;
+      for (size_t r = 0; r < nn; ++r) outs2.push_back(inplace.data() + r * count);
+      waitOk(c.allgather(outs2[static_cast<size_t>(me)], count, DataType::kInt32, outs2, Millis(0), kDev));
+      ASSERT_EQ(inplace, all);
+
+      std::vector<double> full(count * nn);
+      for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<double>(i % 7 + static_cast<size_t>(me));
+      std::vector<const void*> ins;
+      for (size_t r = 0; r < nn; ++r) ins.push_back(full.data() + r * count);
+      std::vector<double> got(count, -1);
+      waitOk(c.reduceScatter(ins, got.data(), count, DataType::kFloat64, ReduceOp::kAvg, 1.0, Millis(0), kDev));
+      for (size_t i = 0; i < count; ++i) {
+        const size_t at = static_cast<size_t>(me) * count + i;
+        ASSERT_EQ(got[i], static_cast<double>(at % 7) + (n - 1) / 2.0) << "reduce-scatter count " << count << " i " << i;
+      }
+
+      for (int root = 0; root < n; ++root) {
+        std::vector<int16_t> b(count);
+        for (size_t i = 0; i < count; ++i) b[i] = static_cast<int16_t>(me == root ? i % 1000 + static_cast<size_t>(root) : 0);
+        waitOk(c.broadcast(b.data(), count, DataType::kInt16, root, Millis(0), kDev));
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_EQ(b[i], static_cast<int16_t>(i % 1000 + static_cast<size_t>(root))) << "broadcast root " << root << " i " << i;
+      }
+      // separate tensors: the IPC copies, no kernel
+      std::vector<std::vector<int32_t>> apart(nn, std::vector<int32_t>(count + 1, -1));
+      std::vector<void*> outs3;
+      for (auto& v : apart) outs3.push_back(v.data());
+      waitOk(c.allgather(mine.data(), count, DataType::kInt32, outs3, Millis(0), kDev));
+      for (size_t r = 0; r < nn; ++r)
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(apart[r][i], static_cast<int32_t>(i * 3 + r));
+    }
+  });
+  // Per rank and count but 0: 2 all-gathers, a reduce-scatter and 3 broadcasts as kernels;
+  // the all-gather into separate tensors (each one longer than a block: never one tensor) none.
+  EXPECT_EQ(gShotLaunches.load() - before, 3 * 2 * (3 + 3));
+}

@@ -54,7 +54,7 @@ struct Group {
   }
   T* result(int r) { return inPlace ? in[r].data() : out[r].data(); }
   ShotArgs args(int r, ReduceOp op, uint64_t seq, uint64_t timeoutNs) {
-    return ShotArgs{&table, in[r].data(), result(r), r, n, count, chunk, epochs[r].data(), timeoutNs, seq, &failure, nullptr, 0.5, op};
+    return ShotArgs{&table, in[r].data(), result(r), r, n, 0, count, chunk, epochs[r].data(), timeoutNs, seq, &failure, nullptr, 0.5, op};
   }
 };
 
@@ -306,4 +306,112 @@ TEST(Shots, AShortLastChunkKeepsEveryElementsOwner) {
     Group<float> one(3, 100003, inPlace, 65536);
     EXPECT_EQ(run(one, Shot::kOne, ReduceOp::kSum, 3, 3), 0) << "inPlace " << inPlace;
   }
+}
+
+// All-gather, reduce-scatter and broadcast: every rank's buffers laid out as the engine passes
+// them (one tensor of n blocks), checked against a reference built here; chunks cut short,
+// in place too, ops back to back on the same pads and counts.
+namespace {
+
+struct Layout {
+  ShotKind kind;
+  int n;
+  size_t count;  // per block (all-gather, reduce-scatter) or of the buffer (broadcast)
+  size_t chunk;
+  int root;
+  bool inPlace;
+};
+
+int64_t valueOf(int r, int k, size_t i) { return static_cast<int64_t>((i * 5 + static_cast<size_t>(r) * 11 + static_cast<size_t>(k)) % 97); }
+
+// Runs `ops` ops of l.kind on int64 with SUM; returns the (rank, op) results that were wrong.
+int runLayout(const Layout& l, int blocks, int ops) {
+  const size_t n = static_cast<size_t>(l.n);
+  const size_t inLen = l.kind == ShotKind::kReduceScatter ? n * l.count : l.count;
+  const size_t outLen = l.kind == ShotKind::kAllGather ? n * l.count : l.count;
+  std::vector<std::vector<int64_t>> in(n, std::vector<int64_t>(inLen + 1)), out(n, std::vector<int64_t>(outLen + 1, -7));
+  std::vector<std::vector<int64_t>> scratch(n, std::vector<int64_t>(l.chunk));
+  std::vector<std::unique_ptr<SignalPad[]>> pads;
+  std::vector<std::vector<uint32_t>> epochs(n, std::vector<uint32_t>(kMaxShotBlocks, 0));
+  ShotPeers table{};
+  SignalFailure failure{};
+  for (size_t r = 0; r < n; ++r) {
+    pads.emplace_back(new SignalPad[kMaxShotBlocks]);
+    std::memset(pads.back().get(), 0, sizeof(SignalPad) * kMaxShotBlocks);
+    table.scratch[r] = scratch[r].data();
+    table.pads[r] = pads[r].get();
+  }
+  // In place: all-gather's input is this rank's block of the output; reduce-scatter's output is
+  // this rank's block of the input; broadcast's buffer is both.
+  auto inPtr = [&](size_t r) -> int64_t* {
+    if (l.inPlace && l.kind == ShotKind::kAllGather) return out[r].data() + r * l.count;
+    if (l.inPlace && l.kind == ShotKind::kBroadcast) return out[r].data();
+    return in[r].data();
+  };
+  auto outPtr = [&](size_t r) -> int64_t* {
+    if (l.inPlace && l.kind == ShotKind::kReduceScatter) return in[r].data() + r * l.count;
+    return out[r].data();
+  };
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> ranks;
+  for (size_t r = 0; r < n; ++r)
+    ranks.emplace_back([&, r] {
+      for (int k = 0; k < ops; ++k) {
+        const size_t fill = l.kind == ShotKind::kReduceScatter ? n * l.count : l.count;
+        for (size_t i = 0; i < fill; ++i) inPtr(r)[i] = valueOf(static_cast<int>(r), k, i);
+        if (l.kind == ShotKind::kBroadcast && !l.inPlace)
+          for (size_t i = 0; i < l.count; ++i) out[r][i] = -1;
+        ShotArgs a{&table, inPtr(r), outPtr(r), static_cast<int>(r), l.n, l.root, l.count, l.chunk, epochs[r].data(),
+                   60 * kSecond, static_cast<uint64_t>(k), &failure, nullptr, 1.0, ReduceOp::kSum};
+        EXPECT_TRUE(shotArgsValid(a, l.kind, blocks));
+        std::vector<std::thread> bs;
+        for (int b = 0; b < blocks; ++b)
+          bs.emplace_back([&, b] { shotBlock<int64_t, ShotSum>(l.kind, a, b, blocks, ShotThreads{0, 1}, signalNow() + 60 * kSecond); });
+        for (auto& t : bs) t.join();
+        const int64_t* res = outPtr(r);
+        bool ok = true;
+        for (size_t i = 0; i < outLen && ok; ++i) {
+          int64_t want = 0;
+          if (l.kind == ShotKind::kAllGather) want = valueOf(static_cast<int>(i / l.count), k, i % l.count);
+          if (l.kind == ShotKind::kBroadcast) want = r == static_cast<size_t>(l.root) && !l.inPlace ? -1 : valueOf(l.root, k, i);
+          if (l.kind == ShotKind::kReduceScatter)
+            for (size_t q = 0; q < n; ++q) want += valueOf(static_cast<int>(q), k, r * l.count + i);
+          ok = res[i] == want;
+        }
+        if (!l.inPlace && out[r][outLen] != -7) ok = false;  // nothing past the end
+        if (!ok) ++wrong;
+      }
+    });
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(failure.state, 0u);
+  return wrong.load();
+}
+
+}  // namespace
+
+TEST(Shots, AllGatherReduceScatterAndBroadcastAcrossShortChunks) {
+  for (ShotKind kind : {ShotKind::kAllGather, ShotKind::kReduceScatter, ShotKind::kBroadcast})
+    for (int n : {1, 2, 3, 5})
+      for (size_t count : {size_t{0}, size_t{1}, size_t{333}, size_t{1000}})
+        for (bool inPlace : {false, true}) {
+          Layout l{kind, n, count, 160, n - 1, inPlace};
+          EXPECT_EQ(runLayout(l, 3, 5), 0) << "kind " << static_cast<int>(kind) << " n " << n << " count " << count
+                                           << " inPlace " << inPlace;
+        }
+}
+
+TEST(Shots, LaunchesThatCannotRunAreRefused) {
+  ShotPeers table{};
+  uint32_t epochs[kMaxShotBlocks] = {};
+  ShotArgs a{&table, nullptr, nullptr, 0, 4, 0, 10, 64, epochs, kSecond, 0, nullptr, nullptr, 1.0, ReduceOp::kSum};
+  EXPECT_TRUE(shotArgsValid(a, ShotKind::kAllReduceOne, 1));
+  EXPECT_FALSE(shotArgsValid(a, ShotKind::kAllReduceOne, 0));
+  EXPECT_FALSE(shotArgsValid(a, ShotKind::kAllReduceOne, kMaxShotBlocks + 1));
+  a.root = 4;
+  EXPECT_FALSE(shotArgsValid(a, ShotKind::kBroadcast, 1));  // no rank 4 in a group of 4
+  a.root = 0;
+  a.chunk = 60;  // fewer than 16 of each of the 4 blocks
+  EXPECT_FALSE(shotArgsValid(a, ShotKind::kReduceScatter, 1));
+  a.epochs = nullptr;
+  EXPECT_FALSE(shotArgsValid(a, ShotKind::kAllGather, 1));
 }

@@ -73,7 +73,7 @@ bool DeviceLayer::ipcReady(int d, void* stream) {
   // The blob: ok flag, the settings every rank must agree on (they fix the chunking, the
   // number of host rounds, which zero-byte rounds cannot check, and the one-kernel ops'
   // shape), then the handles.
-  const bool shots = opts_.config.cudaShots && api.shotAllReduceAsync != nullptr;
+  const bool shots = opts_.config.cudaShots && api.shotAsync != nullptr;
   constexpr size_t kCfg = 4;
   const size_t hb = cuda::kIpcHandleBytes, cfgAt = 1, handlesAt = cfgAt + kCfg * sizeof(int64_t);
   const size_t blob = handlesAt + hb * (1 + kIpcEvents);
@@ -339,6 +339,7 @@ void DeviceLayer::runIpcScatter(const DeviceOp& dv, const std::vector<char*>& in
 
 void DeviceLayer::runIpcAllgather(const DeviceOp& dv, const char* in, size_t count, DataType dt,
                                const std::vector<char*>& outs) {
+  if (shotMoves(outs, count, dt)) return runShotAllgather(dv, in, count, dt, outs[0]);
   const cuda::DeviceApi& api = deviceApi();
   const size_t es = dtypeSize(dt);
   ipcSlotChunks(api, dv, in, count, es, true, [&](const std::function<char*(size_t)>& slot, size_t off, size_t m) {
@@ -350,6 +351,7 @@ void DeviceLayer::runIpcAllgather(const DeviceOp& dv, const char* in, size_t cou
 
 void DeviceLayer::runIpcReduceScatter(const DeviceOp& dv, const std::vector<char*>& ins, char* out, size_t count,
                                    DataType dt, ReduceOp op, double scale) {
+  if (shotUsable(dt, op) && shotMoves(ins, count, dt)) return runShotReduceScatter(dv, ins[0], out, count, dt, op, scale);
   const cuda::DeviceApi& api = deviceApi();
   const int d = dv.device;
   void* stream = dv.stream;
@@ -371,6 +373,7 @@ void DeviceLayer::runIpcReduceScatter(const DeviceOp& dv, const std::vector<char
 }
 
 void DeviceLayer::runIpcBroadcast(const DeviceOp& dv, char* buf, size_t count, DataType dt, int root) {
+  if (dev_.shot.ready) return runShotBroadcast(dv, buf, count, dt, root);
   const cuda::DeviceApi& api = deviceApi();
   const size_t es = dtypeSize(dt);
   ipcSlotChunks(api, dv, buf, count, es, rank_ == root,

@@ -114,16 +114,25 @@ class DeviceLayer {
   // host need not wait for it unless the caller has no stream to order on.
   void ipcFinish(const cuda::DeviceApi& api, const DeviceOp& dv, const char* what);
 
-  // shot_allreduce.cpp: the one-kernel all-reduce (RAILCC_CUDA_SHOTS). The pads sit at the
+  // shots.cpp: the one-kernel collectives (RAILCC_CUDA_SHOTS). The pads sit at the
   // tail of each rank's IPC pool (shotPadBytes() of it, zeroed before peers map it);
   // shotSetup() fills the table once the pools are mapped (false and `why` when it cannot);
   // shotFailure() is the error of the first failed device wait, once.
   static size_t shotPadBytes();
   bool shotSetup(const cuda::DeviceApi& api, void* stream, int device, std::string* why);
   void shotRelease(const cuda::DeviceApi& api);
+  // shotUsable: a reduction shots run; shotMoves: n blocks of `count` that are one tensor's.
   bool shotUsable(DataType dt, ReduceOp op) const;
+  bool shotMoves(const std::vector<char*>& blocks, size_t count, DataType dt) const;
+  void launchShot(const DeviceOp& dv, cuda::ShotKind k, const char* in, char* out, size_t count, int root, DataType dt,
+                  ReduceOp op, double scale);
+  void finishShot(const DeviceOp& dv, const char* what);  // as ipcFinish, then the device's failure record
   void runShotAllreduce(const DeviceOp& dv, const std::vector<std::pair<char*, size_t>>& segs, DataType dt, ReduceOp op,
                         double scale);
+  void runShotAllgather(const DeviceOp& dv, const char* in, size_t count, DataType dt, char* out);
+  void runShotReduceScatter(const DeviceOp& dv, const char* in, char* out, size_t count, DataType dt, ReduceOp op,
+                            double scale);
+  void runShotBroadcast(const DeviceOp& dv, char* buf, size_t count, DataType dt, int root);
   std::exception_ptr shotFailure();
 
   // gpu_watch.cpp: an op's GPU work left for the watchdog; with `now`, retireGpuWork() also

@@ -10,7 +10,7 @@
 namespace railcc::engine {
 
 // ---------------------------------------------------------------------------------------
-// One-kernel all-reduce (RAILCC_CUDA_SHOTS): cuda/shots.h launched through the plugin. Set up
+// One-kernel collectives (RAILCC_CUDA_SHOTS): cuda/shots.h launched through the plugin. Set up
 // once with the CUDA IPC pools (cuda_ipc.cpp): a rank's pool is its scratch, and the pool's
 // tail holds its signal pads, so the one IPC handle per rank that the pools exchange already
 // maps everything. Per op there is one launch and no host round: ranks meet on the device.
@@ -95,48 +95,79 @@ bool DeviceLayer::shotUsable(DataType dt, ReduceOp op) const {
   return dev_.shot.ready && cuda::shotSupported(dt, op);
 }
 
-void DeviceLayer::runShotAllreduce(const DeviceOp& dv, const std::vector<std::pair<char*, size_t>>& segs, DataType dt,
-                                   ReduceOp op, double scale) {
+bool DeviceLayer::shotMoves(const std::vector<char*>& blocks, size_t count, DataType dt) const {
+  if (!dev_.shot.ready || blocks.size() != static_cast<size_t>(size_)) return false;
+  for (size_t r = 1; r < blocks.size(); ++r)  // one tensor of n blocks, as the *_tensor calls pass
+    if (blocks[r] != blocks[0] + r * count * dtypeSize(dt)) return false;
+  return true;
+}
+
+void DeviceLayer::launchShot(const DeviceOp& dv, cuda::ShotKind k, const char* in, char* out, size_t count, int root,
+                             DataType dt, ReduceOp op, double scale) {
+  if (count == 0) return;  // every rank passes the same count, so all skip it
   const cuda::DeviceApi& api = deviceApi();
-  const size_t es = dtypeSize(dt);
   const OpStamp* cur = ch_.current();
   const Millis timeout = cur ? cur->timeout : opts_.timeout;
+  cuda::ShotArgs a{};
+  a.peers = static_cast<const cuda::ShotPeers*>(dev_.shot.table);
+  a.input = in;
+  a.output = out;
+  a.me = rank_;
+  a.n = size_;
+  a.root = root;
+  a.count = count;
   // The scratch holds 4 chunks' bytes; a chunk of elements starts on a multiple of 16.
-  const size_t chunk = std::max<size_t>(4 * dev_.ipc.chunk / es / 16 * 16, 16);
-  const int blocks = static_cast<int>(opts_.config.cudaShotBlocks);
-  for (auto& [p, count] : segs) {
-    if (count == 0) continue;  // every rank passes the same segments, so all skip it
-    cuda::ShotArgs a{};
-    a.peers = static_cast<const cuda::ShotPeers*>(dev_.shot.table);
-    a.input = p;
-    a.output = p;
-    a.me = rank_;
-    a.n = size_;
-    a.count = count;
-    a.chunk = chunk;
-    a.epochs = dev_.shot.epochs;
-    // The device gives up a tenth before the host would (deviceWait, the watchdog's look at
-    // the GPU work), so that the error names the peer that did not come.
-    a.timeoutNs = static_cast<uint64_t>(timeout.count()) * 900000ull;
-    a.seq = cur ? cur->fp.seq : 0;
-    a.failure = static_cast<cuda::SignalFailure*>(dev_.shot.failure);
-    a.abort = dev_.shot.abort;
-    a.scale = scale;
-    a.op = op;
-    const bool two = !algos_.oneshot(count * es);
-    checkDevice(api.shotAllReduceAsync(&a, dt, two, blocks, dv.stream), two ? "two-shot all-reduce kernel" : "one-shot all-reduce kernel",
-                dv.device);
-  }
+  a.chunk = std::max<size_t>(4 * dev_.ipc.chunk / dtypeSize(dt) / 16 * 16, 16);
+  a.epochs = dev_.shot.epochs;
+  // The device gives up a tenth before the host would (deviceWait, the watchdog's look at the
+  // GPU work), so that the error names the peer that did not come.
+  a.timeoutNs = static_cast<uint64_t>(timeout.count()) * 900000ull;
+  a.seq = cur ? cur->fp.seq : 0;
+  a.failure = static_cast<cuda::SignalFailure*>(dev_.shot.failure);
+  a.abort = dev_.shot.abort;
+  a.scale = scale;
+  a.op = op;
+  checkDevice(api.shotAsync(&a, dt, k, static_cast<int>(opts_.config.cudaShotBlocks), dv.stream), "one-kernel collective",
+              dv.device);
+}
+
+void DeviceLayer::finishShot(const DeviceOp& dv, const char* what) {
+  const cuda::DeviceApi& api = deviceApi();
   ch_.touch();
-  if (dv.queued) return watchGpu(api, dv, "the one-kernel all-reduce");
+  if (dv.queued) return watchGpu(api, dv, what);
   checkDevice(api.eventRecord(dev_.stageEv[0], dv.stream), "cudaEventRecord", dv.device);
-  deviceWait(api, dev_.stageEv[0], dv.device, "the one-kernel all-reduce", dv.stream);
+  deviceWait(api, dev_.stageEv[0], dv.device, what, dv.stream);
   std::exception_ptr e;
   {
     std::lock_guard<std::mutex> g(dev_.gpuMu);
     e = shotFailure();
   }
   if (e) std::rethrow_exception(e);
+}
+
+void DeviceLayer::runShotAllreduce(const DeviceOp& dv, const std::vector<std::pair<char*, size_t>>& segs, DataType dt,
+                                   ReduceOp op, double scale) {
+  for (auto& [p, count] : segs) {
+    const auto k = algos_.oneshot(count * dtypeSize(dt)) ? cuda::ShotKind::kAllReduceOne : cuda::ShotKind::kAllReduceTwo;
+    launchShot(dv, k, p, p, count, 0, dt, op, scale);
+  }
+  finishShot(dv, "the one-kernel all-reduce");
+}
+
+void DeviceLayer::runShotAllgather(const DeviceOp& dv, const char* in, size_t count, DataType dt, char* out) {
+  launchShot(dv, cuda::ShotKind::kAllGather, in, out, count, 0, dt, ReduceOp::kSum, 1.0);
+  finishShot(dv, "the one-kernel all-gather");
+}
+
+void DeviceLayer::runShotReduceScatter(const DeviceOp& dv, const char* in, char* out, size_t count, DataType dt,
+                                       ReduceOp op, double scale) {
+  launchShot(dv, cuda::ShotKind::kReduceScatter, in, out, count, 0, dt, op, scale);
+  finishShot(dv, "the one-kernel reduce-scatter");
+}
+
+void DeviceLayer::runShotBroadcast(const DeviceOp& dv, char* buf, size_t count, DataType dt, int root) {
+  launchShot(dv, cuda::ShotKind::kBroadcast, buf, buf, count, root, dt, ReduceOp::kSum, 1.0);
+  finishShot(dv, "the one-kernel broadcast");
 }
 
 }  // namespace railcc::engine
