@@ -56,10 +56,10 @@ namespace railcc {
     "tensor that reads the peers' device memory and waits on signals in it, with no host "    \
     "round per chunk. Off by default until measured on a GPU (scripts/gpu_check.sh runs "     \
     "both). Must be equal on all ranks.")                                                     \
-  X(cudaShotBlocks, int64_t, "RAILCC_CUDA_SHOT_BLOCKS", "", "8", "1..32",                        \
-    "Thread blocks of each one-kernel collective (RAILCC_CUDA_SHOTS). Ranks that share a GPU " \
-    "without MPS need all their blocks resident at once: keep it small there. Must be equal " \
-    "on all ranks.")                                                                          \
+  X(cudaShotBlocks, int64_t, "RAILCC_CUDA_SHOT_BLOCKS", "", "64", "1..64",                       \
+    "Most thread blocks (512 threads each) of a one-kernel collective (RAILCC_CUDA_SHOTS): "   \
+    "a call takes one per 128 KiB up to this many. Under MPS every rank's blocks must fit on " \
+    "the GPU at once (ranks x blocks <= SMs x 4). Must be equal on all ranks.")               \
   X(bucketSize, int64_t, "RAILCC_BUCKET_SIZE", "", "8388608", "1..68719476736",                                 \
     "Bytes of the fusion bucket for coalesced all-reduce; small tensors are packed into it.") \
   X(oneshotBytes, int64_t, "RAILCC_ONESHOT_BYTES", "", "65536", "0..67108864",                              \

@@ -25,11 +25,25 @@ namespace {
 
 constexpr int kShotThreads = 512;
 
+// The reducing kinds, a kernel per (T, Op); the moving ones, a kernel per element size. No
+// kernel carries code its calls never reach (nvcc's time goes with what each one holds).
 template <typename T, typename Op>
-__global__ void __launch_bounds__(kShotThreads) shotKernel(ShotArgs a, ShotKind k) {
+__global__ void __launch_bounds__(kShotThreads) reduceKernel(ShotArgs a, ShotKind k) {
   const ShotThreads t{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
   const uint64_t deadline = signalNow() + a.timeoutNs;
-  shotBlock<T, Op>(k, a, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), t, deadline);
+  const int b = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
+  if (k == ShotKind::kAllReduceOne) oneShotBlock<T, Op>(a, b, blocks, t, deadline);
+  else if (k == ShotKind::kAllReduceTwo) twoShotBlock<T, Op>(a, b, blocks, t, deadline);
+  else reduceScatterBlock<T, Op>(a, b, blocks, t, deadline);
+}
+
+template <typename U>
+__global__ void __launch_bounds__(kShotThreads) moveKernel(ShotArgs a, ShotKind k) {
+  const ShotThreads t{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
+  const uint64_t deadline = signalNow() + a.timeoutNs;
+  const int b = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
+  if (k == ShotKind::kAllGather) allGatherBlock<U>(a, b, blocks, t, deadline);
+  else broadcastBlock<U>(a, b, blocks, t, deadline);
 }
 
 struct Launch {
@@ -40,7 +54,13 @@ struct Launch {
   template <typename T, typename Op>
   int run() const {
     (void)cudaGetLastError();  // what the check below reads must be this launch's
-    shotKernel<T, Op><<<blocks, kShotThreads, 0, s>>>(a, k);
+    reduceKernel<T, Op><<<blocks, kShotThreads, 0, s>>>(a, k);
+    return static_cast<int>(cudaGetLastError());
+  }
+  template <typename U>
+  int move() const {
+    (void)cudaGetLastError();
+    moveKernel<U><<<blocks, kShotThreads, 0, s>>>(a, k);
     return static_cast<int>(cudaGetLastError());
   }
 };

@@ -40,7 +40,7 @@
 
 namespace railcc::cuda {
 
-constexpr int kMaxShotBlocks = 32;
+constexpr int kMaxShotBlocks = 64;
 
 /// What a shot kernel reads to reach its peers, in device memory (one per group).
 struct ShotPeers {
@@ -175,9 +175,26 @@ RAILCC_HD T shotFinish(typename Accum<T>::type acc, const ShotArgs& a) {
   return Accum<T>::out(acc);
 }
 
+/// 16 bytes of elements, moved with one vector load or store where both sides are aligned.
+template <typename T>
+struct alignas(16) ShotPack {
+  T v[16 / sizeof(T)];
+};
+
+RAILCC_HD bool shotAligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
 template <typename T>
 RAILCC_HD void shotCopy(T* dst, const T* src, size_t s, size_t e, const ShotThreads& t) {
-  for (size_t i = s + static_cast<size_t>(t.tid); i < e; i += static_cast<size_t>(t.count)) dst[i] = src[i];
+  constexpr size_t kLanes = 16 / sizeof(T);
+  size_t i0 = s;
+  if (shotAligned(dst + s) && shotAligned(src + s)) {
+    const size_t packs = (e - s) / kLanes;
+    auto* d = reinterpret_cast<ShotPack<T>*>(dst + s);
+    const auto* q = reinterpret_cast<const ShotPack<T>*>(src + s);
+    for (size_t k = static_cast<size_t>(t.tid); k < packs; k += static_cast<size_t>(t.count)) d[k] = q[k];
+    i0 = s + packs * kLanes;
+  }
+  for (size_t i = i0 + static_cast<size_t>(t.tid); i < e; i += static_cast<size_t>(t.count)) dst[i] = src[i];
 }
 
 /// For i in [s, e) of a chunk: every rank's scratch[at + i] reduced in rank order, stored at
@@ -186,7 +203,33 @@ template <typename T, typename Op, bool kEveryRank>
 RAILCC_HD void shotReduce(const ShotArgs& a, size_t at, size_t s, size_t e, T* dst, const ShotThreads& t) {
   using W = Accum<T>;
   const ShotPeers& p = *a.peers;
-  for (size_t i = s + static_cast<size_t>(t.tid); i < e; i += static_cast<size_t>(t.count)) {
+  // 16 bytes a load where every side is aligned (the scratch always is, parts start on 16
+  // elements); the same arithmetic in the same order, lane by lane.
+  constexpr size_t kLanes = 16 / sizeof(T);
+  size_t i0 = s;
+  bool aligned = shotAligned(static_cast<const T*>(p.scratch[0]) + at + s) && (kEveryRank || shotAligned(dst + s));
+  for (int r = 1; r < a.n && aligned; ++r) aligned = shotAligned(static_cast<const T*>(p.scratch[r]) + at + s);
+  if (aligned) {
+    const size_t packs = (e - s) / kLanes;
+    for (size_t k = static_cast<size_t>(t.tid); k < packs; k += static_cast<size_t>(t.count)) {
+      const size_t i = s + k * kLanes;
+      ShotPack<T> x = *reinterpret_cast<const ShotPack<T>*>(static_cast<const T*>(p.scratch[0]) + at + i);
+      typename W::type acc[kLanes];
+      for (size_t j = 0; j < kLanes; ++j) acc[j] = W::in(x.v[j]);
+      for (int r = 1; r < a.n; ++r) {
+        x = *reinterpret_cast<const ShotPack<T>*>(static_cast<const T*>(p.scratch[r]) + at + i);
+        for (size_t j = 0; j < kLanes; ++j) acc[j] = Op::apply(acc[j], W::in(x.v[j]));
+      }
+      for (size_t j = 0; j < kLanes; ++j) x.v[j] = shotFinish<T>(acc[j], a);
+      if (kEveryRank) {
+        for (int r = 0; r < a.n; ++r) *reinterpret_cast<ShotPack<T>*>(static_cast<T*>(p.scratch[r]) + at + i) = x;
+      } else {
+        *reinterpret_cast<ShotPack<T>*>(dst + i) = x;
+      }
+    }
+    i0 = s + packs * kLanes;
+  }
+  for (size_t i = i0 + static_cast<size_t>(t.tid); i < e; i += static_cast<size_t>(t.count)) {
     typename W::type acc = W::in(static_cast<const T*>(p.scratch[0])[at + i]);
     for (int r = 1; r < a.n; ++r) acc = Op::apply(acc, W::in(static_cast<const T*>(p.scratch[r])[at + i]));
     const T v = shotFinish<T>(acc, a);
@@ -375,19 +418,19 @@ inline bool shotSupported(DataType t, ReduceOp op) {
   }
 }
 
-/// Calls f.template run<T, Op>() for kind `k` on (t, op), with `Half` and `BFloat16` the
-/// caller's types for the 16-bit floats (void where it has none: then those return `invalid`,
-/// as does a pair that shotSupported() refuses). All-gather and broadcast only move elements:
-/// they run on the unsigned type of t's size, with ShotSum as a placeholder. Host code: the
+/// Calls f.template run<T, Op>() for a reducing kind `k` on (t, op), with `Half` and
+/// `BFloat16` the caller's types for the 16-bit floats (void where it has none: then those
+/// return `invalid`, as does a pair that shotSupported() refuses). All-gather and broadcast only
+/// move elements: f.template move<U>() with U the unsigned type of t's size. Host code: the
 /// kernels' launcher and the fake runtime of the tests.
 template <typename Half, typename BFloat16, typename F>
 int shotDispatch(ShotKind k, DataType t, ReduceOp op, F&& f, int invalid) {
   if (k == ShotKind::kAllGather || k == ShotKind::kBroadcast) {
     switch (shotElementBytes(t)) {
-      case 1: return f.template run<uint8_t, ShotSum>();
-      case 2: return f.template run<uint16_t, ShotSum>();
-      case 4: return f.template run<uint32_t, ShotSum>();
-      case 8: return f.template run<uint64_t, ShotSum>();
+      case 1: return f.template move<uint8_t>();
+      case 2: return f.template move<uint16_t>();
+      case 4: return f.template move<uint32_t>();
+      case 8: return f.template move<uint64_t>();
       default: return invalid;
     }
   }

@@ -193,6 +193,10 @@ struct Fake {
       });
       return 0;
     }
+    template <typename U>
+    int move() const {
+      return run<U, cuda::ShotSum>();  // shotBlock() picks the moving kind's body
+    }
   };
   static int shotAsync(const cuda::ShotArgs* a, DataType t, cuda::ShotKind k, int blocks, void* s) {
     gShotLaunches.fetch_add(1);

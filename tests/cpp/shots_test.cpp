@@ -39,9 +39,12 @@ struct Group {
   ShotPeers table{};  // every rank maps the others at the same addresses here
   SignalFailure failure{};
 
-  Group(int n_, size_t count_, bool inPlace_, size_t chunk_ = 0, uint32_t firstEpoch = 0)
+  size_t shift = 0;  // the user's buffers start this many elements into the vectors
+
+  Group(int n_, size_t count_, bool inPlace_, size_t chunk_ = 0, uint32_t firstEpoch = 0, size_t shift_ = 0)
       : n(n_), count(count_), chunk(chunk_ ? chunk_ : count_ + 1), inPlace(inPlace_),
-        in(n_, std::vector<T>(count_ + 1)), out(n_, std::vector<T>(count_ + 1)), scratch(n_, std::vector<T>(chunk)) {
+        in(n_, std::vector<T>(count_ + 1 + shift_)), out(n_, std::vector<T>(count_ + 1 + shift_)),
+        scratch(n_, std::vector<T>(chunk)), shift(shift_) {
     for (int r = 0; r < n; ++r) {
       pads.emplace_back(new SignalPad[kMaxShotBlocks]);
       std::memset(pads.back().get(), 0, sizeof(SignalPad) * kMaxShotBlocks);
@@ -52,9 +55,10 @@ struct Group {
       table.pads[r] = pads[r].get();
     }
   }
-  T* result(int r) { return inPlace ? in[r].data() : out[r].data(); }
+  T* input(int r) { return in[r].data() + shift; }
+  T* result(int r) { return (inPlace ? in[r].data() : out[r].data()) + shift; }
   ShotArgs args(int r, ReduceOp op, uint64_t seq, uint64_t timeoutNs) {
-    return ShotArgs{&table, in[r].data(), result(r), r, n, 0, count, chunk, epochs[r].data(), timeoutNs, seq, &failure, nullptr, 0.5, op};
+    return ShotArgs{&table, input(r), result(r), r, n, 0, count, chunk, epochs[r].data(), timeoutNs, seq, &failure, nullptr, 0.5, op};
   }
 };
 
@@ -141,7 +145,7 @@ int run(Group<T>& g, Shot shot, ReduceOp op, int blocks, int ops, std::vector<in
     ranks.emplace_back([&, r] {
       const int mine = stopAfter.empty() ? ops : stopAfter[static_cast<size_t>(r)];
       for (int k = 0; k < mine; ++k) {
-        for (size_t i = 0; i < g.count; ++i) g.in[r][i] = inputValue<T>(r, k, i);
+        for (size_t i = 0; i < g.count; ++i) g.input(r)[i] = inputValue<T>(r, k, i);
         ShotArgs a = g.args(r, op, static_cast<uint64_t>(k), timeoutNs);
         std::atomic<bool> ok{true};
         std::vector<std::thread> bs;
@@ -254,6 +258,18 @@ TEST(Shots, ManyOpsBackToBackWithMoreBlocksThanWork) {
   EXPECT_EQ(run(two, Shot::kTwo, ReduceOp::kSum, 4, 100), 0);
   EXPECT_EQ(one.epochs[0][0], 200u);
   EXPECT_EQ(two.epochs[4][3], 300u);
+}
+
+// User buffers off the 16-byte grain (the scratch is on it): the element-by-element path, with
+// the same bits as the vector one.
+TEST(Shots, BuffersOffTheVectorGrain) {
+  for (Shot shot : {Shot::kOne, Shot::kTwo})
+    for (size_t shift : {size_t{1}, size_t{3}}) {
+      Group<float> g(3, 1013, false, 128, 0, shift);
+      EXPECT_EQ(run(g, shot, ReduceOp::kSum, 3, 3), 0) << "shift " << shift;
+      Group<int16_t> h(2, 515, true, 64, 0, shift);
+      EXPECT_EQ(run(h, shot, ReduceOp::kMax, 2, 3), 0) << "shift " << shift;
+    }
 }
 
 TEST(Shots, CountsWrapPastTwoToThe32) {

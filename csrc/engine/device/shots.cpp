@@ -127,8 +127,12 @@ void DeviceLayer::launchShot(const DeviceOp& dv, cuda::ShotKind k, const char* i
   a.abort = dev_.shot.abort;
   a.scale = scale;
   a.op = op;
-  checkDevice(api.shotAsync(&a, dt, k, static_cast<int>(opts_.config.cudaShotBlocks), dv.stream), "one-kernel collective",
-              dv.device);
+  // A block per 128 KiB a rank moves, up to RAILCC_CUDA_SHOT_BLOCKS: small calls meet at few
+  // pads, large ones use enough of the GPU to reach its memory's speed. Every rank computes the
+  // same number (the counts agree), and a block's counts only move in ops that use it.
+  const size_t bytes = count * dtypeSize(dt), per = size_t(128) << 10;
+  const int blocks = static_cast<int>(std::min<size_t>((bytes + per - 1) / per, static_cast<size_t>(opts_.config.cudaShotBlocks)));
+  checkDevice(api.shotAsync(&a, dt, k, std::max(blocks, 1), dv.stream), "one-kernel collective", dv.device);
 }
 
 void DeviceLayer::finishShot(const DeviceOp& dv, const char* what) {
