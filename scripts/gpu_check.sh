@@ -201,7 +201,7 @@ bench() {
   [ $DRY = 1 ] && dev=cpu max=64K iters="-n 2 -w 1" bound=64M
   for n in 2 4; do
     "$PY" -m railcc bench --device $dev --nprocs $n --backend railcc,gloo --bound --bound_bytes $bound \
-      -o all_reduce,all_gather,reduce_scatter,broadcast -b 8 -e $max -f 4 $iters --timeout 60 \
+      -o all_reduce,all_gather,reduce_scatter,broadcast -b 8 -e $max -f 4 $iters --timeout 60 --stats \
       --json "$WORK/bench$n.json" || return $?
   done
 }
@@ -214,7 +214,7 @@ bench_shots() {
   [ $DRY = 1 ] && dev=cpu max=64K iters="-n 2 -w 1" bound=64M
   for n in 2 4; do
     RAILCC_CUDA_SHOTS=1 "$PY" -m railcc bench --device $dev --nprocs $n --backend railcc,gloo --bound \
-      --bound_bytes $bound -o all_reduce -b 8 -e $max -f 4 $iters --timeout 60 --json "$WORK/shots$n.json" || return $?
+      --bound_bytes $bound -o all_reduce -b 8 -e $max -f 4 $iters --timeout 60 --stats --json "$WORK/shots$n.json" || return $?
   done
 }
 run_step bench_shots 80 "$OUT/bench.log" bench_shots

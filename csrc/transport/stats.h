@@ -12,7 +12,8 @@
 
 namespace railcc::transport {
 
-enum class StatKind : uint8_t { kShm, kSocket, kVerbs, kCount };
+// kDevice is not a transport: the device layer's own counts (host rounds, one-kernel ops).
+enum class StatKind : uint8_t { kShm, kSocket, kVerbs, kDevice, kCount };
 
 enum class Stat : uint8_t {
   kSendCopied,      // bytes the CPU copied into a transport's buffer (FIFO, socket, staging area)
@@ -25,6 +26,8 @@ enum class Stat : uint8_t {
   kRegFailures,     // registrations refused (the message was copied instead)
   kRegisteredBytes, // bytes of user memory registered now (cached)
   kGpuDirect,       // bytes the NIC read from or wrote into GPU memory here (GPUDirect RDMA)
+  kHostRounds,      // kDevice: rounds between the ranks' hosts inside CUDA IPC ops (events, votes)
+  kDeviceKernels,   // kDevice: one-kernel collectives launched (no host round inside)
   kCount
 };
 

@@ -79,7 +79,10 @@ def stats():
     registration_failures (user memory registered with a NIC for rendezvous) and
     registered_bytes (held registered now), and gpu_direct_bytes (GPU memory the NIC read or wrote
     here, GPUDirect RDMA: a CUDA tensor sent or received between hosts without a host copy).
-    Every group of the process adds to the same counts."""
+    A "device" row counts what the device layer did with CUDA tensors: host_rounds (rounds
+    between the ranks' hosts inside CUDA IPC ops, two per chunk) and device_kernels (one-kernel
+    collectives launched, RAILCC_CUDA_SHOTS, which take no host round). Every group of the
+    process adds to the same counts."""
     return _C.stats()
 
 

@@ -19,6 +19,7 @@
 #include "engine/device.h"
 #include "fake_device.h"
 #include "ranks.h"
+#include "transport/stats.h"
 
 using namespace railcc;
 using namespace railcc::engine;
@@ -70,7 +71,39 @@ void allreduceMatches(Communicator& c, DataType dt, ReduceOp op, double scale, s
     ASSERT_EQ(got[i], want[i]) << dtypeName(dt) << " " << reduceOpName(op) << " count " << count << " i " << i;
 }
 
+uint64_t deviceStat(transport::Stat s) {
+  return transport::statRow(transport::StatKind::kDevice).v[static_cast<size_t>(s)].load();
+}
+
 }  // namespace
+
+// What railcc.stats() and railcc-bench --stats report: the CUDA IPC path meets on the host
+// twice per chunk, the one-kernel path never (set-up aside, which exchanges handles once).
+TEST_F(ShotEngine, HostRoundsPerOpTwoThroughIpcNoneThroughShots) {
+  for (bool shots : {false, true}) {
+    Config cfg = shotConfig();
+    cfg.cudaShots = shots;
+    uint64_t rounds = 0, kernels = 0;
+    testing_util::runRanks(2, cfg, "shots", [&](Communicator& c) {
+      std::vector<float> v(1001, 1.0f);
+      waitOk(c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), kDev));  // set-up
+      waitOk(c.barrier());
+      const uint64_t r0 = deviceStat(transport::Stat::kHostRounds), k0 = deviceStat(transport::Stat::kDeviceKernels);
+      waitOk(c.barrier());
+      for (int i = 0; i < 10; ++i)
+        waitOk(c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), kDev));
+      waitOk(c.barrier());
+      if (c.rank() == 0) {
+        rounds = deviceStat(transport::Stat::kHostRounds) - r0;
+        kernels = deviceStat(transport::Stat::kDeviceKernels) - k0;
+      }
+      waitOk(c.barrier());
+    });
+    // 2 ranks x 10 ops: one-shot IPC is 2 rounds an op (in, done); the kernel path none
+    EXPECT_EQ(rounds, shots ? 0u : 2u * 2 * 10) << "shots " << shots;
+    EXPECT_EQ(kernels, shots ? 2u * 10 : 0u) << "shots " << shots;
+  }
+}
 
 // One-shot (up to RAILCC_ONESHOT_BYTES) and two-shot, one chunk and several, every kind of op.
 TEST_F(ShotEngine, EveryOpOnOddWorldSizesAndCountsAcrossChunks) {

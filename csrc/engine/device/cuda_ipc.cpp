@@ -1,6 +1,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "engine/device/device_layer.h"
+#include "transport/stats.h"
 
 namespace railcc::engine {
 
@@ -10,6 +11,7 @@ namespace railcc::engine {
 void DeviceLayer::ipcStep(const cuda::DeviceApi& api, void* stream, int d, IpcEvent e) {
   checkDevice(api.eventRecord(dev_.ipc.ev[static_cast<size_t>(rank_)][e], stream), "cudaEventRecord", d);
   algos_.syncRound();
+  transport::addStat(transport::StatKind::kDevice, transport::Stat::kHostRounds, 1);
   for (int q = 0; q < size_; ++q)
     if (q != rank_)
       checkDevice(api.streamWaitEvent(stream, dev_.ipc.ev[static_cast<size_t>(q)][e]), "cudaStreamWaitEvent (peer's IPC event)", d);

@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "cuda/shots.h"
 #include "engine/device/device_layer.h"
+#include "transport/stats.h"
 
 namespace railcc::engine {
 
@@ -133,6 +134,7 @@ void DeviceLayer::launchShot(const DeviceOp& dv, cuda::ShotKind k, const char* i
   const size_t bytes = count * dtypeSize(dt), per = size_t(128) << 10;
   const int blocks = static_cast<int>(std::min<size_t>((bytes + per - 1) / per, static_cast<size_t>(opts_.config.cudaShotBlocks)));
   checkDevice(api.shotAsync(&a, dt, k, std::max(blocks, 1), dv.stream), "one-kernel collective", dv.device);
+  transport::addStat(transport::StatKind::kDevice, transport::Stat::kDeviceKernels, 1);
 }
 
 void DeviceLayer::finishShot(const DeviceOp& dv, const char* what) {

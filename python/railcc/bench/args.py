@@ -152,7 +152,8 @@ def build_parser():
         action="store_true",
         help="after each railcc row, what its transports did per call and rank (railcc.stats()): bytes the CPU "
         "copied into and out of FIFOs, sockets and rings, bytes read once by the kernel, bytes the NIC moved "
-        "straight between buffers, memory registrations",
+        "straight between buffers, memory registrations, and for CUDA tensors the host rounds inside an op "
+        "and the one-kernel ops",
     )
     p.add_argument("--progress", action="store_true", help="show progress on stderr even when it is not a tty")
     p.add_argument("--timeout", type=float, default=300.0,

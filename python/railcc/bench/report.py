@@ -441,12 +441,12 @@ def extra_cells(backends, bound, backend, ratios, bound_frac):
 
 
 STAT_KEYS = ("send_copied_bytes", "recv_copied_bytes", "single_copied_bytes", "rdma_zero_copy_bytes",
-             "registrations", "registration_cache_hits", "gpu_direct_bytes")
+             "registrations", "registration_cache_hits", "gpu_direct_bytes", "host_rounds", "device_kernels")
 
 
 def stat_sums(stats):
     """railcc.stats() summed over transports, in STAT_KEYS order."""
-    return [float(sum(row[k] for row in stats.values())) for k in STAT_KEYS]
+    return [float(sum(row.get(k, 0) for row in stats.values())) for k in STAT_KEYS]
 
 
 def per_call_stats(sums, calls, n):
@@ -463,7 +463,8 @@ def stats_line(coll, nbytes, inplace, s):
             f"{s['recv_copied_bytes']:.0f} B out ({per_byte('recv_copied_bytes')}/B); kernel single copy "
             f"{s['single_copied_bytes']:.0f} B; RDMA zero-copy {s['rdma_zero_copy_bytes']:.0f} B "
             f"(GPU memory {s['gpu_direct_bytes']:.0f} B); "
-            f"registrations {s['registrations']:.2f}, cache hits {s['registration_cache_hits']:.2f}")
+            f"registrations {s['registrations']:.2f}, cache hits {s['registration_cache_hits']:.2f}; "
+            f"GPU: host rounds {s['host_rounds']:.2f}, one-kernel ops {s['device_kernels']:.2f}")
 
 
 def plot(path, records, backends, colls):
