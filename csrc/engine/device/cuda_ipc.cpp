@@ -1,3 +1,7 @@
+#include <unistd.h>
+
+#include <cstdlib>
+
 #include "common/error.h"
 #include "common/log.h"
 #include "engine/device/device_layer.h"
@@ -137,6 +141,7 @@ bool DeviceLayer::ipcReady(int d, void* stream) {
     err.ranks = {rank_, static_cast<int>(q)};
     throw err;
   }
+  int sharing = 0;  // peers whose pool is on this rank's GPU
   for (size_t q = 0; q < n && ok; ++q) {
     if (q == me) continue;
     const char* b = all.data() + blob * q;
@@ -153,6 +158,7 @@ bool DeviceLayer::ipcReady(int d, void* stream) {
               "cudaIpcOpenEventHandle (rank " + std::to_string(q) + ")");
     int pd = -1, can = 0;
     if (ok) attempt(api.pointerDevice(dev_.ipc.pool[q], &pd), "cudaPointerGetAttributes");
+    if (ok && pd == d) ++sharing;
     if (ok && pd != d) {
       attempt(api.canAccessPeer(d, pd, &can), "cudaDeviceCanAccessPeer");
       if (ok && !can) {
@@ -185,7 +191,18 @@ bool DeviceLayer::ipcReady(int d, void* stream) {
   dev_.shot.ready = shots;
   RAILCC_INFO(COLL, "group '", opts_.name, "': CUDA IPC on cuda:", d, ", ", (4 * dev_.ipc.chunk) >> 10,
               " KiB of device memory per rank (RAILCC_CUDA_IPC_BYTES)",
-              shots ? "; all-reduce in one kernel per tensor (RAILCC_CUDA_SHOTS=1)" : "");
+              shots ? "; collectives in one kernel per tensor (RAILCC_CUDA_SHOTS=1)" : "");
+  if (sharing > 0) {
+    // Without MPS the GPU runs one process's kernels at a time: ranks meeting inside a kernel
+    // (RAILCC_CUDA_SHOTS) then wait for each other's turn.
+    const char* pipe = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+    const std::string control = std::string(pipe && *pipe ? pipe : "/tmp/nvidia-mps") + "/control";
+    const bool mps = access(control.c_str(), F_OK) == 0;
+    RAILCC_INFO(COLL, "group '", opts_.name, "': ", sharing + 1, " of its ranks share cuda:", d, "; ",
+                mps ? "an MPS control daemon is there (" + control + "), so their kernels can run side by side"
+                    : "no MPS control daemon (" + control + " is absent): their kernels take turns" +
+                          std::string(shots ? "; nvidia-cuda-mps-control -d starts one" : ""));
+  }
   return true;
 }
 
