@@ -1,7 +1,8 @@
 #pragma once
-// One-kernel all-reduce through peers' memory: one-shot (every rank reads every rank's data
-// and reduces all of it) and two-shot (every rank reduces a slice and writes it to every rank).
-// Written once for both sides, as signals.h is: nvcc compiles it into the kernels
+// One-kernel collectives through peers' memory: all-reduce one-shot (every rank reads every
+// rank's data and reduces all of it) and two-shot (every rank reduces a slice and writes it to
+// every rank), all-gather, reduce-scatter and broadcast (ShotKind). Written once for both
+// sides, as signals.h is: nvcc compiles it into the kernels
 // (shot_kernels.cu), with a block of threads per worker, and the host compiler into
 // tests/cpp/shots_test.cpp, where a CPU thread plays each (rank, block) on host memory.
 //

@@ -176,6 +176,44 @@ TEST_F(ShotEngine, APeerThatStopsCallingIsNamed) {
   });
 }
 
+// The same on the caller's stream, where the call returns once the kernel is queued: the
+// watchdog thread reads the device's failure record and fails the group naming rank 1, and
+// the next call raises it.
+TEST_F(ShotEngine, AQueuedOpWhosePeerStopsFailsTheGroupNamingIt) {
+  std::atomic<int> failed{0};
+  testing_util::runRanks(2, shotConfig(), "shots", [&](Communicator& c) {
+    void* s = nullptr;
+    Fake::streamCreate(&s);
+    const Placement on{0, s, nullptr, /*queued=*/true};
+    std::vector<float> v(1000, 1.0f);
+    waitOk(c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), on));
+    Fake::streamSynchronize(s);
+    if (c.rank() == 1) {
+      while (failed.load() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      Fake::streamDestroy(s);
+      return;
+    }
+    waitOk(c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(1500), on));  // queued
+    Fake::streamSynchronize(s);  // the "kernel" gives up at its deadline
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!c.brokenError() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30))
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    failed.fetch_add(1);
+    ASSERT_TRUE(c.brokenError()) << "the group did not fail";
+    try {
+      std::rethrow_exception(c.brokenError());
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+      EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("one-kernel"), std::string::npos) << e.what();
+    }
+    auto next = c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), on);
+    ASSERT_TRUE(next->wait(Millis(60000)));
+    EXPECT_TRUE(next->error());
+    Fake::streamDestroy(s);
+  });
+}
+
 // RAILCC_CUDA_SHOTS and RAILCC_CUDA_SHOT_BLOCKS decide what every rank's GPU does: ranks that
 // disagree all fail at the first CUDA op, naming the setting.
 TEST_F(ShotEngine, SettingsThatDifferFailOnEveryRank) {

@@ -28,8 +28,15 @@ def _run(script, backend, *args):
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", DS_ACCELERATOR="cpu")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            os.path.join(EXAMPLES, script), "--backend", backend, *args]
-    p = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=240)
+    for attempt in range(3):
+        p = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=240)
+        # ProcessGroupGloo sometimes aborts a process at teardown after the job has finished
+        # ("terminate called without an active exception" from one of its threads: seen in CI on
+        # a gloo run of deepspeed_zero.py, 2026-12-07, and before in test_training.py). gloo is
+        # only the comparison here, so its run is retried; a railcc run never is.
+        if p.returncode == 0 or backend != "gloo" or "terminate called without an active exception" not in p.stdout:
+            break
     assert p.returncode == 0, f"{script} --backend {backend} failed (rc={p.returncode}):\n{p.stdout[-6000:]}"
     steps = re.findall(r"^step (\d+) loss (\S+)$", p.stdout, re.M)
     checksum = re.findall(r"^checksum (\S+)$", p.stdout, re.M)

@@ -350,8 +350,8 @@ def rk_cuda_gpu_hang(rank, n):
 # Small buffers, so that ops cross many chunks; "ipc" is the default path for ranks of one host,
 # "staged" forces pinned host staging for everything.
 SMALL_STAGING = {"RAILCC_CUDA_STAGING_BYTES": "65536", "RAILCC_CUDA_IPC_BYTES": "262144"}
-# "shots": all_reduce in one kernel per tensor through the IPC pools (RAILCC_CUDA_SHOTS), the
-# other ops as "ipc".
+# "shots": all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor in one kernel
+# per tensor through the IPC pools (RAILCC_CUDA_SHOTS), the other ops as "ipc".
 PATHS = {"ipc": {}, "staged": {"RAILCC_CUDA_IPC": "0"}, "shots": {"RAILCC_CUDA_SHOTS": "1"}}
 
 

@@ -168,7 +168,7 @@ bool DeviceLayer::ipcReady(int d, void* stream) {
     }
   }
   // The one-kernel ops' table, once every peer's pool is mapped.
-  if (ok && shots && !shotSetup(api, stream, d, &why)) ok = false;
+  if (ok && shots && !shotSetup(api, stream, &why)) ok = false;
   // Every rank must take the same path, so one vote decides.
   int64_t vote = ok ? 1 : 0;
   algos_.allreduce(reinterpret_cast<char*>(&vote), 1, DataType::kInt64, ReduceOp::kMin, 1.0);

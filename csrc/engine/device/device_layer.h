@@ -119,7 +119,7 @@ class DeviceLayer {
   // shotSetup() fills the table once the pools are mapped (false and `why` when it cannot);
   // shotFailure() is the error of the first failed device wait, once.
   static size_t shotPadBytes();
-  bool shotSetup(const cuda::DeviceApi& api, void* stream, int device, std::string* why);
+  bool shotSetup(const cuda::DeviceApi& api, void* stream, std::string* why);
   void shotRelease(const cuda::DeviceApi& api);
   // shotUsable: a reduction shots run; shotMoves: n blocks of `count` that are one tensor's.
   bool shotUsable(DataType dt, ReduceOp op) const;

@@ -30,7 +30,7 @@ struct IpcState {
   std::vector<std::array<void*, kIpcEvents>> ev;  // [rank]: its events as opened here
 };
 
-// One-kernel all-reduce (RAILCC_CUDA_SHOTS, device/shot_allreduce.cpp, cuda/shots.h): set up
+// One-kernel collectives (RAILCC_CUDA_SHOTS, device/shots.cpp, cuda/shots.h): set up
 // with the IPC pools, whose buffers are the scratch and whose tails hold every rank's signal
 // pads. `table` (device memory) names every rank's scratch and pads as mapped here; `epochs`
 // (device memory) are this rank's per-block chunk counts; `failure` and `abort` are pinned

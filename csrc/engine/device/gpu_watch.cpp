@@ -46,9 +46,6 @@ void DeviceLayer::watchGpu(const cuda::DeviceApi& api, const DeviceOp& dv, const
 std::exception_ptr DeviceLayer::retireGpuWork(const cuda::DeviceApi& api, const Clock::time_point* now,
                                            Clock::time_point* next) {
   std::lock_guard<std::mutex> g(dev_.gpuMu);
-  // A one-kernel op that gave up waiting for a peer names it, before any timeout of the work.
-  if (now)
-    if (std::exception_ptr e = shotFailure()) return e;
   while (!dev_.gpuWork.empty()) {
     GpuWork& w = dev_.gpuWork.front();
     int e = api.eventQuery(w.event);
@@ -80,6 +77,9 @@ std::exception_ptr DeviceLayer::checkGpuWork(Clock::time_point* next) {
   const cuda::DeviceApi* api = nullptr;
   {
     std::lock_guard<std::mutex> g(dev_.gpuMu);
+    // A one-kernel op that gave up waiting for a peer names it, before any timeout of the work,
+    // and even once its work has left the list (the engine drops finished work at its next op).
+    if (std::exception_ptr e = shotFailure()) return e;
     if (dev_.gpuWork.empty()) return nullptr;
   }
   try {

@@ -18,7 +18,7 @@ namespace railcc::engine {
 
 size_t DeviceLayer::shotPadBytes() { return (sizeof(cuda::SignalPad) * cuda::kMaxShotBlocks + 255) / 256 * 256; }
 
-bool DeviceLayer::shotSetup(const cuda::DeviceApi& api, void* stream, int d, std::string* why) {
+bool DeviceLayer::shotSetup(const cuda::DeviceApi& api, void* stream, std::string* why) {
   ShotState& s = dev_.shot;
   auto attempt = [&](int err, const char* call) {
     if (err != 0 && why->empty()) *why = std::string(call) + " failed: " + (api.errorString ? api.errorString(err) : "?");
@@ -47,7 +47,6 @@ bool DeviceLayer::shotSetup(const cuda::DeviceApi& api, void* stream, int d, std
          attempt(api.streamSynchronize(stream), "cudaStreamSynchronize (shot set-up)");
   }
   if (!ok) shotRelease(api);
-  (void)d;
   return ok;
 }
 
