@@ -9,6 +9,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "engine/wire.h"
@@ -42,6 +43,9 @@ struct ShotState {
   void* failure = nullptr;  // cuda::SignalFailure
   uint32_t* abort = nullptr;
   std::atomic<bool> failureSeen{false};  // reported already (the engine's thread or the watchdog's)
+  // The ops launched last, by seq (under gpuMu): a failure record names its op by seq only.
+  std::array<std::pair<uint64_t, OpKind>, 64> launched{};
+  size_t nextLaunched = 0;
 };
 
 // The GPU work of an op that completed once queued (engine/device/gpu_watch.cpp): the

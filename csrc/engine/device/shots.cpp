@@ -75,18 +75,21 @@ std::exception_ptr DeviceLayer::shotFailure() {
   const uint32_t state = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
   if (state != cuda::kTimedOut && state != cuda::kAborted) return nullptr;  // none, or being written
   if (s.failureSeen.exchange(true)) return nullptr;
+  const char* op = "collective";
+  for (const auto& [seq, kind] : s.launched)
+    if (seq == f->seq) op = opKindName(kind);
   std::ostringstream os;
   if (state == cuda::kAborted) {
-    os << "all_reduce (seq " << f->seq << ", the one-kernel all-reduce on the GPU) was aborted while it waited for "
+    os << op << " (seq " << f->seq << ", one kernel on the GPU) was aborted while it waited for "
        << ch_.rankName(f->peer);
   } else {
-    os << "all_reduce (seq " << f->seq << ", the one-kernel all-reduce on the GPU) timed out: "
-       << ch_.rankName(f->peer) << " did not signal within the op's timeout (" << f->count << " of " << f->expected
+    os << op << " (seq " << f->seq << ", one kernel on the GPU) timed out: " << ch_.rankName(f->peer)
+       << " did not signal within the op's timeout (" << f->count << " of " << f->expected
        << " signals seen); it stopped calling, died, or runs a different op";
   }
   Error err(state == cuda::kAborted ? ErrorCode::kAborted : ErrorCode::kTimeout, os.str());
   err.seq = static_cast<long long>(f->seq);
-  err.op = "all_reduce";
+  err.op = op;
   if (state == cuda::kTimedOut) err.ranks = {f->peer};
   return std::make_exception_ptr(err);
 }
@@ -132,6 +135,10 @@ void DeviceLayer::launchShot(const DeviceOp& dv, cuda::ShotKind k, const char* i
   // same number (the counts agree), and a block's counts only move in ops that use it.
   const size_t bytes = count * dtypeSize(dt), per = size_t(128) << 10;
   const int blocks = static_cast<int>(std::min<size_t>((bytes + per - 1) / per, static_cast<size_t>(opts_.config.cudaShotBlocks)));
+  {
+    std::lock_guard<std::mutex> g(dev_.gpuMu);
+    dev_.shot.launched[dev_.shot.nextLaunched++ % dev_.shot.launched.size()] = {a.seq, cur ? cur->kind : OpKind::kAllreduce};
+  }
   checkDevice(api.shotAsync(&a, dt, k, std::max(blocks, 1), dv.stream), "one-kernel collective", dv.device);
   transport::addStat(transport::StatKind::kDevice, transport::Stat::kDeviceKernels, 1);
 }
