@@ -9,57 +9,14 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/half_accum.cuh"
+
 namespace railcc::cuda {
 namespace {
 
 constexpr int kThreads = 512;
 
-template <typename T>
-struct Widen {
-  using type = T;
-  __device__ static type in(T v) { return v; }
-  __device__ static T out(type v) { return v; }
-};
-template <>
-struct Widen<__half> {
-  using type = float;
-  __device__ static float in(__half v) { return __half2float(v); }
-  __device__ static __half out(float v) { return __float2half_rn(v); }
-};
-template <>
-struct Widen<__nv_bfloat16> {
-  using type = float;
-  __device__ static float in(__nv_bfloat16 v) { return __bfloat162float(v); }
-  __device__ static __nv_bfloat16 out(float v) { return __float2bfloat16_rn(v); }
-};
-
-template <typename T>
-__device__ bool isNan(T v) {
-  return v != v;
-}
-
-struct Sum {
-  template <typename A> __device__ static A apply(A a, A b) { return a + b; }
-};
-struct Prod {
-  template <typename A> __device__ static A apply(A a, A b) { return a * b; }
-};
-// Min and max propagate NaN, as torch does.
-struct Min {
-  template <typename A> __device__ static A apply(A a, A b) { return isNan(a) ? a : isNan(b) ? b : (b < a ? b : a); }
-};
-struct Max {
-  template <typename A> __device__ static A apply(A a, A b) { return isNan(a) ? a : isNan(b) ? b : (a < b ? b : a); }
-};
-struct Band {
-  template <typename A> __device__ static A apply(A a, A b) { return a & b; }
-};
-struct Bor {
-  template <typename A> __device__ static A apply(A a, A b) { return a | b; }
-};
-struct Bxor {
-  template <typename A> __device__ static A apply(A a, A b) { return a ^ b; }
-};
+// Min and max propagate NaN, as torch does (reduce_ops.h); bool reduces logically.
 struct LogicalAnd {
   template <typename A> __device__ static A apply(A a, A b) { return (a != 0) && (b != 0); }
 };
@@ -73,7 +30,7 @@ struct LogicalXor {
 // out[i] = a[i] op (scale? scale*b[i] : b[i]); out may equal a.
 template <typename T, typename Op, bool kScaled>
 __global__ void reduceKernel(T* out, const T* a, const T* b, size_t n, float scale) {
-  using W = Widen<T>;
+  using W = Accum<T>;
   using A = typename W::type;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -95,7 +52,7 @@ __global__ void reduceKernelF64(T* out, const T* a, const T* b, size_t n, double
 
 template <typename T>
 __global__ void scaleKernel(T* dst, const T* src, size_t n, double scale, bool divide) {
-  using W = Widen<T>;
+  using W = Accum<T>;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     double v = static_cast<double>(W::in(src[i]));
@@ -169,14 +126,14 @@ int dispatch(void* out, const void* a, const void* b, size_t n, DataType t, Redu
     }
   }
   switch (op) {
-    case ReduceOp::kSum: case ReduceOp::kAvg: return arith<Sum>(out, a, b, n, t, false, 1, s);
-    case ReduceOp::kPremulSum: return arith<Sum>(out, a, b, n, t, true, scale, s);
-    case ReduceOp::kProduct: return arith<Prod>(out, a, b, n, t, false, 1, s);
-    case ReduceOp::kMin: return arith<Min>(out, a, b, n, t, false, 1, s);
-    case ReduceOp::kMax: return arith<Max>(out, a, b, n, t, false, 1, s);
-    case ReduceOp::kBand: return bits<Band>(out, a, b, n, t, s);
-    case ReduceOp::kBor: return bits<Bor>(out, a, b, n, t, s);
-    case ReduceOp::kBxor: return bits<Bxor>(out, a, b, n, t, s);
+    case ReduceOp::kSum: case ReduceOp::kAvg: return arith<ShotSum>(out, a, b, n, t, false, 1, s);
+    case ReduceOp::kPremulSum: return arith<ShotSum>(out, a, b, n, t, true, scale, s);
+    case ReduceOp::kProduct: return arith<ShotProd>(out, a, b, n, t, false, 1, s);
+    case ReduceOp::kMin: return arith<ShotMin>(out, a, b, n, t, false, 1, s);
+    case ReduceOp::kMax: return arith<ShotMax>(out, a, b, n, t, false, 1, s);
+    case ReduceOp::kBand: return bits<ShotBand>(out, a, b, n, t, s);
+    case ReduceOp::kBor: return bits<ShotBor>(out, a, b, n, t, s);
+    case ReduceOp::kBxor: return bits<ShotBxor>(out, a, b, n, t, s);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }

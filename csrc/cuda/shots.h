@@ -37,6 +37,7 @@
 #include <type_traits>
 
 #include "common/types.h"
+#include "cuda/reduce_ops.h"
 #include "cuda/signals.h"
 
 namespace railcc::cuda {
@@ -75,41 +76,6 @@ struct ShotArgs {
   const uint32_t* abort;   // host-mapped, may be null: the host sets it and every wait gives up
   double scale;            // PREMUL_SUM's factor
   ReduceOp op;
-};
-
-/// The element type's accumulator (the .cu widens the half types to float).
-template <typename T>
-struct Accum {
-  using type = T;
-  RAILCC_HD static T in(T v) { return v; }
-  RAILCC_HD static T out(T v) { return v; }
-};
-
-template <typename A>
-RAILCC_HD bool shotIsNan(A v) {
-  return v != v;
-}
-
-struct ShotSum {
-  template <typename A> RAILCC_HD static A apply(A a, A b) { return a + b; }
-};
-struct ShotProd {
-  template <typename A> RAILCC_HD static A apply(A a, A b) { return a * b; }
-};
-struct ShotMin {  // NaN propagates, as torch's min does
-  template <typename A> RAILCC_HD static A apply(A a, A b) { return shotIsNan(a) ? a : shotIsNan(b) ? b : (b < a ? b : a); }
-};
-struct ShotMax {
-  template <typename A> RAILCC_HD static A apply(A a, A b) { return shotIsNan(a) ? a : shotIsNan(b) ? b : (a < b ? b : a); }
-};
-struct ShotBand {
-  template <typename A> RAILCC_HD static A apply(A a, A b) { return a & b; }
-};
-struct ShotBor {
-  template <typename A> RAILCC_HD static A apply(A a, A b) { return a | b; }
-};
-struct ShotBxor {
-  template <typename A> RAILCC_HD static A apply(A a, A b) { return a ^ b; }
 };
 
 /// [begin, end) of `count` elements that block b of `blocks` owns. Ranges start on multiples of
