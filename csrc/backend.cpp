@@ -222,16 +222,6 @@ c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupRailcc::getBackendOptions
   return o;
 }
 
-std::shared_ptr<c10::Allocator> ProcessGroupRailcc::getMemAllocator() { return communicationAllocator(); }
-
-at::Tensor ProcessGroupRailcc::allocateTensor(long size, at::TensorOptions options) {
-  if (size < 0) invalid("allocate_tensor: size " + std::to_string(size) + " is negative");
-  if (options.device().type() != c10::DeviceType::CPU)
-    invalid("allocate_tensor: railcc allocates communication tensors in host memory only; got " + options.device().str());
-  return at::detail::empty_generic({size}, communicationAllocator().get(), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                   c10::typeMetaToScalarType(options.dtype()), std::nullopt);
-}
-
 c10::intrusive_ptr<c10d::Backend> ProcessGroupRailcc::split(const c10::intrusive_ptr<c10d::Store>& store,
                                                             const std::vector<int>& ranks,
                                                             const c10::intrusive_ptr<Options>& opts) {

@@ -136,9 +136,11 @@ class ProcessGroupRailcc : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
                                           const c10::intrusive_ptr<Options>& opts) override;
   c10::intrusive_ptr<Options> getBackendOptions() override;
-  // Communication tensors in host memory (backend.allocate_tensor, mem_allocator): page-aligned
-  // and known to the RDMA registration cache from birth (tensor_memory.h). CUDA: not offered.
-  bool supportsTensorAlloc(c10::DeviceIndex deviceIdx) override { return deviceIdx < 0; }
+  // Communication tensors (backend.allocate_tensor, mem_allocator). In host memory: page-aligned
+  // and known to the RDMA registration cache from birth (tensor_memory.h). On CUDA, with
+  // RAILCC_CUDA_SHOTS: carved from the group's heap, which every peer mapped once, so the
+  // one-kernel ops read them in place (a tensor that does not fit comes from torch's allocator).
+  bool supportsTensorAlloc(c10::DeviceIndex deviceIdx) override;
   at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
   std::shared_ptr<c10::Allocator> getMemAllocator() override;
   void startCoalescing() override;

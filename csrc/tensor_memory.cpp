@@ -8,9 +8,13 @@
 #include <mutex>
 #include <unordered_map>
 
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include "backend.h"
 #include "transport/memory_owners.h"
 
 namespace railcc {
@@ -103,6 +107,33 @@ void CommunicationAllocator::copy_data(void* dest, const void* src, std::size_t 
 std::shared_ptr<c10::Allocator> communicationAllocator() {
   static const auto a = std::make_shared<CommunicationAllocator>();
   return a;
+}
+
+// ---------------------------------------------------------------------------------------
+// The backend's communication tensors (backend.h)
+
+std::shared_ptr<c10::Allocator> ProcessGroupRailcc::getMemAllocator() { return communicationAllocator(); }
+
+bool ProcessGroupRailcc::supportsTensorAlloc(c10::DeviceIndex deviceIdx) {
+  if (deviceIdx < 0) return true;
+  const Config& c = comm().config();
+  return c.cudaShots && c.cudaIpc && c.cudaHeapBytes > 0;
+}
+
+at::Tensor ProcessGroupRailcc::allocateTensor(long size, at::TensorOptions options) {
+  if (size < 0) C10_THROW_ERROR(ValueError, "railcc: allocate_tensor: size " + std::to_string(size) + " is negative");
+  if (options.device().is_cuda()) {  // the group's heap, else torch's own allocator
+    const size_t bytes = static_cast<size_t>(size) * options.dtype().itemsize();
+    std::shared_ptr<void> held = comm().allocateShared(options.device().index(), bytes);
+    if (!held) return at::empty({size}, options);
+    void* p = held.get();
+    return at::from_blob(p, {size}, [held](void*) mutable { held.reset(); }, options);
+  }
+  if (options.device().type() != c10::DeviceType::CPU)
+    C10_THROW_ERROR(ValueError, "railcc: allocate_tensor: railcc allocates communication tensors in host or CUDA "
+                                "memory; got " + options.device().str());
+  return at::detail::empty_generic({size}, communicationAllocator().get(), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                   c10::typeMetaToScalarType(options.dtype()), std::nullopt);
 }
 
 }  // namespace railcc

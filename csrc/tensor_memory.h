@@ -1,6 +1,8 @@
 #pragma once
 // Tensor memory as the transports that register it with a NIC need to know it
-// (transport/memory_owners.h): whose allocation an address belongs to, and until when.
+// (transport/memory_owners.h): whose allocation an address belongs to, and until when. The .cpp
+// also holds the backend's allocate_tensor: host tensors from the allocator below, CUDA ones
+// from the group's heap (engine/device/heap.h).
 #include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
 

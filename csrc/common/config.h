@@ -60,6 +60,12 @@ namespace railcc {
     "Most thread blocks (512 threads each) of a one-kernel collective (RAILCC_CUDA_SHOTS): "   \
     "a call takes one per 128 KiB up to this many. Under MPS every rank's blocks must fit on " \
     "the GPU at once (ranks x blocks <= SMs x 4). Must be equal on all ranks.")               \
+  X(cudaHeapBytes, int64_t, "RAILCC_CUDA_HEAP_BYTES", "", "268435456", "0..1099511627776",                  \
+    "With RAILCC_CUDA_SHOTS=1: bytes of device memory per rank and group from which "         \
+    "allocate_tensor (FSDP2's communication buffers) carves CUDA tensors that peers map once "  \
+    "and read in place, sparing the one-kernel ops their copy into the scratch; made at the "  \
+    "first such call or the group's first CUDA op. A buffer that does not fit comes from "     \
+    "torch's allocator. 0: none.")                                                             \
   X(bucketSize, int64_t, "RAILCC_BUCKET_SIZE", "", "8388608", "1..68719476736",                                 \
     "Bytes of the fusion bucket for coalesced all-reduce; small tensors are packed into it.") \
   X(oneshotBytes, int64_t, "RAILCC_ONESHOT_BYTES", "", "65536", "0..67108864",                              \

@@ -18,7 +18,8 @@ constexpr int kShotThreads = 512;
 // kernel carries code its calls never reach (nvcc's time goes with what each one holds).
 template <typename T, typename Op>
 __global__ void __launch_bounds__(kShotThreads) reduceKernel(ShotArgs a, ShotKind k) {
-  const ShotThreads t{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
+  __shared__ ShotTable<T> table;
+  const ShotThreads t{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), &table};
   const uint64_t deadline = signalNow() + a.timeoutNs;
   const int b = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
   if (k == ShotKind::kAllReduceOne) oneShotBlock<T, Op>(a, b, blocks, t, deadline);
@@ -28,7 +29,8 @@ __global__ void __launch_bounds__(kShotThreads) reduceKernel(ShotArgs a, ShotKin
 
 template <typename U>
 __global__ void __launch_bounds__(kShotThreads) moveKernel(ShotArgs a, ShotKind k) {
-  const ShotThreads t{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
+  __shared__ ShotTable<U> table;
+  const ShotThreads t{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), &table};
   const uint64_t deadline = signalNow() + a.timeoutNs;
   const int b = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
   if (k == ShotKind::kAllGather) allGatherBlock<U>(a, b, blocks, t, deadline);

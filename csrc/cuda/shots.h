@@ -11,10 +11,13 @@
 //   made and exchanged once per group. A table (ShotPeers, in device memory, filled once and
 //   never per op) holds every rank's scratch and pads as mapped in this process; a captured CUDA
 //   graph keeps the table's address.
-// * The user's input and output are only ever touched by their own rank: the kernel copies the
-//   input into its scratch, and peers read (and two-shot writes) scratch only. So no rank needs
-//   to learn its peers' buffers: there is no host exchange per op, whatever the caller passes.
-//   (Buffers registered once, read in place, would save the copies.)
+// * A rank's data reaches its peers through its scratch (the kernel copies the input in, peers
+//   read it; two-shot peers write their reduced slices into it) or, where it lies in the rank's
+//   heap (memory registered once: every peer mapped it at set-up), in place: the rank says
+//   which in its where record (ShotWhere, an offset into its heap), written by the kernel and
+//   read by peers after the first barrier. So no rank learns its peers' buffers from the host:
+//   there is no host exchange per op, whatever the caller passes, and registered buffers cost
+//   no copy into scratch.
 // * The data goes through the scratch in chunks (as many elements as the scratch holds), one
 //   after another within the one kernel. Elements of a chunk are split into per-block ranges the
 //   same way on every rank, so block b of one rank only ever needs block b of its peers, and
@@ -23,9 +26,9 @@
 //   the start and advanced with every chunk: the expected signal counts come from the device,
 //   not from a kernel argument, so a replayed graph waits for the right counts.
 //
-// A chunk is two barriers per block: `in` (my scratch holds my data) and `out` (I have finished
-// reading your scratch and, for two-shot, writing my slice into it). After `out` a rank may
-// refill its scratch. Signals per chunk per (block, peer): 2.
+// A chunk is two barriers per block (shotChunks): `in` (my data is where I said) and `out` (I
+// have finished reading your data and, for two-shot, writing my slice into your output). After
+// `out` a rank may refill its scratch. Signals per chunk per (block, peer): 2.
 //
 // Reduction order is rank 0, 1, ..., n-1 on every rank, accumulated in Accum<T> (float for the
 // half types, which the .cu adds) and rounded once: every rank gets the same bits.
@@ -44,10 +47,22 @@ namespace railcc::cuda {
 
 constexpr int kMaxShotBlocks = 64;
 
+/// Where a rank's input and output of the current op lie, as it tells its peers: a record per
+/// block in its own memory, written before the block's first signal of the op. Offsets are
+/// bytes into the rank's heap (its registered memory, mapped by every peer once); kInScratch:
+/// the data goes through its scratch.
+constexpr uint64_t kInScratch = ~uint64_t(0);
+struct ShotWhere {
+  uint64_t in;   // the input's first element
+  uint64_t out;  // the output's (two-shot: where peers write their reduced slices)
+};
+
 /// What a shot kernel reads to reach its peers, in device memory (one per group).
 struct ShotPeers {
-  void* scratch[kMaxSignalPeers];    // rank r's scratch, as mapped here
-  SignalPad* pads[kMaxSignalPeers];  // rank r's kMaxShotBlocks pads, as mapped here
+  void* scratch[kMaxSignalPeers];     // rank r's scratch, as mapped here
+  SignalPad* pads[kMaxSignalPeers];   // rank r's kMaxShotBlocks pads, as mapped here
+  ShotWhere* where[kMaxSignalPeers];  // rank r's kMaxShotBlocks where records, as mapped here
+  char* heap[kMaxSignalPeers];        // rank r's heap as mapped here (null: it has none)
 };
 
 /// The collectives a shot kernel runs.
@@ -76,6 +91,10 @@ struct ShotArgs {
   const uint32_t* abort;   // host-mapped, may be null: the host sets it and every wait gives up
   double scale;            // PREMUL_SUM's factor
   ReduceOp op;
+  // Where peers find this rank's input and output (ShotWhere): decided by the host, which knows
+  // whether they lie in its heap and whether reading them in place is safe for the kind.
+  uint64_t inHeap = kInScratch;
+  uint64_t outHeap = kInScratch;
 };
 
 /// [begin, end) of `count` elements that block b of `blocks` owns. Ranges start on multiples of
@@ -106,10 +125,22 @@ RAILCC_HD void shotPart(size_t chunk, size_t len, int r, int slices, int b, int 
   *end = e < len ? e : len;
 }
 
+/// Every rank's input (and two-shot's output) as one block reads them in its current chunk:
+/// filled by the block's first threads after the `in` barrier (thread p asks rank p's where
+/// record), read by all. On the device it lies in the block's shared memory, so the peers'
+/// records are read once a block, not once a thread; on the host each block thread has its own.
+template <typename T>
+struct ShotTable {
+  const T* src[kMaxSignalPeers];
+  T* dst[kMaxSignalPeers];
+};
+
 /// How a block's threads work together: the device's block (syncthreads), or one host thread.
+/// `shared`: the block's ShotTable in shared memory (device only).
 struct ShotThreads {
   int tid;
   int count;
+  void* shared = nullptr;
 #if defined(__CUDA_ARCH__)
   __device__ bool anyAfterSync(bool v) const { return __syncthreads_or(v) != 0; }
   __device__ void sync() const { __syncthreads(); }
@@ -164,146 +195,202 @@ RAILCC_HD void shotCopy(T* dst, const T* src, size_t s, size_t e, const ShotThre
   for (size_t i = i0 + static_cast<size_t>(t.tid); i < e; i += static_cast<size_t>(t.count)) dst[i] = src[i];
 }
 
-/// For i in [s, e) of a chunk: every rank's scratch[at + i] reduced in rank order, stored at
-/// `dst[i]` (kEveryRank false) or in every rank's scratch at the same place (true).
-template <typename T, typename Op, bool kEveryRank>
-RAILCC_HD void shotReduce(const ShotArgs& a, size_t at, size_t s, size_t e, T* dst, const ShotThreads& t) {
+/// For i in [s, e): src[0][i], ..., src[n-1][i] reduced in rank order, stored at dst[0][i], ...,
+/// dst[ndst-1][i] (one-shot and reduce-scatter: my output; two-shot: every rank's).
+template <typename T, typename Op>
+RAILCC_HD void shotReduce(const ShotArgs& a, const T* const* src, T* const* dst, int ndst, size_t s, size_t e,
+                          const ShotThreads& t) {
   using W = Accum<T>;
-  const ShotPeers& p = *a.peers;
   // 16 bytes a load where every side is aligned (the scratch always is, parts start on 16
   // elements); the same arithmetic in the same order, lane by lane.
   constexpr size_t kLanes = 16 / sizeof(T);
   size_t i0 = s;
-  bool aligned = shotAligned(static_cast<const T*>(p.scratch[0]) + at + s) && (kEveryRank || shotAligned(dst + s));
-  for (int r = 1; r < a.n && aligned; ++r) aligned = shotAligned(static_cast<const T*>(p.scratch[r]) + at + s);
+  bool aligned = true;
+  for (int r = 0; r < a.n && aligned; ++r) aligned = shotAligned(src[r] + s);
+  for (int r = 0; r < ndst && aligned; ++r) aligned = shotAligned(dst[r] + s);
   if (aligned) {
     const size_t packs = (e - s) / kLanes;
     for (size_t k = static_cast<size_t>(t.tid); k < packs; k += static_cast<size_t>(t.count)) {
       const size_t i = s + k * kLanes;
-      ShotPack<T> x = *reinterpret_cast<const ShotPack<T>*>(static_cast<const T*>(p.scratch[0]) + at + i);
+      ShotPack<T> x = *reinterpret_cast<const ShotPack<T>*>(src[0] + i);
       typename W::type acc[kLanes];
       for (size_t j = 0; j < kLanes; ++j) acc[j] = W::in(x.v[j]);
       for (int r = 1; r < a.n; ++r) {
-        x = *reinterpret_cast<const ShotPack<T>*>(static_cast<const T*>(p.scratch[r]) + at + i);
+        x = *reinterpret_cast<const ShotPack<T>*>(src[r] + i);
         for (size_t j = 0; j < kLanes; ++j) acc[j] = Op::apply(acc[j], W::in(x.v[j]));
       }
       for (size_t j = 0; j < kLanes; ++j) x.v[j] = shotFinish<T>(acc[j], a);
-      if (kEveryRank) {
-        for (int r = 0; r < a.n; ++r) *reinterpret_cast<ShotPack<T>*>(static_cast<T*>(p.scratch[r]) + at + i) = x;
-      } else {
-        *reinterpret_cast<ShotPack<T>*>(dst + i) = x;
-      }
+      for (int r = 0; r < ndst; ++r) *reinterpret_cast<ShotPack<T>*>(dst[r] + i) = x;
     }
     i0 = s + packs * kLanes;
   }
   for (size_t i = i0 + static_cast<size_t>(t.tid); i < e; i += static_cast<size_t>(t.count)) {
-    typename W::type acc = W::in(static_cast<const T*>(p.scratch[0])[at + i]);
-    for (int r = 1; r < a.n; ++r) acc = Op::apply(acc, W::in(static_cast<const T*>(p.scratch[r])[at + i]));
+    typename W::type acc = W::in(src[0][i]);
+    for (int r = 1; r < a.n; ++r) acc = Op::apply(acc, W::in(src[r][i]));
     const T v = shotFinish<T>(acc, a);
-    if (kEveryRank) {
-      for (int r = 0; r < a.n; ++r) static_cast<T*>(p.scratch[r])[at + i] = v;
-    } else {
-      dst[i] = v;
-    }
+    for (int r = 0; r < ndst; ++r) dst[r][i] = v;
   }
 }
 
-/// Block b of this rank's one-shot all-reduce, chunk by chunk: copy my part of the chunk into
-/// my scratch; in; reduce that part from every rank's scratch into my output; out. False when a
-/// peer did not come (recorded; the output is then incomplete).
-template <typename T, typename Op>
-RAILCC_HD bool oneShotBlock(const ShotArgs& a, int b, int blocks, const ShotThreads& t, uint64_t deadline) {
-  const T* in = static_cast<const T*>(a.input);
-  T* out = static_cast<T*>(a.output);
-  T* mine = static_cast<T*>(a.peers->scratch[a.me]);
-  for (size_t c0 = 0; c0 < a.count; c0 += a.chunk) {
-    const size_t len = a.count - c0 < a.chunk ? a.count - c0 : a.chunk;
+/// Rank r's input as this rank reads it in block b's current chunk: in r's heap, where r said it
+/// is (its where record), `heapAt` elements past the input's start; else in r's scratch,
+/// `scratchAt` elements in. Read after the chunk's `in` barrier, which publishes the record.
+template <typename T>
+RAILCC_HD const T* shotInput(const ShotArgs& a, int b, int r, size_t scratchAt, size_t heapAt) {
+  const uint64_t off = a.peers->where[r][b].in;
+  if (off == kInScratch) return static_cast<const T*>(a.peers->scratch[r]) + scratchAt;
+  return reinterpret_cast<const T*>(a.peers->heap[r] + off) + heapAt;
+}
+
+/// Rank r's output the same way (two-shot writes its reduced slice into every rank's).
+template <typename T>
+RAILCC_HD T* shotOutput(const ShotArgs& a, int b, int r, size_t heapAt) {
+  const uint64_t off = a.peers->where[r][b].out;
+  if (off == kInScratch) return static_cast<T*>(a.peers->scratch[r]);
+  return reinterpret_cast<T*>(a.peers->heap[r] + off) + heapAt;
+}
+
+/// `tb`, a ShotTable<T>& for block functions: the block's shared one on the device, a local on
+/// the host.
+#if defined(__CUDA_ARCH__)
+#define RAILCC_SHOT_TABLE(T, tb) ShotTable<T>& tb = *static_cast<ShotTable<T>*>(t.shared)
+#else
+#define RAILCC_SHOT_TABLE(T, tb) \
+  ShotTable<T> tb##Own;          \
+  ShotTable<T>& tb = tb##Own
+#endif
+
+/// The skeleton of every kind, block b's side: publish where this rank's input and output lie,
+/// then for each chunk of `per` elements of `total`: stage(c0, len) (my data into my scratch),
+/// barrier `in`, use(c0, len) (read, and for two-shot write, peers' memory), barrier `out`,
+/// done(c0, len) (out of my scratch), and the block's count moves on. False when a peer did not
+/// come (recorded in args.failure; the output is then incomplete).
+template <typename Stage, typename Use, typename Done>
+RAILCC_HD bool shotChunks(const ShotArgs& a, int b, size_t total, size_t per, const ShotThreads& t, uint64_t deadline,
+                          Stage&& stage, Use&& use, Done&& done) {
+  // Peers read the record only between this op's barriers, and the previous op's last `out`
+  // barrier said that each had finished with the previous record.
+  if (t.tid == 0) a.peers->where[a.me][b] = ShotWhere{a.inHeap, a.outHeap};
+  for (size_t c0 = 0; c0 < total; c0 += per) {
+    const size_t len = total - c0 < per ? total - c0 : per;
     const uint32_t epoch = a.epochs[b];
-    size_t s, e;
-    shotPart(a.chunk, len, 0, 1, b, blocks, &s, &e);
-    shotCopy(mine, in + c0, s, e, t);
+    stage(c0, len);
     if (!shotBarrier(a, b, epoch, 1, deadline, t)) return false;
-    shotReduce<T, Op, false>(a, 0, s, e, out + c0, t);
+    use(c0, len);
     if (!shotBarrier(a, b, epoch, 2, deadline, t)) return false;
+    done(c0, len);
     if (t.tid == 0) a.epochs[b] = epoch + 1;
     t.sync();
   }
   return true;
 }
 
-/// Block b of this rank's two-shot all-reduce, chunk by chunk: copy my part of every slice of
-/// the chunk into my scratch; in; reduce my part of my slice from every scratch and write it
-/// into every scratch; out; copy my part of every slice from my scratch to my output.
+/// One-shot all-reduce: my part of the chunk into my scratch (unless peers read my heap); in;
+/// that part of every rank's input reduced into my output; out.
+template <typename T, typename Op>
+RAILCC_HD bool oneShotBlock(const ShotArgs& a, int b, int blocks, const ShotThreads& t, uint64_t deadline) {
+  const T* in = static_cast<const T*>(a.input);
+  T* out = static_cast<T*>(a.output);
+  size_t s = 0, e = 0;
+  RAILCC_SHOT_TABLE(T, tb);
+  return shotChunks(
+      a, b, a.count, a.chunk, t, deadline,
+      [&](size_t c0, size_t len) {
+        shotPart(a.chunk, len, 0, 1, b, blocks, &s, &e);
+        if (a.inHeap == kInScratch) shotCopy(static_cast<T*>(a.peers->scratch[a.me]), in + c0, s, e, t);
+      },
+      [&](size_t c0, size_t) {
+        for (int r = t.tid; r < a.n; r += t.count) tb.src[r] = shotInput<T>(a, b, r, 0, c0);
+        t.sync();
+        T* dst = out + c0;
+        shotReduce<T, Op>(a, tb.src, &dst, 1, s, e, t);
+      },
+      [](size_t, size_t) {});
+}
+
+/// Two-shot all-reduce: my part of every slice of the chunk into my scratch (unless in my
+/// heap); in; my part of my slice reduced from every rank's input and written into every rank's
+/// output (its heap, or its scratch); out; my output's slices out of my scratch (unless in my
+/// heap, where peers wrote them).
 template <typename T, typename Op>
 RAILCC_HD bool twoShotBlock(const ShotArgs& a, int b, int blocks, const ShotThreads& t, uint64_t deadline) {
   const T* in = static_cast<const T*>(a.input);
   T* out = static_cast<T*>(a.output);
   T* mine = static_cast<T*>(a.peers->scratch[a.me]);
-  for (size_t c0 = 0; c0 < a.count; c0 += a.chunk) {
-    const size_t len = a.count - c0 < a.chunk ? a.count - c0 : a.chunk;
-    const uint32_t epoch = a.epochs[b];
-    size_t s, e;
-    for (int r = 0; r < a.n; ++r) {  // block b's part of every slice: what peers' block b reads
-      shotPart(a.chunk, len, r, a.n, b, blocks, &s, &e);
-      shotCopy(mine, in + c0, s, e, t);
-    }
-    if (!shotBarrier(a, b, epoch, 1, deadline, t)) return false;
-    shotPart(a.chunk, len, a.me, a.n, b, blocks, &s, &e);
-    shotReduce<T, Op, true>(a, 0, s, e, nullptr, t);
-    if (!shotBarrier(a, b, epoch, 2, deadline, t)) return false;
-    for (int r = 0; r < a.n; ++r) {  // every slice's part b is in my scratch now
-      shotPart(a.chunk, len, r, a.n, b, blocks, &s, &e);
-      shotCopy(out + c0, mine, s, e, t);
-    }
-    if (t.tid == 0) a.epochs[b] = epoch + 1;
-    t.sync();
-  }
-  return true;
+  RAILCC_SHOT_TABLE(T, tb);
+  return shotChunks(
+      a, b, a.count, a.chunk, t, deadline,
+      [&](size_t c0, size_t len) {
+        if (a.inHeap != kInScratch) return;
+        for (int r = 0; r < a.n; ++r) {  // block b's part of every slice: what peers' block b reads
+          size_t s, e;
+          shotPart(a.chunk, len, r, a.n, b, blocks, &s, &e);
+          shotCopy(mine, in + c0, s, e, t);
+        }
+      },
+      [&](size_t c0, size_t len) {
+        size_t s, e;
+        shotPart(a.chunk, len, a.me, a.n, b, blocks, &s, &e);
+        for (int r = t.tid; r < a.n; r += t.count) {
+          tb.src[r] = shotInput<T>(a, b, r, 0, c0);
+          tb.dst[r] = shotOutput<T>(a, b, r, c0);
+        }
+        t.sync();
+        shotReduce<T, Op>(a, tb.src, tb.dst, a.n, s, e, t);
+      },
+      [&](size_t c0, size_t len) {
+        if (a.outHeap != kInScratch) return;
+        for (int r = 0; r < a.n; ++r) {  // every slice's part b is in my scratch now
+          size_t s, e;
+          shotPart(a.chunk, len, r, a.n, b, blocks, &s, &e);
+          shotCopy(out + c0, mine, s, e, t);
+        }
+      });
 }
 
-/// Block b of this rank's all-gather, chunk by chunk: copy my part of the chunk into my
-/// scratch; in; copy that part of every rank's scratch into its place in my output; out.
+/// All-gather: my part of the chunk into my scratch (unless in my heap); in; that part of every
+/// rank's input into its place in my output (mine too, unless it is there already); out.
 template <typename T>
 RAILCC_HD bool allGatherBlock(const ShotArgs& a, int b, int blocks, const ShotThreads& t, uint64_t deadline) {
   const T* in = static_cast<const T*>(a.input);
   T* out = static_cast<T*>(a.output);
-  T* mine = static_cast<T*>(a.peers->scratch[a.me]);
-  for (size_t c0 = 0; c0 < a.count; c0 += a.chunk) {
-    const size_t len = a.count - c0 < a.chunk ? a.count - c0 : a.chunk;
-    const uint32_t epoch = a.epochs[b];
-    size_t s, e;
-    shotPart(a.chunk, len, 0, 1, b, blocks, &s, &e);
-    shotCopy(mine, in + c0, s, e, t);
-    if (!shotBarrier(a, b, epoch, 1, deadline, t)) return false;
-    for (int r = 0; r < a.n; ++r)
-      shotCopy(out + static_cast<size_t>(r) * a.count + c0, static_cast<const T*>(a.peers->scratch[r]), s, e, t);
-    if (!shotBarrier(a, b, epoch, 2, deadline, t)) return false;
-    if (t.tid == 0) a.epochs[b] = epoch + 1;
-    t.sync();
-  }
-  return true;
+  size_t s = 0, e = 0;
+  RAILCC_SHOT_TABLE(T, tb);
+  return shotChunks(
+      a, b, a.count, a.chunk, t, deadline,
+      [&](size_t c0, size_t len) {
+        shotPart(a.chunk, len, 0, 1, b, blocks, &s, &e);
+        if (a.inHeap == kInScratch) shotCopy(static_cast<T*>(a.peers->scratch[a.me]), in + c0, s, e, t);
+      },
+      [&](size_t c0, size_t) {
+        for (int r = t.tid; r < a.n; r += t.count) tb.src[r] = shotInput<T>(a, b, r, 0, c0);
+        t.sync();
+        for (int r = 0; r < a.n; ++r) {
+          T* dst = out + static_cast<size_t>(r) * a.count + c0;
+          if (dst != tb.src[r]) shotCopy(dst, tb.src[r], s, e, t);
+        }
+      },
+      [](size_t, size_t) {});
 }
 
-/// Block b of this rank's broadcast: the root copies its part of the chunk into its scratch;
-/// in; every other rank copies that part of the root's scratch into its output; out.
+/// Broadcast: the root's part of the chunk into its scratch (unless in its heap); in; every
+/// other rank copies that part of the root's input into its output; out.
 template <typename T>
 RAILCC_HD bool broadcastBlock(const ShotArgs& a, int b, int blocks, const ShotThreads& t, uint64_t deadline) {
   const T* in = static_cast<const T*>(a.input);
   T* out = static_cast<T*>(a.output);
-  const T* root = static_cast<const T*>(a.peers->scratch[a.root]);
-  for (size_t c0 = 0; c0 < a.count; c0 += a.chunk) {
-    const size_t len = a.count - c0 < a.chunk ? a.count - c0 : a.chunk;
-    const uint32_t epoch = a.epochs[b];
-    size_t s, e;
-    shotPart(a.chunk, len, 0, 1, b, blocks, &s, &e);
-    if (a.me == a.root) shotCopy(static_cast<T*>(a.peers->scratch[a.me]), in + c0, s, e, t);
-    if (!shotBarrier(a, b, epoch, 1, deadline, t)) return false;
-    if (a.me != a.root) shotCopy(out + c0, root, s, e, t);
-    if (!shotBarrier(a, b, epoch, 2, deadline, t)) return false;
-    if (t.tid == 0) a.epochs[b] = epoch + 1;
-    t.sync();
-  }
-  return true;
+  size_t s = 0, e = 0;
+  return shotChunks(
+      a, b, a.count, a.chunk, t, deadline,
+      [&](size_t c0, size_t len) {
+        shotPart(a.chunk, len, 0, 1, b, blocks, &s, &e);
+        if (a.me == a.root && a.inHeap == kInScratch)
+          shotCopy(static_cast<T*>(a.peers->scratch[a.me]), in + c0, s, e, t);
+      },
+      [&](size_t c0, size_t) {
+        if (a.me != a.root) shotCopy(out + c0, shotInput<T>(a, b, a.root, 0, c0), s, e, t);
+      },
+      [](size_t, size_t) {});
 }
 
 /// Elements of each rank's block that one chunk of a reduce-scatter carries: the scratch holds
@@ -313,9 +400,9 @@ RAILCC_HD size_t shotScatterChunk(size_t chunk, int n) {
   return per;
 }
 
-/// Block b of this rank's reduce-scatter: copy my part of every rank's block (this chunk of
-/// it) into my scratch, block r at r * per; in; reduce my part of my block from every rank's
-/// scratch into my output; out.
+/// Reduce-scatter: my part of this chunk of every rank's block into my scratch, block r at
+/// r * per (unless in my heap); in; my part of my block reduced from every rank's input into my
+/// output; out.
 template <typename T, typename Op>
 RAILCC_HD bool reduceScatterBlock(const ShotArgs& a, int b, int blocks, const ShotThreads& t, uint64_t deadline) {
   const T* in = static_cast<const T*>(a.input);
@@ -323,20 +410,24 @@ RAILCC_HD bool reduceScatterBlock(const ShotArgs& a, int b, int blocks, const Sh
   T* mine = static_cast<T*>(a.peers->scratch[a.me]);
   const size_t per = shotScatterChunk(a.chunk, a.n);
   if (per == 0) return false;  // refused at launch
-  for (size_t c0 = 0; c0 < a.count; c0 += per) {
-    const size_t len = a.count - c0 < per ? a.count - c0 : per;
-    const uint32_t epoch = a.epochs[b];
-    size_t s, e;
-    shotPart(per, len, 0, 1, b, blocks, &s, &e);
-    for (int r = 0; r < a.n; ++r)
-      shotCopy(mine + static_cast<size_t>(r) * per, in + static_cast<size_t>(r) * a.count + c0, s, e, t);
-    if (!shotBarrier(a, b, epoch, 1, deadline, t)) return false;
-    shotReduce<T, Op, false>(a, static_cast<size_t>(a.me) * per, s, e, out + c0, t);
-    if (!shotBarrier(a, b, epoch, 2, deadline, t)) return false;
-    if (t.tid == 0) a.epochs[b] = epoch + 1;
-    t.sync();
-  }
-  return true;
+  const size_t me = static_cast<size_t>(a.me);
+  size_t s = 0, e = 0;
+  RAILCC_SHOT_TABLE(T, tb);
+  return shotChunks(
+      a, b, a.count, per, t, deadline,
+      [&](size_t c0, size_t len) {
+        shotPart(per, len, 0, 1, b, blocks, &s, &e);
+        if (a.inHeap != kInScratch) return;
+        for (int r = 0; r < a.n; ++r)
+          shotCopy(mine + static_cast<size_t>(r) * per, in + static_cast<size_t>(r) * a.count + c0, s, e, t);
+      },
+      [&](size_t c0, size_t) {
+        for (int r = t.tid; r < a.n; r += t.count) tb.src[r] = shotInput<T>(a, b, r, me * per, me * a.count + c0);
+        t.sync();
+        T* dst = out + c0;
+        shotReduce<T, Op>(a, tb.src, &dst, 1, s, e, t);
+      },
+      [](size_t, size_t) {});
 }
 
 /// Whether a launch of kind `k` with `blocks` blocks can run `a` (the launchers refuse it
@@ -361,6 +452,37 @@ RAILCC_HD bool shotBlock(ShotKind k, const ShotArgs& a, int b, int blocks, const
     case ShotKind::kBroadcast: return broadcastBlock<T>(a, b, blocks, t, deadline);
   }
   return false;
+}
+
+/// What a rank publishes for an op of kind `k` (ShotArgs::inHeap, outHeap): its input and
+/// output's offsets in its heap [heap, heap + heapBytes) where they lie wholly inside it and
+/// peers may touch them in place; else kInScratch. In place means peers read my input while I
+/// write my output, so the input is published only where the two are apart or alias the way
+/// the kind expects (my block of the all-gather's output, the reduce-scatter's output my block
+/// of its input, the two-shot's and broadcast's output the input itself), and never for an
+/// in-place one-shot, whose every rank would be writing what the others still read. The output
+/// matters to two-shot alone, whose peers write into it. Host code (the engine, the tests).
+inline void shotPublish(ShotKind k, int me, const char* heap, size_t heapBytes, const void* in, size_t inBytes,
+                        const void* out, size_t outBytes, uint64_t* pubIn, uint64_t* pubOut) {
+  auto offset = [&](const void* p, size_t bytes) -> uint64_t {
+    const char* c = static_cast<const char*>(p);
+    if (heap == nullptr || c == nullptr || c < heap || bytes > heapBytes || static_cast<size_t>(c - heap) > heapBytes - bytes)
+      return kInScratch;
+    return static_cast<uint64_t>(c - heap);
+  };
+  const char* i = static_cast<const char*>(in);
+  const char* o = static_cast<const char*>(out);
+  const size_t m = static_cast<size_t>(me);
+  const bool apart = inBytes == 0 || outBytes == 0 || i + inBytes <= o || o + outBytes <= i;
+  bool alias = false;
+  switch (k) {
+    case ShotKind::kAllReduceOne: break;
+    case ShotKind::kAllReduceTwo: case ShotKind::kBroadcast: alias = i == o; break;
+    case ShotKind::kAllGather: alias = i == o + m * inBytes; break;
+    case ShotKind::kReduceScatter: alias = o == i + m * outBytes; break;
+  }
+  *pubIn = apart || alias ? offset(in, inBytes) : kInScratch;
+  *pubOut = k == ShotKind::kAllReduceTwo && (apart || alias) ? offset(out, outBytes) : kInScratch;
 }
 
 /// Bytes of an element of t (common/types.h's dtypeSize lives in the engine, which the CUDA
@@ -451,5 +573,7 @@ int shotDispatch(ShotKind k, DataType t, ReduceOp op, F&& f, int invalid) {
   }
   return invalid;
 }
+
+#undef RAILCC_SHOT_TABLE
 
 }  // namespace railcc::cuda

@@ -63,6 +63,9 @@ std::string Communicator::stragglerReport() { return impl_->watchdog_.stragglerR
 uint64_t Communicator::collectiveCount() const { return impl_->q_.collSeq.load(); }
 void Communicator::startTimeEstimate() { impl_->startEstimate(); }
 double Communicator::endTimeEstimate() { return impl_->endEstimate(); }
+std::shared_ptr<void> Communicator::allocateShared(int device, size_t bytes) {
+  return forked() ? nullptr : impl_->device_.allocateShared(device, bytes);
+}
 
 namespace {
 void checkRoot(int root, int size, const char* what) {

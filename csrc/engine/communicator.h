@@ -194,6 +194,11 @@ class Communicator {
   /// most `timeout`; true if none is left. For a shrink without SHRINK_ABORT.
   bool drain(Millis timeout);
 
+  /// Device memory that this group's peers reach in place (RAILCC_CUDA_SHOTS, its heap of
+  /// RAILCC_CUDA_HEAP_BYTES): `bytes` on `device`, given back when the holder goes; nullptr
+  /// where there is none to give, and the caller allocates as usual. Any thread.
+  std::shared_ptr<void> allocateShared(int device, size_t bytes);
+
   /// Number of collectives queued so far.
   uint64_t collectiveCount() const;
   /// c10d's time estimator: from startTimeEstimate() to endTimeEstimate(), ops on this

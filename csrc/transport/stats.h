@@ -28,6 +28,7 @@ enum class Stat : uint8_t {
   kGpuDirect,       // bytes the NIC read from or wrote into GPU memory here (GPUDirect RDMA)
   kHostRounds,      // kDevice: rounds between the ranks' hosts inside CUDA IPC ops (events, votes)
   kDeviceKernels,   // kDevice: one-kernel collectives launched (no host round inside)
+  kDeviceInPlace,   // kDevice: of those, the ones whose input peers read in place (the heap)
   kCount
 };
 

@@ -81,8 +81,9 @@ def stats():
     here, GPUDirect RDMA: a CUDA tensor sent or received between hosts without a host copy).
     A "device" row counts what the device layer did with CUDA tensors: host_rounds (rounds
     between the ranks' hosts inside CUDA IPC ops, two per chunk) and device_kernels (one-kernel
-    collectives launched, RAILCC_CUDA_SHOTS, which take no host round). Every group of the
-    process adds to the same counts."""
+    collectives launched, RAILCC_CUDA_SHOTS, which take no host round) and device_in_place (of
+    those, the ones whose input the peers read in place, from a tensor of allocate_tensor,
+    instead of through a copy). Every group of the process adds to the same counts."""
     return _C.stats()
 
 

@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "engine/communicator.h"
 #include "engine/device.h"
+#include "engine/device/heap.h"
 #include "fake_device.h"
 #include "ranks.h"
 #include "transport/stats.h"
@@ -37,6 +38,7 @@ Config shotConfig() {
   cfg.cudaShots = true;
   cfg.cudaShotBlocks = 3;
   cfg.cudaIpcBytes = 4 * 65536;  // 256 KiB of scratch: large ops take several chunks
+  cfg.cudaHeapBytes = 2 << 20;    // each rank's heap: 2 MiB
   cfg.buffSize = 64 * 1024;
   return cfg;
 }
@@ -294,4 +296,115 @@ TEST_F(ShotEngine, AllgatherReduceScatterAndBroadcast) {
   // Per rank and count but 0: 2 all-gathers, a reduce-scatter and 3 broadcasts as kernels;
   // the all-gather into separate tensors (each one longer than a block: never one tensor) none.
   EXPECT_EQ(gShotLaunches.load() - before, 3 * 2 * (3 + 3));
+}
+
+// Buffers carved from the ranks' heaps (allocate_tensor's CUDA path), which every peer mapped
+// at set-up: the kernels read them in place (the in-place count says so) and every kind of op
+// still gets its reference's result, mixed with buffers outside the heap in the same group;
+// a buffer given back is carved again; one larger than the heap is refused (torch allocates it).
+TEST_F(ShotEngine, HeapBuffersAreReadInPlace) {
+  for (int n : {2, 3}) {
+    uint64_t inPlace = 0, kernels = 0;
+    testing_util::runRanks(n, shotConfig(), "heap", [&](Communicator& c) {
+      const int me = c.rank();
+      const size_t count = 70001;  // two-shot, several chunks of the 256 KiB scratch
+      EXPECT_EQ(c.allocateShared(0, size_t(3) << 20), nullptr);  // larger than the heap
+      std::shared_ptr<void> a = c.allocateShared(0, count * sizeof(float));
+      std::shared_ptr<void> g = c.allocateShared(0, n * 1001 * sizeof(int32_t));
+      ASSERT_TRUE(a && g);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(a.get()) % 512, 0u);
+      waitOk(c.barrier());
+      const uint64_t i0 = deviceStat(transport::Stat::kDeviceInPlace), k0 = deviceStat(transport::Stat::kDeviceKernels);
+      waitOk(c.barrier());
+      // All-reduce in place in the heap (two-shot), rank 1's buffer outside it.
+      std::vector<float> outside(count);
+      float* v = me == 1 ? outside.data() : static_cast<float*>(a.get());
+      for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>((i + static_cast<size_t>(me)) % 7);
+      waitOk(c.allreduce(v, count, DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), kDev));
+      for (size_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int r = 0; r < n; ++r) want += static_cast<float>((i + static_cast<size_t>(r)) % 7);
+        ASSERT_EQ(v[i], want) << "i " << i;
+      }
+      // All-gather into the heap with my block as the input (FSDP2's way), then reduce-scatter
+      // out of it into a buffer outside, then broadcast from the heap.
+      int32_t* gb = static_cast<int32_t*>(g.get());
+      std::vector<void*> outs;
+      for (int r = 0; r < n; ++r) outs.push_back(gb + static_cast<size_t>(r) * 1001);
+      for (size_t i = 0; i < 1001; ++i) gb[static_cast<size_t>(me) * 1001 + i] = me * 10000 + static_cast<int32_t>(i);
+      waitOk(c.allgather(outs[static_cast<size_t>(me)], 1001, DataType::kInt32, outs, Millis(0), kDev));
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < 1001; ++i) ASSERT_EQ(gb[static_cast<size_t>(r) * 1001 + i], r * 10000 + static_cast<int32_t>(i));
+      std::vector<int32_t> red(1001);
+      std::vector<const void*> ins(outs.begin(), outs.end());
+      waitOk(c.reduceScatter(ins, red.data(), 1001, DataType::kInt32, ReduceOp::kSum, 1.0, Millis(0), kDev));
+      for (size_t i = 0; i < 1001; ++i) ASSERT_EQ(red[i], n * (me * 10000 + static_cast<int32_t>(i)));
+      if (me == 1)
+        for (size_t i = 0; i < 1001; ++i) gb[i] = 77777 + static_cast<int32_t>(i);
+      waitOk(c.broadcast(gb, 1001, DataType::kInt32, 1, Millis(0), kDev));
+      for (size_t i = 0; i < 1001; ++i) ASSERT_EQ(gb[i], 77777 + static_cast<int32_t>(i));
+      waitOk(c.barrier());
+      if (me == 0) {
+        inPlace = deviceStat(transport::Stat::kDeviceInPlace) - i0;
+        kernels = deviceStat(transport::Stat::kDeviceKernels) - k0;
+      }
+      waitOk(c.barrier());
+      // Given back and carved again at the same place (the lowest free range).
+      void* was = a.get();
+      a.reset();
+      std::shared_ptr<void> again = c.allocateShared(0, 100);
+      EXPECT_EQ(again.get(), was);
+    });
+    // Each rank's 4 ops were kernels, and published its input in place but rank 1's all-reduce.
+    EXPECT_EQ(kernels, 4u * static_cast<uint64_t>(n)) << "n " << n;
+    EXPECT_EQ(inPlace, 4u * static_cast<uint64_t>(n) - 1u) << "n " << n;
+  }
+}
+
+// Without RAILCC_CUDA_SHOTS there is no heap: allocate_tensor's CUDA tensors come from torch.
+TEST_F(ShotEngine, NoHeapWithoutShots) {
+  Config cfg = shotConfig();
+  cfg.cudaShots = false;
+  testing_util::runRanks(2, cfg, "heap", [](Communicator& c) { EXPECT_EQ(c.allocateShared(0, 4096), nullptr); });
+}
+
+// The heap's carving, alone: buffers start on its 512-byte grain (counted from the region's
+// first boundary), the lowest free range that fits is taken, neighbours merge when given back
+// so a buffer as large as the heap fits again, and what take() never gave is refused.
+TEST(DeviceHeapCarving, FirstFitAlignedAndMerging) {
+  std::vector<char> mem(10 * 512 + 100);
+  char* base = mem.data() + 3;  // off the grain, as a fake region may be
+  bool released = false;
+  {
+    DeviceHeap h(base, mem.size() - 3, 0, [&](char*) { released = true; });
+    char* a = h.take(1);
+    char* b = h.take(513);
+    char* c = h.take(512);
+    ASSERT_TRUE(a && b && c);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 512, 0u);
+    EXPECT_EQ(b, a + 512);
+    EXPECT_EQ(c, b + 1024);
+    EXPECT_EQ(h.used(), 4u * 512);
+    EXPECT_EQ(h.take(0), nullptr);
+    EXPECT_EQ(h.take(100 * 512), nullptr);
+    EXPECT_FALSE(h.give(a + 1));    // not a buffer's start
+    EXPECT_FALSE(h.give(nullptr));  // not in the heap
+    EXPECT_TRUE(h.give(b));
+    EXPECT_FALSE(h.give(b));        // twice
+    EXPECT_EQ(h.take(512), b);      // the lowest range that fits
+    EXPECT_TRUE(h.give(a));
+    EXPECT_TRUE(h.give(b));
+    EXPECT_TRUE(h.give(c));
+    EXPECT_EQ(h.used(), 0u);
+    char* all = h.take(9 * 512);    // everything merged back into one range
+    EXPECT_EQ(all, a);
+    EXPECT_TRUE(h.give(all));
+  }
+  EXPECT_TRUE(released);
+  bool kept = true;
+  {
+    DeviceHeap h(base, mem.size() - 3, 0, [&](char*) { kept = false; });
+    h.keep();  // peers may still map it
+  }
+  EXPECT_TRUE(kept);
 }

@@ -26,39 +26,50 @@ constexpr uint64_t kSecond = 1000000000ull;
 
 enum class Shot { kOne, kTwo };
 
-// n ranks' buffers, scratch, pads, epochs and table in one process (host memory stands for
-// device memory).
+// n ranks' buffers, scratch, pads, where records, epochs and table in one process (host memory
+// stands for device memory). Each rank's input and output lie in one vector, its heap; ranks
+// in `registered` tell their peers so (shotPublish, as the engine does), and the others go
+// through their scratch.
 template <typename T>
 struct Group {
   int n;
   size_t count, chunk;
   bool inPlace;
-  std::vector<std::vector<T>> in, out, scratch;
+  size_t span;  // elements of the input's (and the output's) room in the heap
+  std::vector<std::vector<T>> heap, scratch;
   std::vector<std::unique_ptr<SignalPad[]>> pads;
+  std::vector<std::unique_ptr<ShotWhere[]>> wheres;
   std::vector<std::vector<uint32_t>> epochs;
   ShotPeers table{};  // every rank maps the others at the same addresses here
   SignalFailure failure{};
+  uint64_t registered = 0;  // bit r: rank r's buffers count as registered
 
-  size_t shift = 0;  // the user's buffers start this many elements into the vectors
+  size_t shift = 0;  // the user's buffers start this many elements into their room
 
   Group(int n_, size_t count_, bool inPlace_, size_t chunk_ = 0, uint32_t firstEpoch = 0, size_t shift_ = 0)
-      : n(n_), count(count_), chunk(chunk_ ? chunk_ : count_ + 1), inPlace(inPlace_),
-        in(n_, std::vector<T>(count_ + 1 + shift_)), out(n_, std::vector<T>(count_ + 1 + shift_)),
-        scratch(n_, std::vector<T>(chunk)), shift(shift_) {
+      : n(n_), count(count_), chunk(chunk_ ? chunk_ : count_ + 1), inPlace(inPlace_), span(count_ + 1 + shift_),
+        heap(n_, std::vector<T>(2 * span)), scratch(n_, std::vector<T>(chunk)), shift(shift_) {
     for (int r = 0; r < n; ++r) {
       pads.emplace_back(new SignalPad[kMaxShotBlocks]);
       std::memset(pads.back().get(), 0, sizeof(SignalPad) * kMaxShotBlocks);
       for (int b = 0; b < kMaxShotBlocks; ++b)
         for (uint32_t& c : pads.back()[b].count) c = 2u * firstEpoch;
+      wheres.emplace_back(new ShotWhere[kMaxShotBlocks]);
       epochs.emplace_back(kMaxShotBlocks, firstEpoch);
       table.scratch[r] = scratch[r].data();
       table.pads[r] = pads[r].get();
+      table.where[r] = wheres[r].get();
+      table.heap[r] = reinterpret_cast<char*>(heap[r].data());
     }
   }
-  T* input(int r) { return in[r].data() + shift; }
-  T* result(int r) { return (inPlace ? in[r].data() : out[r].data()) + shift; }
-  ShotArgs args(int r, ReduceOp op, uint64_t seq, uint64_t timeoutNs) {
-    return ShotArgs{&table, input(r), result(r), r, n, 0, count, chunk, epochs[r].data(), timeoutNs, seq, &failure, nullptr, 0.5, op};
+  T* input(int r) { return heap[r].data() + shift; }
+  T* result(int r) { return (inPlace ? heap[r].data() : heap[r].data() + span) + shift; }
+  ShotArgs args(int r, ReduceOp op, uint64_t seq, uint64_t timeoutNs, ShotKind k) {
+    ShotArgs a{&table, input(r), result(r), r, n, 0, count, chunk, epochs[r].data(), timeoutNs, seq, &failure, nullptr, 0.5, op};
+    if (registered >> r & 1)
+      shotPublish(k, r, table.heap[r], 2 * span * sizeof(T), a.input, count * sizeof(T), a.output, count * sizeof(T),
+                  &a.inHeap, &a.outHeap);
+    return a;
   }
 };
 
@@ -146,7 +157,8 @@ int run(Group<T>& g, Shot shot, ReduceOp op, int blocks, int ops, std::vector<in
       const int mine = stopAfter.empty() ? ops : stopAfter[static_cast<size_t>(r)];
       for (int k = 0; k < mine; ++k) {
         for (size_t i = 0; i < g.count; ++i) g.input(r)[i] = inputValue<T>(r, k, i);
-        ShotArgs a = g.args(r, op, static_cast<uint64_t>(k), timeoutNs);
+        ShotArgs a = g.args(r, op, static_cast<uint64_t>(k), timeoutNs,
+                            shot == Shot::kOne ? ShotKind::kAllReduceOne : ShotKind::kAllReduceTwo);
         std::atomic<bool> ok{true};
         std::vector<std::thread> bs;
         for (int b = 0; b < blocks; ++b)
@@ -336,37 +348,44 @@ struct Layout {
   size_t chunk;
   int root;
   bool inPlace;
+  uint64_t registered = 0;  // bit r: rank r's buffers lie in its heap and it says so
 };
 
 int64_t valueOf(int r, int k, size_t i) { return static_cast<int64_t>((i * 5 + static_cast<size_t>(r) * 11 + static_cast<size_t>(k)) % 97); }
 
 // Runs `ops` ops of l.kind on int64 with SUM; returns the (rank, op) results that were wrong.
-int runLayout(const Layout& l, int blocks, int ops) {
+int runLayout(const Layout& l, int blocks, int ops, bool* scratchUntouched = nullptr) {
   const size_t n = static_cast<size_t>(l.n);
   const size_t inLen = l.kind == ShotKind::kReduceScatter ? n * l.count : l.count;
   const size_t outLen = l.kind == ShotKind::kAllGather ? n * l.count : l.count;
-  std::vector<std::vector<int64_t>> in(n, std::vector<int64_t>(inLen + 1)), out(n, std::vector<int64_t>(outLen + 1, -7));
-  std::vector<std::vector<int64_t>> scratch(n, std::vector<int64_t>(l.chunk));
+  // A rank's heap: its input's room, then its output's (with one element past each end).
+  std::vector<std::vector<int64_t>> heap(n, std::vector<int64_t>(inLen + 1 + outLen + 1, -7));
+  std::vector<std::vector<int64_t>> scratch(n, std::vector<int64_t>(l.chunk, -9));
   std::vector<std::unique_ptr<SignalPad[]>> pads;
+  std::vector<std::unique_ptr<ShotWhere[]>> wheres;
   std::vector<std::vector<uint32_t>> epochs(n, std::vector<uint32_t>(kMaxShotBlocks, 0));
   ShotPeers table{};
   SignalFailure failure{};
   for (size_t r = 0; r < n; ++r) {
     pads.emplace_back(new SignalPad[kMaxShotBlocks]);
     std::memset(pads.back().get(), 0, sizeof(SignalPad) * kMaxShotBlocks);
+    wheres.emplace_back(new ShotWhere[kMaxShotBlocks]);
     table.scratch[r] = scratch[r].data();
     table.pads[r] = pads[r].get();
+    table.where[r] = wheres[r].get();
+    table.heap[r] = reinterpret_cast<char*>(heap[r].data());
   }
+  auto outRoom = [&](size_t r) { return heap[r].data() + inLen + 1; };
   // In place: all-gather's input is this rank's block of the output; reduce-scatter's output is
   // this rank's block of the input; broadcast's buffer is both.
   auto inPtr = [&](size_t r) -> int64_t* {
-    if (l.inPlace && l.kind == ShotKind::kAllGather) return out[r].data() + r * l.count;
-    if (l.inPlace && l.kind == ShotKind::kBroadcast) return out[r].data();
-    return in[r].data();
+    if (l.inPlace && l.kind == ShotKind::kAllGather) return outRoom(r) + r * l.count;
+    if (l.inPlace && l.kind == ShotKind::kBroadcast) return outRoom(r);
+    return heap[r].data();
   };
   auto outPtr = [&](size_t r) -> int64_t* {
-    if (l.inPlace && l.kind == ShotKind::kReduceScatter) return in[r].data() + r * l.count;
-    return out[r].data();
+    if (l.inPlace && l.kind == ShotKind::kReduceScatter) return heap[r].data() + r * l.count;
+    return outRoom(r);
   };
   std::atomic<int> wrong{0};
   std::vector<std::thread> ranks;
@@ -376,9 +395,12 @@ int runLayout(const Layout& l, int blocks, int ops) {
         const size_t fill = l.kind == ShotKind::kReduceScatter ? n * l.count : l.count;
         for (size_t i = 0; i < fill; ++i) inPtr(r)[i] = valueOf(static_cast<int>(r), k, i);
         if (l.kind == ShotKind::kBroadcast && !l.inPlace)
-          for (size_t i = 0; i < l.count; ++i) out[r][i] = -1;
+          for (size_t i = 0; i < l.count; ++i) outRoom(r)[i] = -1;
         ShotArgs a{&table, inPtr(r), outPtr(r), static_cast<int>(r), l.n, l.root, l.count, l.chunk, epochs[r].data(),
                    60 * kSecond, static_cast<uint64_t>(k), &failure, nullptr, 1.0, ReduceOp::kSum};
+        if (l.registered >> r & 1)
+          shotPublish(l.kind, static_cast<int>(r), table.heap[r], heap[r].size() * sizeof(int64_t), a.input,
+                      inLen * sizeof(int64_t), a.output, outLen * sizeof(int64_t), &a.inHeap, &a.outHeap);
         EXPECT_TRUE(shotArgsValid(a, l.kind, blocks));
         std::vector<std::thread> bs;
         for (int b = 0; b < blocks; ++b)
@@ -394,12 +416,17 @@ int runLayout(const Layout& l, int blocks, int ops) {
             for (size_t q = 0; q < n; ++q) want += valueOf(static_cast<int>(q), k, r * l.count + i);
           ok = res[i] == want;
         }
-        if (!l.inPlace && out[r][outLen] != -7) ok = false;  // nothing past the end
+        if (!l.inPlace && outRoom(r)[outLen] != -7) ok = false;  // nothing past the end
         if (!ok) ++wrong;
       }
     });
   for (auto& t : ranks) t.join();
   EXPECT_EQ(failure.state, 0u);
+  if (scratchUntouched) {
+    *scratchUntouched = true;
+    for (auto& sc : scratch)
+      for (int64_t v : sc) *scratchUntouched = *scratchUntouched && v == -9;
+  }
   return wrong.load();
 }
 
@@ -430,4 +457,76 @@ TEST(Shots, LaunchesThatCannotRunAreRefused) {
   EXPECT_FALSE(shotArgsValid(a, ShotKind::kReduceScatter, 1));
   a.epochs = nullptr;
   EXPECT_FALSE(shotArgsValid(a, ShotKind::kAllGather, 1));
+}
+
+// Registered buffers (in the rank's heap, which every peer maps once): peers read them, and
+// two-shot writes into them, in place. Every rank registered, so nothing goes through the
+// scratch (it keeps the bytes it was filled with), or only some, where the two ways meet in
+// one op; in place and not, short chunks.
+TEST(Shots, RegisteredBuffersAreUsedInPlaceAndMeetUnregisteredOnes) {
+  for (ShotKind kind : {ShotKind::kAllGather, ShotKind::kReduceScatter, ShotKind::kBroadcast})
+    for (int n : {1, 2, 3, 5})
+      for (bool inPlace : {false, true})
+        for (uint64_t reg : {~uint64_t(0), uint64_t(0x5)}) {
+          Layout l{kind, n, 333, 160, n / 2, inPlace, reg};
+          bool untouched = false;
+          EXPECT_EQ(runLayout(l, 3, 4, &untouched), 0)
+              << "kind " << static_cast<int>(kind) << " n " << n << " inPlace " << inPlace << " reg " << reg;
+          const bool allReg = reg == ~uint64_t(0);
+          if (allReg) EXPECT_TRUE(untouched) << "kind " << static_cast<int>(kind) << " n " << n << " inPlace " << inPlace;
+        }
+  for (Shot shot : {Shot::kOne, Shot::kTwo})
+    for (int n : {2, 3, 5})
+      for (bool inPlace : {false, true})
+        for (uint64_t reg : {~uint64_t(0), uint64_t(0x5)})
+          for (size_t shift : {size_t{0}, size_t{1}}) {
+            Group<float> g(n, 1013, inPlace, 100, 0, shift);
+            g.registered = reg;
+            for (auto& sc : g.scratch) std::fill(sc.begin(), sc.end(), -3.0f);
+            EXPECT_EQ(run(g, shot, ReduceOp::kSum, 3, 4), 0)
+                << "two " << (shot == Shot::kTwo) << " n " << n << " inPlace " << inPlace << " reg " << reg << " shift " << shift;
+            // An in-place one-shot goes through the scratch (its output is its input); else
+            // with every rank registered no scratch is touched.
+            if (reg == ~uint64_t(0) && !(shot == Shot::kOne && inPlace)) {
+              bool untouched = true;
+              for (auto& sc : g.scratch)
+                for (float v : sc) untouched = untouched && v == -3.0f;
+              EXPECT_TRUE(untouched) << "two " << (shot == Shot::kTwo) << " n " << n << " inPlace " << inPlace;
+            }
+          }
+}
+
+TEST(Shots, WhatARankPublishesKeepsPeersOffWhatItWrites) {
+  char heap[1024];
+  uint64_t in = 0, out = 0;
+  // Apart, both inside: both published (the output only for two-shot).
+  shotPublish(ShotKind::kAllReduceTwo, 0, heap, sizeof(heap), heap, 100, heap + 512, 100, &in, &out);
+  EXPECT_EQ(in, 0u);
+  EXPECT_EQ(out, 512u);
+  shotPublish(ShotKind::kAllReduceOne, 0, heap, sizeof(heap), heap, 100, heap + 512, 100, &in, &out);
+  EXPECT_EQ(in, 0u);
+  EXPECT_EQ(out, kInScratch);
+  // In place: two-shot yes, one-shot no.
+  shotPublish(ShotKind::kAllReduceTwo, 0, heap, sizeof(heap), heap + 64, 100, heap + 64, 100, &in, &out);
+  EXPECT_EQ(in, 64u);
+  EXPECT_EQ(out, 64u);
+  shotPublish(ShotKind::kAllReduceOne, 0, heap, sizeof(heap), heap + 64, 100, heap + 64, 100, &in, &out);
+  EXPECT_EQ(in, kInScratch);
+  // All-gather: the input as my block of the output, yes; overlapping it any other way, no.
+  shotPublish(ShotKind::kAllGather, 2, heap, sizeof(heap), heap + 200, 100, heap, 400, &in, &out);
+  EXPECT_EQ(in, 200u);
+  shotPublish(ShotKind::kAllGather, 1, heap, sizeof(heap), heap + 200, 100, heap, 400, &in, &out);
+  EXPECT_EQ(in, kInScratch);
+  // Reduce-scatter: the output as my block of the input.
+  shotPublish(ShotKind::kReduceScatter, 3, heap, sizeof(heap), heap, 400, heap + 300, 100, &in, &out);
+  EXPECT_EQ(in, 0u);
+  shotPublish(ShotKind::kReduceScatter, 1, heap, sizeof(heap), heap, 400, heap + 300, 100, &in, &out);
+  EXPECT_EQ(in, kInScratch);
+  // Outside the heap, or running past its end, or no heap: scratch.
+  char other[64];
+  shotPublish(ShotKind::kAllReduceTwo, 0, heap, sizeof(heap), other, 64, heap + 1000, 100, &in, &out);
+  EXPECT_EQ(in, kInScratch);
+  EXPECT_EQ(out, kInScratch);
+  shotPublish(ShotKind::kBroadcast, 0, nullptr, 0, heap, 64, heap, 64, &in, &out);
+  EXPECT_EQ(in, kInScratch);
 }

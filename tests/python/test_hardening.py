@@ -693,7 +693,9 @@ def test_a_soft_open_files_limit_below_the_hard_one_is_raised(tmp_path):
 
 def rk_communication_tensors(rank, n):
     """backend.allocate_tensor / mem_allocator (issue 34): host tensors from railcc's own pool,
-    page-aligned, usable in any collective; CUDA is refused by name, as is a negative size."""
+    page-aligned, usable in any collective; a negative size is refused by name. CUDA tensors
+    come from the group's heap only with RAILCC_CUDA_SHOTS=1 (not offered here, and torch's CPU
+    build then refuses the CUDA tensor itself)."""
     import railcc
 
     b = railcc.backend_of()
@@ -723,7 +725,7 @@ def test_communication_tensors_come_from_railcc_and_work_in_collectives(pools):
         assert got["cpu"] and not got["cuda"] and got["allocator"], got
         assert got["aligned"] and got["exact"] and got["gathered"], got
         assert "is negative" in got["refused (-1, 'cpu')"], got
-        assert "host memory only" in got["refused (10, 'cuda')"], got
+        assert "CUDA" in got["refused (10, 'cuda')"], got
 
 
 # ------------------------------------------------------------- INFO that does not grow with the job

@@ -29,6 +29,14 @@ void DeviceLayer::releaseIpc(const cuda::DeviceApi& api, bool peersDone) {
     if (dev_.ipc.pool[r]) api.ipcCloseMemHandle(dev_.ipc.pool[r]);
     for (void* e : dev_.ipc.ev[r])  // opened event handles are destroyed like local events
       if (e) api.eventDestroy(e);
+    if (r < dev_.ipc.heaps.size() && dev_.ipc.heaps[r]) api.ipcCloseMemHandle(dev_.ipc.heaps[r]);
+  }
+  {
+    // The heap: freed when its last buffer goes, unless peers may still map it.
+    std::lock_guard<std::mutex> g(dev_.heap.mu);
+    if (dev_.heap.heap && !peersDone) dev_.heap.heap->keep();
+    dev_.heap.heap.reset();
+    dev_.heap.share = HeapShare::kNotShared;
   }
   if (me < dev_.ipc.pool.size()) {
     // Freeing memory or events that a peer still has open is undefined in CUDA, and a peer's
@@ -45,6 +53,7 @@ void DeviceLayer::releaseIpc(const cuda::DeviceApi& api, bool peersDone) {
   }
   dev_.ipc.pool.clear();
   dev_.ipc.ev.clear();
+  dev_.ipc.heaps.clear();
 }
 
 void DeviceLayer::ipcFinish(const cuda::DeviceApi& api, const DeviceOp& dv, const char* what) {
@@ -82,7 +91,7 @@ bool DeviceLayer::ipcReady(int d, void* stream) {
   const bool shots = opts_.config.cudaShots && api.shotAsync != nullptr;
   constexpr size_t kCfg = 4;
   const size_t hb = cuda::kIpcHandleBytes, cfgAt = 1, handlesAt = cfgAt + kCfg * sizeof(int64_t);
-  const size_t blob = handlesAt + hb * (1 + kIpcEvents);
+  const size_t heapAt = handlesAt + hb * (1 + kIpcEvents), blob = heapAt + kHeapBlob;
   std::vector<char> mine(blob, 0), all(blob * n, 0);
   const int64_t cfg[kCfg] = {static_cast<int64_t>(dev_.ipc.chunk), opts_.config.oneshotBytes, shots ? 1 : 0,
                              opts_.config.cudaShotBlocks};
@@ -103,6 +112,7 @@ bool DeviceLayer::ipcReady(int d, void* stream) {
     attempt(api.ipcGetEventHandle(mine.data() + handlesAt + hb * (1 + static_cast<size_t>(i)),
                                   dev_.ipc.ev[me][static_cast<size_t>(i)]),
             "cudaIpcGetEventHandle");
+  if (ok && shots) heapExport(api, d, mine.data() + heapAt);  // the heap's handle, if it has one
   mine[0] = ok ? 1 : 0;
   {
     std::vector<Transfer> xs;
@@ -156,6 +166,10 @@ bool DeviceLayer::ipcReady(int d, void* stream) {
     for (size_t i = 0; i < kIpcEvents && ok; ++i)
       attempt(api.ipcOpenEventHandle(&dev_.ipc.ev[q][i], b + handlesAt + hb * (1 + i)),
               "cudaIpcOpenEventHandle (rank " + std::to_string(q) + ")");
+    if (ok && shots) {
+      heapOpen(api, q, b + heapAt, &why);
+      ok = why.empty();
+    }
     int pd = -1, can = 0;
     if (ok) attempt(api.pointerDevice(dev_.ipc.pool[q], &pd), "cudaPointerGetAttributes");
     if (ok && pd == d) ++sharing;
@@ -189,6 +203,8 @@ bool DeviceLayer::ipcReady(int d, void* stream) {
     return false;
   }
   dev_.shot.ready = shots;
+  // Every peer mapped this rank's heap (if it has one): its buffers are now reached in place.
+  dev_.heap.share = shots ? HeapShare::kShared : HeapShare::kNotShared;
   RAILCC_INFO(COLL, "group '", opts_.name, "': CUDA IPC on cuda:", d, ", ", (4 * dev_.ipc.chunk) >> 10,
               " KiB of device memory per rank (RAILCC_CUDA_IPC_BYTES)",
               shots ? "; collectives in one kernel per tensor (RAILCC_CUDA_SHOTS=1)" : "");

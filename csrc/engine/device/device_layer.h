@@ -78,6 +78,10 @@ class DeviceLayer {
   void releaseDevice();
   // Any thread, when the group fails or is aborted: every one-kernel op's device wait gives up.
   void abortShots();
+  // Any thread (allocate_tensor): `bytes` of this rank's heap on `device`, which peers reach in
+  // place; given back when the holder goes. Null where there is none to give (shots off, a group
+  // not all on this host, another device, full, or not shared with the peers at set-up).
+  std::shared_ptr<void> allocateShared(int device, size_t bytes);
 
  private:
   void setDeviceBody(Op& o, const Placement& where, DataType dt, DevicePlan plan);
@@ -134,6 +138,12 @@ class DeviceLayer {
                             double scale);
   void runShotBroadcast(const DeviceOp& dv, char* buf, size_t count, DataType dt, int root);
   std::exception_ptr shotFailure();
+  // The heap at the IPC set-up (shots.cpp): heapExport() makes it if need be and writes its
+  // handle and size (0: none) into kHeapBlob bytes; heapOpen() maps rank q's from its blob.
+  static constexpr size_t kHeapBlob = cuda::kIpcHandleBytes + sizeof(uint64_t);
+  void heapExport(const cuda::DeviceApi& api, int device, char* blob);
+  void heapOpen(const cuda::DeviceApi& api, size_t q, const char* blob, std::string* why);
+  std::shared_ptr<DeviceHeap> makeHeap(const cuda::DeviceApi& api, int device);
 
   // gpu_watch.cpp: an op's GPU work left for the watchdog; with `now`, retireGpuWork() also
   // returns the error of the oldest entry past its timeout and sets `next`.

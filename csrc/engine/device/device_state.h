@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/device/heap.h"
 #include "engine/wire.h"
 #include "transport/memory_owners.h"
 
@@ -29,6 +30,17 @@ struct IpcState {
   size_t chunk = 0;                               // bytes of each of the four pool buffers
   std::vector<char*> pool;                        // [rank]: that rank's pool as mapped here
   std::vector<std::array<void*, kIpcEvents>> ev;  // [rank]: its events as opened here
+  std::vector<char*> heaps;                       // [rank]: its heap as mapped here (null: none)
+};
+
+// This rank's heap (heap.h): made by the first allocate_tensor on CUDA or by the IPC set-up,
+// whichever comes first, and shared with the peers at that set-up; guarded by `mu` (the
+// glue's thread carves from it while the engine's runs ops). `shared`: every peer mapped it.
+enum class HeapShare { kUndecided, kShared, kNotShared };
+struct HeapState {
+  std::mutex mu;
+  std::shared_ptr<DeviceHeap> heap;
+  std::atomic<HeapShare> share{HeapShare::kUndecided};
 };
 
 // One-kernel collectives (RAILCC_CUDA_SHOTS, device/shots.cpp, cuda/shots.h): set up
@@ -65,6 +77,7 @@ struct GpuWork {
 struct DeviceState {
   IpcState ipc;
   ShotState shot;
+  HeapState heap;
   // Pinned staging (device/staging.cpp): two sets of chunks, their events, and a stream of
   // our own for ops that name none, all on device `devOf`.
   char* stage = nullptr;

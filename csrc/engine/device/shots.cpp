@@ -16,7 +16,10 @@ namespace railcc::engine {
 // tail holds its signal pads, so the one IPC handle per rank that the pools exchange already
 // maps everything. Per op there is one launch and no host round: ranks meet on the device.
 
-size_t DeviceLayer::shotPadBytes() { return (sizeof(cuda::SignalPad) * cuda::kMaxShotBlocks + 255) / 256 * 256; }
+// The pool's tail: the signal pads, then the where records (cuda/shots.h), zeroed together.
+size_t DeviceLayer::shotPadBytes() {
+  return ((sizeof(cuda::SignalPad) + sizeof(cuda::ShotWhere)) * cuda::kMaxShotBlocks + 255) / 256 * 256;
+}
 
 bool DeviceLayer::shotSetup(const cuda::DeviceApi& api, void* stream, std::string* why) {
   ShotState& s = dev_.shot;
@@ -27,7 +30,10 @@ bool DeviceLayer::shotSetup(const cuda::DeviceApi& api, void* stream, std::strin
   cuda::ShotPeers host{};
   for (size_t q = 0; q < static_cast<size_t>(size_); ++q) {
     host.scratch[q] = dev_.ipc.pool[q];
-    host.pads[q] = reinterpret_cast<cuda::SignalPad*>(dev_.ipc.pool[q] + 4 * dev_.ipc.chunk);
+    char* tail = dev_.ipc.pool[q] + 4 * dev_.ipc.chunk;
+    host.pads[q] = reinterpret_cast<cuda::SignalPad*>(tail);
+    host.where[q] = reinterpret_cast<cuda::ShotWhere*>(tail + sizeof(cuda::SignalPad) * cuda::kMaxShotBlocks);
+    host.heap[q] = q < dev_.ipc.heaps.size() ? dev_.ipc.heaps[q] : nullptr;
   }
   std::vector<uint32_t> zeros(cuda::kMaxShotBlocks, 0);
   void* p = nullptr;
@@ -133,7 +139,17 @@ void DeviceLayer::launchShot(const DeviceOp& dv, cuda::ShotKind k, const char* i
   // A block per 128 KiB a rank moves, up to RAILCC_CUDA_SHOT_BLOCKS: small calls meet at few
   // pads, large ones use enough of the GPU to reach its memory's speed. Every rank computes the
   // same number (the counts agree), and a block's counts only move in ops that use it.
-  const size_t bytes = count * dtypeSize(dt), per = size_t(128) << 10;
+  // Where peers find my data: in place where it lies in my heap, which they all mapped at
+  // set-up, and the kind allows it (cuda::shotPublish); else through my scratch.
+  const size_t es = dtypeSize(dt), n = static_cast<size_t>(size_);
+  const size_t inBytes = count * es * (k == cuda::ShotKind::kReduceScatter ? n : 1);
+  const size_t outBytes = count * es * (k == cuda::ShotKind::kAllGather ? n : 1);
+  const char* heap = dev_.ipc.heaps.empty() ? nullptr : dev_.ipc.heaps[static_cast<size_t>(rank_)];
+  if (heap && dev_.heap.share.load() == HeapShare::kShared)
+    cuda::shotPublish(k, rank_, heap, dev_.heap.heap->bytes(), in, inBytes, out, outBytes, &a.inHeap, &a.outHeap);
+  if (a.inHeap != cuda::kInScratch)
+    transport::addStat(transport::StatKind::kDevice, transport::Stat::kDeviceInPlace, 1);
+  const size_t bytes = count * es, per = size_t(128) << 10;
   const int blocks = static_cast<int>(std::min<size_t>((bytes + per - 1) / per, static_cast<size_t>(opts_.config.cudaShotBlocks)));
   {
     std::lock_guard<std::mutex> g(dev_.gpuMu);
@@ -180,6 +196,75 @@ void DeviceLayer::runShotReduceScatter(const DeviceOp& dv, const char* in, char*
 void DeviceLayer::runShotBroadcast(const DeviceOp& dv, char* buf, size_t count, DataType dt, int root) {
   launchShot(dv, cuda::ShotKind::kBroadcast, buf, buf, count, root, dt, ReduceOp::kSum, 1.0);
   finishShot(dv, "the one-kernel broadcast");
+}
+
+// ---------------------------------------------------------------------------------------
+// The heap (heap.h): carved by allocate_tensor, mapped by every peer at the IPC set-up.
+
+std::shared_ptr<DeviceHeap> DeviceLayer::makeHeap(const cuda::DeviceApi& api, int device) {
+  int was = -1;
+  if (api.getDevice(&was) != 0 || api.setDevice(device) != 0) return nullptr;
+  void* p = nullptr;
+  const size_t bytes = static_cast<size_t>(opts_.config.cudaHeapBytes);
+  const int err = api.deviceMalloc(&p, bytes);
+  api.setDevice(was);
+  if (err != 0) {
+    RAILCC_WARN(COLL, "group '", opts_.name, "': no ", bytes >> 20, " MiB heap on cuda:", device,
+                " (RAILCC_CUDA_HEAP_BYTES): cudaMalloc failed: ", api.errorString ? api.errorString(err) : "?",
+                "; its communication buffers come from torch's allocator");
+    return nullptr;
+  }
+  const cuda::DeviceApi* a = &api;
+  return std::make_shared<DeviceHeap>(static_cast<char*>(p), bytes, device, [a](char* q) { a->deviceFree(q); });
+}
+
+std::shared_ptr<void> DeviceLayer::allocateShared(int device, size_t bytes) {
+  if (!opts_.config.cudaShots || !opts_.config.cudaIpc || opts_.config.cudaHeapBytes <= 0 || bytes == 0 || size_ < 2 ||
+      static_cast<int>(localRanks_.size()) != size_ || dev_.heap.share.load() == HeapShare::kNotShared)
+    return nullptr;
+  std::string why;
+  if (!deviceApiAvailable(&why)) return nullptr;  // torch then allocates it, and the op says why
+  const cuda::DeviceApi& api = deviceApi();
+  if (device < 0 && api.getDevice(&device) != 0) return nullptr;  // "cuda": the current device
+  std::shared_ptr<DeviceHeap> h;
+  {
+    std::lock_guard<std::mutex> g(dev_.heap.mu);
+    if (!dev_.heap.heap && dev_.heap.share.load() == HeapShare::kUndecided) dev_.heap.heap = makeHeap(api, device);
+    h = dev_.heap.heap;
+  }
+  if (!h || h->device() != device) return nullptr;
+  char* p = h->take(bytes);
+  if (!p) return nullptr;
+  return std::shared_ptr<void>(p, [h](void* q) { h->give(static_cast<char*>(q)); });
+}
+
+void DeviceLayer::heapExport(const cuda::DeviceApi& api, int device, char* blob) {
+  std::memset(blob, 0, kHeapBlob);
+  dev_.ipc.heaps.assign(static_cast<size_t>(size_), nullptr);
+  std::lock_guard<std::mutex> g(dev_.heap.mu);
+  HeapState& hs = dev_.heap;
+  if (!hs.heap && opts_.config.cudaHeapBytes > 0) hs.heap = makeHeap(api, device);
+  if (!hs.heap) return;
+  if (hs.heap->device() != device) {
+    RAILCC_INFO(COLL, "group '", opts_.name, "': its heap is on cuda:", hs.heap->device(), ", its ops on cuda:", device,
+                ": the one-kernel ops copy every buffer into the scratch");
+    return;
+  }
+  if (api.ipcGetMemHandle(blob, hs.heap->base()) != 0) return;  // peers then see none
+  const uint64_t bytes = hs.heap->bytes();
+  std::memcpy(blob + cuda::kIpcHandleBytes, &bytes, sizeof(bytes));
+  dev_.ipc.heaps[static_cast<size_t>(rank_)] = hs.heap->base();
+}
+
+void DeviceLayer::heapOpen(const cuda::DeviceApi& api, size_t q, const char* blob, std::string* why) {
+  uint64_t bytes = 0;
+  std::memcpy(&bytes, blob + cuda::kIpcHandleBytes, sizeof(bytes));
+  if (bytes == 0) return;  // it has none: its data goes through its scratch
+  void* p = nullptr;
+  const int err = api.ipcOpenMemHandle(&p, blob);
+  if (err != 0 && why->empty())
+    *why = "cudaIpcOpenMemHandle (rank " + std::to_string(q) + "'s heap) failed: " + (api.errorString ? api.errorString(err) : "?");
+  dev_.ipc.heaps[q] = static_cast<char*>(p);
 }
 
 }  // namespace railcc::engine

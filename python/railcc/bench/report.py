@@ -441,7 +441,8 @@ def extra_cells(backends, bound, backend, ratios, bound_frac):
 
 
 STAT_KEYS = ("send_copied_bytes", "recv_copied_bytes", "single_copied_bytes", "rdma_zero_copy_bytes",
-             "registrations", "registration_cache_hits", "gpu_direct_bytes", "host_rounds", "device_kernels")
+             "registrations", "registration_cache_hits", "gpu_direct_bytes", "host_rounds", "device_kernels",
+             "device_in_place")
 
 
 def stat_sums(stats):
@@ -464,7 +465,8 @@ def stats_line(coll, nbytes, inplace, s):
             f"{s['single_copied_bytes']:.0f} B; RDMA zero-copy {s['rdma_zero_copy_bytes']:.0f} B "
             f"(GPU memory {s['gpu_direct_bytes']:.0f} B); "
             f"registrations {s['registrations']:.2f}, cache hits {s['registration_cache_hits']:.2f}; "
-            f"GPU: host rounds {s['host_rounds']:.2f}, one-kernel ops {s['device_kernels']:.2f}")
+            f"GPU: host rounds {s['host_rounds']:.2f}, one-kernel ops {s['device_kernels']:.2f} "
+            f"(in place {s['device_in_place']:.2f})")
 
 
 def plot(path, records, backends, colls):
