@@ -14,7 +14,9 @@
 #   nccl      nccl with 2 ranks on the one GPU, its error recorded
 #   bench     railcc-bench --device cuda --bound, railcc and gloo on the same CUDA tensors,
 #             all_reduce/all_gather/reduce_scatter/broadcast, 8 B to 256 MiB (4x steps), 2 then 4 ranks
-#   bench_shots  the same for all_reduce with RAILCC_CUDA_SHOTS=1 (one kernel per tensor)
+#   bench_shots  the same for all_reduce with RAILCC_CUDA_SHOTS=1 (one kernel per tensor), 2 and 4
+#             ranks; then all_reduce, all_gather and broadcast at 2 ranks on buffers from
+#             allocate_tensor (--alloc backend: the heap that peers read in place)
 #   test_cuda tests/python/test_cuda.py with the time left: by default a cross-section (every
 #             collective at 2 ranks over CUDA IPC and 3 staged, stream semantics, TCP, DDP and
 #             FSDP2 against a single-process reference); RAILCC_GPU_CHECK_K="not
@@ -216,10 +218,15 @@ bench_shots() {
     RAILCC_CUDA_SHOTS=1 "$PY" -m railcc bench --device $dev --nprocs $n --backend railcc,gloo --bound \
       --bound_bytes $bound -o all_reduce -b 8 -e $max -f 4 $iters --timeout 60 --stats --json "$WORK/shots$n.json" || return $?
   done
+  # The heap holds a size's two result buffers (256 MiB each at the top); the stats line says
+  # per call how many ops read their input in place.
+  RAILCC_CUDA_SHOTS=1 RAILCC_CUDA_HEAP_BYTES=1073741824 "$PY" -m railcc bench --device $dev --nprocs 2 \
+    --backend railcc,gloo --bound --bound_bytes $bound -o all_reduce,all_gather,broadcast -b 64K -e $max -f 16 \
+    $iters --timeout 60 --stats --alloc backend --json "$WORK/heap2.json" || return $?
 }
-run_step bench_shots 80 "$OUT/bench.log" bench_shots
+run_step bench_shots 150 "$OUT/bench.log" bench_shots
 "$PY" scripts/gpu_check_targets.py "$OUT/bench.json" "$WORK"/bench2.json "$WORK"/bench4.json \
-  "shots=$WORK/shots2.json" "shots=$WORK/shots4.json" > "$WORK/targets" 2>&1
+  "shots=$WORK/shots2.json" "shots=$WORK/shots4.json" "shots, heap=$WORK/heap2.json" > "$WORK/targets" 2>&1
 # One row per report: all_reduce at 256 MiB against the targets (>= 40% of 2NS/B, >= 10x gloo).
 sed 's/^- //; s/|/\//g; s/^/| bench target | INFO | 0 | /; s/$/ |/' "$WORK/targets" >> "$SUMMARY"
 

@@ -139,6 +139,10 @@ def build_parser():
                    help="draw busbw against size into FILE (needs matplotlib; checked writable before the run)")
     p.add_argument("--device", type=str.lower, choices=("cpu", "cuda"), default="cpu",
                    help="where the buffers live (default cpu); with cuda rank r uses GPU LOCAL_RANK %% device count")
+    p.add_argument("--alloc", choices=("torch", "backend"), default="torch",
+                   help="where the buffers the collectives write come from: torch.empty (default), or the default "
+                   "group's allocate_tensor where its backend offers it for the device (railcc with "
+                   "RAILCC_CUDA_SHOTS=1 on CUDA: its heap, which the peers read in place; else torch.empty)")
     p.add_argument("--bound", action="store_true",
                    help="also measure single-core memcpy bandwidth (with --device cuda: the device copy rate) and compare")
     p.add_argument("--bind", action="store_true",

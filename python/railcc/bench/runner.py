@@ -129,6 +129,21 @@ def _torch_redop(name):
 _UNSET = object()
 
 
+def _empty_fn(cfg, dev, td):
+    """How a case makes the buffers its collectives write: torch.empty, or with --alloc backend
+    the default group's allocate_tensor where its backend offers it for `dev` (railcc with
+    RAILCC_CUDA_SHOTS=1: its heap, which the peers read in place)."""
+    import torch
+
+    if getattr(cfg, "alloc", "torch") == "backend":
+        import torch.distributed as dist
+
+        backend = dist.group.WORLD._get_backend(dev)
+        if backend.supports_tensor_alloc(dev):
+            return lambda n: backend.allocate_tensor(n, dtype=td, device=dev)
+    return lambda n: torch.empty(n, dtype=td, device=dev)
+
+
 class Case:
     """The buffers of one collective at one size, shared by every backend, and how to run it."""
 
@@ -147,19 +162,21 @@ class Case:
         def pat(c, off=0):
             return pattern(rank, c, td, self.kind, off).to(dev)
 
+        empty = _empty_fn(cfg, dev, td)
+
         # src is never handed to a collective that may write it, so it can refill the others
         if coll in ("all_reduce", "broadcast", "reduce"):
             self.src = pat(count)
-            self.res = torch.empty_like(self.src)
-            self.ip = torch.empty_like(self.src)
+            self.res = empty(count)
+            self.ip = empty(count)
         elif coll == "all_gather":
             self.src = pat(count)
-            self.res = torch.empty(count * n, dtype=td, device=dev)
-            self.ip = torch.empty(count * n, dtype=td, device=dev)
+            self.res = empty(count * n)
+            self.ip = empty(count * n)
         elif coll == "reduce_scatter":
             self.src = pat(count * n)
-            self.res = torch.empty(count, dtype=td, device=dev)
-            self.ip = torch.empty(count * n, dtype=td, device=dev)
+            self.res = empty(count)
+            self.ip = empty(count * n)
         elif coll == "alltoall":
             self.src = pat(count * n)
             self.res = torch.empty(count * n, dtype=td, device=dev)
