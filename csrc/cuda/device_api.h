@@ -18,7 +18,7 @@ namespace railcc::cuda {
 struct ShotArgs;  // cuda/shots.h
 enum class ShotKind : uint8_t;
 
-constexpr uint32_t kDeviceApiVersion = 4;
+constexpr uint32_t kDeviceApiVersion = 5;
 constexpr size_t kIpcHandleBytes = 64;  // cudaIpcMemHandle_t and cudaIpcEventHandle_t
 
 struct DeviceApi {
@@ -78,6 +78,14 @@ struct DeviceApi {
   /// One collective in one kernel (cuda/shot_kernels.h) through the peers' scratch named by
   /// args->peers, `blocks` blocks (the same on every rank).
   int (*shotAsync)(const ShotArgs* args, DataType t, ShotKind kind, int blocks, void* stream);
+
+  // CUDA graphs.
+  /// *capturing = 1 while `stream` is being captured into a graph (cudaStreamIsCapturing).
+  int (*streamCapturing)(void* stream, int* capturing);
+  /// Swaps the calling thread's capture mode (cudaThreadExchangeStreamCaptureMode; 0 global, 1
+  /// thread-local, 2 relaxed): railcc's own calls that may synchronize (event queries, set-up)
+  /// run relaxed, so they neither fail nor break a capture that another thread began.
+  int (*exchangeCaptureMode)(int* mode);
 };
 
 }  // namespace railcc::cuda

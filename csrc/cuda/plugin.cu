@@ -133,6 +133,20 @@ int shot(const ShotArgs* a, DataType t, ShotKind k, int blocks, void* stream) {
   return ret(static_cast<cudaError_t>(shotAsync(*a, t, k, blocks, stream)));
 }
 
+int streamCapturing(void* stream, int* capturing) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  const cudaError_t e = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &st);
+  *capturing = st != cudaStreamCaptureStatusNone ? 1 : 0;  // active, or invalidated and still open
+  return ret(e);
+}
+
+int exchangeCaptureMode(int* mode) {
+  auto m = static_cast<cudaStreamCaptureMode>(*mode);
+  const cudaError_t e = cudaThreadExchangeStreamCaptureMode(&m);
+  *mode = static_cast<int>(m);
+  return ret(e);
+}
+
 #define RAILCC_STR2(x) #x
 #define RAILCC_STR(x) RAILCC_STR2(x)
 
@@ -172,6 +186,8 @@ const DeviceApi kApi = {
     dmabufFd,
     flushRdmaWrites,
     shot,
+    streamCapturing,
+    exchangeCaptureMode,
 };
 
 }  // namespace

@@ -7,8 +7,12 @@
 // shows up as wrong data. A stream's wait on another rank's event runs that rank's stream up to
 // the event first, so a missing cross-rank wait shows up the same way; IPC handles carry plain
 // pointers (ranks are threads here). A one-kernel collective runs the host build of
-// cuda/shots.h, a thread per block, once its stream reaches it. The real runtime behind the
-// same table is csrc/cuda/plugin.cu. Used by staging_test.cpp and shot_engine_test.cpp.
+// cuda/shots.h, a thread per block, once its stream reaches it. A stream can be captured into a
+// graph (beginCapture .. endCapture) and the graph replayed, each replay a fresh run of what was
+// captured with the arguments it was captured with, as in CUDA; what CUDA forbids during a
+// capture (querying or waiting on the host for captured work, waiting on work from outside
+// it) fails and is counted in gCaptureViolations. The real runtime behind the same table is
+// csrc/cuda/plugin.cu. Used by staging_test.cpp and shot_engine_test.cpp.
 
 #include <atomic>
 #include <chrono>
@@ -38,18 +42,26 @@ inline std::atomic<bool> gHung{false};
 inline std::atomic<long> gShotLaunches{0};       // one-kernel collectives launched
 inline std::atomic<int> gShotBlocksRunning{0};  // their blocks started and not finished
 inline std::atomic<long> gQueries{0};  // eventQuery calls: how often somebody asked the "GPU"
+inline std::atomic<long> gCaptureViolations{0};  // calls CUDA refuses while a stream is captured
+constexpr int kCaptureError = 900;               // cudaErrorStreamCaptureUnsupported's stand-in
+
+// A captured graph: what each step of the captured stream would enqueue, made afresh per replay.
+using FakeGraph = std::vector<std::function<std::function<bool()>()>>;
 
 struct FakeStream {
   std::deque<std::function<bool()>> q;  // an entry returns false while it cannot run yet (a wait)
   uint64_t queued = 0, done = 0;
   uint64_t hangAt = ~uint64_t(0);  // position of a kernel that never finishes
   bool draining = false;           // drain() is running it (a wait may lead back here)
+  FakeGraph* capture = nullptr;    // being captured into this graph
+  uint64_t capturedFrom = 0;       // `queued` when the capture began
 };
 struct FakeEvent {
   FakeEvent* alias = nullptr;  // an event opened from an IPC handle refers to the original
   FakeStream* s = nullptr;
   uint64_t at = 0;
   int polls = 0;
+  bool captured = false;  // its last record was captured (it marks a node, not a time)
   FakeEvent* self() { return alias ? alias : this; }
 };
 // Destroyed streams and events, kept to the end of the process: a stream that waits on
@@ -81,6 +93,10 @@ struct Fake {
   // a minute. A hung kernel or a wait that nothing will satisfy stops it.
   static int streamSynchronize(void* s) {
     auto* st = static_cast<FakeStream*>(s);
+    {
+      std::lock_guard<std::recursive_mutex> g(gFakeMu);
+      if (st->capture) return gCaptureViolations.fetch_add(1), kCaptureError;
+    }
     const auto until = std::chrono::steady_clock::now() + std::chrono::minutes(1);
     for (;;) {
       drain(st, ~uint64_t(0));
@@ -104,12 +120,14 @@ struct Fake {
     auto* st = static_cast<FakeStream*>(s);
     ev->s = st;
     ev->at = st->queued;
+    ev->captured = st->capture != nullptr;
     return 0;
   }
   static int eventQuery(void* e) {
     std::lock_guard<std::recursive_mutex> g(gFakeMu);
     gQueries.fetch_add(1);
     auto* ev = static_cast<FakeEvent*>(e)->self();
+    if (ev->captured || (ev->s && ev->s->capture)) return gCaptureViolations.fetch_add(1), kCaptureError;
     if (!ev->s) return 0;
     if (++ev->polls % 2 == 1) return kNotReady;
     drain(ev->s, ev->at);
@@ -127,6 +145,11 @@ struct Fake {
     auto* ev = static_cast<FakeEvent*>(e)->self();
     FakeStream* src = ev->s;
     uint64_t at = ev->at;
+    auto* st = static_cast<FakeStream*>(s);
+    // A captured stream may wait on work captured into the same graph only (the join of a side
+    // stream); an event recorded outside the capture is refused, as CUDA refuses it.
+    if (st->capture && src && src != st && !ev->captured) return gCaptureViolations.fetch_add(1), kCaptureError;
+    if (st->capture && ev->captured) return 0;  // within one graph: the fake's graph is one stream
     // A stream behind a wait does not pass it until the other stream has (a hung kernel there
     // holds this one too, as on a GPU), whatever order the ranks' threads query them in.
     if (src && src != s) enqueueStep(s, [src, at] { return drain(src, at), src->done >= at; });
@@ -176,8 +199,10 @@ struct Fake {
     void* s;
     template <typename T, typename Op>
     int run() const {
-      auto st = std::make_shared<ShotBlocks>();
-      enqueueStep(s, [a = a, k = k, blocks = blocks, st] {
+      // A factory of the kernel's step: a replayed graph runs the kernel afresh each time.
+      enqueueMade(s, [a = a, k = k, blocks = blocks]() -> std::function<bool()> {
+        auto st = std::make_shared<ShotBlocks>();
+        return [a, k, blocks, st] {
         if (!st->started) {
           st->started = true;
           gShotBlocksRunning.fetch_add(blocks);
@@ -190,6 +215,7 @@ struct Fake {
             });
         }
         return st->done.load() == blocks;
+        };
       });
       return 0;
     }
@@ -207,10 +233,40 @@ struct Fake {
     enqueueStep(s, [f = std::move(f)] { return f(), true; });
   }
   static void enqueueStep(void* s, std::function<bool()> f) {
+    enqueueMade(s, [f = std::move(f)] { return f; });
+  }
+  static void enqueueMade(void* s, std::function<std::function<bool()>()> make) {
     std::lock_guard<std::recursive_mutex> g(gFakeMu);
     auto* st = static_cast<FakeStream*>(s);
-    st->q.push_back(std::move(f));
+    if (st->capture) {
+      st->capture->push_back(std::move(make));
+      ++st->queued;  // events recorded after it mark a later node
+      return;
+    }
+    st->q.push_back(make());
     ++st->queued;
+  }
+  // torch.cuda.graph's side, for the tests: capture `s` into `g`, then replay `g` onto `s`.
+  static int streamCapturing(void* s, int* capturing) {
+    std::lock_guard<std::recursive_mutex> g(gFakeMu);
+    return *capturing = static_cast<FakeStream*>(s)->capture ? 1 : 0, 0;
+  }
+  static int exchangeCaptureMode(int*) { return 0; }
+  static void beginCapture(void* s, FakeGraph* g) {
+    streamSynchronize(s);  // the stream is idle: its count of queued steps is its count of done ones
+    std::lock_guard<std::recursive_mutex> l(gFakeMu);
+    auto* st = static_cast<FakeStream*>(s);
+    st->capture = g;
+    st->capturedFrom = st->queued;
+  }
+  static void endCapture(void* s) {
+    std::lock_guard<std::recursive_mutex> l(gFakeMu);
+    auto* st = static_cast<FakeStream*>(s);
+    st->capture = nullptr;
+    st->queued = st->capturedFrom;  // the graph's nodes never ran on the stream itself
+  }
+  static void replay(const FakeGraph& g, void* s) {
+    for (auto& make : g) enqueueMade(s, make);
   }
   // Runs `s` up to position `upTo`, stopping at a hung kernel or a wait not satisfied yet. A
   // drain that reaches back into a stream being drained returns at once: what that stream has
@@ -236,7 +292,7 @@ inline const cuda::DeviceApi kFake = {
     Fake::eventQuery, Fake::streamWaitEvent, Fake::memcpyAsync, Fake::deviceMalloc, Fake::deviceFree,
     Fake::canAccessPeer, Fake::ipcGetMemHandle, Fake::ipcOpenMemHandle, Fake::ipcCloseMemHandle, Fake::eventCreate,
     Fake::ipcGetEventHandle, Fake::ipcOpenEventHandle, Fake::reduceAsync, Fake::divideAsync, Fake::scaleCopyAsync,
-    nullptr, nullptr, nullptr, Fake::shotAsync,
+    nullptr, nullptr, nullptr, Fake::shotAsync, Fake::streamCapturing, Fake::exchangeCaptureMode,
 };
 
 }  // namespace railcc::engine::fake_device

@@ -408,3 +408,92 @@ TEST(DeviceHeapCarving, FirstFitAlignedAndMerging) {
   }
   EXPECT_TRUE(kept);
 }
+
+// CUDA graphs on the fake device: an all-reduce (one-shot and two-shot across chunks), a
+// broadcast and an all-gather captured once after a warm-up, then the graph replayed 100 times
+// with new inputs each time: every replay gives the reference's result, nothing CUDA forbids
+// during a capture was called, and no host round or further launch happens per replay.
+TEST_F(ShotEngine, CapturedOpsReplayWithNewInputs) {
+  gCaptureViolations = 0;
+  for (int n : {2, 3}) {
+    testing_util::runRanks(n, shotConfig(), "graph", [](Communicator& c) {
+      const int me = c.rank(), nr = c.size();
+      void* s = nullptr;
+      Fake::streamCreate(&s);
+      const Placement on{0, s, nullptr, /*queued=*/true};
+      std::vector<float> small(37), large(100003), bc(1001);
+      std::vector<int32_t> gathered(static_cast<size_t>(nr) * 500);
+      waitOk(c.allreduce(small.data(), small.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), on));  // warm-up
+      Fake::streamSynchronize(s);
+      FakeGraph graph;
+      Fake::beginCapture(s, &graph);
+      const long launches0 = gShotLaunches.load();
+      waitOk(c.allreduce(small.data(), small.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), on));
+      waitOk(c.allreduce(large.data(), large.size(), DataType::kFloat32, ReduceOp::kMax, 1.0, Millis(0), on));
+      waitOk(c.broadcast(bc.data(), bc.size(), DataType::kFloat32, nr - 1, Millis(0), on));
+      std::vector<void*> outs;
+      for (int r = 0; r < nr; ++r) outs.push_back(gathered.data() + static_cast<size_t>(r) * 500);
+      waitOk(c.allgather(outs[static_cast<size_t>(me)], 500, DataType::kInt32, outs, Millis(0), on));
+      Fake::endCapture(s);
+      EXPECT_GE(gShotLaunches.load() - launches0, 4);
+      waitOk(c.barrier());
+      const uint64_t rounds0 = deviceStat(transport::Stat::kHostRounds);
+      for (int k = 0; k < 100; ++k) {
+        for (size_t i = 0; i < small.size(); ++i) small[i] = static_cast<float>(me + k + static_cast<int>(i));
+        for (size_t i = 0; i < large.size(); ++i) large[i] = static_cast<float>((static_cast<size_t>(me) * 7 + i + static_cast<size_t>(k)) % 1000);
+        for (size_t i = 0; i < bc.size(); ++i) bc[i] = me == nr - 1 ? static_cast<float>(k * 3 + static_cast<int>(i)) : -1.0f;
+        for (size_t i = 0; i < 500; ++i) gathered[static_cast<size_t>(me) * 500 + i] = me * 1000 + k + static_cast<int32_t>(i);
+        Fake::replay(graph, s);
+        Fake::streamSynchronize(s);
+        for (size_t i = 0; i < small.size(); ++i)
+          ASSERT_EQ(small[i], static_cast<float>(nr * (k + static_cast<int>(i)) + nr * (nr - 1) / 2)) << "replay " << k;
+        for (size_t i = 0; i < large.size(); i += 997) {
+          float want = 0;
+          for (int r = 0; r < nr; ++r) want = std::max(want, static_cast<float>((static_cast<size_t>(r) * 7 + i + static_cast<size_t>(k)) % 1000));
+          ASSERT_EQ(large[i], want) << "replay " << k << " i " << i;
+        }
+        for (size_t i = 0; i < bc.size(); ++i) ASSERT_EQ(bc[i], static_cast<float>(k * 3 + static_cast<int>(i))) << "replay " << k;
+        for (int r = 0; r < nr; ++r)
+          for (size_t i = 0; i < 500; i += 7)
+            ASSERT_EQ(gathered[static_cast<size_t>(r) * 500 + i], r * 1000 + k + static_cast<int32_t>(i)) << "replay " << k;
+      }
+      EXPECT_EQ(deviceStat(transport::Stat::kHostRounds), rounds0);  // the host took no part
+      waitOk(c.barrier());
+      Fake::streamDestroy(s);
+    });
+  }
+  EXPECT_EQ(gCaptureViolations.load(), 0);
+}
+
+// What a graph cannot replay is refused by name on every rank: an op that meets the peers on
+// the host per chunk (all-gather into separate tensors), and a group's first CUDA op (its
+// set-up) inside the capture.
+TEST_F(ShotEngine, WhatAGraphCannotReplayIsRefused) {
+  for (bool warm : {true, false}) {
+    std::atomic<int> refused{0};
+    testing_util::runRanks(2, shotConfig(), "graph", [&](Communicator& c) {
+      void* s = nullptr;
+      Fake::streamCreate(&s);
+      const Placement on{0, s, nullptr, /*queued=*/true};
+      std::vector<float> v(100, 1.0f);
+      std::vector<std::vector<float>> parts(2, std::vector<float>(100));
+      if (warm) {
+        waitOk(c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), on));
+        Fake::streamSynchronize(s);
+      }
+      FakeGraph graph;
+      Fake::beginCapture(s, &graph);
+      RequestPtr req = warm ? c.allgather(v.data(), 100, DataType::kFloat32, {parts[0].data(), parts[1].data()}, Millis(0), on)
+                            : c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), on);
+      auto e = testing_util::failureOf(req, Millis(60000));
+      Fake::endCapture(s);
+      ASSERT_TRUE(e);
+      const std::string what = e->what();
+      EXPECT_NE(what.find("cannot be captured into a CUDA graph"), std::string::npos) << what;
+      EXPECT_NE(what.find(warm ? "meets the peers on the host" : "outside the capture"), std::string::npos) << what;
+      refused.fetch_add(1);
+      Fake::streamDestroy(s);
+    });
+    EXPECT_EQ(refused.load(), 2) << "warm " << warm;
+  }
+}

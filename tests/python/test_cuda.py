@@ -302,6 +302,88 @@ def rk_cuda_shot_missing_peer(rank, n):
     return bad
 
 
+def rk_cuda_graph(rank, n):
+    """RAILCC_CUDA_SHOTS=1: all_reduce (one-shot and two-shot), broadcast and
+    all_gather_into_tensor captured once with torch.cuda.graph after a warm-up, then replayed 100
+    times with new inputs, each replay checked against torch's own result; an op a graph cannot
+    replay (gather) is refused by name. On groups of their own: the refusal fails its group."""
+    dev = _dev(rank)
+    bad = []
+    g = dist.new_group(list(range(n)))
+    small = torch.zeros(37, device=dev)
+    large = torch.zeros(3 << 20, device=dev)  # 12 MiB: two-shot, several chunks of the scratch
+    bc = torch.zeros(1001, device=dev)
+    mine = torch.zeros(500, dtype=torch.int32, device=dev)
+    gathered = torch.zeros(500 * n, dtype=torch.int32, device=dev)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture: the group's set-up
+        for t in (small, large, bc):
+            dist.all_reduce(t, group=g)
+        dist.all_gather_into_tensor(gathered, mine, group=g)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dist.all_reduce(small, group=g)
+        dist.all_reduce(large, op=dist.ReduceOp.MAX, group=g)
+        dist.broadcast(bc, src=n - 1, group=g)
+        dist.all_gather_into_tensor(gathered, mine, group=g)
+    ar = torch.arange(large.numel(), device=dev, dtype=torch.float32)
+    for k in range(100):
+        small.copy_(torch.arange(37, device=dev, dtype=torch.float32) + rank + k)
+        large.copy_((ar * 7 + rank * 13 + k) % 1000)
+        bc.copy_(torch.arange(1001, device=dev, dtype=torch.float32) + k if rank == n - 1 else torch.full_like(bc, -1))
+        mine.copy_(torch.arange(500, device=dev, dtype=torch.int32) + rank * 1000 + k)
+        graph.replay()
+        torch.cuda.synchronize()
+        want_small = (torch.arange(37, dtype=torch.float32) + k) * n + n * (n - 1) / 2
+        want_large = torch.stack([(ar.cpu() * 7 + r * 13 + k) % 1000 for r in range(n)]).max(0).values
+        want_gathered = torch.cat([torch.arange(500, dtype=torch.int32) + r * 1000 + k for r in range(n)])
+        for name, got, want in (("all_reduce", small, want_small), ("all_reduce MAX", large, want_large),
+                                ("broadcast", bc, torch.arange(1001, dtype=torch.float32) + k),
+                                ("all_gather_into_tensor", gathered, want_gathered)):
+            if not torch.equal(got.cpu(), want):
+                bad.append(f"replay {k}: {name} differs from torch's result")
+        if bad:
+            break
+    h = dist.new_group(list(range(n)))
+    dist.all_reduce(small, group=h)  # set up outside the capture
+    torch.cuda.synchronize()
+    try:
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            dist.gather(small, [torch.zeros_like(small) for _ in range(n)] if rank == 0 else None, dst=0, group=h)
+        bad.append("a gather was captured without an error")
+    except Exception as e:  # the capture fails with railcc's error, then torch's own
+        if "cannot be captured into a CUDA graph" not in str(e) and "cannot be captured" not in repr(e.__context__):
+            bad.append(f"a captured gather failed without saying why: {e!r}")
+    return bad
+
+
+def rk_cuda_heap(rank, n):
+    """RAILCC_CUDA_SHOTS=1: allocate_tensor on CUDA carves the group's heap (what FSDP2 asks for);
+    collectives on those tensors are right and are read in place (stats device_in_place)."""
+    dev = _dev(rank)
+    bad = []
+    b = railcc.backend_of()
+    if not b.supports_tensor_alloc(dev):
+        return ["supports_tensor_alloc(cuda) is false with RAILCC_CUDA_SHOTS=1"]
+    railcc.reset_stats()
+    t = b.allocate_tensor(1 << 20, dtype=torch.float32, device=dev)
+    t.copy_(torch.arange(1 << 20, dtype=torch.float32, device=dev) * (rank + 1))
+    dist.all_reduce(t)
+    if not torch.equal(t.cpu(), torch.arange(1 << 20, dtype=torch.float32) * (n * (n + 1) // 2)):
+        bad.append("all_reduce on a heap tensor differs from torch's result")
+    g = b.allocate_tensor(n * 1000, dtype=torch.int64, device=dev)
+    dist.all_gather_into_tensor(g, g.narrow(0, rank * 1000, 1000).fill_(rank))
+    if not torch.equal(g.cpu(), torch.arange(n).repeat_interleave(1000)):
+        bad.append("all_gather_into_tensor in place on a heap tensor differs")
+    torch.cuda.synchronize()
+    if railcc.stats()["device"]["device_in_place"] < 2:
+        bad.append(f"ops not read in place: {railcc.stats()['device']}")
+    return bad
+
+
 def rk_cuda_gpu_hang(rank, n):
     """A kernel that sleeps past the op's timeout on the caller's stream, then an all_reduce:
     the call returns (through CUDA IPC it completes once its GPU work is queued), the watchdog
@@ -410,6 +492,18 @@ def test_cuda_watchdog_times_out_a_gpu_op_that_never_finishes(pools, n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_cuda_shots_name_a_peer_that_stops_calling(pools, n):
     run_all(pools(n, RAILCC_CUDA_SHOTS="1"), rk_cuda_shot_missing_peer, timeout=120)
+
+
+@needs_gpu
+@pytest.mark.parametrize("n", [2, 3])
+def test_cuda_graph_replays_captured_collectives(pools, n):
+    run_all(pools(n, RAILCC_CUDA_SHOTS="1"), rk_cuda_graph, timeout=180)
+
+
+@needs_gpu
+@pytest.mark.parametrize("n", [2, 3])
+def test_cuda_heap_tensors_are_read_in_place(pools, n):
+    run_all(pools(n, RAILCC_CUDA_SHOTS="1"), rk_cuda_heap, timeout=120)
 
 
 def train_on_cuda(script, world_size, extra, tmp_path, monkeypatch):

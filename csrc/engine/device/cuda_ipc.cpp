@@ -13,6 +13,7 @@ namespace railcc::engine {
 // Device buffers: CUDA IPC between the processes of one host
 
 void DeviceLayer::ipcStep(const cuda::DeviceApi& api, void* stream, int d, IpcEvent e) {
+  if (dev_.capturing) refuseCapture("it meets the peers on the host for each chunk, which a replay of the graph would skip");
   checkDevice(api.eventRecord(dev_.ipc.ev[static_cast<size_t>(rank_)][e], stream), "cudaEventRecord", d);
   algos_.syncRound();
   transport::addStat(transport::StatKind::kDevice, transport::Stat::kHostRounds, 1);

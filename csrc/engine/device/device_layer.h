@@ -27,6 +27,26 @@
 
 namespace railcc::engine {
 
+// While it lives, the calling thread's CUDA capture mode is relaxed (cuda/device_api.h
+// exchangeCaptureMode): railcc's calls that may synchronize neither fail nor invalidate a
+// graph capture that another thread began in torch's default (global) mode.
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(const cuda::DeviceApi& api) : api_(api) {
+    swapped_ = api_.exchangeCaptureMode && api_.exchangeCaptureMode(&mode_) == 0;
+  }
+  ~RelaxedCapture() {
+    if (swapped_) api_.exchangeCaptureMode(&mode_);
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  const cuda::DeviceApi& api_;
+  int mode_ = 2;  // relaxed, then what it was
+  bool swapped_ = false;
+};
+
 class DeviceLayer {
  public:
   // The layer's view of its group: fixed before the first op (set-up fills `localRanks` and
@@ -138,6 +158,10 @@ class DeviceLayer {
                             double scale);
   void runShotBroadcast(const DeviceOp& dv, char* buf, size_t count, DataType dt, int root);
   std::exception_ptr shotFailure();
+  // CUDA graphs (shots.cpp): an op whose stream is being captured runs only as one kernel,
+  // recorded into the graph with nothing on the host to replay; anything else is refused.
+  void runCaptured(const DeviceOp& dv, const DevicePlan& plan);
+  [[noreturn]] void refuseCapture(const std::string& why) const;
   // The heap at the IPC set-up (shots.cpp): heapExport() makes it if need be and writes its
   // handle and size (0: none) into kHeapBlob bytes; heapOpen() maps rank q's from its blob.
   static constexpr size_t kHeapBlob = cuda::kIpcHandleBytes + sizeof(uint64_t);

@@ -15,7 +15,8 @@ namespace railcc::engine {
 struct DeviceOp {
   int device;
   void* stream;
-  bool queued = false;  // Placement::queued, with a caller's stream
+  bool queued = false;    // Placement::queued, with a caller's stream
+  bool captured = false;  // the stream is being captured into a CUDA graph (beginDevice)
 };
 
 /// One buffer of a device op, staged chunk by chunk through pinned host memory: the copy to host

@@ -95,6 +95,7 @@ struct DeviceState {
   int sendDev = -1;
   std::vector<std::shared_ptr<void>> sendKept;  // buffers of copies that failed while queued
   void* lastStream = nullptr;  // the stream of the last device op: drained before teardown
+  bool capturing = false;      // the op running now is captured into a CUDA graph (shots.cpp)
   // GPU work in flight, oldest first, and the events of finished entries for reuse; gpuMu
   // guards both (the engine adds, the watchdog checks).
   std::mutex gpuMu;

@@ -87,6 +87,7 @@ std::exception_ptr DeviceLayer::checkGpuWork(Clock::time_point* next) {
   } catch (const Error&) {
     return nullptr;
   }
+  RelaxedCapture relaxed(*api);
   Clock::time_point now = Clock::now();
   return retireGpuWork(*api, &now, next);
 }

@@ -162,6 +162,9 @@ void DeviceLayer::launchShot(const DeviceOp& dv, cuda::ShotKind k, const char* i
 void DeviceLayer::finishShot(const DeviceOp& dv, const char* what) {
   const cuda::DeviceApi& api = deviceApi();
   ch_.touch();
+  // Captured: nothing runs now, so there is nothing to watch; a replay that gives up still
+  // leaves its failure record, which the watchdog reads (checkGpuWork).
+  if (dv.captured) return;
   if (dv.queued) return watchGpu(api, dv, what);
   checkDevice(api.eventRecord(dev_.stageEv[0], dv.stream), "cudaEventRecord", dv.device);
   deviceWait(api, dev_.stageEv[0], dv.device, what, dv.stream);
@@ -265,6 +268,44 @@ void DeviceLayer::heapOpen(const cuda::DeviceApi& api, size_t q, const char* blo
   if (err != 0 && why->empty())
     *why = "cudaIpcOpenMemHandle (rank " + std::to_string(q) + "'s heap) failed: " + (api.errorString ? api.errorString(err) : "?");
   dev_.ipc.heaps[q] = static_cast<char*>(p);
+}
+
+// ---------------------------------------------------------------------------------------
+// CUDA graphs: a captured op is one kernel whose arguments (buffers, the table, the pads) stay
+// valid for the graph's life and whose signal counts come from device memory, so every replay
+// meets the peers' replays at the right counts. The watchdog cannot see replays; a replay that
+// gives up records its failure, which the watchdog reads all the same.
+
+void DeviceLayer::runCaptured(const DeviceOp& dv, const DevicePlan& plan) {
+  // Set-up allocates and meets the peers on the host: it must come before the capture.
+  if (!dev_.shot.ready || dev_.ipc.device != dv.device || !plan.ipc)
+    refuseCapture(dev_.ipc.device < 0 && !dev_.ipc.failed && opts_.config.cudaShots
+                      ? "the group's first CUDA op sets it up, which must run outside the capture (a warm-up "
+                        "call, as torch.cuda.graph asks)"
+                      : "this group has no one-kernel ops (they need RAILCC_CUDA_SHOTS=1 and every rank of the "
+                        "group on this host)");
+  dev_.gpuWatched = true;  // the watchdog looks at the failure record every second from now on
+  dev_.capturing = true;
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{dev_.capturing};
+  plan.ipc(dv);
+}
+
+void DeviceLayer::refuseCapture(const std::string& why) const {
+  const OpStamp* cur = ch_.current();
+  std::ostringstream os;
+  os << (cur ? opKindName(cur->kind) : "collective") << " (seq " << (cur ? cur->fp.seq : 0)
+     << ") cannot be captured into a CUDA graph: " << why
+     << ". railcc captures all_reduce, broadcast, and all_gather_into_tensor and reduce_scatter_tensor "
+        "as one kernel each";
+  Error err(ErrorCode::kInvalidUsage, os.str());
+  if (cur) {
+    err.seq = static_cast<long long>(cur->fp.seq);
+    err.op = opKindName(cur->kind);
+  }
+  throw err;
 }
 
 }  // namespace railcc::engine

@@ -69,6 +69,7 @@ void DeviceLayer::releaseDevice() {
   }
   // Errors are ignored here: at process exit the CUDA runtime may already be gone. This runs
   // on the caller's thread (shutdown), whose current device is put back afterwards.
+  RelaxedCapture relaxed(*api);
   int callerDevice = -1;
   api->getDevice(&callerDevice);
   if (dev_.devOf >= 0) api->setDevice(dev_.devOf);
@@ -115,6 +116,12 @@ DeviceOp DeviceLayer::beginDevice(const Placement& where) {
     stream = dev_.ownStream;
   }
   if (where.waitEvent) checkDevice(api.streamWaitEvent(stream, where.waitEvent), "cudaStreamWaitEvent", d);
+  // Waiting on the caller's event joins a capture the caller's stream is in: the op is then
+  // recorded into the graph (shots.cpp decides what may be), and it is ordered by the graph's
+  // own edges, not by an event from the stream of the op before (which a capture refuses).
+  int capturing = 0;
+  if (api.streamCapturing) checkDevice(api.streamCapturing(stream, &capturing), "cudaStreamIsCapturing", d);
+  if (capturing) return {d, stream, true, true};
   // Ops complete once queued, and what orders one op's writes to the IPC pool after the peers'
   // reads of the op before is that op's stream: a new stream first waits for the last one.
   if (dev_.lastStream && dev_.lastStream != stream) {
@@ -130,7 +137,9 @@ void DeviceLayer::setDeviceBody(Op& o, const Placement& where, DataType dt, Devi
 }
 
 void DeviceLayer::runDevice(const Placement& where, DataType dt, const DevicePlan& plan) {
+  RelaxedCapture relaxed(deviceApi());
   DeviceOp dv = beginDevice(where);
+  if (dv.captured) return runCaptured(dv, plan);
   // ipcReady() maps the peers' pools at the group's first device op (a collective step).
   bool mapped = place_.cudaIpc && plan.ipc && ipcReady(dv.device, dv.stream);
   if (chooseDevicePath(place_, mapped, nullptr) == DevicePath::kCudaIpc) return plan.ipc(dv);
