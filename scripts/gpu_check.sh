@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first-GPU check (issue 36), one command for one call of the lent GPU machine (at most 8
+# The first-GPU check (issue 36), one command for one call of the lent GPU machine (at most 9
 # minutes; no network there; torch, nvcc, CMake, ninja, pytest already installed):
 #
 #   bash scripts/gpu_check.sh             # on the GPU machine, from the repository root
@@ -14,6 +14,7 @@
 #   nccl      nccl with 2 ranks on the one GPU, its error recorded
 #   bench     railcc-bench --device cuda --bound, railcc and gloo on the same CUDA tensors,
 #             all_reduce/all_gather/reduce_scatter/broadcast, 8 B to 256 MiB (4x steps), 2 then 4 ranks
+#   symm      torch's symmetric memory all-reduce (one-shot, two-shot), 2 ranks: the second anchor
 #   bench_shots  the same for all_reduce with RAILCC_CUDA_SHOTS=1 (one kernel per tensor), 2 and 4
 #             ranks; then all_reduce, all_gather and broadcast at 2 ranks on buffers from
 #             allocate_tensor (--alloc backend: the heap that peers read in place)
@@ -25,7 +26,7 @@
 # Writes at most 8 files to $OUT (default /tmp/railcc-gpu-check): summary.md (a line per step,
 # written as each ends, so a cut-off run still says how far it got), env.log, build.log,
 # watchdog.log, nccl.log, test_cuda.log, bench.log, bench.json. Exit status: 0 when every step
-# passed, 1 otherwise. RAILCC_GPU_CHECK_BUDGET (seconds) is the whole run's limit: 460 by
+# passed, 1 otherwise. RAILCC_GPU_CHECK_BUDGET (seconds) is the whole run's limit: 520 by
 # default, 1800 for --dry-run, which builds with RAILCC_BUILD_JOBS (default 1) jobs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +36,7 @@ DRY=0
 for a in "$@"; do
   case "$a" in
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $a (--dry-run, --help)" >&2; exit 2 ;;
   esac
 done
@@ -45,7 +46,7 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 START=$(date +%s)
 # The dry run builds with one job (small CI machines): it gets longer.
-BUDGET=${RAILCC_GPU_CHECK_BUDGET:-$([ $DRY = 1 ] && echo 1800 || echo 460)}
+BUDGET=${RAILCC_GPU_CHECK_BUDGET:-$([ $DRY = 1 ] && echo 1800 || echo 520)}
 SUMMARY="$OUT/summary.md"
 FAILED=0
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -225,8 +226,17 @@ bench_shots() {
     $iters --timeout 60 --stats --alloc backend --json "$WORK/heap2.json" || return $?
 }
 run_step bench_shots 150 "$OUT/bench.log" bench_shots
+# ---- symm: torch's symmetric memory (one-shot and two-shot all-reduce) on the same GPU, the
+# second anchor of the one-kernel all-reduce; where it cannot run, the log says why
+symm() {
+  local max=256M
+  [ $DRY = 1 ] && max=64K
+  "$PY" tools/bench_symm_mem.py --nprocs 2 -b 8 -e $max -f 4 -n 5 -w 2 --json "$WORK/symm2.json"
+}
+run_step symm 60 "$OUT/bench.log" symm
 "$PY" scripts/gpu_check_targets.py "$OUT/bench.json" "$WORK"/bench2.json "$WORK"/bench4.json \
-  "shots=$WORK/shots2.json" "shots=$WORK/shots4.json" "shots, heap=$WORK/heap2.json" > "$WORK/targets" 2>&1
+  "shots=$WORK/shots2.json" "shots=$WORK/shots4.json" "shots, heap=$WORK/heap2.json" "symm=$WORK/symm2.json" \
+  > "$WORK/targets" 2>&1
 # One row per report: all_reduce at 256 MiB against the targets (>= 40% of 2NS/B, >= 10x gloo).
 sed 's/^- //; s/|/\//g; s/^/| bench target | INFO | 0 | /; s/$/ |/' "$WORK/targets" >> "$SUMMARY"
 

@@ -4,7 +4,10 @@ least 10x gloo on the same CUDA tensors. Also merges the reports into one file.
 
     python3 scripts/gpu_check_targets.py OUT.json [LABEL=]REPORT.json [[LABEL=]REPORT.json ...]
 
-A LABEL (for example shots=, for RAILCC_CUDA_SHOTS=1) starts the report's line.
+A LABEL (for example shots=, for RAILCC_CUDA_SHOTS=1) starts the report's line. The label symm=
+names a report of tools/bench_symm_mem.py (torch's symmetric memory): its line compares it, at
+8 bytes and at its largest size, with the railcc rows of the first shots= report of as many ranks
+(issue 67: railcc at least equal).
 
 Prints one markdown line per report; exits 0 (the figures are the result, not a verdict).
 """
@@ -39,11 +42,37 @@ def summarize(report):
             f"of the 2NS/B bound: {bound_txt}; vs gloo: {ratio_txt}")
 
 
+def compare_symm(symm, shots_reports):
+    """One line: torch's one-shot and two-shot all-reduce beside railcc's one-kernel rows."""
+    n = symm.get("meta", {}).get("world_size")
+    rows = symm.get("results", [])
+    if not rows:
+        return f"{n} ranks: no symmetric-memory rows"
+    ours = next((r for r in shots_reports if r.get("meta", {}).get("world_size") == n), None)
+    mine = {} if ours is None else {
+        r["size"]: r["time_us"] for r in ours.get("results", [])
+        if r["op"] == "all_reduce" and r["backend"] == "railcc" and r["time_us"]}
+    parts = []
+    for size, op in ((min(r["size"] for r in rows), "one_shot_all_reduce"),
+                     (max(r["size"] for r in rows), "two_shot_all_reduce_")):
+        theirs = [r["time_us"] for r in rows if r["size"] == size and r["op"] == op]
+        if not theirs:
+            continue
+        t = min(theirs)
+        if size in mine:
+            ratio = t / mine[size]
+            parts.append(f"{size} B: {op} {t:.1f} us, railcc {mine[size]:.1f} us, symm/railcc {ratio:.2f} "
+                         f"({'meets' if ratio >= 1.0 else 'below'} 1.0)")
+        else:
+            parts.append(f"{size} B: {op} {t:.1f} us (no railcc row at this size)")
+    return f"{n} ranks, torch symmetric memory: " + "; ".join(parts)
+
+
 def main(argv):
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
-    merged = []
+    merged, shots = [], []
     for arg in argv[1:]:
         label, _, path = arg.rpartition("=")
         try:
@@ -53,6 +82,11 @@ def main(argv):
             print(f"- {path}: no report ({e})")
             continue
         merged.append(report)
+        if label == "symm":
+            print(f"- symm: {compare_symm(report, shots)}")
+            continue
+        if label == "shots":
+            shots.append(report)
         print(f"- {label + ': ' if label else ''}{summarize(report)}")
     with open(argv[0], "w") as f:
         json.dump(merged, f, indent=1)

@@ -52,7 +52,8 @@ namespace railcc {
     "peers map them). Must be equal on all ranks.")                                          \
   X(cudaShots, bool, "RAILCC_CUDA_SHOTS", "", "0", "",                                            \
     "1: on the CUDA IPC path, all-reduce (one-shot up to RAILCC_ONESHOT_BYTES, two-shot "    \
-    "above), broadcast, and all-gather and reduce-scatter of one tensor run as one kernel per " \
+    "above), broadcast, all-gather and reduce-scatter of one tensor, and all-to-all of equal "  \
+    "splits in one tensor run as one kernel per "                                               \
     "tensor that reads the peers' device memory and waits on signals in it, with no host "    \
     "round per chunk. Off by default until measured on a GPU (scripts/gpu_check.sh runs "     \
     "both). Must be equal on all ranks.")                                                     \

@@ -34,6 +34,7 @@ __global__ void __launch_bounds__(kShotThreads) moveKernel(ShotArgs a, ShotKind 
   const uint64_t deadline = signalNow() + a.timeoutNs;
   const int b = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
   if (k == ShotKind::kAllGather) allGatherBlock<U>(a, b, blocks, t, deadline);
+  else if (k == ShotKind::kAllToAll) allToAllBlock<U>(a, b, blocks, t, deadline);
   else broadcastBlock<U>(a, b, blocks, t, deadline);
 }
 

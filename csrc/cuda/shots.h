@@ -1,7 +1,7 @@
 #pragma once
 // One-kernel collectives through peers' memory: all-reduce one-shot (every rank reads every
 // rank's data and reduces all of it) and two-shot (every rank reduces a slice and writes it to
-// every rank), all-gather, reduce-scatter and broadcast (ShotKind). Written once for both
+// every rank), all-gather, reduce-scatter, broadcast and all-to-all of equal blocks (ShotKind). Written once for both
 // sides, as signals.h is: nvcc compiles it into the kernels
 // (shot_kernels.cu), with a block of threads per worker, and the host compiler into
 // tests/cpp/shots_test.cpp, where a CPU thread plays each (rank, block) on host memory.
@@ -72,6 +72,7 @@ enum class ShotKind : uint8_t {
   kAllGather,      // output: n * count elements, rank r's input at r * count
   kReduceScatter,  // input: n * count elements, rank r reduces the block at r * count
   kBroadcast,      // root's input to every other rank's output (the root's output untouched)
+  kAllToAll,       // input and output: n * count elements; block r of my input goes to rank r
 };
 
 /// One collective.
@@ -430,6 +431,35 @@ RAILCC_HD bool reduceScatterBlock(const ShotArgs& a, int b, int blocks, const Sh
       [](size_t, size_t) {});
 }
 
+/// All-to-all of equal blocks: my part of this chunk of every block of my input into my scratch,
+/// block r at r * per (unless in my heap); in; my part of block `me` of every rank's input into
+/// block r of my output; out. Laid out as reduce-scatter's input, moved instead of reduced.
+template <typename T>
+RAILCC_HD bool allToAllBlock(const ShotArgs& a, int b, int blocks, const ShotThreads& t, uint64_t deadline) {
+  const T* in = static_cast<const T*>(a.input);
+  T* out = static_cast<T*>(a.output);
+  T* mine = static_cast<T*>(a.peers->scratch[a.me]);
+  const size_t per = shotScatterChunk(a.chunk, a.n);
+  if (per == 0) return false;  // refused at launch
+  const size_t me = static_cast<size_t>(a.me);
+  size_t s = 0, e = 0;
+  RAILCC_SHOT_TABLE(T, tb);
+  return shotChunks(
+      a, b, a.count, per, t, deadline,
+      [&](size_t c0, size_t len) {
+        shotPart(per, len, 0, 1, b, blocks, &s, &e);
+        if (a.inHeap != kInScratch) return;
+        for (int r = 0; r < a.n; ++r)
+          shotCopy(mine + static_cast<size_t>(r) * per, in + static_cast<size_t>(r) * a.count + c0, s, e, t);
+      },
+      [&](size_t c0, size_t) {
+        for (int r = t.tid; r < a.n; r += t.count) tb.src[r] = shotInput<T>(a, b, r, me * per, me * a.count + c0);
+        t.sync();
+        for (int r = 0; r < a.n; ++r) shotCopy(out + static_cast<size_t>(r) * a.count + c0, tb.src[r], s, e, t);
+      },
+      [](size_t, size_t) {});
+}
+
 /// Whether a launch of kind `k` with `blocks` blocks can run `a` (the launchers refuse it
 /// otherwise, before any rank waits on it).
 RAILCC_HD bool shotArgsValid(const ShotArgs& a, ShotKind k, int blocks) {
@@ -437,7 +467,7 @@ RAILCC_HD bool shotArgsValid(const ShotArgs& a, ShotKind k, int blocks) {
       a.peers == nullptr || a.epochs == nullptr || a.chunk == 0)
     return false;
   if (k == ShotKind::kBroadcast && (a.root < 0 || a.root >= a.n)) return false;
-  if (k == ShotKind::kReduceScatter && shotScatterChunk(a.chunk, a.n) == 0) return false;
+  if ((k == ShotKind::kReduceScatter || k == ShotKind::kAllToAll) && shotScatterChunk(a.chunk, a.n) == 0) return false;
   return true;
 }
 
@@ -450,6 +480,7 @@ RAILCC_HD bool shotBlock(ShotKind k, const ShotArgs& a, int b, int blocks, const
     case ShotKind::kReduceScatter: return reduceScatterBlock<T, Op>(a, b, blocks, t, deadline);
     case ShotKind::kAllGather: return allGatherBlock<T>(a, b, blocks, t, deadline);
     case ShotKind::kBroadcast: return broadcastBlock<T>(a, b, blocks, t, deadline);
+    case ShotKind::kAllToAll: return allToAllBlock<T>(a, b, blocks, t, deadline);
   }
   return false;
 }
@@ -480,6 +511,7 @@ inline void shotPublish(ShotKind k, int me, const char* heap, size_t heapBytes, 
     case ShotKind::kAllReduceTwo: case ShotKind::kBroadcast: alias = i == o; break;
     case ShotKind::kAllGather: alias = i == o + m * inBytes; break;
     case ShotKind::kReduceScatter: alias = o == i + m * outBytes; break;
+    case ShotKind::kAllToAll: break;  // my block r is written while rank r reads it
   }
   *pubIn = apart || alias ? offset(in, inBytes) : kInScratch;
   *pubOut = k == ShotKind::kAllReduceTwo && (apart || alias) ? offset(out, outBytes) : kInScratch;
@@ -514,7 +546,7 @@ inline bool shotSupported(DataType t, ReduceOp op) {
 /// kernels' launcher and the fake runtime of the tests.
 template <typename Half, typename BFloat16, typename F>
 int shotDispatch(ShotKind k, DataType t, ReduceOp op, F&& f, int invalid) {
-  if (k == ShotKind::kAllGather || k == ShotKind::kBroadcast) {
+  if (k == ShotKind::kAllGather || k == ShotKind::kBroadcast || k == ShotKind::kAllToAll) {
     switch (shotElementBytes(t)) {
       case 1: return f.template move<uint8_t>();
       case 2: return f.template move<uint16_t>();

@@ -291,11 +291,42 @@ TEST_F(ShotEngine, AllgatherReduceScatterAndBroadcast) {
       waitOk(c.allgather(mine.data(), count, DataType::kInt32, outs3, Millis(0), kDev));
       for (size_t r = 0; r < nn; ++r)
         for (size_t i = 0; i < count; ++i) ASSERT_EQ(apart[r][i], static_cast<int32_t>(i * 3 + r));
+
+      // all-to-all of equal blocks in one tensor (a kernel), out of place and in place, then
+      // with splits that differ (the IPC copies)
+      for (bool inPlace : {false, true}) {
+        std::vector<int64_t> src(count * nn), dst(count * nn, -1);
+        for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<int64_t>(me) * 1000000 + static_cast<int64_t>(i);
+        int64_t* out = inPlace ? src.data() : dst.data();
+        std::vector<const void*> aIns;
+        std::vector<void*> aOuts;
+        for (size_t r = 0; r < nn; ++r) aIns.push_back(src.data() + r * count), aOuts.push_back(out + r * count);
+        std::vector<size_t> counts(nn, count);
+        waitOk(c.alltoall(aIns, counts, aOuts, counts, DataType::kInt64, Millis(0), kDev));
+        for (size_t i = 0; i < count * nn; ++i)
+          ASSERT_EQ(out[i], static_cast<int64_t>(i / count) * 1000000 + static_cast<int64_t>(static_cast<size_t>(me) * count + i % count))
+              << "all-to-all count " << count << " in place " << inPlace << " i " << i;
+      }
+      std::vector<size_t> sendCounts(nn), recvCounts(nn);
+      for (size_t r = 0; r < nn; ++r) sendCounts[r] = count / 2 + r, recvCounts[r] = count / 2 + static_cast<size_t>(me);
+      std::vector<std::vector<int32_t>> sendBufs(nn), recvBufs(nn);
+      std::vector<const void*> sIns;
+      std::vector<void*> rOuts;
+      for (size_t r = 0; r < nn; ++r) {
+        sendBufs[r].assign(sendCounts[r], static_cast<int32_t>(me * 10 + static_cast<int>(r)));
+        recvBufs[r].assign(recvCounts[r], -1);
+        sIns.push_back(sendBufs[r].data());
+        rOuts.push_back(recvBufs[r].data());
+      }
+      waitOk(c.alltoall(sIns, sendCounts, rOuts, recvCounts, DataType::kInt32, Millis(0), kDev));
+      for (size_t r = 0; r < nn; ++r)
+        for (int32_t x : recvBufs[r]) ASSERT_EQ(x, static_cast<int32_t>(r * 10 + static_cast<size_t>(me)));
     }
   });
-  // Per rank and count but 0: 2 all-gathers, a reduce-scatter and 3 broadcasts as kernels;
-  // the all-gather into separate tensors (each one longer than a block: never one tensor) none.
-  EXPECT_EQ(gShotLaunches.load() - before, 3 * 2 * (3 + 3));
+  // Per rank and count but 0: 2 all-gathers, a reduce-scatter, 3 broadcasts and 2 all-to-alls
+  // as kernels; the all-gather into separate tensors (each one longer than a block: never one
+  // tensor) and the all-to-all of differing splits none.
+  EXPECT_EQ(gShotLaunches.load() - before, 3 * 2 * (3 + 3 + 2));
 }
 
 // Buffers carved from the ranks' heaps (allocate_tensor's CUDA path), which every peer mapped

@@ -120,6 +120,12 @@ def rk_cuda_movement(rank, n, counts):
             want = torch.cat([make_input(j * n + rank, dt, split(j, rank)) for j in range(n)])
             if not torch.equal(out.cpu(), want):
                 bad.append(f"all_to_all_single {dt} count={count}")
+            # and with equal splits (one kernel on the "shots" path)
+            ins = torch.cat([make_input(rank * n + j, dt, count) for j in range(n)])
+            out = torch.empty(n * count, dtype=dt, device=dev)
+            dist.all_to_all_single(out, ins.to(dev))
+            if not torch.equal(out.cpu(), torch.cat([make_input(j * n + rank, dt, count) for j in range(n)])):
+                bad.append(f"all_to_all_single of equal splits {dt} count={count}")
             # send/recv around a ring
             if n > 1:
                 nxt, prv = (rank + 1) % n, (rank - 1) % n
@@ -432,8 +438,9 @@ def rk_cuda_gpu_hang(rank, n):
 # Small buffers, so that ops cross many chunks; "ipc" is the default path for ranks of one host,
 # "staged" forces pinned host staging for everything.
 SMALL_STAGING = {"RAILCC_CUDA_STAGING_BYTES": "65536", "RAILCC_CUDA_IPC_BYTES": "262144"}
-# "shots": all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor in one kernel
-# per tensor through the IPC pools (RAILCC_CUDA_SHOTS), the other ops as "ipc".
+# "shots": all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single
+# of equal splits in one kernel per tensor through the IPC pools (RAILCC_CUDA_SHOTS), the other
+# ops as "ipc".
 PATHS = {"ipc": {}, "staged": {"RAILCC_CUDA_IPC": "0"}, "shots": {"RAILCC_CUDA_SHOTS": "1"}}
 
 

@@ -54,3 +54,20 @@ def test_targets_read_the_largest_all_reduce(tmp_path):
     assert "missing.json: no report" in lines[2]
     assert lines[3].startswith("- shots: 2 ranks, all_reduce 268435456 B: 5000 us")  # a labelled report
     assert [x["meta"]["world_size"] for x in json.loads(merged.read_text())] == [2, 4, 2]
+
+
+def test_targets_compare_symmetric_memory_with_the_shots_report(tmp_path):
+    shots, symm = tmp_path / "shots.json", tmp_path / "symm.json"
+    shots.write_text(json.dumps(_report(2, 5000.0, 0.55, 12.0)))
+    symm.write_text(json.dumps({"meta": {"world_size": 2}, "results": [
+        {"op": op, "size": s, "time_us": t, "busbw": 0.0}
+        for op, s, t in (("one_shot_all_reduce", 1024, 30.0), ("two_shot_all_reduce_", 1024, 40.0),
+                         ("one_shot_all_reduce", 256 << 20, 9000.0), ("two_shot_all_reduce_", 256 << 20, 4000.0))]}))
+    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "gpu_check_targets.py"), str(tmp_path / "m.json"),
+                        "shots=" + str(shots), "symm=" + str(symm)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    line = r.stdout.splitlines()[1]
+    # railcc's rows in _report: 5000 us at both sizes
+    assert line.startswith("- symm: 2 ranks, torch symmetric memory: 1024 B: one_shot_all_reduce 30.0 us"), line
+    assert "symm/railcc 0.01 (below 1.0)" in line and "268435456 B: two_shot_all_reduce_ 4000.0 us" in line, line
+    assert "symm/railcc 0.80 (below 1.0)" in line, line

@@ -1,5 +1,6 @@
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "common/error.h"
@@ -423,6 +424,9 @@ void DeviceLayer::runIpcBroadcast(const DeviceOp& dv, char* buf, size_t count, D
 
 void DeviceLayer::runIpcAlltoall(const DeviceOp& dv, const std::vector<char*>& ins, const std::vector<size_t>& inCounts,
                               const std::vector<char*>& outs, const std::vector<size_t>& outCounts, DataType dt) {
+  if (dev_.shot.ready && std::all_of(inCounts.begin(), inCounts.end(), [&](size_t c) { return c == inCounts[0]; }) &&
+      outCounts == inCounts && shotMoves(ins, inCounts[0], dt) && shotMoves(outs, inCounts[0], dt))
+    return runShotAlltoall(dv, ins[0], outs[0], inCounts[0], dt);
   const cuda::DeviceApi& api = deviceApi();
   const int d = dv.device;
   void* stream = dv.stream;

@@ -157,6 +157,7 @@ class DeviceLayer {
   void runShotReduceScatter(const DeviceOp& dv, const char* in, char* out, size_t count, DataType dt, ReduceOp op,
                             double scale);
   void runShotBroadcast(const DeviceOp& dv, char* buf, size_t count, DataType dt, int root);
+  void runShotAlltoall(const DeviceOp& dv, const char* in, char* out, size_t count, DataType dt);
   std::exception_ptr shotFailure();
   // CUDA graphs (shots.cpp): an op whose stream is being captured runs only as one kernel,
   // recorded into the graph with nothing on the host to replay; anything else is refused.

@@ -142,8 +142,9 @@ void DeviceLayer::launchShot(const DeviceOp& dv, cuda::ShotKind k, const char* i
   // Where peers find my data: in place where it lies in my heap, which they all mapped at
   // set-up, and the kind allows it (cuda::shotPublish); else through my scratch.
   const size_t es = dtypeSize(dt), n = static_cast<size_t>(size_);
-  const size_t inBytes = count * es * (k == cuda::ShotKind::kReduceScatter ? n : 1);
-  const size_t outBytes = count * es * (k == cuda::ShotKind::kAllGather ? n : 1);
+  const bool a2a = k == cuda::ShotKind::kAllToAll;
+  const size_t inBytes = count * es * (k == cuda::ShotKind::kReduceScatter || a2a ? n : 1);
+  const size_t outBytes = count * es * (k == cuda::ShotKind::kAllGather || a2a ? n : 1);
   const char* heap = dev_.ipc.heaps.empty() ? nullptr : dev_.ipc.heaps[static_cast<size_t>(rank_)];
   if (heap && dev_.heap.share.load() == HeapShare::kShared)
     cuda::shotPublish(k, rank_, heap, dev_.heap.heap->bytes(), in, inBytes, out, outBytes, &a.inHeap, &a.outHeap);
@@ -194,6 +195,11 @@ void DeviceLayer::runShotReduceScatter(const DeviceOp& dv, const char* in, char*
                                        ReduceOp op, double scale) {
   launchShot(dv, cuda::ShotKind::kReduceScatter, in, out, count, 0, dt, op, scale);
   finishShot(dv, "the one-kernel reduce-scatter");
+}
+
+void DeviceLayer::runShotAlltoall(const DeviceOp& dv, const char* in, char* out, size_t count, DataType dt) {
+  launchShot(dv, cuda::ShotKind::kAllToAll, in, out, count, 0, dt, ReduceOp::kSum, 1.0);
+  finishShot(dv, "the one-kernel all-to-all");
 }
 
 void DeviceLayer::runShotBroadcast(const DeviceOp& dv, char* buf, size_t count, DataType dt, int root) {
@@ -298,8 +304,8 @@ void DeviceLayer::refuseCapture(const std::string& why) const {
   std::ostringstream os;
   os << (cur ? opKindName(cur->kind) : "collective") << " (seq " << (cur ? cur->fp.seq : 0)
      << ") cannot be captured into a CUDA graph: " << why
-     << ". railcc captures all_reduce, broadcast, and all_gather_into_tensor and reduce_scatter_tensor "
-        "as one kernel each";
+     << ". railcc captures all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor and "
+        "all_to_all_single of equal splits as one kernel each";
   Error err(ErrorCode::kInvalidUsage, os.str());
   if (cur) {
     err.seq = static_cast<long long>(cur->fp.seq);
