@@ -237,7 +237,7 @@ run_step symm 60 "$OUT/bench.log" symm
 "$PY" scripts/gpu_check_targets.py "$OUT/bench.json" "$WORK"/bench2.json "$WORK"/bench4.json \
   "shots=$WORK/shots2.json" "shots=$WORK/shots4.json" "shots, heap=$WORK/heap2.json" "symm=$WORK/symm2.json" \
   > "$WORK/targets" 2>&1
-# One row per report: all_reduce at 256 MiB against the targets (>= 40% of 2NS/B, >= 10x gloo).
+# One row per report and op: the largest size against issue 67's targets (scripts/gpu_check_targets.py).
 sed 's/^- //; s/|/\//g; s/^/| bench target | INFO | 0 | /; s/$/ |/' "$WORK/targets" >> "$SUMMARY"
 
 # ---- test_cuda.py last, with what is left: a cross-section by default (each test starts its

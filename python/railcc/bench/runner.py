@@ -103,7 +103,7 @@ from railcc_bench_report import (  # noqa: E402
     table_header, table_row, per_call_stats,
 )
 from railcc_bench_timing import (  # noqa: E402
-    StoreBarrier, boot_id, device_copy_bandwidth, iteration_times, memcpy_bandwidth, peak_rss_kib,
+    StoreBarrier, boot_id, device_copy_bandwidth, event_round_trip_us, iteration_times, memcpy_bandwidth, peak_rss_kib,
     quiet_barrier, shared_clock, time_collective,
 )
 import railcc_bench_mpi as bench_mpi  # noqa: E402
@@ -467,12 +467,13 @@ def _bench(cfg, rank, n, timeout, device=None):
 
     bound = None
     if cfg.bound:
-        bw = 0.0
+        bw = rtt = 0.0
         if lead:  # alone, so the other ranks neither share the core nor the memory bus
             bw = device_copy_bandwidth(cfg.bound_bytes, device) if cuda else memcpy_bandwidth(cfg.bound_bytes)
-        t = torch.tensor([bw], dtype=torch.float64)
+            rtt = event_round_trip_us(device) if cuda else 0.0
+        t = torch.tensor([bw, rtt], dtype=torch.float64)
         dist.broadcast(t, src=0, group=ctrl)
-        bw = float(t[0])
+        bw, rtt = float(t[0]), float(t[1])
         formula = bound_formula(cfg.device, ranks_per_device)
         bound = {
             "method": "torch copy_, 1 thread, best of 5",
@@ -487,8 +488,9 @@ def _bench(cfg, rank, n, timeout, device=None):
             bound["device_copy_gbps"] = bw
             bound["counts"] = "bytes read + bytes written"
             bound["ranks_per_device"] = ranks_per_device
+            bound["event_round_trip_us"] = rtt
             say(f"# bound: device copy (read+write) of {cfg.bound_bytes} B on {rank_devices[0]}: {bw:.2f} GB/s;"
-                f" bound column = {formula}")
+                f" bound column = {formula}; one process's event round trip: {rtt:.1f} us")
         else:
             say(f"# bound: single-core memcpy of {cfg.bound_bytes} B: {bw:.2f} GB/s; bound column = busbw / that")
 

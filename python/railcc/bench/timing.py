@@ -175,6 +175,26 @@ def device_copy_bandwidth(nbytes, device, repeats=5):
     return 2 * nbytes / best / 1e9 if 0 < best < math.inf else 0.0
 
 
+def event_round_trip_us(device, repeats=200):
+    """One process's own round trip through the GPU: a tiny kernel queued and an event after it
+    waited for from the host, the median of `repeats`, in us (issue 67's floor for an 8-byte op)."""
+    import torch
+
+    with torch.cuda.device(device):
+        x = torch.zeros(2, device=device)
+        ev = torch.cuda.Event()
+        x.add_(1)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            x.add_(1)
+            ev.record()
+            ev.synchronize()
+            times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
 def peak_rss_kib():
     import resource
 
