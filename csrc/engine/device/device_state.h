@@ -35,7 +35,8 @@ struct IpcState {
 
 // This rank's heap (heap.h): made by the first allocate_tensor on CUDA or by the IPC set-up,
 // whichever comes first, and shared with the peers at that set-up; guarded by `mu` (the
-// glue's thread carves from it while the engine's runs ops). `shared`: every peer mapped it.
+// glue's thread carves from it while the engine's runs ops). `share`: decided at set-up
+// (kShared: every peer mapped it), kNotShared again at teardown.
 enum class HeapShare { kUndecided, kShared, kNotShared };
 struct HeapState {
   std::mutex mu;
