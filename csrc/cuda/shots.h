@@ -286,23 +286,42 @@ RAILCC_HD bool shotChunks(const ShotArgs& a, int b, size_t total, size_t per, co
   return true;
 }
 
+/// Stage: sets [s, e), block b's part of this chunk (`len` elements of `per`), and copies that
+/// part of my input, elements [c0 + s, c0 + e), into my scratch, unless peers read it in my heap
+/// (or `copy` is false: a broadcast's non-root). `eachBlock` (reduce-scatter, all-to-all): that
+/// part of each of my n blocks of `a.count`, block r at r * per of the scratch.
+template <typename T>
+RAILCC_HD void shotStage(const ShotArgs& a, int b, int blocks, size_t per, size_t c0, size_t len, bool eachBlock,
+                         bool copy, size_t* s, size_t* e, const ShotThreads& t) {
+  shotPart(per, len, 0, 1, b, blocks, s, e);
+  if (!copy || a.inHeap != kInScratch) return;
+  const T* in = static_cast<const T*>(a.input);
+  T* mine = static_cast<T*>(a.peers->scratch[a.me]);
+  const int n = eachBlock ? a.n : 1;
+  for (int r = 0; r < n; ++r)
+    shotCopy(mine + static_cast<size_t>(r) * per, in + static_cast<size_t>(r) * a.count + c0, *s, *e, t);
+}
+
+/// Every rank's input, as shotInput() finds it, into the block's table; then the block syncs.
+template <typename T>
+RAILCC_HD void shotInputs(const ShotArgs& a, int b, size_t scratchAt, size_t heapAt, ShotTable<T>& tb,
+                          const ShotThreads& t) {
+  for (int r = t.tid; r < a.n; r += t.count) tb.src[r] = shotInput<T>(a, b, r, scratchAt, heapAt);
+  t.sync();
+}
+
 /// One-shot all-reduce: my part of the chunk into my scratch (unless peers read my heap); in;
 /// that part of every rank's input reduced into my output; out.
 template <typename T, typename Op>
 RAILCC_HD bool oneShotBlock(const ShotArgs& a, int b, int blocks, const ShotThreads& t, uint64_t deadline) {
-  const T* in = static_cast<const T*>(a.input);
   T* out = static_cast<T*>(a.output);
   size_t s = 0, e = 0;
   RAILCC_SHOT_TABLE(T, tb);
   return shotChunks(
       a, b, a.count, a.chunk, t, deadline,
-      [&](size_t c0, size_t len) {
-        shotPart(a.chunk, len, 0, 1, b, blocks, &s, &e);
-        if (a.inHeap == kInScratch) shotCopy(static_cast<T*>(a.peers->scratch[a.me]), in + c0, s, e, t);
-      },
+      [&](size_t c0, size_t len) { shotStage<T>(a, b, blocks, a.chunk, c0, len, false, true, &s, &e, t); },
       [&](size_t c0, size_t) {
-        for (int r = t.tid; r < a.n; r += t.count) tb.src[r] = shotInput<T>(a, b, r, 0, c0);
-        t.sync();
+        shotInputs<T>(a, b, 0, c0, tb, t);
         T* dst = out + c0;
         shotReduce<T, Op>(a, tb.src, &dst, 1, s, e, t);
       },
@@ -353,19 +372,14 @@ RAILCC_HD bool twoShotBlock(const ShotArgs& a, int b, int blocks, const ShotThre
 /// rank's input into its place in my output (mine too, unless it is there already); out.
 template <typename T>
 RAILCC_HD bool allGatherBlock(const ShotArgs& a, int b, int blocks, const ShotThreads& t, uint64_t deadline) {
-  const T* in = static_cast<const T*>(a.input);
   T* out = static_cast<T*>(a.output);
   size_t s = 0, e = 0;
   RAILCC_SHOT_TABLE(T, tb);
   return shotChunks(
       a, b, a.count, a.chunk, t, deadline,
-      [&](size_t c0, size_t len) {
-        shotPart(a.chunk, len, 0, 1, b, blocks, &s, &e);
-        if (a.inHeap == kInScratch) shotCopy(static_cast<T*>(a.peers->scratch[a.me]), in + c0, s, e, t);
-      },
+      [&](size_t c0, size_t len) { shotStage<T>(a, b, blocks, a.chunk, c0, len, false, true, &s, &e, t); },
       [&](size_t c0, size_t) {
-        for (int r = t.tid; r < a.n; r += t.count) tb.src[r] = shotInput<T>(a, b, r, 0, c0);
-        t.sync();
+        shotInputs<T>(a, b, 0, c0, tb, t);
         for (int r = 0; r < a.n; ++r) {
           T* dst = out + static_cast<size_t>(r) * a.count + c0;
           if (dst != tb.src[r]) shotCopy(dst, tb.src[r], s, e, t);
@@ -378,16 +392,11 @@ RAILCC_HD bool allGatherBlock(const ShotArgs& a, int b, int blocks, const ShotTh
 /// other rank copies that part of the root's input into its output; out.
 template <typename T>
 RAILCC_HD bool broadcastBlock(const ShotArgs& a, int b, int blocks, const ShotThreads& t, uint64_t deadline) {
-  const T* in = static_cast<const T*>(a.input);
   T* out = static_cast<T*>(a.output);
   size_t s = 0, e = 0;
   return shotChunks(
       a, b, a.count, a.chunk, t, deadline,
-      [&](size_t c0, size_t len) {
-        shotPart(a.chunk, len, 0, 1, b, blocks, &s, &e);
-        if (a.me == a.root && a.inHeap == kInScratch)
-          shotCopy(static_cast<T*>(a.peers->scratch[a.me]), in + c0, s, e, t);
-      },
+      [&](size_t c0, size_t len) { shotStage<T>(a, b, blocks, a.chunk, c0, len, false, a.me == a.root, &s, &e, t); },
       [&](size_t c0, size_t) {
         if (a.me != a.root) shotCopy(out + c0, shotInput<T>(a, b, a.root, 0, c0), s, e, t);
       },
@@ -406,9 +415,7 @@ RAILCC_HD size_t shotScatterChunk(size_t chunk, int n) {
 /// output; out.
 template <typename T, typename Op>
 RAILCC_HD bool reduceScatterBlock(const ShotArgs& a, int b, int blocks, const ShotThreads& t, uint64_t deadline) {
-  const T* in = static_cast<const T*>(a.input);
   T* out = static_cast<T*>(a.output);
-  T* mine = static_cast<T*>(a.peers->scratch[a.me]);
   const size_t per = shotScatterChunk(a.chunk, a.n);
   if (per == 0) return false;  // refused at launch
   const size_t me = static_cast<size_t>(a.me);
@@ -416,15 +423,9 @@ RAILCC_HD bool reduceScatterBlock(const ShotArgs& a, int b, int blocks, const Sh
   RAILCC_SHOT_TABLE(T, tb);
   return shotChunks(
       a, b, a.count, per, t, deadline,
-      [&](size_t c0, size_t len) {
-        shotPart(per, len, 0, 1, b, blocks, &s, &e);
-        if (a.inHeap != kInScratch) return;
-        for (int r = 0; r < a.n; ++r)
-          shotCopy(mine + static_cast<size_t>(r) * per, in + static_cast<size_t>(r) * a.count + c0, s, e, t);
-      },
+      [&](size_t c0, size_t len) { shotStage<T>(a, b, blocks, per, c0, len, true, true, &s, &e, t); },
       [&](size_t c0, size_t) {
-        for (int r = t.tid; r < a.n; r += t.count) tb.src[r] = shotInput<T>(a, b, r, me * per, me * a.count + c0);
-        t.sync();
+        shotInputs<T>(a, b, me * per, me * a.count + c0, tb, t);
         T* dst = out + c0;
         shotReduce<T, Op>(a, tb.src, &dst, 1, s, e, t);
       },
@@ -436,9 +437,7 @@ RAILCC_HD bool reduceScatterBlock(const ShotArgs& a, int b, int blocks, const Sh
 /// block r of my output; out. Laid out as reduce-scatter's input, moved instead of reduced.
 template <typename T>
 RAILCC_HD bool allToAllBlock(const ShotArgs& a, int b, int blocks, const ShotThreads& t, uint64_t deadline) {
-  const T* in = static_cast<const T*>(a.input);
   T* out = static_cast<T*>(a.output);
-  T* mine = static_cast<T*>(a.peers->scratch[a.me]);
   const size_t per = shotScatterChunk(a.chunk, a.n);
   if (per == 0) return false;  // refused at launch
   const size_t me = static_cast<size_t>(a.me);
@@ -446,15 +445,9 @@ RAILCC_HD bool allToAllBlock(const ShotArgs& a, int b, int blocks, const ShotThr
   RAILCC_SHOT_TABLE(T, tb);
   return shotChunks(
       a, b, a.count, per, t, deadline,
-      [&](size_t c0, size_t len) {
-        shotPart(per, len, 0, 1, b, blocks, &s, &e);
-        if (a.inHeap != kInScratch) return;
-        for (int r = 0; r < a.n; ++r)
-          shotCopy(mine + static_cast<size_t>(r) * per, in + static_cast<size_t>(r) * a.count + c0, s, e, t);
-      },
+      [&](size_t c0, size_t len) { shotStage<T>(a, b, blocks, per, c0, len, true, true, &s, &e, t); },
       [&](size_t c0, size_t) {
-        for (int r = t.tid; r < a.n; r += t.count) tb.src[r] = shotInput<T>(a, b, r, me * per, me * a.count + c0);
-        t.sync();
+        shotInputs<T>(a, b, me * per, me * a.count + c0, tb, t);
         for (int r = 0; r < a.n; ++r) shotCopy(out + static_cast<size_t>(r) * a.count + c0, tb.src[r], s, e, t);
       },
       [](size_t, size_t) {});
