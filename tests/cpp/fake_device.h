@@ -98,11 +98,22 @@ struct Fake {
       if (st->capture) return gCaptureViolations.fetch_add(1), kCaptureError;
     }
     const auto until = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+    // Stuck: nothing left to run here moves and no kernel runs anywhere, twice in a row (a
+    // kernel's blocks may finish between its step's last look and this one: the next drain
+    // takes it off and starts what follows, so one such look proves nothing).
+    int still = 0;
     for (;;) {
+      uint64_t before;
+      {
+        std::lock_guard<std::recursive_mutex> g(gFakeMu);
+        before = st->done;
+      }
       drain(st, ~uint64_t(0));
       {
         std::lock_guard<std::recursive_mutex> g(gFakeMu);
-        if (st->q.empty() || gShotBlocksRunning.load() == 0) return 0;
+        if (st->q.empty()) return 0;
+        still = gShotBlocksRunning.load() == 0 && st->done == before ? still + 1 : 0;
+        if (still >= 2) return 0;
       }
       if (std::chrono::steady_clock::now() > until) return 0;
       std::this_thread::sleep_for(std::chrono::microseconds(100));
