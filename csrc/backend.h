@@ -138,8 +138,9 @@ class ProcessGroupRailcc : public c10d::Backend {
   c10::intrusive_ptr<Options> getBackendOptions() override;
   // Communication tensors (backend.allocate_tensor, mem_allocator). In host memory: page-aligned
   // and known to the RDMA registration cache from birth (tensor_memory.h). On CUDA, with
-  // RAILCC_CUDA_SHOTS: carved from the group's heap, which every peer mapped once, so the
-  // one-kernel ops read them in place (a tensor that does not fit comes from torch's allocator).
+  // RAILCC_CUDA_SHOTS and every rank on this host: carved from the group's heap, which every peer
+  // mapped once, so the one-kernel ops read them in place (a tensor that does not fit comes from
+  // torch's allocator).
   bool supportsTensorAlloc(c10::DeviceIndex deviceIdx) override;
   at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
   std::shared_ptr<c10::Allocator> getMemAllocator() override;

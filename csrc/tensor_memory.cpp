@@ -115,9 +115,7 @@ std::shared_ptr<c10::Allocator> communicationAllocator() {
 std::shared_ptr<c10::Allocator> ProcessGroupRailcc::getMemAllocator() { return communicationAllocator(); }
 
 bool ProcessGroupRailcc::supportsTensorAlloc(c10::DeviceIndex deviceIdx) {
-  if (deviceIdx < 0) return true;
-  const Config& c = comm().config();
-  return c.cudaShots && c.cudaIpc && c.cudaHeapBytes > 0;
+  return deviceIdx < 0 || comm().offersShared();
 }
 
 at::Tensor ProcessGroupRailcc::allocateTensor(long size, at::TensorOptions options) {

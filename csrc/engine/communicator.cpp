@@ -66,6 +66,7 @@ double Communicator::endTimeEstimate() { return impl_->endEstimate(); }
 std::shared_ptr<void> Communicator::allocateShared(int device, size_t bytes) {
   return forked() ? nullptr : impl_->device_.allocateShared(device, bytes);
 }
+bool Communicator::offersShared() const { return !forked() && impl_->device_.offersShared(); }
 
 namespace {
 void checkRoot(int root, int size, const char* what) {

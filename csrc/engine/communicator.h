@@ -198,6 +198,8 @@ class Communicator {
   /// RAILCC_CUDA_HEAP_BYTES): `bytes` on `device`, given back when the holder goes; nullptr
   /// where there is none to give, and the caller allocates as usual. Any thread.
   std::shared_ptr<void> allocateShared(int device, size_t bytes);
+  /// Whether allocateShared() may give anything at all (allocate_tensor's supports_tensor_alloc).
+  bool offersShared() const;
 
   /// Number of collectives queued so far.
   uint64_t collectiveCount() const;

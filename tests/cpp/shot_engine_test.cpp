@@ -339,6 +339,7 @@ TEST_F(ShotEngine, HeapBuffersAreReadInPlace) {
     testing_util::runRanks(n, shotConfig(), "heap", [&](Communicator& c) {
       const int me = c.rank();
       const size_t count = 70001;  // two-shot, several chunks of the 256 KiB scratch
+      EXPECT_TRUE(c.offersShared());
       EXPECT_EQ(c.allocateShared(0, size_t(3) << 20), nullptr);  // larger than the heap
       std::shared_ptr<void> a = c.allocateShared(0, count * sizeof(float));
       std::shared_ptr<void> g = c.allocateShared(0, n * 1001 * sizeof(int32_t));
@@ -396,7 +397,10 @@ TEST_F(ShotEngine, HeapBuffersAreReadInPlace) {
 TEST_F(ShotEngine, NoHeapWithoutShots) {
   Config cfg = shotConfig();
   cfg.cudaShots = false;
-  testing_util::runRanks(2, cfg, "heap", [](Communicator& c) { EXPECT_EQ(c.allocateShared(0, 4096), nullptr); });
+  testing_util::runRanks(2, cfg, "heap", [](Communicator& c) {
+    EXPECT_FALSE(c.offersShared());
+    EXPECT_EQ(c.allocateShared(0, 4096), nullptr);
+  });
 }
 
 // The heap's carving, alone: buffers start on its 512-byte grain (counted from the region's

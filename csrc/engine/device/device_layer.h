@@ -102,6 +102,9 @@ class DeviceLayer {
   // place; given back when the holder goes. Null where there is none to give (shots off, a group
   // not all on this host, another device, full, or not shared with the peers at set-up).
   std::shared_ptr<void> allocateShared(int device, size_t bytes);
+  // Whether allocateShared() may give anything: shots and a heap configured, every rank on this
+  // host, and not refused at set-up.
+  bool offersShared() const;
 
  private:
   void setDeviceBody(Op& o, const Placement& where, DataType dt, DevicePlan plan);
@@ -168,6 +171,8 @@ class DeviceLayer {
   static constexpr size_t kHeapBlob = cuda::kIpcHandleBytes + sizeof(uint64_t);
   void heapExport(const cuda::DeviceApi& api, int device, char* blob);
   void heapOpen(const cuda::DeviceApi& api, size_t q, const char* blob, std::string* why);
+  // The heap, made on `device` if there is none yet and set-up has not decided (heap.mu held).
+  std::shared_ptr<DeviceHeap> heapLocked(const cuda::DeviceApi& api, int device);
   std::shared_ptr<DeviceHeap> makeHeap(const cuda::DeviceApi& api, int device);
 
   // gpu_watch.cpp: an op's GPU work left for the watchdog; with `now`, retireGpuWork() also

@@ -146,7 +146,7 @@ void DeviceLayer::launchShot(const DeviceOp& dv, cuda::ShotKind k, const char* i
   const size_t inBytes = count * es * (k == cuda::ShotKind::kReduceScatter || a2a ? n : 1);
   const size_t outBytes = count * es * (k == cuda::ShotKind::kAllGather || a2a ? n : 1);
   const char* heap = dev_.ipc.heaps.empty() ? nullptr : dev_.ipc.heaps[static_cast<size_t>(rank_)];
-  if (heap && dev_.heap.share.load() == HeapShare::kShared)
+  if (heap)  // set by a set-up that went through: every peer mapped it
     cuda::shotPublish(k, rank_, heap, dev_.heap.heap->bytes(), in, inBytes, out, outBytes, &a.inHeap, &a.outHeap);
   if (a.inHeap != cuda::kInScratch)
     transport::addStat(transport::StatKind::kDevice, transport::Stat::kDeviceInPlace, 1);
@@ -210,6 +210,13 @@ void DeviceLayer::runShotBroadcast(const DeviceOp& dv, char* buf, size_t count, 
 // ---------------------------------------------------------------------------------------
 // The heap (heap.h): carved by allocate_tensor, mapped by every peer at the IPC set-up.
 
+std::shared_ptr<DeviceHeap> DeviceLayer::heapLocked(const cuda::DeviceApi& api, int device) {
+  HeapState& hs = dev_.heap;
+  if (!hs.heap && hs.share.load() == HeapShare::kUndecided && opts_.config.cudaHeapBytes > 0)
+    hs.heap = makeHeap(api, device);
+  return hs.heap;
+}
+
 std::shared_ptr<DeviceHeap> DeviceLayer::makeHeap(const cuda::DeviceApi& api, int device) {
   int was = -1;
   if (api.getDevice(&was) != 0 || api.setDevice(device) != 0) return nullptr;
@@ -227,10 +234,13 @@ std::shared_ptr<DeviceHeap> DeviceLayer::makeHeap(const cuda::DeviceApi& api, in
   return std::make_shared<DeviceHeap>(static_cast<char*>(p), bytes, device, [a](char* q) { a->deviceFree(q); });
 }
 
+bool DeviceLayer::offersShared() const {
+  return opts_.config.cudaShots && opts_.config.cudaIpc && opts_.config.cudaHeapBytes > 0 && size_ >= 2 &&
+         static_cast<int>(localRanks_.size()) == size_ && dev_.heap.share.load() != HeapShare::kNotShared;
+}
+
 std::shared_ptr<void> DeviceLayer::allocateShared(int device, size_t bytes) {
-  if (!opts_.config.cudaShots || !opts_.config.cudaIpc || opts_.config.cudaHeapBytes <= 0 || bytes == 0 || size_ < 2 ||
-      static_cast<int>(localRanks_.size()) != size_ || dev_.heap.share.load() == HeapShare::kNotShared)
-    return nullptr;
+  if (bytes == 0 || !offersShared()) return nullptr;
   std::string why;
   if (!deviceApiAvailable(&why)) return nullptr;  // torch then allocates it, and the op says why
   const cuda::DeviceApi& api = deviceApi();
@@ -238,8 +248,7 @@ std::shared_ptr<void> DeviceLayer::allocateShared(int device, size_t bytes) {
   std::shared_ptr<DeviceHeap> h;
   {
     std::lock_guard<std::mutex> g(dev_.heap.mu);
-    if (!dev_.heap.heap && dev_.heap.share.load() == HeapShare::kUndecided) dev_.heap.heap = makeHeap(api, device);
-    h = dev_.heap.heap;
+    h = heapLocked(api, device);
   }
   if (!h || h->device() != device) return nullptr;
   char* p = h->take(bytes);
@@ -252,8 +261,7 @@ void DeviceLayer::heapExport(const cuda::DeviceApi& api, int device, char* blob)
   dev_.ipc.heaps.assign(static_cast<size_t>(size_), nullptr);
   std::lock_guard<std::mutex> g(dev_.heap.mu);
   HeapState& hs = dev_.heap;
-  if (!hs.heap && opts_.config.cudaHeapBytes > 0) hs.heap = makeHeap(api, device);
-  if (!hs.heap) return;
+  if (!heapLocked(api, device)) return;
   if (hs.heap->device() != device) {
     RAILCC_INFO(COLL, "group '", opts_.name, "': its heap is on cuda:", hs.heap->device(), ", its ops on cuda:", device,
                 ": the one-kernel ops copy every buffer into the scratch");
