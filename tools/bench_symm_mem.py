@@ -18,19 +18,7 @@ import os
 import socket
 import sys
 
-
-def _size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper()
-    return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
-
-
-def _sizes(lo, hi, factor):
-    out, s = [], lo
-    while s <= hi:
-        out.append(s)
-        s = max(s + 1, int(s * factor))
-    return out
+from railcc.bench.report import busbw_factor, parse_size, size_sweep
 
 
 def _rank(rank, n, port, args, queue):
@@ -45,7 +33,7 @@ def _rank(rank, n, port, args, queue):
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
         group = dist.group.WORLD.group_name
         rows = []
-        for size in _sizes(args.minbytes, args.maxbytes, args.stepfactor):
+        for size in size_sweep(args.minbytes, args.maxbytes, args.stepfactor):
             count = max(size // 4, 1)
             t = symm_mem.empty(count, dtype=torch.float32, device=dev)
             symm_mem.rendezvous(t, group)
@@ -67,7 +55,7 @@ def _rank(rank, n, port, args, queue):
                 torch.cuda.synchronize()
                 us = torch.tensor([start.elapsed_time(end) * 1000.0 / args.iters])
                 dist.all_reduce(us, op=dist.ReduceOp.MAX)
-                busbw = 2.0 * (n - 1) / n * count * 4 / (us.item() * 1e-6) / 1e9
+                busbw = busbw_factor("all_reduce", n) * count * 4 / (us.item() * 1e-6) / 1e9
                 rows.append({"op": name, "size": count * 4, "time_us": us.item(), "busbw": busbw})
             del t
         dist.barrier()
@@ -80,8 +68,8 @@ def _rank(rank, n, port, args, queue):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nprocs", type=int, default=2)
-    p.add_argument("-b", "--minbytes", type=_size, default=8)
-    p.add_argument("-e", "--maxbytes", type=_size, default=256 << 20)
+    p.add_argument("-b", "--minbytes", type=parse_size, default=8)
+    p.add_argument("-e", "--maxbytes", type=parse_size, default=256 << 20)
     p.add_argument("-f", "--stepfactor", type=float, default=4.0)
     p.add_argument("-n", "--iters", type=int, default=5)
     p.add_argument("-w", "--warmup_iters", type=int, default=2)
