@@ -28,12 +28,18 @@ class ShmConnection : public Connection {
   ShmConnection(FifoHeader* out, char* outData, SegmentHeader* peerHdr, FifoHeader* in, char* inData, size_t cap,
                 const Segment* peerSeg)
       : out_(out), outData_(outData), peerHdr_(peerHdr), in_(in), inData_(inData), cap_(cap), peerSeg_(peerSeg),
-        populated_(lazyReservation() ? 0 : cap) {}
+        populated_(lazyReservation() ? 0 : cap), headSeen_(out->head.load(std::memory_order_acquire)) {}
 
   size_t send(const void* p, size_t n) override {
     uint64_t tail = out_->tail.load(std::memory_order_relaxed);
-    uint64_t head = out_->head.load(std::memory_order_acquire);
-    size_t space = cap_ - static_cast<size_t>(tail - head);
+    // The consumer's position as last read: its line moves to the consumer's core on every
+    // consume, so reading it on every send would add a cache miss to each message's path.
+    // Only a short FIFO makes us look again.
+    size_t space = cap_ - static_cast<size_t>(tail - headSeen_);
+    if (space < std::min(n, kPiece)) {
+      headSeen_ = out_->head.load(std::memory_order_acquire);
+      space = cap_ - static_cast<size_t>(tail - headSeen_);
+    }
     size_t k = std::min({n, space, kPiece});
     if (k == 0) return 0;
     size_t off = static_cast<size_t>(tail % cap_);
@@ -51,8 +57,9 @@ class ShmConnection : public Connection {
 
   bool canSend() override {
     uint64_t tail = out_->tail.load(std::memory_order_relaxed);
-    uint64_t head = out_->head.load(std::memory_order_seq_cst);
-    return tail - head < cap_;
+    if (tail - headSeen_ < cap_) return true;
+    headSeen_ = out_->head.load(std::memory_order_seq_cst);  // seq_cst: the recheck before sleeping
+    return tail - headSeen_ < cap_;
   }
 
   std::pair<const void*, size_t> peek() override {
@@ -135,6 +142,9 @@ class ShmConnection : public Connection {
   size_t cap_;
   const Segment* peerSeg_;
   size_t populated_;  // bytes of the FIFO's data reserved (from its start)
+  // The consumer's position when this side last read it: never ahead of the real one, so the
+  // space it leaves is never more than there is (the consumer is done with what it passed).
+  uint64_t headSeen_;
  public:
   bool samePidNamespace_ = false;
 };
