@@ -108,11 +108,13 @@ class CommImpl : private ChannelHost, private WatchdogHost {
   void checkOwner() const;  // throws kInvalidUsage in a child forked after init
   std::unique_ptr<Op> collective(OpKind kind, DataType dt, ReduceOp rop, int root, size_t count, Millis timeout);
   RequestPtr enqueue(std::unique_ptr<Op> op);
+  uint64_t traceQueued(const Op& op, int64_t startedUs = 0);  // its flight-recorder slot
+  bool runNow(Op& op);  // the lean path: a caller's collective run at once (progress.cpp)
   void progressLoop();
   bool tryAcquire(bool drain = false);  // the engine token; with `drain`, moves queued ops on too
   void release(bool wakeProgress);
   void failQueued(std::exception_ptr broken);
-  std::exception_ptr runCollective(Op& op);
+  std::exception_ptr runCollective(Op& op, int64_t startedUs = 0);
   void helpRun(const Request* req);
   void poke();  // wakes the progress thread to take the token
   void drainQueue();

@@ -13,24 +13,24 @@ void CommImpl::checkOwner() const {
                "process group in the child (or use the group only from the parent)");
 }
 
+uint64_t CommImpl::traceQueued(const Op& op, int64_t startedUs) {
+  if (op.p2p)
+    return tele_->opQueued(0, op.xfer.kind == Transfer::kSend ? "send" : "recv", "-", "-", op.xfer.peer, op.xfer.bytes);
+  auto k = static_cast<OpKind>(op.fp.kind);
+  bool reduces = k == OpKind::kAllreduce || k == OpKind::kReduce || k == OpKind::kReduceScatter ||
+                 k == OpKind::kAllreduceCoalesced;
+  bool rooted = k == OpKind::kBroadcast || k == OpKind::kReduce || k == OpKind::kGather || k == OpKind::kScatter;
+  return tele_->opQueued(op.fp.seq, opKindName(k), dtypeName(static_cast<DataType>(op.fp.dtype)),
+                         reduces ? reduceOpName(static_cast<ReduceOp>(op.fp.redop)) : "-", rooted ? op.fp.root : -1,
+                         op.fp.count, startedUs);
+}
+
 RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
   checkOwner();
   if (estimate_.on.load(std::memory_order_relaxed)) return estimated(*op);
   op->req = std::make_shared<Request>(opts_.config.spinUs, userPool_);
   op->live.attach(&opsLive_);
   if (op->timeout.count() <= 0) op->timeout = opts_.timeout;
-  if (op->p2p) {
-    op->traceId = tele_->opQueued(0, op->xfer.kind == Transfer::kSend ? "send" : "recv", "-", "-", op->xfer.peer,
-                                  op->xfer.bytes);
-  } else {
-    auto k = static_cast<OpKind>(op->fp.kind);
-    bool reduces = k == OpKind::kAllreduce || k == OpKind::kReduce || k == OpKind::kReduceScatter ||
-                   k == OpKind::kAllreduceCoalesced;
-    bool rooted = k == OpKind::kBroadcast || k == OpKind::kReduce || k == OpKind::kGather || k == OpKind::kScatter;
-    op->traceId = tele_->opQueued(op->fp.seq, opKindName(k), dtypeName(static_cast<DataType>(op->fp.dtype)),
-                                  reduces ? reduceOpName(static_cast<ReduceOp>(op->fp.redop)) : "-",
-                                  rooted ? op->fp.root : -1, op->fp.count);
-  }
   RequestPtr req = op->req;
   // A straggler reported by the watchdog fails the next op when RAILCC_STRAGGLER_ACTION=raise.
   // Attached before the op is queued: a small op may be finished before enqueue() returns.
@@ -42,6 +42,9 @@ RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
     for (int r : e.ranks) e.hosts.push_back(peers_[static_cast<size_t>(r)].hostname);
     req->setStraggler(globalized(std::make_exception_ptr(e)));
   }
+  // A host collective whose caller would run it in wait() anyway runs now when it can.
+  if (CallerWaits::active() && !op->device && !op->p2p && runNow(*op)) return req;
+  op->traceId = traceQueued(*op);
   std::exception_ptr err;
   // A caller that runs the op itself in wait() needs no wake-up, unless somebody holds the
   // engine: it is then that thread's to find the op (a progress thread asleep in a send/recv
@@ -149,11 +152,39 @@ void CommImpl::failQueued(std::exception_ptr broken) {
   q_.anySource.clear();
 }
 
-// Runs one collective with the token held; the caller finishes its request.
-std::exception_ptr CommImpl::runCollective(Op& op) {
-  op.fp.startUs = wallMicros();
+// The lean path for small synchronous calls (issue 70): when nobody holds the engine and
+// nothing is queued, the caller runs its collective here, before its Work exists, instead of
+// queueing it for its own wait(): one lock for the token instead of three for the queue, the
+// token and its release, one flight-recorder update for queued and started, and a request
+// finished before anybody waits on it (its Work completes at once, with no callback kept).
+// The watchdog, the mismatch checks and the flight recorder see the op as any other. False
+// (nothing done) when the engine is busy, or ops taken before this one have not run yet.
+bool CommImpl::runNow(Op& op) {
+  {
+    std::lock_guard<std::mutex> g(q_.mu);
+    if (q_.busy || !q_.queue.empty() || q_.closing || q_.stop.load()) return false;
+    q_.busy = true;
+  }
+  // The token is ours, and q_.coll with it.
+  if (!q_.coll.empty() || health_.brokenSet.load(std::memory_order_acquire)) {
+    release(true);
+    return false;
+  }
+  log::setThreadRank(rank_);
+  int64_t now = wallMicros();
+  op.traceId = traceQueued(op, now);
+  std::exception_ptr err = runCollective(op, now);
+  release(true);
+  op.req->finish(err);
+  return true;
+}
+
+// Runs one collective with the token held; the caller finishes its request. `startedUs` > 0:
+// the flight recorder already has it started (runNow).
+std::exception_ptr CommImpl::runCollective(Op& op, int64_t startedUs) {
+  op.fp.startUs = startedUs > 0 ? startedUs : wallMicros();
   ch_.begin(&op);
-  tele_->opStarted(op.traceId, op.fp.seq, op.fp.startUs);
+  if (startedUs <= 0) tele_->opStarted(op.traceId, op.fp.seq, op.fp.startUs);
   std::exception_ptr err;
   std::string what;
   try {

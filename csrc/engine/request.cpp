@@ -36,6 +36,10 @@ std::exception_ptr Request::error() const {
 }
 
 void Request::onComplete(std::function<void()> cb) {
+  if (doneFlag_.load(std::memory_order_acquire)) {  // finished for good: no lock needed
+    cb();
+    return;
+  }
   {
     std::lock_guard<std::mutex> g(mu_);
     if (!done_) {

@@ -116,7 +116,7 @@ Telemetry::OpTrace* Telemetry::find(uint64_t id) {
 }
 
 uint64_t Telemetry::opQueued(uint64_t seq, const char* op, const char* dtype, const char* redop, int root,
-                             uint64_t count) {
+                             uint64_t count, int64_t startedUs) {
   std::lock_guard<std::mutex> g(mu_);
   uint64_t id = nextId_++;
   OpTrace& t = ring_[id % ring_.size()];
@@ -138,10 +138,15 @@ uint64_t Telemetry::opQueued(uint64_t seq, const char* op, const char* dtype, co
   t.redop = redop;
   t.root = root;
   t.count = count;
-  t.enqueueUs = wallMicros();
+  t.enqueueUs = startedUs > 0 ? startedUs : wallMicros();
   if (seq > progress_.enqueued) {
     progress_.enqueued = seq;
     progress_.lastOp = op;
+  }
+  if (startedUs > 0) {
+    t.state = State::kRunning;
+    t.startUs = startedUs;
+    if (seq > 0) progress_.started = std::max(progress_.started, seq);
   }
   return id;
 }

@@ -62,7 +62,10 @@ class Telemetry {
   Telemetry(int rank, int size, size_t ringSize, size_t window);
 
   // Flight recorder. Every call is cheap (a lock and a slot write). Names must be static strings.
-  uint64_t opQueued(uint64_t seq, const char* op, const char* dtype, const char* redop, int root, uint64_t count);
+  // `startedUs` > 0: the op starts as it is queued (a caller running it at once), which saves
+  // opStarted's lock.
+  uint64_t opQueued(uint64_t seq, const char* op, const char* dtype, const char* redop, int root, uint64_t count,
+                    int64_t startedUs = 0);
   // `seq` updates the progress counters even when the op's slot was overwritten (more ops in
   // flight than the ring holds).
   void opStarted(uint64_t id, uint64_t seq, int64_t nowUs = wallMicros());
