@@ -993,3 +993,29 @@ def test_bench_loop_prints_a_row_per_backend_with_a_busy_process_beside():
 def test_bench_loop_rejects_bad_arguments(args):
     p = run_bench(args, timeout=60, script=LOOP)
     assert p.returncode == 2 and "error:" in p.stderr, p.stdout + p.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# tools/bench_gap.py: a call after a gloo barrier or emptied caches, both ranks on one clock
+
+GAP = os.path.join(ROOT, "tools", "bench_gap.py")
+
+
+@needs_railcc
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("extra", [[], ["--thrash", "64K", "--no-pin"]])
+def test_bench_gap_prints_both_settings_for_railcc_and_the_fake_group(extra):
+    p = run_bench(["-n", "30"] + extra, timeout=240, script=GAP)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = [ln.split() for ln in p.stdout.splitlines() if ln.strip() and not ln.startswith("#")][1:]
+    assert [r[0] for r in rows] == ["railcc", "railcc", "fake", "fake"], p.stdout
+    for r in rows:
+        span, skew, own = map(float, r[-3:])
+        assert span > 0 and skew >= 0 and own > 0, (r, p.stdout)
+    assert ("after writing 65536 bytes" if extra else "after a gloo barrier") in p.stdout
+
+
+@pytest.mark.parametrize("args", [["-n", "0"], ["-s", "2"], ["--thrash", "-1"], ["--thrash", "lots"]])
+def test_bench_gap_rejects_bad_arguments(args):
+    p = run_bench(args, timeout=60, script=GAP)
+    assert p.returncode == 2 and "error:" in p.stderr, p.stdout + p.stderr
