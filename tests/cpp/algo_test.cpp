@@ -109,8 +109,11 @@ TEST(AlgoRule, RanksSharingCoresReduceThroughTheRingsFrom16KiB) {
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 16384, p, {}, nullptr), Algo::kOneShot);
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 16385, p, {}, nullptr), Algo::kShmRings);
   EXPECT_EQ(chooseAlgo(AlgoOp::kReduceScatter, 65536, p, {}, nullptr), Algo::kShmRings);
-  // Broadcast and all-gather copy no more in one step: unchanged.
-  EXPECT_EQ(chooseAlgo(AlgoOp::kBroadcast, 65536, p, {}, nullptr), Algo::kChain);
+  // Broadcast goes through the rings at every size: a chain would wait for one rank's turn on a
+  // core per hop. All-gather copies no more in one step: unchanged.
+  for (size_t b : {size_t(0), size_t(8), size_t(65536), size_t(65537)})
+    EXPECT_EQ(chooseAlgo(AlgoOp::kBroadcast, b, p, {}, nullptr), Algo::kShmRings) << b;
+  EXPECT_EQ(chooseAlgo(AlgoOp::kBroadcast, 8, p, parseAlgos("chain", nullptr), nullptr), Algo::kChain);
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, 65536, p, {}, nullptr), Algo::kDirect);
   // A smaller RAILCC_ONESHOT_BYTES still rules; RAILCC_ALGO=oneshot keeps it up to that value.
   p.oneshotBytes = 4096;
@@ -127,6 +130,10 @@ TEST(AlgoRule, RanksSharingCoresReduceThroughTheRingsFrom16KiB) {
   std::string rule = describeRule(p, {});
   EXPECT_NE(rule.find("sharing cores"), std::string::npos) << rule;
   EXPECT_NE(rule.find("from 16385 B rings"), std::string::npos) << rule;
+  EXPECT_NE(rule.find("broadcast: rings (ranks share cores"), std::string::npos) << rule;
+  // Ranks with cores of their own keep the chain for small broadcasts.
+  p.sharedCores = false;
+  EXPECT_EQ(chooseAlgo(AlgoOp::kBroadcast, 8, p, {}, nullptr), Algo::kChain);
 }
 
 TEST(AlgoRule, SingleCopyStartsLowerWhereRanksShareCores) {

@@ -116,6 +116,11 @@ Algo chooseAlgo(AlgoOp op, size_t bytes, const AlgoPlace& p, const std::vector<A
                                        : "otherwise");
     case AlgoOp::kBroadcast:
     case AlgoOp::kAllgather:
+      // Where ranks take turns on the cores, a chain waits for one rank to be scheduled per hop;
+      // through the rings each rank waits for the root alone (2x faster at 8 B-32 KiB on 4 ranks
+      // and 2 cores, docs/benchmarks.md).
+      if (op == AlgoOp::kBroadcast && p.sharedCores && fits(Algo::kShmRings, op, bytes, p))
+        return pick(Algo::kShmRings, "ranks share cores: every rank on this host, whatever the size");
       if (fits(Algo::kShmRings, op, bytes, p) && static_cast<int64_t>(bytes) > p.oneshotBytes)
         return pick(Algo::kShmRings, "every rank on this host, above RAILCC_ONESHOT_BYTES");
       // The chain's latency is n - 1 hops; a tree's, twice its depth (tree.cpp).
