@@ -16,7 +16,6 @@ and the later rank's own call (its peer's data already waiting: the cost of the 
 import argparse
 import os
 import queue
-import socket
 import statistics
 import sys
 import time
@@ -25,14 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def _size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper()
-    try:
-        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (bytes, or with K, M or G)") from None
+from railcc.bench.report import parse_size
 
 
 def _timed(call, n, before):
@@ -50,10 +42,10 @@ def _rank(rank, args, port, out):
     if args.pin:
         os.sched_setaffinity(0, {rank % os.cpu_count()})
     torch.set_num_threads(1)  # intra-op threads on a pinned CPU would take its time from the call
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import railcc  # noqa: F401  registers the backend
     __import__("torch.testing._internal.distributed.fake_pg")  # registers "fake"
-    dist.init_process_group("railcc", rank=rank, world_size=2)
+    store = dist.TCPStore("127.0.0.1", port, world_size=None, is_master=False)
+    dist.init_process_group("railcc", rank=rank, world_size=2, store=store)
     gloo = dist.new_group(backend="gloo")
     fake = dist.new_group(backend="fake")
     t = torch.ones(max(1, args.size // 4))
@@ -76,17 +68,11 @@ def _rank(rank, args, port, out):
     dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-n", "--iters", type=int, default=2000)
-    p.add_argument("-s", "--size", type=_size, default=8, help="bytes per call (default 8)")
-    p.add_argument("--thrash", type=_size, default=0,
+    p.add_argument("-s", "--size", type=parse_size, default=8, help="bytes per call (default 8)")
+    p.add_argument("--thrash", type=parse_size, default=0,
                    help="instead of a gloo barrier, each rank writes this many bytes before each call")
     p.add_argument("--no-pin", dest="pin", action="store_false", help="leave the ranks unbound")
     args = p.parse_args()
@@ -98,8 +84,9 @@ def main():
         p.error(f"--thrash must be 0 or more bytes, got {args.thrash}")
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, args, port, q)) for r in range(2)]
+    # The parent holds the store: port 0 lets the kernel pick a free port with no race.
+    store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False)
+    procs = [ctx.Process(target=_rank, args=(r, args, store.port, q)) for r in range(2)]
     for pr in procs:
         pr.start()
     both = None

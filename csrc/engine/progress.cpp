@@ -43,13 +43,14 @@ RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
     req->setStraggler(globalized(std::make_exception_ptr(e)));
   }
   // A host collective whose caller would run it in wait() anyway runs now when it can.
-  if (CallerWaits::active() && !op->device && !op->p2p && runNow(*op)) return req;
+  const bool callerRuns = CallerWaits::active() && !op->device && !op->p2p;
+  if (callerRuns && runNow(*op)) return req;
   op->traceId = traceQueued(*op);
   std::exception_ptr err;
   // A caller that runs the op itself in wait() needs no wake-up, unless somebody holds the
   // engine: it is then that thread's to find the op (a progress thread asleep in a send/recv
   // wait has to be woken for it).
-  bool wake = !(CallerWaits::active() && !op->device && !op->p2p);
+  bool wake = !callerRuns;
   {
     std::lock_guard<std::mutex> g(q_.mu);
     if (health_.brokenSet.load(std::memory_order_acquire)) {
