@@ -20,6 +20,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "allocator_trace.h"
 #include "c10d_store.h"
 #include "tensor_memory.h"
 #include "work.h"
@@ -203,6 +204,8 @@ std::unique_ptr<engine::Communicator> ProcessGroupRailcc::connect(const char* wh
   o.storeKeepAlive = store_;
   o.onFailure = [hooks = abortHooks_](std::exception_ptr err) { hooks->runFor(err); };
   o.config = configFromEnv();
+  // One-kernel ops read tensors of torch's allocator in place once it tells us what it frees.
+  if (o.config.cudaShots && o.config.cudaIpc) watchAllocatorSegments();
   if (const char* l = std::getenv("LOCAL_WORLD_SIZE")) {  // torchrun's ranks per host: a hint, ignored unless sane
     char* end = nullptr;
     const long v = std::strtol(l, &end, 10);

@@ -5,9 +5,11 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "allocator_trace.h"
 #include "backend.h"
 #include "common/config.h"
 #include "common/error.h"
+#include "engine/allocator_segments.h"
 #include "engine/rail_check.h"
 #include "rules_module.h"
 #include "tensor_memory.h"
@@ -192,6 +194,11 @@ PYBIND11_MODULE(_C, m) {
     return out;
   });
   m.def("reset_stats", [] { railcc::transport::resetStats(); });
+  // The CUDA caching allocator's hook, as the allocator calls it (TraceEntry's action, address,
+  // size), and the segments it told of: for tests that need no GPU.
+  m.def("_allocator_traced", [](int action, size_t addr, size_t size) { railcc::allocatorTraced(action, addr, size); });
+  m.def("_allocator_segments", [] { return railcc::engine::segmentsKnown(); });
+  m.def("_watch_allocator", [] { return railcc::watchAllocatorSegments(); });
 
   m.def("cuda_info", [] {
     // Loads the CUDA plugin if it can: what railcc would use for CUDA tensors, or why not.

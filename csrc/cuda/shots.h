@@ -48,14 +48,24 @@ namespace railcc::cuda {
 constexpr int kMaxShotBlocks = 64;
 
 /// Where a rank's input and output of the current op lie, as it tells its peers: a record per
-/// block in its own memory, written before the block's first signal of the op. Offsets are
-/// bytes into the rank's heap (its registered memory, mapped by every peer once); kInScratch:
-/// the data goes through its scratch.
+/// block in its own memory, written before the block's first signal of the op. A place is its
+/// registered memory (mapped by every peer once) and a byte offset into it: the top 16 bits
+/// say which memory (0: the rank's heap; s + 1: its registered segment s, a block of torch's
+/// caching allocator, engine/device/segments.h), the low 48 bits the offset. kInScratch: the
+/// data goes through the rank's scratch.
 constexpr uint64_t kInScratch = ~uint64_t(0);
+constexpr int kSegSlots = 64;        // registered segments per rank and group
+constexpr int kPlaceShift = 48;
+constexpr uint64_t kPlaceOffset = (uint64_t(1) << kPlaceShift) - 1;
 struct ShotWhere {
   uint64_t in;   // the input's first element
   uint64_t out;  // the output's (two-shot: where peers write their reduced slices)
 };
+
+/// The place of `offset` bytes into registered segment `slot` (ShotWhere).
+RAILCC_HD uint64_t shotSegmentPlace(int slot, uint64_t offset) {
+  return (static_cast<uint64_t>(slot + 1) << kPlaceShift) | offset;
+}
 
 /// What a shot kernel reads to reach its peers, in device memory (one per group).
 struct ShotPeers {
@@ -63,7 +73,19 @@ struct ShotPeers {
   SignalPad* pads[kMaxSignalPeers];   // rank r's kMaxShotBlocks pads, as mapped here
   ShotWhere* where[kMaxSignalPeers];  // rank r's kMaxShotBlocks where records, as mapped here
   char* heap[kMaxSignalPeers];        // rank r's heap as mapped here (null: it has none)
+  // Rank r's registered segment s as mapped here, at [r * kSegSlots + s]: host memory the
+  // device reads (pinned), filled by this process's host as peers register segments, and read
+  // only for a place a peer published after this process said it had mapped it. Null: none.
+  char* const* segs;
 };
+
+/// The address, as mapped here, of rank r's place `where` (not kInScratch).
+RAILCC_HD char* shotPlace(const ShotPeers* p, int r, uint64_t where) {
+  const uint64_t mem = where >> kPlaceShift;
+  if (mem == 0) return p->heap[r] + where;
+  const char* const volatile* seg = p->segs + static_cast<size_t>(r) * kSegSlots + (mem - 1);
+  return const_cast<char*>(*seg) + (where & kPlaceOffset);
+}
 
 /// The collectives a shot kernel runs.
 enum class ShotKind : uint8_t {
@@ -240,7 +262,7 @@ template <typename T>
 RAILCC_HD const T* shotInput(const ShotArgs& a, int b, int r, size_t scratchAt, size_t heapAt) {
   const uint64_t off = a.peers->where[r][b].in;
   if (off == kInScratch) return static_cast<const T*>(a.peers->scratch[r]) + scratchAt;
-  return reinterpret_cast<const T*>(a.peers->heap[r] + off) + heapAt;
+  return reinterpret_cast<const T*>(shotPlace(a.peers, r, off)) + heapAt;
 }
 
 /// Rank r's output the same way (two-shot writes its reduced slice into every rank's).
@@ -248,7 +270,7 @@ template <typename T>
 RAILCC_HD T* shotOutput(const ShotArgs& a, int b, int r, size_t heapAt) {
   const uint64_t off = a.peers->where[r][b].out;
   if (off == kInScratch) return static_cast<T*>(a.peers->scratch[r]);
-  return reinterpret_cast<T*>(a.peers->heap[r] + off) + heapAt;
+  return reinterpret_cast<T*>(shotPlace(a.peers, r, off)) + heapAt;
 }
 
 /// `tb`, a ShotTable<T>& for block functions: the block's shared one on the device, a local on
@@ -478,22 +500,18 @@ RAILCC_HD bool shotBlock(ShotKind k, const ShotArgs& a, int b, int blocks, const
   return false;
 }
 
-/// What a rank publishes for an op of kind `k` (ShotArgs::inHeap, outHeap): its input and
-/// output's offsets in its heap [heap, heap + heapBytes) where they lie wholly inside it and
-/// peers may touch them in place; else kInScratch. In place means peers read my input while I
-/// write my output, so the input is published only where the two are apart or alias the way
-/// the kind expects (my block of the all-gather's output, the reduce-scatter's output my block
-/// of its input, the two-shot's and broadcast's output the input itself), and never for an
-/// in-place one-shot, whose every rank would be writing what the others still read. The output
-/// matters to two-shot alone, whose peers write into it. Host code (the engine, the tests).
-inline void shotPublish(ShotKind k, int me, const char* heap, size_t heapBytes, const void* in, size_t inBytes,
-                        const void* out, size_t outBytes, uint64_t* pubIn, uint64_t* pubOut) {
-  auto offset = [&](const void* p, size_t bytes) -> uint64_t {
-    const char* c = static_cast<const char*>(p);
-    if (heap == nullptr || c == nullptr || c < heap || bytes > heapBytes || static_cast<size_t>(c - heap) > heapBytes - bytes)
-      return kInScratch;
-    return static_cast<uint64_t>(c - heap);
-  };
+/// What a rank publishes for an op of kind `k` (ShotArgs::inHeap, outHeap): the places of its
+/// input and output where `place(p, bytes)` finds them wholly in registered memory (else it
+/// returns kInScratch) and peers may touch them in place; else kInScratch. In place means peers
+/// read my input while I write my output, so the input is published only where the two are
+/// apart or alias the way the kind expects (my block of the all-gather's output, the
+/// reduce-scatter's output my block of its input, the two-shot's and broadcast's output the
+/// input itself), and never for an in-place one-shot, whose every rank would be writing what
+/// the others still read. The output matters to two-shot alone, whose peers write into it.
+/// Host code (the engine, the tests).
+template <typename Place>
+void shotPublishAt(ShotKind k, int me, const void* in, size_t inBytes, const void* out, size_t outBytes, Place&& place,
+                   uint64_t* pubIn, uint64_t* pubOut) {
   const char* i = static_cast<const char*>(in);
   const char* o = static_cast<const char*>(out);
   const size_t m = static_cast<size_t>(me);
@@ -506,8 +524,24 @@ inline void shotPublish(ShotKind k, int me, const char* heap, size_t heapBytes, 
     case ShotKind::kReduceScatter: alias = o == i + m * outBytes; break;
     case ShotKind::kAllToAll: break;  // my block r is written while rank r reads it
   }
-  *pubIn = apart || alias ? offset(in, inBytes) : kInScratch;
-  *pubOut = k == ShotKind::kAllReduceTwo && (apart || alias) ? offset(out, outBytes) : kInScratch;
+  *pubIn = apart || alias ? place(in, inBytes) : kInScratch;
+  *pubOut = k == ShotKind::kAllReduceTwo && (apart || alias) ? place(out, outBytes) : kInScratch;
+}
+
+/// The offset of [p, p + bytes) in [base, base + size), or kInScratch where it is not wholly
+/// inside (or there is no base).
+inline uint64_t shotOffsetIn(const char* base, size_t size, const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  if (base == nullptr || c == nullptr || c < base || bytes > size || static_cast<size_t>(c - base) > size - bytes)
+    return kInScratch;
+  return static_cast<uint64_t>(c - base);
+}
+
+/// shotPublishAt() with the heap [heap, heap + heapBytes) as the only registered memory.
+inline void shotPublish(ShotKind k, int me, const char* heap, size_t heapBytes, const void* in, size_t inBytes,
+                        const void* out, size_t outBytes, uint64_t* pubIn, uint64_t* pubOut) {
+  shotPublishAt(k, me, in, inBytes, out, outBytes,
+                [&](const void* p, size_t bytes) { return shotOffsetIn(heap, heapBytes, p, bytes); }, pubIn, pubOut);
 }
 
 /// Bytes of an element of t (common/types.h's dtypeSize lives in the engine, which the CUDA

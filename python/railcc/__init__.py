@@ -82,8 +82,8 @@ def stats():
     A "device" row counts what the device layer did with CUDA tensors: host_rounds (rounds
     between the ranks' hosts inside CUDA IPC ops, two per chunk) and device_kernels (one-kernel
     collectives launched, RAILCC_CUDA_SHOTS, which take no host round) and device_in_place (of
-    those, the ones whose input the peers read in place, from a tensor of allocate_tensor,
-    instead of through a copy). Every group of the process adds to the same counts."""
+    those, the ones whose input the peers read in place, from a tensor of allocate_tensor or
+    one of torch's allocator whose segment every peer has mapped, instead of through a copy). Every group of the process adds to the same counts."""
     return _C.stats()
 
 

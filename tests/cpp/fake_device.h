@@ -37,6 +37,11 @@ constexpr int kNotReady = 600;
 // from inside its own drain, and ranks are threads.
 inline std::recursive_mutex gFakeMu;
 
+// Memory handles opened and closed so far (every mapping is closed once: opened == closed
+// when nothing is mapped), and a pointer whose handle fails to open (a peer that cannot map it).
+inline std::atomic<int> gMemOpened{0}, gMemClosed{0};
+inline std::atomic<void*> gRefuseOpen{nullptr};
+
 // While set, a stream stops at its "kernel that never finishes" (Fake::hangAsync).
 inline std::atomic<bool> gHung{false};
 inline std::atomic<long> gShotLaunches{0};       // one-kernel collectives launched
@@ -174,8 +179,15 @@ struct Fake {
   static int canAccessPeer(int, int, int* can) { return *can = 1, 0; }
   // Ranks are threads of one process, so a handle can simply carry the pointer.
   static int ipcGetMemHandle(void* h, void* p) { return std::memcpy(h, &p, sizeof(p)), 0; }
-  static int ipcOpenMemHandle(void** p, const void* h) { return std::memcpy(p, h, sizeof(*p)), 0; }
-  static int ipcCloseMemHandle(void*) { return 0; }
+  static int ipcOpenMemHandle(void** p, const void* h) {
+    void* q = nullptr;
+    std::memcpy(&q, h, sizeof(q));
+    if (q != nullptr && q == gRefuseOpen.load()) return 1;
+    *p = q;
+    ++gMemOpened;
+    return 0;
+  }
+  static int ipcCloseMemHandle(void*) { return ++gMemClosed, 0; }
   static int ipcGetEventHandle(void* h, void* e) { return std::memcpy(h, &e, sizeof(e)), 0; }
   static int ipcOpenEventHandle(void** e, const void* h) {
     FakeEvent* orig = nullptr;

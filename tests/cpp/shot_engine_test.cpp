@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "engine/allocator_segments.h"
 #include "engine/communicator.h"
 #include "engine/device.h"
 #include "engine/device/heap.h"
@@ -391,6 +392,59 @@ TEST_F(ShotEngine, HeapBuffersAreReadInPlace) {
     EXPECT_EQ(kernels, 4u * static_cast<uint64_t>(n)) << "n " << n;
     EXPECT_EQ(inPlace, 4u * static_cast<uint64_t>(n) - 1u) << "n " << n;
   }
+}
+
+// Buffers in segments of torch's caching allocator (which its trace hook told of: here the
+// test tells the engine as the hook would): the first op on one goes through the scratch and
+// offers the segment; once every peer has mapped it, peers read it in place. Its free (the
+// hook's SEGMENT_FREE) returns only after every peer closed it; after that the buffer goes
+// through the scratch again until the allocator tells of a segment there anew.
+TEST_F(ShotEngine, AllocatorSegmentsAreReadInPlaceOnceEveryPeerMappedThem) {
+  const int opened = gMemOpened, closed = gMemClosed;
+  for (int n : {2, 3}) {
+    testing_util::runRanks(n, shotConfig(), "segments", [&](Communicator& c) {
+      const int me = c.rank();
+      const size_t count = 70001;  // two-shot, several chunks of the scratch
+      std::vector<float> seg(count + 64);
+      float* v = seg.data() + 64;  // the tensor, 64 elements into its segment
+      char* base = reinterpret_cast<char*>(seg.data());
+      segmentMade(base, seg.size() * sizeof(float));
+      int round = 0;
+      // One all-reduce, checked; returns how many ranks' inputs were read in place.
+      auto op = [&] {
+        ++round;
+        waitOk(c.barrier());
+        const uint64_t s0 = deviceStat(transport::Stat::kDeviceInPlace);
+        waitOk(c.barrier());
+        for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>((i + static_cast<size_t>(me + round)) % 7);
+        waitOk(c.allreduce(v, count, DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), kDev));
+        for (size_t i = 0; i < count; ++i) {
+          float want = 0;
+          for (int r = 0; r < n; ++r) want += static_cast<float>((i + static_cast<size_t>(r + round)) % 7);
+          EXPECT_EQ(v[i], want) << "i " << i << " round " << round;
+          if (v[i] != want) break;
+        }
+        waitOk(c.barrier());
+        const uint64_t d = deviceStat(transport::Stat::kDeviceInPlace) - s0;
+        waitOk(c.barrier());
+        return d;
+      };
+      auto untilInPlace = [&] {
+        for (int i = 0; i < 200; ++i)
+          if (op() == static_cast<uint64_t>(n)) return true;
+        return false;
+      };
+      EXPECT_EQ(op(), 0u) << "the first op on a segment goes through the scratch";
+      ASSERT_TRUE(untilInPlace()) << "never read in place";
+      EXPECT_EQ(op(), static_cast<uint64_t>(n)) << "in place from then on";
+      segmentFreeing(base);  // every peer closed it when this returns
+      EXPECT_EQ(op(), 0u) << "a freed segment is not read in place";
+      segmentMade(base, seg.size() * sizeof(float));  // the allocator made one there again
+      ASSERT_TRUE(untilInPlace());
+      segmentFreeing(base);
+    });
+  }
+  EXPECT_EQ(gMemOpened - opened, gMemClosed - closed) << "every mapping was closed";
 }
 
 // Without RAILCC_CUDA_SHOTS there is no heap: allocate_tensor's CUDA tensors come from torch.

@@ -48,6 +48,25 @@ def test_cuda_info_never_raises():
         assert info["gpu_direct"] is None, info
 
 
+def test_the_allocators_hook_tells_the_engine_of_its_segments():
+    # The glue's side of torch's CUDA caching allocator's trace hook, called as the allocator
+    # calls it (TraceEntry's actions: ALLOC 0, SEGMENT_ALLOC 3, SEGMENT_FREE 4): only segments
+    # are recorded, and a freed one is forgotten. Whether the hook itself attaches depends on the
+    # torch: a CPU build says why not.
+    C = railcc._C
+    before = C._allocator_segments()
+    base = 1 << 44
+    C._allocator_traced(3, base, 2 << 20)
+    C._allocator_traced(0, base + 512, 512)  # a tensor carved from it: not a segment
+    assert C._allocator_segments() == before + 1
+    C._allocator_traced(4, base, 2 << 20)
+    assert C._allocator_segments() == before
+    why = C._watch_allocator()
+    assert isinstance(why, str)
+    if not torch.cuda.is_available():
+        assert why, "a torch without CUDA has no allocator to watch"
+
+
 # ------------------------------------------------------------------------- rank functions
 
 def _dev(rank):
@@ -390,6 +409,38 @@ def rk_cuda_heap(rank, n):
     return bad
 
 
+def rk_cuda_allocator_segments(rank, n):
+    """RAILCC_CUDA_SHOTS=1: tensors of torch's caching allocator (what a DDP bucket is) are read
+    in place once every peer has mapped their segment, and stay right; torch.cuda.empty_cache()
+    frees segments that peers map (each closes them first) and later ops are still right."""
+    import time
+    dev = _dev(rank)
+    why = railcc._C._watch_allocator()
+    if why:
+        return [f"the allocator's hook is not attached: {why}"]
+    bad = []
+    railcc.reset_stats()
+    for it in range(8):
+        for count in (1000, 1 << 20):  # one-shot (input read through the scratch: in place), two-shot
+            t = torch.full((count,), float(rank + 1 + it), device=dev)
+            dist.all_reduce(t)
+            want = float(sum(r + 1 + it for r in range(n)))
+            if not torch.equal(t.cpu(), torch.full((count,), want)):
+                bad.append(f"all_reduce of {count} from torch's allocator, round {it}, differs")
+        time.sleep(0.02)  # the peers' watchers map the segments offered meanwhile
+    torch.cuda.synchronize()
+    if railcc.stats()["device"]["device_in_place"] < 1:
+        bad.append(f"no op read a tensor of torch's allocator in place: {railcc.stats()['device']}")
+    del t
+    torch.cuda.empty_cache()  # segments go; peers close them first
+    dist.barrier()
+    t = torch.full((1 << 20,), float(rank), device=dev)
+    dist.all_reduce(t)
+    if not torch.equal(t.cpu(), torch.full((1 << 20,), float(sum(range(n))))):
+        bad.append("all_reduce after empty_cache differs")
+    return bad
+
+
 def rk_cuda_gpu_hang(rank, n):
     """A kernel that sleeps past the op's timeout on the caller's stream, then an all_reduce:
     the call returns (through CUDA IPC it completes once its GPU work is queued), the watchdog
@@ -511,6 +562,12 @@ def test_cuda_graph_replays_captured_collectives(pools, n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_cuda_heap_tensors_are_read_in_place(pools, n):
     run_all(pools(n, RAILCC_CUDA_SHOTS="1"), rk_cuda_heap, timeout=120)
+
+
+@needs_gpu
+@pytest.mark.parametrize("n", [2, 3])
+def test_cuda_allocator_tensors_are_read_in_place(pools, n):
+    run_all(pools(n, RAILCC_CUDA_SHOTS="1"), rk_cuda_allocator_segments, timeout=120)
 
 
 def train_on_cuda(script, world_size, extra, tmp_path, monkeypatch):

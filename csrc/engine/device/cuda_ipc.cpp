@@ -93,7 +93,7 @@ bool DeviceLayer::ipcReady(int d, void* stream) {
   const bool shots = opts_.config.cudaShots && api.shotAsync != nullptr;
   constexpr size_t kCfg = 4;
   const size_t hb = cuda::kIpcHandleBytes, cfgAt = 1, handlesAt = cfgAt + kCfg * sizeof(int64_t);
-  const size_t heapAt = handlesAt + hb * (1 + kIpcEvents), blob = heapAt + kHeapBlob;
+  const size_t heapAt = handlesAt + hb * (1 + kIpcEvents), boardAt = heapAt + kHeapBlob, blob = boardAt + kBoardBlob;
   std::vector<char> mine(blob, 0), all(blob * n, 0);
   const int64_t cfg[kCfg] = {static_cast<int64_t>(dev_.ipc.chunk), opts_.config.oneshotBytes, shots ? 1 : 0,
                              opts_.config.cudaShotBlocks};
@@ -115,6 +115,10 @@ bool DeviceLayer::ipcReady(int d, void* stream) {
                                   dev_.ipc.ev[me][static_cast<size_t>(i)]),
             "cudaIpcGetEventHandle");
   if (ok && shots) heapExport(api, d, mine.data() + heapAt);  // the heap's handle, if it has one
+  if (ok && shots) {
+    segsExport(mine.data() + boardAt, &why);  // the registered segments' board
+    ok = why.empty();
+  }
   mine[0] = ok ? 1 : 0;
   {
     std::vector<Transfer> xs;
@@ -170,6 +174,7 @@ bool DeviceLayer::ipcReady(int d, void* stream) {
               "cudaIpcOpenEventHandle (rank " + std::to_string(q) + ")");
     if (ok && shots) {
       heapOpen(api, q, b + heapAt, &why);
+      if (why.empty()) segsOpen(q, b + boardAt, &why);
       ok = why.empty();
     }
     int pd = -1, can = 0;
@@ -184,7 +189,7 @@ bool DeviceLayer::ipcReady(int d, void* stream) {
     }
   }
   // The one-kernel ops' table, once every peer's pool is mapped.
-  if (ok && shots && !shotSetup(api, stream, &why)) ok = false;
+  if (ok && shots && !(segsStart(api, d, &why) && shotSetup(api, stream, &why))) ok = false;
   // Every rank must take the same path, so one vote decides.
   int64_t vote = ok ? 1 : 0;
   algos_.allreduce(reinterpret_cast<char*>(&vote), 1, DataType::kInt64, ReduceOp::kMin, 1.0);
@@ -205,6 +210,7 @@ bool DeviceLayer::ipcReady(int d, void* stream) {
     return false;
   }
   dev_.shot.ready = shots;
+  segsGo();
   // Every peer mapped this rank's heap (if it has one): its buffers are now reached in place.
   dev_.heap.share = shots ? HeapShare::kShared : HeapShare::kNotShared;
   RAILCC_INFO(COLL, "group '", opts_.name, "': CUDA IPC on cuda:", d, ", ", (4 * dev_.ipc.chunk) >> 10,

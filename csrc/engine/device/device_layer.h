@@ -171,6 +171,18 @@ class DeviceLayer {
   static constexpr size_t kHeapBlob = cuda::kIpcHandleBytes + sizeof(uint64_t);
   void heapExport(const cuda::DeviceApi& api, int device, char* blob);
   void heapOpen(const cuda::DeviceApi& api, size_t q, const char* blob, std::string* why);
+  // Registered segments at the IPC set-up (segment_layer.cpp, segments.h): segsExport() makes
+  // this rank's board and writes its name into kBoardBlob bytes; segsOpen() maps rank q's;
+  // segsStart() makes the table and the registry once every peer's board is mapped;
+  // segsRelease() revokes, closes and frees them. segPlace(): where peers find [p, p + bytes)
+  // of this rank's memory outside the heap (cuda::kInScratch until it is registered).
+  static constexpr size_t kBoardBlob = 96;
+  void segsExport(char* blob, std::string* why);
+  void segsOpen(size_t q, const char* blob, std::string* why);
+  bool segsStart(const cuda::DeviceApi& api, int device, std::string* why);
+  void segsGo();  // after the vote: the board's name goes, the watcher starts
+  void segsRelease(const cuda::DeviceApi& api);
+  uint64_t segPlace(const void* p, size_t bytes);
   // The heap, made on `device` if there is none yet and set-up has not decided (heap.mu held).
   std::shared_ptr<DeviceHeap> heapLocked(const cuda::DeviceApi& api, int device);
   std::shared_ptr<DeviceHeap> makeHeap(const cuda::DeviceApi& api, int device);

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "engine/device/heap.h"
+#include "engine/device/segments.h"
+#include "transport/host_shared.h"
 #include "engine/wire.h"
 #include "transport/memory_owners.h"
 
@@ -51,6 +53,13 @@ struct HeapState {
 // host memory the kernels see (the first failed wait; the host's "give up").
 struct ShotState {
   bool ready = false;
+  // Registered segments (segments.h): this rank's board, its peers' as mapped here ([rank]
+  // empty), the pointers the kernels read (ShotPeers::segs, pinned host memory) and the
+  // registry, listed with the allocator's directory while it lives.
+  std::unique_ptr<transport::HostShared> board;
+  std::vector<std::unique_ptr<transport::HostShared>> boards;
+  char** segTable = nullptr;
+  std::shared_ptr<SegmentRegistry> segs;
   void* table = nullptr;
   uint32_t* epochs = nullptr;
   void* failure = nullptr;  // cuda::SignalFailure

@@ -35,6 +35,7 @@ bool DeviceLayer::shotSetup(const cuda::DeviceApi& api, void* stream, std::strin
     host.where[q] = reinterpret_cast<cuda::ShotWhere*>(tail + sizeof(cuda::SignalPad) * cuda::kMaxShotBlocks);
     host.heap[q] = q < dev_.ipc.heaps.size() ? dev_.ipc.heaps[q] : nullptr;
   }
+  host.segs = s.segTable;
   std::vector<uint32_t> zeros(cuda::kMaxShotBlocks, 0);
   void* p = nullptr;
   bool ok = attempt(api.deviceMalloc(&s.table, sizeof(cuda::ShotPeers)), "cudaMalloc (shot table)") &&
@@ -58,6 +59,7 @@ bool DeviceLayer::shotSetup(const cuda::DeviceApi& api, void* stream, std::strin
 
 void DeviceLayer::shotRelease(const cuda::DeviceApi& api) {
   ShotState& s = dev_.shot;
+  segsRelease(api);
   std::lock_guard<std::mutex> g(dev_.gpuMu);  // the watchdog reads the failure record under it
   if (s.table) api.deviceFree(s.table);
   if (s.epochs) api.deviceFree(s.epochs);
@@ -140,14 +142,21 @@ void DeviceLayer::launchShot(const DeviceOp& dv, cuda::ShotKind k, const char* i
   // pads, large ones use enough of the GPU to reach its memory's speed. Every rank computes the
   // same number (the counts agree), and a block's counts only move in ops that use it.
   // Where peers find my data: in place where it lies in my heap, which they all mapped at
-  // set-up, and the kind allows it (cuda::shotPublish); else through my scratch.
+  // set-up, or in a registered segment of torch's allocator (segPlace), and the kind allows it
+  // (cuda::shotPublishAt); else through my scratch.
   const size_t es = dtypeSize(dt), n = static_cast<size_t>(size_);
   const bool a2a = k == cuda::ShotKind::kAllToAll;
   const size_t inBytes = count * es * (k == cuda::ShotKind::kReduceScatter || a2a ? n : 1);
   const size_t outBytes = count * es * (k == cuda::ShotKind::kAllGather || a2a ? n : 1);
   const char* heap = dev_.ipc.heaps.empty() ? nullptr : dev_.ipc.heaps[static_cast<size_t>(rank_)];
-  if (heap)  // set by a set-up that went through: every peer mapped it
-    cuda::shotPublish(k, rank_, heap, dev_.heap.heap->bytes(), in, inBytes, out, outBytes, &a.inHeap, &a.outHeap);
+  const size_t heapBytes = heap ? dev_.heap.heap->bytes() : 0;  // heap set: every peer mapped it
+  cuda::shotPublishAt(
+      k, rank_, in, inBytes, out, outBytes,
+      [&](const void* p, size_t b) {
+        const uint64_t at = cuda::shotOffsetIn(heap, heapBytes, p, b);
+        return at != cuda::kInScratch ? at : segPlace(p, b);
+      },
+      &a.inHeap, &a.outHeap);
   if (a.inHeap != cuda::kInScratch)
     transport::addStat(transport::StatKind::kDevice, transport::Stat::kDeviceInPlace, 1);
   const size_t bytes = count * es, per = size_t(128) << 10;

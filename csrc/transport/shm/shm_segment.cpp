@@ -218,7 +218,6 @@ SegmentHeader* Domain::headerOf(int index) {
 }
 
 
-namespace {
 std::string randomToken() {
   uint8_t b[8];
   size_t got = 0;
@@ -231,7 +230,6 @@ std::string randomToken() {
   for (size_t i = 0; i < sizeof(b); ++i) snprintf(hex + 2 * i, 3, "%02x", b[i]);
   return hex;
 }
-}  // namespace
 
 Domain::Domain(int nslots, size_t fifoBytes, size_t ringBytes, bool singleCopy, int hostRanks)
     : nslots_(nslots), fifoBytes_(fifoBytes), ringBytes_(ringBytes), singleCopy_(singleCopy), hostRanks_(hostRanks) {

@@ -90,6 +90,9 @@ class Segment {
   std::atomic<bool> linked_{false};
 };
 
+/// 16 random hex digits, for names in /dev/shm that no other process picks.
+std::string randomToken();
+
 /// The shared memory of one communicator on one process: its own segment (doorbell plus one
 /// incoming FIFO per same-host rank) and the mapped segments of its same-host peers. It is
 /// the LocalDomain the engine sees.

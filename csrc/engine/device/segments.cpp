@@ -1,0 +1,309 @@
+#include "engine/device/segments.h"
+
+#include <cstring>
+
+#include <map>
+
+#include "common/log.h"
+#include "engine/allocator_segments.h"
+
+namespace railcc::engine {
+
+namespace {
+constexpr uint32_t kSlots = static_cast<uint32_t>(cuda::kSegSlots);
+constexpr long kWatchNapUs = 200000;  // the watcher looks even unrung this often
+}  // namespace
+
+SegmentRegistry::SegmentRegistry(const cuda::DeviceApi& api, int rank, std::vector<SegmentBoard*> boards, char** table,
+                                 int device, std::chrono::milliseconds revokeWait,
+                                 std::function<std::string(int)> rankName)
+    : api_(api), rank_(rank), boards_(std::move(boards)), table_(table), device_(device), revokeWait_(revokeWait),
+      rankName_(std::move(rankName)), own_(kSlots), seen_(boards_.size() * kSlots, 0) {}
+
+SegmentRegistry::~SegmentRegistry() { shutdown(); }
+
+// ---------------------------------------------------------------------------------------
+// The owner's side
+
+uint64_t SegmentRegistry::place(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> g(ownMu_);
+  SegmentBoard* mine = boards_[static_cast<size_t>(rank_)];
+  for (uint32_t s = 0; s < kSlots; ++s) {
+    Own& o = own_[s];
+    if (!o.base || o.refused || (o.gen & 1) == 0) continue;
+    const uint64_t off = cuda::shotOffsetIn(o.base, o.bytes, p, bytes);
+    if (off == cuda::kInScratch) continue;
+    if (!o.usable) {
+      bool all = true;
+      for (int q = 0; q < peers() && all; ++q) {
+        if (q == rank_) continue;
+        const uint32_t a = mine->ack[q][s].load(std::memory_order_acquire);
+        if (a == (o.gen | kAckRefused)) o.refused = true;
+        all = a == o.gen;
+      }
+      if (!all) return cuda::kInScratch;
+      o.usable = true;
+    }
+    return cuda::shotSegmentPlace(static_cast<int>(s), off);
+  }
+  return cuda::kInScratch;
+}
+
+bool SegmentRegistry::offered(const void* p) {
+  std::lock_guard<std::mutex> g(ownMu_);
+  for (const Own& o : own_)
+    if (o.base && cuda::shotOffsetIn(o.base, o.bytes, p, 1) != cuda::kInScratch) return true;
+  return false;
+}
+
+bool SegmentRegistry::offer(char* base, size_t bytes) {
+  std::lock_guard<std::mutex> g(ownMu_);
+  if (shut_ || bytes == 0 || bytes > cuda::kPlaceOffset) return false;
+  size_t free = kSlots;
+  for (size_t s = 0; s < kSlots; ++s) {
+    const Own& o = own_[s];
+    if (o.base && cuda::shotOffsetIn(o.base, o.bytes, base, 1) != cuda::kInScratch) return false;  // offered
+    if (!o.base && !o.closing && (o.gen & 1) == 0 && free == kSlots) free = s;
+  }
+  if (free == kSlots) return false;  // every slot taken: the buffer goes through the scratch
+  Own& o = own_[free];
+  SegmentSlot& slot = boards_[static_cast<size_t>(rank_)]->slots[free];
+  o.base = base;
+  o.bytes = bytes;
+  o.usable = false;
+  o.refused = api_.ipcGetMemHandle(slot.handle, base) != 0;
+  if (o.refused) return false;  // not exportable (memory CUDA IPC cannot share): kept as refused
+  slot.bytes = bytes;
+  table_[static_cast<size_t>(rank_) * kSlots + free] = base;  // where this rank's kernel finds it
+  o.gen = slot.gen.load(std::memory_order_relaxed) + 1;
+  slot.gen.store(o.gen, std::memory_order_release);
+  for (int q = 0; q < peers(); ++q)
+    if (q != rank_) transport::ring(&boards_[static_cast<size_t>(q)]->changed);
+  return true;
+}
+
+bool SegmentRegistry::revoke(const char* base) {
+  std::unique_lock<std::mutex> g(ownMu_);
+  for (size_t s = 0; s < kSlots; ++s)
+    if (own_[s].base == base) {
+      std::vector<std::pair<size_t, uint32_t>> slots;
+      if (revokeLocked(s)) slots.push_back({s, own_[s].gen});
+      return waitClosed(g, slots);
+    }
+  return true;
+}
+
+bool SegmentRegistry::revokeLocked(size_t s) {
+  Own& o = own_[s];
+  const bool live = (o.gen & 1) != 0;
+  o.base = nullptr;
+  o.usable = o.refused = false;
+  table_[static_cast<size_t>(rank_) * kSlots + s] = nullptr;
+  if (!live) return false;  // never offered (its handle failed): no peer has it
+  o.closing = true;          // not offered again until every peer closed it
+  boards_[static_cast<size_t>(rank_)]->slots[s].gen.store(++o.gen, std::memory_order_release);
+  return true;
+}
+
+bool SegmentRegistry::waitClosed(std::unique_lock<std::mutex>& g, const std::vector<std::pair<size_t, uint32_t>>& slots) {
+  if (slots.empty()) return true;
+  SegmentBoard* mine = boards_[static_cast<size_t>(rank_)];
+  for (int q = 0; q < peers(); ++q)
+    if (q != rank_) transport::ring(&boards_[static_cast<size_t>(q)]->changed);
+  auto closed = [&](int q) {
+    if (boards_[static_cast<size_t>(q)]->gone.load(std::memory_order_acquire) != 0) return true;
+    for (const auto& [s, gen] : slots)
+      if ((mine->ack[q][s].load(std::memory_order_acquire) & ~kAckRefused) != gen) return false;
+    return true;
+  };
+  auto allClosed = [&] {
+    for (int q = 0; q < peers(); ++q)
+      if (q != rank_ && !closed(q)) return false;
+    return true;
+  };
+  // Peers answer from their watchers; other slots may be offered meanwhile.
+  g.unlock();
+  const auto deadline = std::chrono::steady_clock::now() + revokeWait_;
+  while (!allClosed() && std::chrono::steady_clock::now() < deadline)
+    transport::sleepOn(&mine->acked, 10000, allClosed);
+  g.lock();
+  if (allClosed()) {
+    for (const auto& sg : slots) own_[sg.first].closing = false;
+    return true;
+  }
+  std::string who;
+  for (int q = 0; q < peers(); ++q)
+    if (q != rank_ && !closed(q)) who += (who.empty() ? "" : ", ") + rankName_(q);
+  for (const auto& [s, gen] : slots) own_[s].gen = gen | 1;  // never offered again: a peer may still map it
+  RAILCC_WARN(COLL, "GPU memory is being freed while ", who, " may still map it: no answer within ", revokeWait_.count(),
+              " ms (stopped, or stuck); what those ranks read from it from now on is undefined");
+  return false;
+}
+
+void SegmentRegistry::shutdown() {
+  {
+    std::unique_lock<std::mutex> g(ownMu_);
+    if (shut_) return;
+    shut_ = true;
+    std::vector<std::pair<size_t, uint32_t>> slots;
+    for (size_t s = 0; s < kSlots; ++s)
+      if (own_[s].base && revokeLocked(s)) slots.push_back({s, own_[s].gen});
+    waitClosed(g, slots);
+  }
+  stop_ = true;
+  SegmentBoard* mine = boards_[static_cast<size_t>(rank_)];
+  transport::ring(&mine->changed);
+  if (watcher_.joinable()) watcher_.join();
+  {
+    std::lock_guard<std::mutex> g(peerMu_);
+    for (size_t i = 0; i < seen_.size(); ++i)
+      if (table_[i] && i / kSlots != static_cast<size_t>(rank_)) {
+        api_.ipcCloseMemHandle(table_[i]);
+        table_[i] = nullptr;
+      }
+  }
+  mine->gone.store(1, std::memory_order_release);
+  for (int q = 0; q < peers(); ++q)
+    if (q != rank_) transport::ring(&boards_[static_cast<size_t>(q)]->acked);
+}
+
+// ---------------------------------------------------------------------------------------
+// The peers' side
+
+bool SegmentRegistry::changedSince() {
+  std::lock_guard<std::mutex> g(peerMu_);
+  for (int q = 0; q < peers(); ++q) {
+    if (q == rank_) continue;
+    const SegmentBoard* b = boards_[static_cast<size_t>(q)];
+    for (uint32_t s = 0; s < kSlots; ++s)
+      if (b->slots[s].gen.load(std::memory_order_acquire) != seen_[static_cast<size_t>(q) * kSlots + s]) return true;
+  }
+  return false;
+}
+
+void SegmentRegistry::catchUp() {
+  std::lock_guard<std::mutex> g(peerMu_);
+  int was = -1;
+  bool switched = false;
+  for (int q = 0; q < peers(); ++q) {
+    if (q == rank_) continue;
+    SegmentBoard* b = boards_[static_cast<size_t>(q)];
+    bool answered = false;
+    for (uint32_t s = 0; s < kSlots; ++s) {
+      const size_t i = static_cast<size_t>(q) * kSlots + s;
+      const uint32_t gen = b->slots[s].gen.load(std::memory_order_acquire);
+      if (gen == seen_[i]) continue;
+      if (!switched && api_.getDevice && api_.setDevice) {  // the watcher's calls go to the group's device
+        switched = true;
+        if (api_.getDevice(&was) != 0) was = -1;
+        if (device_ >= 0) api_.setDevice(device_);
+      }
+      if (table_[i]) {
+        api_.ipcCloseMemHandle(table_[i]);
+        table_[i] = nullptr;
+      }
+      uint32_t ack = gen;
+      if (gen & 1) {
+        void* p = nullptr;
+        const int err = api_.ipcOpenMemHandle(&p, b->slots[s].handle);
+        if (err == 0) {
+          table_[i] = static_cast<char*>(p);
+        } else {
+          ack |= kAckRefused;
+          RAILCC_WARN(COLL, "cannot map a block of ", rankName_(q), "'s GPU memory (",
+                      api_.errorString ? api_.errorString(err) : "?", "): ops on it go through the scratch");
+        }
+      }
+      seen_[i] = gen;
+      b->ack[rank_][s].store(ack, std::memory_order_release);
+      answered = true;
+    }
+    if (answered) transport::ring(&b->acked);
+  }
+  if (switched && was >= 0) api_.setDevice(was);
+}
+
+size_t SegmentRegistry::mappedCount() {
+  std::lock_guard<std::mutex> g(peerMu_);
+  size_t n = 0;
+  for (size_t i = 0; i < seen_.size(); ++i) n += table_[i] != nullptr && i / kSlots != static_cast<size_t>(rank_);
+  return n;
+}
+
+void SegmentRegistry::startWatcher() {
+  SegmentBoard* mine = boards_[static_cast<size_t>(rank_)];
+  watcher_ = std::thread([this, mine] {
+    while (!stop_.load()) {
+      catchUp();
+      transport::sleepOn(&mine->changed, kWatchNapUs, [this] { return stop_.load() || changedSince(); });
+    }
+  });
+}
+
+
+// ---------------------------------------------------------------------------------------
+// The allocator's segments, as its hook tells them, and the registries that may have offered
+// them.
+
+namespace {
+struct Directory {
+  std::mutex mu;
+  std::map<char*, size_t> segments;  // base -> bytes
+  std::vector<std::weak_ptr<SegmentRegistry>> registries;
+};
+Directory& directory() {
+  static Directory* d = new Directory;  // used by the allocator until the process ends
+  return *d;
+}
+}  // namespace
+
+void segmentMade(char* base, size_t bytes) {
+  Directory& d = directory();
+  std::lock_guard<std::mutex> g(d.mu);
+  d.segments[base] = bytes;
+}
+
+void segmentFreeing(char* base) {
+  Directory& d = directory();
+  std::vector<std::shared_ptr<SegmentRegistry>> live;
+  {
+    std::lock_guard<std::mutex> g(d.mu);
+    d.segments.erase(base);
+    for (auto it = d.registries.begin(); it != d.registries.end();) {
+      if (auto r = it->lock()) {
+        live.push_back(std::move(r));
+        ++it;
+      } else {
+        it = d.registries.erase(it);
+      }
+    }
+  }
+  for (auto& r : live) r->revoke(base);
+}
+
+size_t segmentsKnown() {
+  Directory& d = directory();
+  std::lock_guard<std::mutex> g(d.mu);
+  return d.segments.size();
+}
+
+bool findSegment(const void* p, char** base, size_t* bytes) {
+  Directory& d = directory();
+  std::lock_guard<std::mutex> g(d.mu);
+  const char* c = static_cast<const char*>(p);
+  auto it = d.segments.upper_bound(const_cast<char*>(c));
+  if (it == d.segments.begin()) return false;
+  --it;
+  if (c >= it->first + it->second) return false;
+  *base = it->first;
+  *bytes = it->second;
+  return true;
+}
+
+void enlistSegments(const std::shared_ptr<SegmentRegistry>& r) {
+  Directory& d = directory();
+  std::lock_guard<std::mutex> g(d.mu);
+  d.registries.push_back(r);
+}
+
+}  // namespace railcc::engine
