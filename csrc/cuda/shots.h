@@ -83,8 +83,9 @@ struct ShotPeers {
 RAILCC_HD char* shotPlace(const ShotPeers* p, int r, uint64_t where) {
   const uint64_t mem = where >> kPlaceShift;
   if (mem == 0) return p->heap[r] + where;
-  const char* const volatile* seg = p->segs + static_cast<size_t>(r) * kSegSlots + (mem - 1);
-  return const_cast<char*>(*seg) + (where & kPlaceOffset);
+  // Written by this process's host before it acked the place's owner, who published it only
+  // then: read at system scope, after the barrier that made the place known.
+  return loadPointer(p->segs + static_cast<size_t>(r) * kSegSlots + (mem - 1)) + (where & kPlaceOffset);
 }
 
 /// The collectives a shot kernel runs.

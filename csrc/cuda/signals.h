@@ -86,6 +86,17 @@ RAILCC_HD uint32_t loadRelaxed(const uint32_t* p) {
 #endif
 }
 
+/// A pointer that another thread of the host writes (pinned host memory), read at system scope.
+RAILCC_HD char* loadPointer(char* const* p) {
+#if defined(__CUDA_ARCH__)
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return reinterpret_cast<char*>(v);
+#else
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+#endif
+}
+
 /// Nanoseconds on a clock that only moves forward: the device's global timer, the host's steady clock.
 RAILCC_HD uint64_t signalNow() {
 #if defined(__CUDA_ARCH__)

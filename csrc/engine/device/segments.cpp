@@ -10,6 +10,8 @@
 namespace railcc::engine {
 
 namespace {
+// A cell of the kernels' table: read by kernels (at system scope) while this host writes it.
+void setCell(char** table, size_t i, char* p) { __atomic_store_n(&table[i], p, __ATOMIC_RELEASE); }
 constexpr uint32_t kSlots = static_cast<uint32_t>(cuda::kSegSlots);
 constexpr long kWatchNapUs = 200000;  // the watcher looks even unrung this often
 }  // namespace
@@ -74,7 +76,7 @@ bool SegmentRegistry::offer(char* base, size_t bytes) {
   o.refused = api_.ipcGetMemHandle(slot.handle, base) != 0;
   if (o.refused) return false;  // not exportable (memory CUDA IPC cannot share): kept as refused
   slot.bytes = bytes;
-  table_[static_cast<size_t>(rank_) * kSlots + free] = base;  // where this rank's kernel finds it
+  setCell(table_, static_cast<size_t>(rank_) * kSlots + free, base);  // where this rank's kernel finds it
   o.gen = slot.gen.load(std::memory_order_relaxed) + 1;
   slot.gen.store(o.gen, std::memory_order_release);
   for (int q = 0; q < peers(); ++q)
@@ -98,7 +100,7 @@ bool SegmentRegistry::revokeLocked(size_t s) {
   const bool live = (o.gen & 1) != 0;
   o.base = nullptr;
   o.usable = o.refused = false;
-  table_[static_cast<size_t>(rank_) * kSlots + s] = nullptr;
+  setCell(table_, static_cast<size_t>(rank_) * kSlots + s, nullptr);
   if (!live) return false;  // never offered (its handle failed): no peer has it
   o.closing = true;          // not offered again until every peer closed it
   boards_[static_cast<size_t>(rank_)]->slots[s].gen.store(++o.gen, std::memory_order_release);
@@ -157,9 +159,9 @@ void SegmentRegistry::shutdown() {
   {
     std::lock_guard<std::mutex> g(peerMu_);
     for (size_t i = 0; i < seen_.size(); ++i)
-      if (table_[i] && i / kSlots != static_cast<size_t>(rank_)) {
-        api_.ipcCloseMemHandle(table_[i]);
-        table_[i] = nullptr;
+      if (char* m = table_[i]; m && i / kSlots != static_cast<size_t>(rank_)) {
+        setCell(table_, i, nullptr);
+        api_.ipcCloseMemHandle(m);
       }
   }
   mine->gone.store(1, std::memory_order_release);
@@ -198,16 +200,16 @@ void SegmentRegistry::catchUp() {
         if (api_.getDevice(&was) != 0) was = -1;
         if (device_ >= 0) api_.setDevice(device_);
       }
-      if (table_[i]) {
-        api_.ipcCloseMemHandle(table_[i]);
-        table_[i] = nullptr;
+      if (char* m = table_[i]) {
+        setCell(table_, i, nullptr);
+        api_.ipcCloseMemHandle(m);
       }
       uint32_t ack = gen;
       if (gen & 1) {
         void* p = nullptr;
         const int err = api_.ipcOpenMemHandle(&p, b->slots[s].handle);
         if (err == 0) {
-          table_[i] = static_cast<char*>(p);
+          setCell(table_, i, static_cast<char*>(p));
         } else {
           ack |= kAckRefused;
           RAILCC_WARN(COLL, "cannot map a block of ", rankName_(q), "'s GPU memory (",
