@@ -18,6 +18,8 @@
 #   bench_shots  the same for all_reduce with RAILCC_CUDA_SHOTS=1 (one kernel per tensor), 2 and 4
 #             ranks; then all_reduce, all_gather and broadcast at 2 ranks on buffers from
 #             allocate_tensor (--alloc backend: the heap that peers read in place)
+#   bench_signals  the CUDA IPC path with RAILCC_CUDA_IPC_SIGNALS=1 (steps ordered by the streams'
+#             signals, no host round), all_reduce/all_gather/broadcast at 2 ranks
 #   test_cuda tests/python/test_cuda.py with the time left: by default a cross-section (every
 #             collective at 2 ranks over CUDA IPC and 3 staged, stream semantics, TCP, DDP and
 #             FSDP2 against a single-process reference); RAILCC_GPU_CHECK_K="not
@@ -226,6 +228,16 @@ bench_shots() {
     $iters --timeout 60 --stats --alloc backend --json "$WORK/heap2.json" || return $?
 }
 run_step bench_shots 150 "$OUT/bench.log" bench_shots
+# ---- bench_signals: the CUDA IPC path (copy engines, reduction kernels) with its steps ordered
+# by the streams' signals instead of host rounds (RAILCC_CUDA_IPC_SIGNALS=1), 2 ranks
+bench_signals() {
+  local dev=cuda max=64M iters="-n 5 -w 2" bound=256M
+  [ $DRY = 1 ] && dev=cpu max=64K iters="-n 2 -w 1" bound=64M
+  RAILCC_CUDA_IPC_SIGNALS=1 "$PY" -m railcc bench --device $dev --nprocs 2 --backend railcc,gloo --bound \
+    --bound_bytes $bound -o all_reduce,all_gather,broadcast -b 8 -e $max -f 16 $iters --timeout 60 --stats \
+    --json "$WORK/signals2.json"
+}
+run_step bench_signals 60 "$OUT/bench.log" bench_signals
 # ---- symm: torch's symmetric memory (one-shot and two-shot all-reduce) on the same GPU, the
 # second anchor of the one-kernel all-reduce; where it cannot run, the log says why
 symm() {
@@ -235,7 +247,7 @@ symm() {
 }
 run_step symm 60 "$OUT/bench.log" symm
 "$PY" scripts/gpu_check_targets.py "$OUT/bench.json" "$WORK"/bench2.json "$WORK"/bench4.json \
-  "shots=$WORK/shots2.json" "shots=$WORK/shots4.json" "shots, heap=$WORK/heap2.json" "symm=$WORK/symm2.json" \
+  "shots=$WORK/shots2.json" "shots=$WORK/shots4.json" "shots, heap=$WORK/heap2.json" "signals=$WORK/signals2.json" "symm=$WORK/symm2.json" \
   > "$WORK/targets" 2>&1
 # One row per report and op: the largest size against issue 67's targets (scripts/gpu_check_targets.py).
 sed 's/^- //; s/|/\//g; s/^/| bench target | INFO | 0 | /; s/$/ |/' "$WORK/targets" >> "$SUMMARY"
@@ -245,7 +257,7 @@ sed 's/^- //; s/|/\//g; s/^/| bench target | INFO | 0 | /; s/$/ |/' "$WORK/targe
 # session's device time), every kind of test once: 2 ranks over CUDA IPC, 3 staged through
 # host memory, TCP, DDP and FSDP2. RAILCC_GPU_CHECK_K="not watchdog_times_out" runs them all.
 # -v lists each case as it ends, so a run cut short still says which passed.
-K_DEFAULT="plugin or info or 2-ipc or 3-staged or 2-shots or [2] or shrunk or split"
+K_DEFAULT="plugin or info or 2-ipc or 3-staged or 2-shots or (movement and 2-signals) or [2] or shrunk or split"
 run_step test_cuda 250 "$OUT/test_cuda.log" "${PYTEST[@]}" tests/python/test_cuda.py -v -rfEs --durations=15 -k "${RAILCC_GPU_CHECK_K:-$K_DEFAULT}"
 
 echo "$(ls "$OUT" | wc -l) files in \$OUT; $(( $(date +%s) - START )) s in all; exit status $FAILED" >> "$SUMMARY"

@@ -57,6 +57,12 @@ namespace railcc {
     "tensor that reads the peers' device memory and waits on signals in it, with no host "    \
     "round per chunk. Off by default until measured on a GPU (scripts/gpu_check.sh runs "     \
     "both). Must be equal on all ranks.")                                                     \
+  X(cudaIpcSignals, bool, "RAILCC_CUDA_IPC_SIGNALS", "", "0", "",                                 \
+    "1: the CUDA IPC path's steps (every rank's copies of a chunk done, before anyone reads or " \
+    "reuses it) are ordered by the ranks' streams writing and waiting on counters in each "     \
+    "other's device memory (stream memory operations), not by a host round per step: the "    \
+    "copies run on the copy engines with nothing on the host between the call and the GPU's "  \
+    "end. Off by default until measured on a GPU. Must be equal on all ranks.")              \
   X(cudaShotBlocks, int64_t, "RAILCC_CUDA_SHOT_BLOCKS", "", "64", "1..64",                       \
     "Most thread blocks (512 threads each) of a one-kernel collective (RAILCC_CUDA_SHOTS): "   \
     "a call takes one per 128 KiB up to this many. Under MPS every rank's blocks must fit on " \

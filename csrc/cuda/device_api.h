@@ -18,7 +18,7 @@ namespace railcc::cuda {
 struct ShotArgs;  // cuda/shots.h
 enum class ShotKind : uint8_t;
 
-constexpr uint32_t kDeviceApiVersion = 5;
+constexpr uint32_t kDeviceApiVersion = 6;
 constexpr size_t kIpcHandleBytes = 64;  // cudaIpcMemHandle_t and cudaIpcEventHandle_t
 
 struct DeviceApi {
@@ -86,6 +86,13 @@ struct DeviceApi {
   /// thread-local, 2 relaxed): railcc's own calls that may synchronize (event queries, set-up)
   /// run relaxed, so they neither fail nor break a capture that another thread began.
   int (*exchangeCaptureMode)(int* mode);
+
+  // Stream memory operations (cuStreamWriteValue64, cuStreamWaitValue64): signals between the
+  // ranks' streams with no kernel and no host in between (RAILCC_CUDA_IPC_SIGNALS).
+  /// Once the stream's earlier work is done and visible, *addr = v (device memory, a peer's too).
+  int (*streamWriteValue64)(void* stream, void* addr, uint64_t v);
+  /// The stream's later work waits until *addr >= v (unsigned).
+  int (*streamWaitValue64)(void* stream, void* addr, uint64_t v);
 };
 
 }  // namespace railcc::cuda

@@ -147,6 +147,21 @@ int exchangeCaptureMode(int* mode) {
   return ret(e);
 }
 
+// Stream memory operations (the driver's: the runtime has no such call).
+int streamWriteValue64(void* s, void* addr, uint64_t v) {
+  using Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+  static const Fn fn = driverCall<Fn>("cuStreamWriteValue64_v2");
+  if (!fn) return static_cast<int>(cudaErrorNotSupported);
+  return static_cast<int>(fn(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), v, CU_STREAM_WRITE_VALUE_DEFAULT));
+}
+
+int streamWaitValue64(void* s, void* addr, uint64_t v) {
+  using Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+  static const Fn fn = driverCall<Fn>("cuStreamWaitValue64_v2");
+  if (!fn) return static_cast<int>(cudaErrorNotSupported);
+  return static_cast<int>(fn(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), v, CU_STREAM_WAIT_VALUE_GEQ));
+}
+
 #define RAILCC_STR2(x) #x
 #define RAILCC_STR(x) RAILCC_STR2(x)
 
@@ -188,6 +203,8 @@ const DeviceApi kApi = {
     shot,
     streamCapturing,
     exchangeCaptureMode,
+    streamWriteValue64,
+    streamWaitValue64,
 };
 
 }  // namespace

@@ -9,7 +9,8 @@ constexpr const char* kKindNames[] = {"shm", "socket", "verbs", "device"};
 constexpr const char* kStatNames[] = {"send_copied_bytes", "recv_copied_bytes", "single_copied_bytes",
                                       "rdma_written_bytes", "rdma_zero_copy_bytes", "registrations",
                                       "registration_cache_hits", "registration_failures", "registered_bytes",
-                                      "gpu_direct_bytes", "host_rounds", "device_kernels", "device_in_place"};
+                                      "gpu_direct_bytes", "host_rounds", "device_kernels", "device_in_place",
+                                      "device_signal_steps"};
 static_assert(sizeof(kStatNames) / sizeof(kStatNames[0]) == static_cast<size_t>(Stat::kCount));
 static_assert(sizeof(kKindNames) / sizeof(kKindNames[0]) == static_cast<size_t>(StatKind::kCount));
 

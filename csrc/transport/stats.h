@@ -28,7 +28,8 @@ enum class Stat : uint8_t {
   kGpuDirect,       // bytes the NIC read from or wrote into GPU memory here (GPUDirect RDMA)
   kHostRounds,      // kDevice: rounds between the ranks' hosts inside CUDA IPC ops (events, votes)
   kDeviceKernels,   // kDevice: one-kernel collectives launched (no host round inside)
-  kDeviceInPlace,   // kDevice: of those, the ones whose input peers read in place (the heap)
+  kDeviceInPlace,   // kDevice: of those, the ones whose input peers read in place (registered)
+  kDeviceSignalSteps,  // kDevice: CUDA IPC steps ordered by the streams' signals (no host round)
   kCount
 };
 

@@ -14,6 +14,7 @@
 // it) fails and is counted in gCaptureViolations. The real runtime behind the same table is
 // csrc/cuda/plugin.cu. Used by staging_test.cpp and shot_engine_test.cpp.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -53,7 +54,20 @@ constexpr int kCaptureError = 900;               // cudaErrorStreamCaptureUnsupp
 // A captured graph: what each step of the captured stream would enqueue, made afresh per replay.
 using FakeGraph = std::vector<std::function<std::function<bool()>()>>;
 
+struct FakeStream;
+inline std::vector<FakeStream*> gStreams;  // the live ones, which a wait on a value may drive
+
 struct FakeStream {
+  FakeStream() {
+    std::lock_guard<std::recursive_mutex> g(gFakeMu);
+    gStreams.push_back(this);
+  }
+  ~FakeStream() {
+    std::lock_guard<std::recursive_mutex> g(gFakeMu);
+    gStreams.erase(std::remove(gStreams.begin(), gStreams.end(), this), gStreams.end());
+  }
+  FakeStream(const FakeStream&) = delete;
+  FakeStream& operator=(const FakeStream&) = delete;
   std::deque<std::function<bool()>> q;  // an entry returns false while it cannot run yet (a wait)
   uint64_t queued = 0, done = 0;
   uint64_t hangAt = ~uint64_t(0);  // position of a kernel that never finishes
@@ -90,6 +104,7 @@ struct Fake {
   static int streamCreate(void** s) { return *s = new FakeStream, 0; }
   static int streamDestroy(void* s) {
     std::lock_guard<std::recursive_mutex> g(gFakeMu);
+    gStreams.erase(std::remove(gStreams.begin(), gStreams.end(), static_cast<FakeStream*>(s)), gStreams.end());
     gDeadStreams.emplace_back(static_cast<FakeStream*>(s));
     return 0;
   }
@@ -169,6 +184,25 @@ struct Fake {
     // A stream behind a wait does not pass it until the other stream has (a hung kernel there
     // holds this one too, as on a GPU), whatever order the ranks' threads query them in.
     if (src && src != s) enqueueStep(s, [src, at] { return drain(src, at), src->done >= at; });
+    return 0;
+  }
+  // Stream memory operations: the write runs in stream order; the wait holds its stream until
+  // the value is there, driving every other stream meanwhile (on a GPU the peers' streams run
+  // by themselves; here they run when polled, and the one that writes may be nobody's current).
+  static int streamWriteValue64(void* s, void* addr, uint64_t v) {
+    return enqueue(s, [=] { __atomic_store_n(static_cast<uint64_t*>(addr), v, __ATOMIC_RELEASE); }), 0;
+  }
+  static int streamWaitValue64(void* s, void* addr, uint64_t v) {
+    std::lock_guard<std::recursive_mutex> g(gFakeMu);
+    if (static_cast<FakeStream*>(s)->capture) return gCaptureViolations.fetch_add(1), kCaptureError;
+    auto* me = static_cast<FakeStream*>(s);
+    enqueueStep(s, [me, addr, v] {
+      auto there = [&] { return __atomic_load_n(static_cast<const uint64_t*>(addr), __ATOMIC_ACQUIRE) >= v; };
+      if (there()) return true;
+      for (FakeStream* o : gStreams)  // under gFakeMu (drain holds it)
+        if (o != me) drain(o, ~uint64_t(0));
+      return there();
+    });
     return 0;
   }
   static int memcpyAsync(void* dst, const void* src, size_t n, void* s) {
@@ -316,6 +350,7 @@ inline const cuda::DeviceApi kFake = {
     Fake::canAccessPeer, Fake::ipcGetMemHandle, Fake::ipcOpenMemHandle, Fake::ipcCloseMemHandle, Fake::eventCreate,
     Fake::ipcGetEventHandle, Fake::ipcOpenEventHandle, Fake::reduceAsync, Fake::divideAsync, Fake::scaleCopyAsync,
     nullptr, nullptr, nullptr, Fake::shotAsync, Fake::streamCapturing, Fake::exchangeCaptureMode,
+    Fake::streamWriteValue64, Fake::streamWaitValue64,
 };
 
 }  // namespace railcc::engine::fake_device

@@ -81,7 +81,36 @@ uint64_t deviceStat(transport::Stat s) {
 }  // namespace
 
 // What railcc.stats() and railcc-bench --stats report: the CUDA IPC path meets on the host
-// twice per chunk, the one-kernel path never (set-up aside, which exchanges handles once).
+// twice per chunk, the one-kernel path never (set-up aside, which exchanges handles once), and
+// the IPC path with its steps ordered by the streams' signals never either: its two steps an
+// op are signals.
+TEST_F(ShotEngine, HostRoundsPerOpNoneThroughStreamSignals) {
+  Config cfg = shotConfig();
+  cfg.cudaShots = false;
+  cfg.cudaIpcSignals = true;
+  uint64_t rounds = 0, steps = 0;
+  testing_util::runRanks(2, cfg, "signals", [&](Communicator& c) {
+    std::vector<float> v(1001, 1.0f);
+    waitOk(c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), kDev));  // set-up
+    waitOk(c.barrier());
+    const uint64_t r0 = deviceStat(transport::Stat::kHostRounds), s0 = deviceStat(transport::Stat::kDeviceSignalSteps);
+    waitOk(c.barrier());
+    for (int i = 0; i < 10; ++i) {
+      std::fill(v.begin(), v.end(), static_cast<float>(i + c.rank()));
+      waitOk(c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), kDev));
+      for (float x : v) ASSERT_EQ(x, static_cast<float>(2 * i + 1));
+    }
+    waitOk(c.barrier());
+    if (c.rank() == 0) {
+      rounds = deviceStat(transport::Stat::kHostRounds) - r0;
+      steps = deviceStat(transport::Stat::kDeviceSignalSteps) - s0;
+    }
+    waitOk(c.barrier());
+  });
+  EXPECT_EQ(rounds, 0u);
+  EXPECT_EQ(steps, 2u * 2 * 10);
+}
+
 TEST_F(ShotEngine, HostRoundsPerOpTwoThroughIpcNoneThroughShots) {
   for (bool shots : {false, true}) {
     Config cfg = shotConfig();
@@ -155,6 +184,36 @@ TEST_F(ShotEngine, ManyOpsCoalescedAndQueued) {
     for (int64_t x : q) ASSERT_EQ(x, n * (n + 1) / 2);
     Fake::streamDestroy(mine);
   });
+}
+
+// The same through the IPC path whose steps are the streams' signals: the others' streams wait
+// on rank 2's count, the op times out on the host, and the error names rank 2 (read from the
+// pads rank 2 never wrote); teardown releases the streams' waits, so it does not hang.
+TEST_F(ShotEngine, APeerThatStopsCallingIsNamedThroughStreamSignals) {
+  Config cfg = shotConfig();
+  cfg.cudaShots = false;
+  cfg.cudaIpcSignals = true;
+  std::atomic<int> failed{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  // The buffers outlive the group: a failed op's copies still run once teardown releases the
+  // waits (as a Work keeps its tensors until the GPU is done with them).
+  std::vector<std::vector<float>> bufs(3, std::vector<float>(1000, 1.0f));
+  testing_util::runRanks(3, cfg, "signals", [&](Communicator& c) {
+    std::vector<float>& v = bufs[static_cast<size_t>(c.rank())];
+    waitOk(c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), kDev));
+    if (c.rank() == 2) {
+      while (failed.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    auto req = c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(1500), kDev);
+    auto e = testing_util::failureOf(req, Millis(60000));
+    failed.fetch_add(1);
+    ASSERT_TRUE(e) << "rank " << c.rank() << " did not fail with a railcc error";
+    const std::string what = e->what();
+    EXPECT_NE(what.find("rank 2"), std::string::npos) << what;
+    EXPECT_NE(what.find("not signalled"), std::string::npos) << what;
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
 }
 
 // Rank 2 stops calling after the first op: the others' kernels give up within the op's timeout,

@@ -33,11 +33,12 @@ struct Param {
   bool shm;
   int64_t staging;  // RAILCC_CUDA_STAGING_BYTES: small ones cut many chunks
   bool ipc;         // RAILCC_CUDA_IPC (used when every rank shares memory, i.e. shm)
+  bool signals = false;  // RAILCC_CUDA_IPC_SIGNALS: the IPC steps meet through the streams
 };
 
 std::string paramName(const testing::TestParamInfo<Param>& p) {
   return std::string(p.param.shm ? "shm" : "tcp") + "_n" + std::to_string(p.param.size) + "_stage" +
-         std::to_string(p.param.staging) + (p.param.ipc ? "_ipc" : "");
+         std::to_string(p.param.staging) + (p.param.ipc ? "_ipc" : "") + (p.param.signals ? "_signals" : "");
 }
 
 void runRanks(const Param& p, const std::function<void(Communicator&)>& body) {
@@ -46,6 +47,7 @@ void runRanks(const Param& p, const std::function<void(Communicator&)>& body) {
   cfg.initTimeoutSec = 30;
   cfg.cudaStagingBytes = p.staging;
   cfg.cudaIpc = p.ipc;
+  cfg.cudaIpcSignals = p.signals;
   cfg.cudaIpcBytes = 4 * 65536;  // the smallest chunks, so the tests cross several
   cfg.buffSize = 64 * 1024;
   testing_util::runRanks(p.size, cfg, "staging", body);
@@ -346,7 +348,9 @@ INSTANTIATE_TEST_SUITE_P(Chunks, Staged,
                                          Param{3, true, 4096, false}, Param{4, true, 65536, false},
                                          Param{3, false, 4096, false}, Param{2, true, 33554432, false},
                                          Param{2, true, 4096, true}, Param{3, true, 4096, true},
-                                         Param{4, true, 65536, true}, Param{3, false, 4096, true}),
+                                         Param{4, true, 65536, true}, Param{3, false, 4096, true},
+                                         Param{2, true, 4096, true, true}, Param{3, true, 4096, true, true},
+                                         Param{4, true, 65536, true, true}),
                          paramName);
 
 // GPUs that cannot reach each other's memory: every rank votes against CUDA IPC, and the

@@ -492,7 +492,9 @@ SMALL_STAGING = {"RAILCC_CUDA_STAGING_BYTES": "65536", "RAILCC_CUDA_IPC_BYTES": 
 # "shots": all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single
 # of equal splits in one kernel per tensor through the IPC pools (RAILCC_CUDA_SHOTS), the other
 # ops as "ipc".
-PATHS = {"ipc": {}, "staged": {"RAILCC_CUDA_IPC": "0"}, "shots": {"RAILCC_CUDA_SHOTS": "1"}}
+# "signals": the IPC path with its steps ordered by the streams' signals (RAILCC_CUDA_IPC_SIGNALS).
+PATHS = {"ipc": {}, "staged": {"RAILCC_CUDA_IPC": "0"}, "shots": {"RAILCC_CUDA_SHOTS": "1"},
+         "signals": {"RAILCC_CUDA_IPC_SIGNALS": "1"}}
 
 
 def run_all(pool, fn, *args, timeout=600):

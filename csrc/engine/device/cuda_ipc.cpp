@@ -15,6 +15,7 @@ namespace railcc::engine {
 
 void DeviceLayer::ipcStep(const cuda::DeviceApi& api, void* stream, int d, IpcEvent e) {
   if (dev_.capturing) refuseCapture("it meets the peers on the host for each chunk, which a replay of the graph would skip");
+  if (dev_.ipc.signals) return signalStep(api, stream, d, e);
   checkDevice(api.eventRecord(dev_.ipc.ev[static_cast<size_t>(rank_)][e], stream), "cudaEventRecord", d);
   algos_.syncRound();
   transport::addStat(transport::StatKind::kDevice, transport::Stat::kHostRounds, 1);
@@ -25,6 +26,13 @@ void DeviceLayer::ipcStep(const cuda::DeviceApi& api, void* stream, int d, IpcEv
 
 void DeviceLayer::releaseIpc(const cuda::DeviceApi& api, bool peersDone) {
   shotRelease(api);
+  {
+    std::lock_guard<std::mutex> g(dev_.gpuMu);  // abortSteps() reads these under it
+    dev_.ipc.signals = false;
+    if (dev_.ipc.abortStream) api.streamDestroy(dev_.ipc.abortStream);
+    dev_.ipc.abortStream = nullptr;
+  }
+  for (auto& k : dev_.ipc.steps) k.store(0);
   const size_t me = static_cast<size_t>(rank_);
   for (size_t r = 0; r < dev_.ipc.pool.size(); ++r) {
     if (r == me) continue;
@@ -91,19 +99,21 @@ bool DeviceLayer::ipcReady(int d, void* stream) {
   // number of host rounds, which zero-byte rounds cannot check, and the one-kernel ops'
   // shape), then the handles.
   const bool shots = opts_.config.cudaShots && api.shotAsync != nullptr;
-  constexpr size_t kCfg = 4;
+  constexpr size_t kCfg = 5;
   const size_t hb = cuda::kIpcHandleBytes, cfgAt = 1, handlesAt = cfgAt + kCfg * sizeof(int64_t);
   const size_t heapAt = handlesAt + hb * (1 + kIpcEvents), boardAt = heapAt + kHeapBlob, blob = boardAt + kBoardBlob;
   std::vector<char> mine(blob, 0), all(blob * n, 0);
   const int64_t cfg[kCfg] = {static_cast<int64_t>(dev_.ipc.chunk), opts_.config.oneshotBytes, shots ? 1 : 0,
-                             opts_.config.cudaShotBlocks};
+                             opts_.config.cudaShotBlocks, opts_.config.cudaIpcSignals ? 1 : 0};
   std::memcpy(mine.data() + cfgAt, cfg, sizeof(cfg));
   void* p = nullptr;
-  // Four chunk buffers, then the one-kernel ops' signal pads, zeroed before any peer maps them.
-  attempt(api.deviceMalloc(&p, 4 * dev_.ipc.chunk + shotPadBytes()), "cudaMalloc (CUDA IPC pool)");
+  // Four chunk buffers, then the one-kernel ops' signal pads and the steps' pads, zeroed before
+  // any peer maps them.
+  const size_t tail = shotPadBytes() + stepPadBytes();
+  attempt(api.deviceMalloc(&p, 4 * dev_.ipc.chunk + tail), "cudaMalloc (CUDA IPC pool)");
   dev_.ipc.pool[me] = static_cast<char*>(p);
   if (ok) {
-    std::vector<char> zeros(shotPadBytes(), 0);
+    std::vector<char> zeros(tail, 0);
     attempt(api.memcpyAsync(dev_.ipc.pool[me] + 4 * dev_.ipc.chunk, zeros.data(), zeros.size(), stream),
             "cudaMemcpyAsync (signal pads)");
     if (ok) attempt(api.streamSynchronize(stream), "cudaStreamSynchronize (signal pads)");
@@ -149,10 +159,12 @@ bool DeviceLayer::ipcReady(int d, void* stream) {
               "CUDA IPC settings differ between ranks (they must be equal on all ranks): rank " + std::to_string(rank_) +
                   " has RAILCC_CUDA_IPC_BYTES=" + std::to_string(opts_.config.cudaIpcBytes) + " (chunk " +
                   std::to_string(cfg[0]) + " B), RAILCC_ONESHOT_BYTES=" + std::to_string(cfg[1]) +
-                  ", RAILCC_CUDA_SHOTS=" + std::to_string(cfg[2]) + " and RAILCC_CUDA_SHOT_BLOCKS=" +
-                  std::to_string(cfg[3]) + ", rank " + std::to_string(q) + " a chunk of " + std::to_string(theirs[0]) +
-                  " B, RAILCC_ONESHOT_BYTES=" + std::to_string(theirs[1]) + ", RAILCC_CUDA_SHOTS=" +
-                  std::to_string(theirs[2]) + " and RAILCC_CUDA_SHOT_BLOCKS=" + std::to_string(theirs[3]) +
+                  ", RAILCC_CUDA_SHOTS=" + std::to_string(cfg[2]) + ", RAILCC_CUDA_SHOT_BLOCKS=" +
+                  std::to_string(cfg[3]) + " and RAILCC_CUDA_IPC_SIGNALS=" + std::to_string(cfg[4]) + ", rank " +
+                  std::to_string(q) + " a chunk of " + std::to_string(theirs[0]) + " B, RAILCC_ONESHOT_BYTES=" +
+                  std::to_string(theirs[1]) + ", RAILCC_CUDA_SHOTS=" + std::to_string(theirs[2]) +
+                  ", RAILCC_CUDA_SHOT_BLOCKS=" + std::to_string(theirs[3]) + " and RAILCC_CUDA_IPC_SIGNALS=" +
+                  std::to_string(theirs[4]) +
                   " (RAILCC_CUDA_SHOTS reads 0 where the CUDA plugin has no one-kernel ops)");
     err.ranks = {rank_, static_cast<int>(q)};
     throw err;
@@ -190,9 +202,16 @@ bool DeviceLayer::ipcReady(int d, void* stream) {
   }
   // The one-kernel ops' table, once every peer's pool is mapped.
   if (ok && shots && !(segsStart(api, d, &why) && shotSetup(api, stream, &why))) ok = false;
-  // Every rank must take the same path, so one vote decides.
-  int64_t vote = ok ? 1 : 0;
+  // Steps through the streams' signals where asked for and every rank's stream can.
+  std::string noSignals;
+  const bool signals = ok && opts_.config.cudaIpcSignals && signalsProbe(api, stream, &noSignals);
+  // Every rank must take the same path, so one vote decides (2: with signals, 1: without).
+  int64_t vote = ok ? (signals ? 2 : 1) : 0;
   algos_.allreduce(reinterpret_cast<char*>(&vote), 1, DataType::kInt64, ReduceOp::kMin, 1.0);
+  if (opts_.config.cudaIpcSignals && vote == 1)
+    RAILCC_WARN(COLL, "group '", opts_.name, "': RAILCC_CUDA_IPC_SIGNALS=1, but ",
+                noSignals.empty() ? std::string("another rank's stream cannot use stream memory operations") : noSignals,
+                "; the CUDA IPC steps meet on the host");
   if (vote == 0) {
     RAILCC_WARN(COLL, "group '", opts_.name, "': CUDA IPC is not usable (",
                 why.empty() ? std::string("another rank could not set it up") : why,
@@ -210,12 +229,14 @@ bool DeviceLayer::ipcReady(int d, void* stream) {
     return false;
   }
   dev_.shot.ready = shots;
+  dev_.ipc.signals = vote == 2;
   segsGo();
   // Every peer mapped this rank's heap (if it has one): its buffers are now reached in place.
   dev_.heap.share = shots ? HeapShare::kShared : HeapShare::kNotShared;
   RAILCC_INFO(COLL, "group '", opts_.name, "': CUDA IPC on cuda:", d, ", ", (4 * dev_.ipc.chunk) >> 10,
               " KiB of device memory per rank (RAILCC_CUDA_IPC_BYTES)",
-              shots ? "; collectives in one kernel per tensor (RAILCC_CUDA_SHOTS=1)" : "");
+              shots ? "; collectives in one kernel per tensor (RAILCC_CUDA_SHOTS=1)" : "",
+              dev_.ipc.signals ? "; steps ordered by the streams' signals (RAILCC_CUDA_IPC_SIGNALS=1)" : "");
   if (sharing > 0) {
     // Without MPS the GPU runs one process's kernels at a time: ranks meeting inside a kernel
     // (RAILCC_CUDA_SHOTS) then wait for each other's turn.

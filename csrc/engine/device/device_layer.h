@@ -136,6 +136,19 @@ class DeviceLayer {
   // Records `e` on this rank's stream, tells every peer, and orders this rank's stream after
   // every peer's record of `e`.
   void ipcStep(const cuda::DeviceApi& api, void* stream, int d, IpcEvent e);
+  // ipc_signals.cpp (RAILCC_CUDA_IPC_SIGNALS): the step with no host round: this rank's stream
+  // writes the step's count into every peer's step pad and waits until every peer's count in
+  // its own has reached it. The pads follow the shot pads at each pool's tail (stepPadBytes()).
+  static size_t stepPadBytes();
+  uint64_t* stepPad(size_t owner, IpcEvent e, size_t from);
+  void signalStep(const cuda::DeviceApi& api, void* stream, int d, IpcEvent e);
+  // At set-up: whether this rank's stream can write and wait on its pads (false, `why`).
+  bool signalsProbe(const cuda::DeviceApi& api, void* stream, std::string* why);
+  void abortSteps();  // under gpuMu: every wait of this rank's stream on its pads passes
+  // The peers whose counts in this rank's pads are behind its own steps (they did not come),
+  // and the words an error adds for them ("" for none).
+  std::vector<int> stepLaggards(const cuda::DeviceApi& api);
+  std::string lateText(const std::vector<int>& late) const;
   // The end of an IPC op. Its GPU work is ordered by events alone (every slot is rewritten
   // only after each peer's stream has passed its reads of it, whatever op comes next), so the
   // host need not wait for it unless the caller has no stream to order on.

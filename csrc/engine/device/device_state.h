@@ -33,6 +33,12 @@ struct IpcState {
   std::vector<char*> pool;                        // [rank]: that rank's pool as mapped here
   std::vector<std::array<void*, kIpcEvents>> ev;  // [rank]: its events as opened here
   std::vector<char*> heaps;                       // [rank]: its heap as mapped here (null: none)
+  // RAILCC_CUDA_IPC_SIGNALS (ipc_signals.cpp): steps ordered by the streams themselves. steps[e]
+  // counts this rank's steps of kind e (every rank counts the same); `abortStream` is where
+  // abortShots() releases this rank's stream from waits a failed peer will never satisfy.
+  bool signals = false;
+  std::array<std::atomic<uint64_t>, kIpcEvents> steps{};  // the watchdog reads them too
+  void* abortStream = nullptr;
 };
 
 // This rank's heap (heap.h): made by the first allocate_tensor on CUDA or by the IPC set-up,

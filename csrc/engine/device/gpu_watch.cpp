@@ -56,12 +56,17 @@ std::exception_ptr DeviceLayer::retireGpuWork(const cuda::DeviceApi& api, const 
         *next = std::min(*next, due);
         return nullptr;
       }
+      const std::vector<int> late = stepLaggards(api);
       std::ostringstream os;
       os << opKindName(w.kind) << " (seq " << w.seq << ", " << w.what << ") on cuda:" << w.device
          << " did not finish on the GPU within " << w.timeout.count() << " ms: its work on stream "
-         << pointerText(w.stream) << " (the group's stream, which waits for the caller's) never completed. A kernel "
-         << "queued before it on the caller's stream is still running, or the GPU is hung";
+         << pointerText(w.stream) << " (the group's stream, which waits for the caller's) never completed";
+      if (late.empty())
+        os << ". A kernel queued before it on the caller's stream is still running, or the GPU is hung";
+      else
+        os << lateText(late);
       Error err(ErrorCode::kTimeout, os.str());
+      err.ranks = late;
       err.seq = static_cast<long long>(w.seq);
       err.op = opKindName(w.kind);
       return std::make_exception_ptr(err);

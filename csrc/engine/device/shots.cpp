@@ -74,6 +74,7 @@ void DeviceLayer::shotRelease(const cuda::DeviceApi& api) {
 void DeviceLayer::abortShots() {
   std::lock_guard<std::mutex> g(dev_.gpuMu);
   if (dev_.shot.abort) __atomic_store_n(dev_.shot.abort, 1u, __ATOMIC_RELEASE);
+  abortSteps();  // and a stream waiting on a step's signal passes it
 }
 
 std::exception_ptr DeviceLayer::shotFailure() {

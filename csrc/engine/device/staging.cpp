@@ -23,9 +23,13 @@ void DeviceLayer::deviceWait(const cuda::DeviceApi& api, void* ev, int device, c
     if (waited > limit) {
       char s[32];
       std::snprintf(s, sizeof(s), "%p", stream);
+      const std::vector<int> late = stepLaggards(api);
       Error err(ErrorCode::kTimeout, std::string(what) + " on cuda:" + std::to_string(device) + " (stream " + s +
-                                         ") did not finish within " + std::to_string(limit.count()) +
-                                         " ms: the GPU is hung, or busy with work queued before this op on the caller's stream");
+                                         ") did not finish within " + std::to_string(limit.count()) + " ms" +
+                                         (late.empty() ? ": the GPU is hung, or busy with work queued before this op on the "
+                                                         "caller's stream"
+                                                       : lateText(late)));
+      err.ranks = late;
       if (ch_.current()) {
         err.seq = static_cast<long long>(ch_.current()->fp.seq);
         err.op = opKindName(ch_.current()->kind);
