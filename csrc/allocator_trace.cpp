@@ -6,8 +6,10 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstddef>
 #include <exception>
+#include <mutex>
 
 #if __has_include(<c10/cuda/impl/cuda_cmake_macros.h>) && __has_include(<cuda_runtime_api.h>)
 #define RAILCC_ALLOCATOR_HOOK 1
@@ -34,12 +36,36 @@ namespace alloc = c10::cuda::CUDACachingAllocator;
 static_assert(static_cast<int>(alloc::TraceEntry::SEGMENT_ALLOC) == kSegmentAlloc, "TraceEntry changed");
 static_assert(static_cast<int>(alloc::TraceEntry::SEGMENT_FREE) == kSegmentFree, "TraceEntry changed");
 
-static std::string attach() {
+static alloc::CUDAAllocator* allocatorNow() {
   // c10::cuda::CUDACachingAllocator::allocator, in libc10_cuda.so where torch was built for CUDA.
-  void* sym = dlsym(RTLD_DEFAULT, "_ZN3c104cuda20CUDACachingAllocator9allocatorE");
-  if (!sym) return "this torch has no CUDA caching allocator (libc10_cuda.so is not loaded)";
-  auto* a = static_cast<std::atomic<alloc::CUDAAllocator*>*>(sym)->load();
-  if (!a) return "torch's CUDA allocator is not set up";
+  static void* const sym = dlsym(RTLD_DEFAULT, "_ZN3c104cuda20CUDACachingAllocator9allocatorE");
+  return sym ? static_cast<std::atomic<alloc::CUDAAllocator*>*>(sym)->load() : nullptr;
+}
+
+// The segment holding p as the allocator knows it (also one made before the hook was attached,
+// whose free the hook still reports). Never throws: memory it did not make, or a block of
+// expandable segments (which CUDA IPC handles do not cover), is "none".
+static bool baseOf(const void* p, char** base, size_t* bytes) {
+  alloc::CUDAAllocator* a = allocatorNow();
+  if (!a) return false;
+  try {
+    size_t size = 0;
+    void* b = a->getBaseAllocation(const_cast<void*>(p), &size);
+    if (!b || size == 0) return false;
+    *base = static_cast<char*>(b);
+    *bytes = size;
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+static std::string attach() {
+  if (!dlsym(RTLD_DEFAULT, "_ZN3c104cuda20CUDACachingAllocator9allocatorE"))
+    return "this torch has no CUDA caching allocator (libc10_cuda.so is not loaded)";
+  alloc::CUDAAllocator* a = allocatorNow();
+  // The hook goes to the device allocators that exist: before CUDA's first use there are none.
+  if (!a || !a->initialized()) return "torch's CUDA allocator is not set up yet (no CUDA tensor so far)";
   try {  // an allocator that keeps no trace (cudaMallocAsync's) refuses
     a->attachAllocatorTraceTracker([](const alloc::TraceEntry& te) {
       allocatorTraced(static_cast<int>(te.action_), static_cast<size_t>(te.addr_), te.size_);
@@ -47,14 +73,21 @@ static std::string attach() {
   } catch (const std::exception& e) {
     return std::string("torch's CUDA allocator takes no trace hook: ") + e.what();
   }
+  engine::setSegmentFinder(baseOf);
   return "";
 }
 #else
 static std::string attach() { return "railcc was built without CUDA headers for torch's allocator"; }
 #endif
 
-const std::string& watchAllocatorSegments() {
-  static const std::string why = attach();
+std::string watchAllocatorSegments() {
+  static std::atomic<bool> attached{false};
+  if (attached.load(std::memory_order_acquire)) return "";
+  static std::mutex mu;
+  std::lock_guard<std::mutex> g(mu);
+  if (attached.load()) return "";
+  std::string why = attach();  // tried again at the next call until it holds
+  if (why.empty()) attached.store(true, std::memory_order_release);
   return why;
 }
 

@@ -8,9 +8,11 @@
 
 namespace railcc {
 
-/// Attaches the hook once per process (later calls return the first answer): "" once
-/// attached, else why not (a CPU build of torch, or headers without CUDA at build time).
-const std::string& watchAllocatorSegments();
+/// Attaches the hook once per process: "" once attached, else why not yet (torch's CUDA not
+/// used so far: tried again at the next call) or not at all (a CPU build of torch, or railcc
+/// built without CUDA's headers). Cheap once attached: called at every CUDA call of a group
+/// with one-kernel ops.
+std::string watchAllocatorSegments();
 
 /// The hook's body, apart from the allocator's types: `action` is TraceEntry's (SEGMENT_ALLOC,
 /// SEGMENT_FREE; others are ignored). Tests call it as the allocator would.

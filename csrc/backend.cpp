@@ -204,8 +204,9 @@ std::unique_ptr<engine::Communicator> ProcessGroupRailcc::connect(const char* wh
   o.storeKeepAlive = store_;
   o.onFailure = [hooks = abortHooks_](std::exception_ptr err) { hooks->runFor(err); };
   o.config = configFromEnv();
-  // One-kernel ops read tensors of torch's allocator in place once it tells us what it frees.
-  if (o.config.cudaShots && o.config.cudaIpc) watchAllocatorSegments();
+  // One-kernel ops read tensors of torch's allocator in place once it tells us what it frees
+  // (the hook is attached at the first CUDA call: torch's allocator exists from then on).
+  if (o.config.cudaShots && o.config.cudaIpc) watchSegments_ = true;
   if (const char* l = std::getenv("LOCAL_WORLD_SIZE")) {  // torchrun's ranks per host: a hint, ignored unless sane
     char* end = nullptr;
     const long v = std::strtol(l, &end, 10);
@@ -343,6 +344,7 @@ DeviceCallPtr ProcessGroupRailcc::deviceCall(const char* what, const std::vector
   if (!first || !first->device().is_cuda()) return nullptr;
   std::string why;
   if (!engine::deviceApiAvailable(&why)) invalid(std::string(what) + ": " + first->device().str() + " tensor: " + why);
+  if (watchSegments_) watchAllocatorSegments();
   auto dev = std::make_shared<DeviceCall>();
   dev->device = first->device();
   c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);

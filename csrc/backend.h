@@ -11,6 +11,7 @@
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -268,6 +269,7 @@ class ProcessGroupRailcc : public c10d::Backend {
   std::mutex streamsMu_;
   std::vector<std::pair<c10::DeviceIndex, c10::Stream>> commStreams_;  // one per device used
   c10::DeviceIndex boundDevice_ = -1;  // a group serves one CUDA device, as in NCCL
+  std::atomic<bool> watchSegments_{false};  // one-kernel ops on: attach torch's allocator hook (allocator_trace.h)
 };
 
 }  // namespace railcc

@@ -16,5 +16,9 @@ void segmentMade(char* base, size_t bytes);
 void segmentFreeing(char* base);
 /// Segments known now (tests and railcc.stats()).
 size_t segmentsKnown();
+/// How to find the segment holding p where the hook did not see it made (the allocator's own
+/// lookup): true with its base and size, false for memory the allocator did not make.
+using SegmentFinder = bool (*)(const void* p, char** base, size_t* bytes);
+void setSegmentFinder(SegmentFinder f);
 
 }  // namespace railcc::engine

@@ -72,6 +72,7 @@ struct FakeStream {
   uint64_t queued = 0, done = 0;
   uint64_t hangAt = ~uint64_t(0);  // position of a kernel that never finishes
   bool draining = false;           // drain() is running it (a wait may lead back here)
+  bool waitingValue = false;       // its next entry waits on a value another stream will write
   FakeGraph* capture = nullptr;    // being captured into this graph
   uint64_t capturedFrom = 0;       // `queued` when the capture began
 };
@@ -132,7 +133,8 @@ struct Fake {
       {
         std::lock_guard<std::recursive_mutex> g(gFakeMu);
         if (st->q.empty()) return 0;
-        still = gShotBlocksRunning.load() == 0 && st->done == before ? still + 1 : 0;
+        // A wait on a value may be met once another rank's thread queues the write: not stuck.
+        still = gShotBlocksRunning.load() == 0 && !st->waitingValue && st->done == before ? still + 1 : 0;
         if (still >= 2) return 0;
       }
       if (std::chrono::steady_clock::now() > until) return 0;
@@ -198,10 +200,11 @@ struct Fake {
     auto* me = static_cast<FakeStream*>(s);
     enqueueStep(s, [me, addr, v] {
       auto there = [&] { return __atomic_load_n(static_cast<const uint64_t*>(addr), __ATOMIC_ACQUIRE) >= v; };
-      if (there()) return true;
-      for (FakeStream* o : gStreams)  // under gFakeMu (drain holds it)
-        if (o != me) drain(o, ~uint64_t(0));
-      return there();
+      if (!there())
+        for (FakeStream* o : gStreams)  // under gFakeMu (drain holds it)
+          if (o != me) drain(o, ~uint64_t(0));
+      me->waitingValue = !there();
+      return !me->waitingValue;
     });
     return 0;
   }

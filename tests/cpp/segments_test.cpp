@@ -148,7 +148,39 @@ TEST(Segments, APeerThatNeverAnswersIsWaitedForBoundedAndItsSlotIsNotReused) {
   const uint64_t at = g.regs[0]->place(next.data(), 64);
   ASSERT_NE(at, cuda::kInScratch);
   EXPECT_EQ(g.mapped(1, 0, static_cast<int>((at >> cuda::kPlaceShift) - 1)), next.data());
+  // A peer that was silent once is not waited for again: the allocator is not held up by it
+  // at every free.
+  const auto t1 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(g.regs[0]->revoke(next.data()));
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, milliseconds(150));
   g.regs[1]->catchUp();
+}
+
+TEST(Segments, AFreeWaitsForTheKernelsStillQueuedOnTheSegment) {
+  // The allocator frees a segment once its blocks' last uses are queued, not run: revoke()
+  // waits for the last kernel that read it before any peer closes it.
+  Ranks g(2);
+  std::vector<char> seg(4096);
+  ASSERT_TRUE(g.regs[0]->offer(seg.data(), seg.size()));
+  const uint64_t at = placeWhenMapped(*g.regs[0], seg.data(), 64);
+  ASSERT_NE(at, cuda::kInScratch);
+  void* stream = nullptr;
+  ASSERT_EQ(Fake::streamCreate(&stream), 0);
+  gHung = true;
+  Fake::hangAsync(stream);  // the kernel that reads it, still running
+  g.regs[0]->used(at, stream);
+  std::atomic<bool> done{false};
+  std::thread freeing([&] {
+    g.regs[0]->revoke(seg.data());
+    done = true;
+  });
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_FALSE(done.load()) << "revoked while a kernel that reads the segment had not run";
+  EXPECT_EQ(g.mapped(1, 0, static_cast<int>((at >> cuda::kPlaceShift) - 1)), seg.data());
+  gHung = false;
+  freeing.join();
+  EXPECT_EQ(g.mapped(1, 0, static_cast<int>((at >> cuda::kPlaceShift) - 1)), nullptr);
+  Fake::streamDestroy(stream);
 }
 
 TEST(Segments, APeerThatLeftCountsAsClosed) {

@@ -415,10 +415,12 @@ def rk_cuda_allocator_segments(rank, n):
     frees segments that peers map (each closes them first) and later ops are still right."""
     import time
     dev = _dev(rank)
+    bad = []
+    early = torch.full((1 << 20,), float(rank), device=dev)  # made before the group's first CUDA call
+    dist.all_reduce(early)  # the first CUDA call attaches the allocator's hook
     why = railcc._C._watch_allocator()
     if why:
         return [f"the allocator's hook is not attached: {why}"]
-    bad = []
     railcc.reset_stats()
     for it in range(8):
         for count in (1000, 1 << 20):  # one-shot (input read through the scratch: in place), two-shot
@@ -427,12 +429,17 @@ def rk_cuda_allocator_segments(rank, n):
             want = float(sum(r + 1 + it for r in range(n)))
             if not torch.equal(t.cpu(), torch.full((count,), want)):
                 bad.append(f"all_reduce of {count} from torch's allocator, round {it}, differs")
+        dist.all_reduce(early)  # a segment made before the hook: found through the allocator
         time.sleep(0.02)  # the peers' watchers map the segments offered meanwhile
     torch.cuda.synchronize()
     if railcc.stats()["device"]["device_in_place"] < 1:
         bad.append(f"no op read a tensor of torch's allocator in place: {railcc.stats()['device']}")
-    del t
-    torch.cuda.empty_cache()  # segments go; peers close them first
+    # An op still queued on the GPU when its tensor's segment is freed: the free waits for it,
+    # then for the peers to close the segment.
+    t = torch.full((1 << 22,), 1.0, device=dev)
+    dist.all_reduce(t)
+    del t, early
+    torch.cuda.empty_cache()
     dist.barrier()
     t = torch.full((1 << 20,), float(rank), device=dev)
     dist.all_reduce(t)

@@ -229,7 +229,10 @@ bool DeviceLayer::ipcReady(int d, void* stream) {
     return false;
   }
   dev_.shot.ready = shots;
-  dev_.ipc.signals = vote == 2;
+  {
+    std::lock_guard<std::mutex> g(dev_.gpuMu);  // abortSteps() reads it under the lock
+    dev_.ipc.signals = vote == 2;
+  }
   segsGo();
   // Every peer mapped this rank's heap (if it has one): its buffers are now reached in place.
   dev_.heap.share = shots ? HeapShare::kShared : HeapShare::kNotShared;

@@ -62,9 +62,10 @@ struct ShotState {
   // Registered segments (segments.h): this rank's board, its peers' as mapped here ([rank]
   // empty), the pointers the kernels read (ShotPeers::segs, pinned host memory) and the
   // registry, listed with the allocator's directory while it lives.
-  std::unique_ptr<transport::HostShared> board;
-  std::vector<std::unique_ptr<transport::HostShared>> boards;
-  char** segTable = nullptr;
+  std::shared_ptr<transport::HostShared> board;
+  std::vector<std::shared_ptr<transport::HostShared>> boards;
+  char** segTable = nullptr;       // made at set-up, until the registry owns it
+  char** segTableInUse = nullptr;  // the registry's, which the shot table names
   std::shared_ptr<SegmentRegistry> segs;
   void* table = nullptr;
   uint32_t* epochs = nullptr;

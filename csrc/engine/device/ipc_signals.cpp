@@ -14,10 +14,27 @@
 #include <string>
 #include <vector>
 
+#include "common/log.h"
 #include "engine/device/device_layer.h"
 #include "transport/stats.h"
 
 namespace railcc::engine {
+
+namespace {
+// The group's device as the current one for a call from another thread (the watchdog's), and
+// the caller's put back after.
+struct OnDevice {
+  const cuda::DeviceApi& api;
+  int was = -1;
+  OnDevice(const cuda::DeviceApi& a, int device) : api(a) {
+    if (device >= 0 && api.getDevice(&was) == 0 && was != device) api.setDevice(device);
+    else was = -1;
+  }
+  ~OnDevice() {
+    if (was >= 0) api.setDevice(was);
+  }
+};
+}  // namespace
 
 size_t DeviceLayer::stepPadBytes() {
   return (kIpcEvents * cuda::kMaxSignalPeers * sizeof(uint64_t) + 255) / 256 * 256;
@@ -44,9 +61,12 @@ bool DeviceLayer::signalsProbe(const cuda::DeviceApi& api, void* stream, std::st
     return false;
   }
   const size_t me = static_cast<size_t>(rank_);
-  // A write and a wait on this rank's own pad (its counts start at zero): the driver refuses
-  // here, not in the middle of an op, where stream memory operations are not supported.
+  // A write of zero (the counts' start) into this rank's pad and every peer's, and a wait: the
+  // driver refuses here, not in the middle of an op, where stream memory operations are not
+  // supported or cannot reach a peer's memory.
   int err = api.streamWriteValue64(stream, stepPad(me, kIpcIn, me), 0);
+  for (size_t q = 0; q < static_cast<size_t>(size_) && err == 0; ++q)  // and into every peer's, as mapped here
+    if (q != me) err = api.streamWriteValue64(stream, stepPad(q, kIpcIn, me), 0);
   if (err == 0) err = api.streamWaitValue64(stream, stepPad(me, kIpcIn, me), 0);
   if (err == 0) err = api.streamSynchronize(stream);
   if (err != 0) *why = std::string("stream memory operations failed: ") + (api.errorString ? api.errorString(err) : "?");
@@ -60,7 +80,12 @@ void DeviceLayer::abortSteps() {
   // The largest count in every pad of this rank: its stream's waits, now and later, all pass.
   static const std::vector<unsigned char> ones(kIpcEvents * cuda::kMaxSignalPeers * sizeof(uint64_t), 0xFF);
   const cuda::DeviceApi& api = deviceApi();
-  api.memcpyAsync(stepPad(static_cast<size_t>(rank_), kIpcIn, 0), ones.data(), ones.size(), dev_.ipc.abortStream);
+  OnDevice on(api, dev_.ipc.device);
+  const int err =
+      api.memcpyAsync(stepPad(static_cast<size_t>(rank_), kIpcIn, 0), ones.data(), ones.size(), dev_.ipc.abortStream);
+  if (err != 0)
+    RAILCC_WARN(COLL, "group '", opts_.name, "': could not release this rank's stream from its step waits (",
+                api.errorString ? api.errorString(err) : "?", "): work queued behind them may never run");
 }
 
 std::vector<int> DeviceLayer::stepLaggards(const cuda::DeviceApi& api) {
@@ -69,6 +94,7 @@ std::vector<int> DeviceLayer::stepLaggards(const cuda::DeviceApi& api) {
   // This rank's pads, as the peers' streams last wrote them, through the abort stream, which no
   // step ever holds.
   std::vector<uint64_t> pads(kIpcEvents * cuda::kMaxSignalPeers, 0);
+  OnDevice on(api, dev_.ipc.device);
   if (api.memcpyAsync(pads.data(), stepPad(static_cast<size_t>(rank_), kIpcIn, 0), pads.size() * sizeof(uint64_t),
                       dev_.ipc.abortStream) != 0 ||
       api.streamSynchronize(dev_.ipc.abortStream) != 0)

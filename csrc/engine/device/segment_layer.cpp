@@ -49,19 +49,32 @@ bool DeviceLayer::segsStart(const cuda::DeviceApi& api, int device, std::string*
   s.segTable = static_cast<char**>(p);
   std::memset(s.segTable, 0, cells * sizeof(char*));
   std::vector<SegmentBoard*> boards(n, nullptr);
+  std::vector<std::shared_ptr<transport::HostShared>> held;
   for (size_t q = 0; q < n; ++q) {
-    transport::HostShared* b = q == static_cast<size_t>(rank_) ? s.board.get() : s.boards[q].get();
+    std::shared_ptr<transport::HostShared> b = q == static_cast<size_t>(rank_) ? s.board : s.boards[q];
     if (!b) {
       *why = "a board of registered segments is missing";
       return false;
     }
     boards[q] = reinterpret_cast<SegmentBoard*>(b->data());
+    held.push_back(std::move(b));
   }
   // Ten seconds at most for peers to close a segment before it is freed: their watchers answer
   // at once unless stopped.
   const auto wait = std::min<std::chrono::milliseconds>(opts_.timeout, std::chrono::milliseconds(10000));
-  s.segs = std::make_shared<SegmentRegistry>(api, rank_, std::move(boards), s.segTable, device, wait,
-                                             [this](int q) { return ch_.rankName(q); });
+  // Names of the ranks, copied: the registry may outlive this layer on a thread that frees memory.
+  std::vector<std::string> names;
+  for (int q = 0; q < size_; ++q) names.push_back(ch_.rankName(q));
+  const cuda::DeviceApi* a = &api;
+  char** table = s.segTable;
+  s.segs = std::make_shared<SegmentRegistry>(
+      api, rank_, std::move(boards), table, device, wait, [names](int q) { return names[static_cast<size_t>(q)]; },
+      [a, table, held = std::move(held)]() mutable {
+        a->hostFree(table);
+        held.clear();
+      });
+  s.segTable = nullptr;  // the registry's now
+  s.segTableInUse = table;
   return true;
 }
 
@@ -76,9 +89,10 @@ void DeviceLayer::segsGo() {
 void DeviceLayer::segsRelease(const cuda::DeviceApi& api) {
   ShotState& s = dev_.shot;
   if (s.segs) s.segs->shutdown();  // peers closed ours (or are gone), ours of theirs closed
-  s.segs.reset();
-  if (s.segTable) api.hostFree(s.segTable);
+  s.segs.reset();                  // the table and boards go with the registry's last holder
+  if (s.segTable) api.hostFree(s.segTable);  // made, but set-up failed before a registry had it
   s.segTable = nullptr;
+  s.segTableInUse = nullptr;
   s.boards.clear();
   s.board.reset();
 }

@@ -18,11 +18,17 @@ constexpr long kWatchNapUs = 200000;  // the watcher looks even unrung this ofte
 
 SegmentRegistry::SegmentRegistry(const cuda::DeviceApi& api, int rank, std::vector<SegmentBoard*> boards, char** table,
                                  int device, std::chrono::milliseconds revokeWait,
-                                 std::function<std::string(int)> rankName)
+                                 std::function<std::string(int)> rankName, std::function<void()> release)
     : api_(api), rank_(rank), boards_(std::move(boards)), table_(table), device_(device), revokeWait_(revokeWait),
-      rankName_(std::move(rankName)), own_(kSlots), seen_(boards_.size() * kSlots, 0) {}
+      rankName_(std::move(rankName)), release_(std::move(release)), own_(kSlots), silent_(boards_.size(), false),
+      seen_(boards_.size() * kSlots, 0) {}
 
-SegmentRegistry::~SegmentRegistry() { shutdown(); }
+SegmentRegistry::~SegmentRegistry() {
+  shutdown();
+  for (Own& o : own_)
+    if (o.lastUse) api_.eventDestroy(o.lastUse);
+  if (release_) release_();
+}
 
 // ---------------------------------------------------------------------------------------
 // The owner's side
@@ -58,6 +64,18 @@ bool SegmentRegistry::offered(const void* p) {
   return false;
 }
 
+void SegmentRegistry::used(uint64_t place, void* stream) {
+  if (place == cuda::kInScratch || (place >> cuda::kPlaceShift) == 0) return;  // the scratch, or the heap
+  const size_t s = static_cast<size_t>((place >> cuda::kPlaceShift) - 1);
+  std::lock_guard<std::mutex> g(ownMu_);
+  if (s >= kSlots) return;
+  Own& o = own_[s];
+  if (!o.lastUse && api_.eventCreate(&o.lastUse) != 0) o.lastUse = nullptr;
+  // Without the event, revoke() cannot tell when the kernel is done: the segment goes back to
+  // the scratch for good rather than risk a peer closing it under a running kernel.
+  if (!o.lastUse || api_.eventRecord(o.lastUse, stream) != 0) o.refused = true;
+}
+
 bool SegmentRegistry::offer(char* base, size_t bytes) {
   std::lock_guard<std::mutex> g(ownMu_);
   if (shut_ || bytes == 0 || bytes > cuda::kPlaceOffset) return false;
@@ -86,23 +104,48 @@ bool SegmentRegistry::offer(char* base, size_t bytes) {
 
 bool SegmentRegistry::revoke(const char* base) {
   std::unique_lock<std::mutex> g(ownMu_);
-  for (size_t s = 0; s < kSlots; ++s)
-    if (own_[s].base == base) {
-      std::vector<std::pair<size_t, uint32_t>> slots;
-      if (revokeLocked(s)) slots.push_back({s, own_[s].gen});
-      return waitClosed(g, slots);
+  for (bool waited = false;;) {
+    size_t s = 0;
+    while (s < kSlots && own_[s].base != base && !(own_[s].closing && own_[s].closingBase == base)) ++s;
+    if (s == kSlots) return true;  // never offered here
+    if (own_[s].base != base)      // another thread (teardown) is closing it: the memory may go once that is done
+      return closed_.wait_for(g, revokeWait_ + std::chrono::seconds(1), [&] { return !own_[s].closing; });
+    if (!waited) {  // its last kernels first; the slot may change hands meanwhile, so look again
+      waitUnused(g, s);
+      waited = true;
+      continue;
     }
-  return true;
+    std::vector<std::pair<size_t, uint32_t>> slots;
+    if (revokeLocked(s)) slots.push_back({s, own_[s].gen});
+    return waitClosed(g, slots);
+  }
+}
+
+void SegmentRegistry::waitUnused(std::unique_lock<std::mutex>& g, size_t s) {
+  void* ev = own_[s].lastUse;
+  if (!ev) return;
+  g.unlock();
+  // railcc's own query: relaxed, so that it neither fails nor breaks a capture another thread
+  // began (the allocator frees from any thread).
+  int mode = 2;
+  const bool swapped = api_.exchangeCaptureMode && api_.exchangeCaptureMode(&mode) == 0;
+  const auto deadline = std::chrono::steady_clock::now() + revokeWait_;
+  while (api_.eventQuery(ev) == api_.notReady && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  if (swapped) api_.exchangeCaptureMode(&mode);
+  g.lock();
 }
 
 bool SegmentRegistry::revokeLocked(size_t s) {
   Own& o = own_[s];
+  char* const base = o.base;
   const bool live = (o.gen & 1) != 0;
   o.base = nullptr;
   o.usable = o.refused = false;
   setCell(table_, static_cast<size_t>(rank_) * kSlots + s, nullptr);
   if (!live) return false;  // never offered (its handle failed): no peer has it
   o.closing = true;          // not offered again until every peer closed it
+  o.closingBase = base;
   boards_[static_cast<size_t>(rank_)]->slots[s].gen.store(++o.gen, std::memory_order_release);
   return true;
 }
@@ -113,7 +156,8 @@ bool SegmentRegistry::waitClosed(std::unique_lock<std::mutex>& g, const std::vec
   for (int q = 0; q < peers(); ++q)
     if (q != rank_) transport::ring(&boards_[static_cast<size_t>(q)]->changed);
   auto closed = [&](int q) {
-    if (boards_[static_cast<size_t>(q)]->gone.load(std::memory_order_acquire) != 0) return true;
+    if (silent_[static_cast<size_t>(q)] || boards_[static_cast<size_t>(q)]->gone.load(std::memory_order_acquire) != 0)
+      return true;
     for (const auto& [s, gen] : slots)
       if ((mine->ack[q][s].load(std::memory_order_acquire) & ~kAckRefused) != gen) return false;
     return true;
@@ -131,12 +175,20 @@ bool SegmentRegistry::waitClosed(std::unique_lock<std::mutex>& g, const std::vec
   g.lock();
   if (allClosed()) {
     for (const auto& sg : slots) own_[sg.first].closing = false;
+    closed_.notify_all();
     return true;
   }
   std::string who;
   for (int q = 0; q < peers(); ++q)
-    if (q != rank_ && !closed(q)) who += (who.empty() ? "" : ", ") + rankName_(q);
-  for (const auto& [s, gen] : slots) own_[s].gen = gen | 1;  // never offered again: a peer may still map it
+    if (q != rank_ && !closed(q)) {
+      who += (who.empty() ? "" : ", ") + rankName_(q);
+      silent_[static_cast<size_t>(q)] = true;  // later revokes do not wait for it again
+    }
+  for (const auto& [s, gen] : slots) {
+    own_[s].gen = gen | 1;  // never offered again: a peer may still map it
+    own_[s].closing = false;
+  }
+  closed_.notify_all();
   RAILCC_WARN(COLL, "GPU memory is being freed while ", who, " may still map it: no answer within ", revokeWait_.count(),
               " ms (stopped, or stuck); what those ranks read from it from now on is undefined");
   return false;
@@ -289,17 +341,30 @@ size_t segmentsKnown() {
   return d.segments.size();
 }
 
+namespace {
+std::atomic<SegmentFinder> gFinder{nullptr};
+}  // namespace
+
+void setSegmentFinder(SegmentFinder f) { gFinder.store(f); }
+
 bool findSegment(const void* p, char** base, size_t* bytes) {
-  Directory& d = directory();
-  std::lock_guard<std::mutex> g(d.mu);
-  const char* c = static_cast<const char*>(p);
-  auto it = d.segments.upper_bound(const_cast<char*>(c));
-  if (it == d.segments.begin()) return false;
-  --it;
-  if (c >= it->first + it->second) return false;
-  *base = it->first;
-  *bytes = it->second;
-  return true;
+  {
+    Directory& d = directory();
+    std::lock_guard<std::mutex> g(d.mu);
+    const char* c = static_cast<const char*>(p);
+    auto it = d.segments.upper_bound(const_cast<char*>(c));
+    if (it != d.segments.begin()) {
+      --it;
+      if (c < it->first + it->second) {
+        *base = it->first;
+        *bytes = it->second;
+        return true;
+      }
+    }
+  }
+  // Not seen made (before the hook was attached): the allocator's own lookup, outside our lock.
+  SegmentFinder f = gFinder.load();
+  return f && f(p, base, bytes);
 }
 
 void enlistSegments(const std::shared_ptr<SegmentRegistry>& r) {

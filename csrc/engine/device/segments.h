@@ -62,9 +62,12 @@ class SegmentRegistry {
  public:
   /// `boards[q]`: rank q's board as mapped here (boards[rank] is ours). `table`: the
   /// n * kSegSlots pointers the kernels read (ShotPeers::segs), host memory, zeroed.
-  /// `revokeWait`: how long revoke() waits for peers to close a segment.
+  /// `revokeWait`: how long revoke() waits for peers to close a segment. `release` runs in the
+  /// destructor: what keeps the boards mapped and the table allocated lets go there, so a
+  /// revoke still running on another thread never reads them after teardown.
   SegmentRegistry(const cuda::DeviceApi& api, int rank, std::vector<SegmentBoard*> boards, char** table, int device,
-                  std::chrono::milliseconds revokeWait, std::function<std::string(int)> rankName);
+                  std::chrono::milliseconds revokeWait, std::function<std::string(int)> rankName,
+                  std::function<void()> release = nullptr);
   ~SegmentRegistry();
   SegmentRegistry(const SegmentRegistry&) = delete;
   SegmentRegistry& operator=(const SegmentRegistry&) = delete;
@@ -78,6 +81,10 @@ class SegmentRegistry {
   bool offer(char* base, size_t bytes);
   /// Whether [p, p + 1) lies in a segment this rank has offered (live or refused).
   bool offered(const void* p);
+  /// A kernel that reads `place` (a segment's) was queued on `stream`: revoke() waits for it
+  /// to finish before peers close the segment (the allocator frees a segment only after its
+  /// blocks' last uses were queued, not run). Engine thread.
+  void used(uint64_t place, void* stream);
   /// The segment at `base` is about to be freed: peers close it first (bounded wait). False
   /// when some peer did not answer in time (named in the log).
   bool revoke(const char* base);
@@ -100,6 +107,8 @@ class SegmentRegistry {
     bool usable = false;  // every peer acked gen
     bool refused = false; // a peer could not map it, or the handle failed: scratch while it lives
     bool closing = false; // revoked, peers not all closed yet: not offered again meanwhile
+    char* closingBase = nullptr;  // the segment being closed (a revoke of it waits for that)
+    void* lastUse = nullptr;      // an event after the last kernel that read it
   };
   int peers() const { return static_cast<int>(boards_.size()); }
   bool changedSince();
@@ -108,6 +117,9 @@ class SegmentRegistry {
   // Waits (unlocked) until every peer closed `slots` (slot, generation) or is gone, at most
   // revokeWait; false, naming the silent peers in the log, when some did not.
   bool waitClosed(std::unique_lock<std::mutex>& g, const std::vector<std::pair<size_t, uint32_t>>& slots);
+  // Waits (unlocked) until the kernels queued on slot s's segment have finished, at most
+  // revokeWait.
+  void waitUnused(std::unique_lock<std::mutex>& g, size_t s);
 
   const cuda::DeviceApi& api_;
   const int rank_;
@@ -116,9 +128,12 @@ class SegmentRegistry {
   const int device_;
   const std::chrono::milliseconds revokeWait_;
   std::function<std::string(int)> rankName_;
+  std::function<void()> release_;
 
   std::mutex ownMu_;
+  std::condition_variable closed_;  // a slot's closing ended
   std::vector<Own> own_;  // [slot]
+  std::vector<bool> silent_;  // [q]: did not answer a revoke in time once: not waited for again
 
   std::mutex peerMu_;
   std::vector<uint32_t> seen_;  // [q * kSegSlots + s]: the generation mapped (or unmapped) here

@@ -35,7 +35,7 @@ bool DeviceLayer::shotSetup(const cuda::DeviceApi& api, void* stream, std::strin
     host.where[q] = reinterpret_cast<cuda::ShotWhere*>(tail + sizeof(cuda::SignalPad) * cuda::kMaxShotBlocks);
     host.heap[q] = q < dev_.ipc.heaps.size() ? dev_.ipc.heaps[q] : nullptr;
   }
-  host.segs = s.segTable;
+  host.segs = s.segTableInUse;
   std::vector<uint32_t> zeros(cuda::kMaxShotBlocks, 0);
   void* p = nullptr;
   bool ok = attempt(api.deviceMalloc(&s.table, sizeof(cuda::ShotPeers)), "cudaMalloc (shot table)") &&
@@ -167,6 +167,10 @@ void DeviceLayer::launchShot(const DeviceOp& dv, cuda::ShotKind k, const char* i
     dev_.shot.launched[dev_.shot.nextLaunched++ % dev_.shot.launched.size()] = {a.seq, cur ? cur->kind : OpKind::kAllreduce};
   }
   checkDevice(api.shotAsync(&a, dt, k, std::max(blocks, 1), dv.stream), "one-kernel collective", dv.device);
+  if (SegmentRegistry* r = dev_.shot.segs.get()) {  // a segment it reads is freed only after it ran
+    r->used(a.inHeap, dv.stream);
+    r->used(a.outHeap, dv.stream);
+  }
   transport::addStat(transport::StatKind::kDevice, transport::Stat::kDeviceKernels, 1);
 }
 

@@ -49,11 +49,11 @@ void DeviceLayer::deviceWait(const cuda::DeviceApi& api, void* ev, int device, c
 
 namespace {
 
-// Teardown: whether the work queued on `stream` so far finished within 10 s (a GPU that never
-// finishes must not hang it). False also where the event cannot be recorded.
-bool drained(const cuda::DeviceApi& api, void* ev, void* stream) {
+// Teardown: whether the work queued on `stream` so far finished within `bound` (a GPU that
+// never finishes must not hang it). False also where the event cannot be recorded.
+bool drained(const cuda::DeviceApi& api, void* ev, void* stream, Millis bound = Millis(10000)) {
   if (!stream || !ev || api.eventRecord(ev, stream) != 0) return false;
-  auto until = Clock::now() + std::chrono::seconds(10);
+  auto until = Clock::now() + bound;
   while (api.eventQuery(ev) == api.notReady) {
     if (Clock::now() >= until) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(100));
@@ -78,10 +78,16 @@ void DeviceLayer::releaseDevice() {
   api->getDevice(&callerDevice);
   if (dev_.devOf >= 0) api->setDevice(dev_.devOf);
   // IPC ops may still run on the GPU (they complete once queued): let them finish before the
-  // peers' pools are unmapped, but never hang teardown on a GPU that does not. A one-kernel
-  // op still waiting for a peer gives up at once.
-  abortShots();
-  drained(*api, dev_.stageEv[0], dev_.lastStream);
+  // peers' pools are unmapped (aborting first would let this rank's stream skip steps that
+  // healthy peers still need), but never hang teardown on a GPU that does not. Then a
+  // one-kernel op still waiting for a peer gives up, and this rank's stream is released from
+  // its step waits, again each half second: a slow peer's late signal may lower a count the
+  // abort raised.
+  if (!drained(*api, dev_.stageEv[0], dev_.lastStream))
+    for (int i = 0; i < 20; ++i) {
+      abortShots();
+      if (drained(*api, dev_.stageEv[0], dev_.lastStream, Millis(500))) break;
+    }
   dev_.lastStream = nullptr;
   // A send's copy to host memory that failed while queued keeps its buffers until the copy is
   // done; one that never ends (a hung GPU) keeps them for the life of the process.
