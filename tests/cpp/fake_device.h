@@ -133,8 +133,11 @@ struct Fake {
       {
         std::lock_guard<std::recursive_mutex> g(gFakeMu);
         if (st->q.empty()) return 0;
-        // A wait on a value may be met once another rank's thread queues the write: not stuck.
-        still = gShotBlocksRunning.load() == 0 && !st->waitingValue && st->done == before ? still + 1 : 0;
+        // A wait on a value (this stream's, or one this stream waits behind through an event)
+        // may be met once another rank's thread queues the write: not stuck.
+        const bool valueWait =
+            std::any_of(gStreams.begin(), gStreams.end(), [](const FakeStream* o) { return o->waitingValue; });
+        still = gShotBlocksRunning.load() == 0 && !valueWait && st->done == before ? still + 1 : 0;
         if (still >= 2) return 0;
       }
       if (std::chrono::steady_clock::now() > until) return 0;

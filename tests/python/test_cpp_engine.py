@@ -21,7 +21,12 @@ def test_googletest_suite():
     subprocess.run(["cmake", "--build", BUILD, "--target", "railcc_tests"], check=True, timeout=900)
     r = subprocess.run([os.path.join(BUILD, "railcc_tests"), "--gtest_brief=1"], timeout=600,
                        capture_output=True, text=True)
-    tail = "\n".join((r.stdout + r.stderr).splitlines()[-40:])
+    # The failing tests by name and their assertions first (stdout), then the end of the logs
+    # (stderr, which the engine's warnings fill).
+    lines = r.stdout.splitlines()
+    failed = [ln for ln in lines if ln.startswith("[  FAILED  ]")]
+    where = [ln for i, ln in enumerate(lines) if "Failure" in ln or (i and "Failure" in lines[i - 1])]
+    tail = "\n".join(failed + where[:40] + r.stdout.splitlines()[-20:] + r.stderr.splitlines()[-10:])
     assert r.returncode == 0, tail
     assert "PASSED" in r.stdout, tail
 
