@@ -22,7 +22,8 @@ WORLD_SIZE). Modes:
              retry and all_reduce on the result.
   drain      3 ranks, a 4 s group timeout; rank 2 is left out alive; rank 0 has an all_reduce
              outstanding (60 s op timeout) that nobody else joins, so its SHRINK_DEFAULT cannot
-             drain and fails; its retry with SHRINK_ABORT meets rank 1, still in its first call.
+             drain and fails; its retry with SHRINK_ABORT meets rank 1, still in its first call
+             (made 2 s after rank 0's).
   apart      4 ranks, a 20 s group timeout; ranks 2 and 3 only wait; rank 0 excludes rank 3 and
              rank 1 excludes rank 2: views that share no rank, each waiting for a rank the other
              left out. Both fail at once naming the other's view, not after the timeout.
@@ -252,6 +253,10 @@ elif mode in ("late", "drain", "second"):
             dist.shrink_group([victim], shrink_flags=c10d.SHRINK_ABORT)
             print(f"rank 0: retry done {time.monotonic() - t0:.1f} s after the first call", flush=True)
         else:
+            # Two seconds after rank 0's first call: its agreement wait (the 4 s group timeout)
+            # then spans rank 0's retry (due once the drain has failed, 4 s after its first
+            # call) with two seconds to spare either way, on a busy machine too.
+            time.sleep(2.0)
             dist.shrink_group([victim])
     else:
         if me == victim:
