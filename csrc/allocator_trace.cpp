@@ -46,8 +46,12 @@ static alloc::CUDAAllocator* allocatorNow() {
 // whose free the hook still reports). Never throws: memory it did not make, or a block of
 // expandable segments (which CUDA IPC handles do not cover), is "none".
 static bool baseOf(const void* p, char** base, size_t* bytes) {
+  // The allocator answers memory it does not know (or expandable segments, a setting of the
+  // whole process) by throwing, which costs a stack trace: after the first such answer the
+  // lookup is not asked again, so no op pays it (segments the hook saw made are still known).
+  static std::atomic<bool> refused{false};
   alloc::CUDAAllocator* a = allocatorNow();
-  if (!a) return false;
+  if (!a || refused.load(std::memory_order_relaxed)) return false;
   try {
     size_t size = 0;
     void* b = a->getBaseAllocation(const_cast<void*>(p), &size);
@@ -56,6 +60,7 @@ static bool baseOf(const void* p, char** base, size_t* bytes) {
     *bytes = size;
     return true;
   } catch (...) {
+    refused.store(true, std::memory_order_relaxed);
     return false;
   }
 }

@@ -84,56 +84,38 @@ uint64_t deviceStat(transport::Stat s) {
 // twice per chunk, the one-kernel path never (set-up aside, which exchanges handles once), and
 // the IPC path with its steps ordered by the streams' signals never either: its two steps an
 // op are signals.
-TEST_F(ShotEngine, HostRoundsPerOpNoneThroughStreamSignals) {
-  Config cfg = shotConfig();
-  cfg.cudaShots = false;
-  cfg.cudaIpcSignals = true;
-  uint64_t rounds = 0, steps = 0;
-  testing_util::runRanks(2, cfg, "signals", [&](Communicator& c) {
-    std::vector<float> v(1001, 1.0f);
-    waitOk(c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), kDev));  // set-up
-    waitOk(c.barrier());
-    const uint64_t r0 = deviceStat(transport::Stat::kHostRounds), s0 = deviceStat(transport::Stat::kDeviceSignalSteps);
-    waitOk(c.barrier());
-    for (int i = 0; i < 10; ++i) {
-      std::fill(v.begin(), v.end(), static_cast<float>(i + c.rank()));
-      waitOk(c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), kDev));
-      for (float x : v) ASSERT_EQ(x, static_cast<float>(2 * i + 1));
-    }
-    waitOk(c.barrier());
-    if (c.rank() == 0) {
-      rounds = deviceStat(transport::Stat::kHostRounds) - r0;
-      steps = deviceStat(transport::Stat::kDeviceSignalSteps) - s0;
-    }
-    waitOk(c.barrier());
-  });
-  EXPECT_EQ(rounds, 0u);
-  EXPECT_EQ(steps, 2u * 2 * 10);
-}
-
-TEST_F(ShotEngine, HostRoundsPerOpTwoThroughIpcNoneThroughShots) {
-  for (bool shots : {false, true}) {
+TEST_F(ShotEngine, HostRoundsPerOpTwoThroughIpcNoneThroughShotsOrStreamSignals) {
+  enum Path { kIpc, kShots, kSignals };
+  for (Path path : {kIpc, kShots, kSignals}) {
     Config cfg = shotConfig();
-    cfg.cudaShots = shots;
-    uint64_t rounds = 0, kernels = 0;
-    testing_util::runRanks(2, cfg, "shots", [&](Communicator& c) {
+    cfg.cudaShots = path == kShots;
+    cfg.cudaIpcSignals = path == kSignals;
+    uint64_t rounds = 0, kernels = 0, steps = 0;
+    testing_util::runRanks(2, cfg, "rounds", [&](Communicator& c) {
       std::vector<float> v(1001, 1.0f);
       waitOk(c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), kDev));  // set-up
       waitOk(c.barrier());
-      const uint64_t r0 = deviceStat(transport::Stat::kHostRounds), k0 = deviceStat(transport::Stat::kDeviceKernels);
+      const uint64_t r0 = deviceStat(transport::Stat::kHostRounds), k0 = deviceStat(transport::Stat::kDeviceKernels),
+                     s0 = deviceStat(transport::Stat::kDeviceSignalSteps);
       waitOk(c.barrier());
-      for (int i = 0; i < 10; ++i)
+      for (int i = 0; i < 10; ++i) {
+        std::fill(v.begin(), v.end(), static_cast<float>(i + c.rank()));
         waitOk(c.allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, Millis(0), kDev));
+        for (float x : v) ASSERT_EQ(x, static_cast<float>(2 * i + 1)) << "path " << path;
+      }
       waitOk(c.barrier());
       if (c.rank() == 0) {
         rounds = deviceStat(transport::Stat::kHostRounds) - r0;
         kernels = deviceStat(transport::Stat::kDeviceKernels) - k0;
+        steps = deviceStat(transport::Stat::kDeviceSignalSteps) - s0;
       }
       waitOk(c.barrier());
     });
-    // 2 ranks x 10 ops: one-shot IPC is 2 rounds an op (in, done); the kernel path none
-    EXPECT_EQ(rounds, shots ? 0u : 2u * 2 * 10) << "shots " << shots;
-    EXPECT_EQ(kernels, shots ? 2u * 10 : 0u) << "shots " << shots;
+    // 2 ranks x 10 ops: one-shot IPC is 2 steps an op (in, done), host rounds or signals; the
+    // kernel path one kernel and neither.
+    EXPECT_EQ(rounds, path == kIpc ? 2u * 2 * 10 : 0u) << "path " << path;
+    EXPECT_EQ(steps, path == kSignals ? 2u * 2 * 10 : 0u) << "path " << path;
+    EXPECT_EQ(kernels, path == kShots ? 2u * 10 : 0u) << "path " << path;
   }
 }
 

@@ -21,31 +21,12 @@
 #include "engine/channels.h"
 #include "engine/communicator.h"
 #include "engine/device.h"
+#include "engine/device/device_guards.h"
 #include "engine/device/device_plan.h"
 #include "engine/device/device_state.h"
 #include "engine/op_queue.h"
 
 namespace railcc::engine {
-
-// While it lives, the calling thread's CUDA capture mode is relaxed (cuda/device_api.h
-// exchangeCaptureMode): railcc's calls that may synchronize neither fail nor invalidate a
-// graph capture that another thread began in torch's default (global) mode.
-class RelaxedCapture {
- public:
-  explicit RelaxedCapture(const cuda::DeviceApi& api) : api_(api) {
-    swapped_ = api_.exchangeCaptureMode && api_.exchangeCaptureMode(&mode_) == 0;
-  }
-  ~RelaxedCapture() {
-    if (swapped_) api_.exchangeCaptureMode(&mode_);
-  }
-  RelaxedCapture(const RelaxedCapture&) = delete;
-  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
-
- private:
-  const cuda::DeviceApi& api_;
-  int mode_ = 2;  // relaxed, then what it was
-  bool swapped_ = false;
-};
 
 class DeviceLayer {
  public:

@@ -20,21 +20,6 @@
 
 namespace railcc::engine {
 
-namespace {
-// The group's device as the current one for a call from another thread (the watchdog's), and
-// the caller's put back after.
-struct OnDevice {
-  const cuda::DeviceApi& api;
-  int was = -1;
-  OnDevice(const cuda::DeviceApi& a, int device) : api(a) {
-    if (device >= 0 && api.getDevice(&was) == 0 && was != device) api.setDevice(device);
-    else was = -1;
-  }
-  ~OnDevice() {
-    if (was >= 0) api.setDevice(was);
-  }
-};
-}  // namespace
 
 size_t DeviceLayer::stepPadBytes() {
   return (kIpcEvents * cuda::kMaxSignalPeers * sizeof(uint64_t) + 255) / 256 * 256;
@@ -80,7 +65,7 @@ void DeviceLayer::abortSteps() {
   // The largest count in every pad of this rank: its stream's waits, now and later, all pass.
   static const std::vector<unsigned char> ones(kIpcEvents * cuda::kMaxSignalPeers * sizeof(uint64_t), 0xFF);
   const cuda::DeviceApi& api = deviceApi();
-  OnDevice on(api, dev_.ipc.device);
+  DeviceScope on(api, dev_.ipc.device);
   const int err =
       api.memcpyAsync(stepPad(static_cast<size_t>(rank_), kIpcIn, 0), ones.data(), ones.size(), dev_.ipc.abortStream);
   if (err != 0)
@@ -94,7 +79,7 @@ std::vector<int> DeviceLayer::stepLaggards(const cuda::DeviceApi& api) {
   // This rank's pads, as the peers' streams last wrote them, through the abort stream, which no
   // step ever holds.
   std::vector<uint64_t> pads(kIpcEvents * cuda::kMaxSignalPeers, 0);
-  OnDevice on(api, dev_.ipc.device);
+  DeviceScope on(api, dev_.ipc.device);
   if (api.memcpyAsync(pads.data(), stepPad(static_cast<size_t>(rank_), kIpcIn, 0), pads.size() * sizeof(uint64_t),
                       dev_.ipc.abortStream) != 0 ||
       api.streamSynchronize(dev_.ipc.abortStream) != 0)

@@ -3,9 +3,11 @@
 #include <cstring>
 
 #include <map>
+#include <optional>
 
 #include "common/log.h"
 #include "engine/allocator_segments.h"
+#include "engine/device/device_guards.h"
 
 namespace railcc::engine {
 
@@ -125,14 +127,14 @@ void SegmentRegistry::waitUnused(std::unique_lock<std::mutex>& g, size_t s) {
   void* ev = own_[s].lastUse;
   if (!ev) return;
   g.unlock();
-  // railcc's own query: relaxed, so that it neither fails nor breaks a capture another thread
-  // began (the allocator frees from any thread).
-  int mode = 2;
-  const bool swapped = api_.exchangeCaptureMode && api_.exchangeCaptureMode(&mode) == 0;
-  const auto deadline = std::chrono::steady_clock::now() + revokeWait_;
-  while (api_.eventQuery(ev) == api_.notReady && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  if (swapped) api_.exchangeCaptureMode(&mode);
+  {
+    // railcc's own query: relaxed, so that it neither fails nor breaks a capture another thread
+    // began (the allocator frees from any thread).
+    RelaxedCapture relaxed(api_);
+    const auto deadline = std::chrono::steady_clock::now() + revokeWait_;
+    while (api_.eventQuery(ev) == api_.notReady && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
   g.lock();
 }
 
@@ -237,8 +239,7 @@ bool SegmentRegistry::changedSince() {
 
 void SegmentRegistry::catchUp() {
   std::lock_guard<std::mutex> g(peerMu_);
-  int was = -1;
-  bool switched = false;
+  std::optional<DeviceScope> on;  // the watcher's calls go to the group's device, once there are any
   for (int q = 0; q < peers(); ++q) {
     if (q == rank_) continue;
     SegmentBoard* b = boards_[static_cast<size_t>(q)];
@@ -247,11 +248,7 @@ void SegmentRegistry::catchUp() {
       const size_t i = static_cast<size_t>(q) * kSlots + s;
       const uint32_t gen = b->slots[s].gen.load(std::memory_order_acquire);
       if (gen == seen_[i]) continue;
-      if (!switched && api_.getDevice && api_.setDevice) {  // the watcher's calls go to the group's device
-        switched = true;
-        if (api_.getDevice(&was) != 0) was = -1;
-        if (device_ >= 0) api_.setDevice(device_);
-      }
+      if (!on) on.emplace(api_, device_);
       if (char* m = table_[i]) {
         setCell(table_, i, nullptr);
         api_.ipcCloseMemHandle(m);
@@ -274,7 +271,6 @@ void SegmentRegistry::catchUp() {
     }
     if (answered) transport::ring(&b->acked);
   }
-  if (switched && was >= 0) api_.setDevice(was);
 }
 
 size_t SegmentRegistry::mappedCount() {
