@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -105,6 +106,9 @@ TEST_P(WindowPaths, EveryRankPutsIntoEveryWindowBeforeItsSignal) {
 INSTANTIATE_TEST_SUITE_P(OneHostAndFakeHosts, WindowPaths, ::testing::Values(true, false));
 
 TEST(Window, MisuseIsRefusedByName) {
+  // Both ranks see their 200 ms wait time out before either signals: a rank held up past the
+  // other's signal would take it for the one it was told not to expect.
+  std::atomic<int> timedOut{0};
   onRanks(2, true, [&](int rank, WindowEndpoint& w) {
     float x[4] = {1, 2, 3, 4};
     expectRefused([&] { w.put(x, sizeof(x), "Float", 1 - rank, 0, Millis(5000)); }, ErrorCode::kInvalidUsage,
@@ -120,6 +124,8 @@ TEST(Window, MisuseIsRefusedByName) {
                   "4 elements at offset 7");
     expectRefused([&] { w.put(x, sizeof(x), "Float", 5, 0, Millis(5000)); }, ErrorCode::kInvalidUsage, "names rank 5");
     expectRefused([&] { w.waitSignal(peer, Millis(200)); }, ErrorCode::kTimeout, "no signal came in 200 ms");
+    timedOut.fetch_add(1);
+    for (int i = 0; i < 20000 && timedOut.load() < 2; ++i) std::this_thread::sleep_for(Millis(1));
     w.put(x, sizeof(x), "Float", peer, 6, Millis(5000));  // the last four fit
     w.signal(peer, Millis(5000));
     w.waitSignal(peer, Millis(5000));
