@@ -102,6 +102,8 @@ class CommImpl : private ChannelHost, private WatchdogHost {
   std::function<void()> pump_;  // run between store waits during connectPeers
   transport::PeerRecord recordOf(int peer, const LazyPeer& l) const;
   bool readEndpoint(int peer, LazyPeer& l);
+  void readCollectiveEndpoints(const Op& op);  // before the group's first collective moves a byte
+  [[noreturn]] void storeGoneAtFirstUse(const std::vector<int>& peers, const char* when);
   void connectAtInit(Clock::time_point deadline);  // RAILCC_RUNTIME_CONNECT=0
 
   // ---- ops (progress.cpp)

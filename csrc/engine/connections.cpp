@@ -76,6 +76,9 @@ bool CommImpl::connectPeer(int peer, int lane) {
   if (!l.setup && !l.chooseLater)
     RAILCC_THROW(kInternal, "no connection to ", rankName(peer), ", and none to make at first use");
   const size_t ln = static_cast<size_t>(lane);
+  // Rank 0 (or whoever hosted the store) finished and exited before this pair first met: the
+  // address cannot be read any more, and no later look would find it.
+  if (l.endpointLater && watchdog_.storeLost()) storeGoneAtFirstUse({peer}, "at first use");
   try {
     if (l.endpointLater) {
       // The peer publishes its endpoint at the end of its init; a pair that meets before then
@@ -202,6 +205,66 @@ bool CommImpl::readEndpoint(int peer, LazyPeer& l) {
   l.endpoint = it->second.second;
   l.endpointLater = false;
   return true;
+}
+
+// Before the group's first collective moves a byte: the endpoints of the peers its collectives
+// meet (collectivePeers), read while the store's host must still be up. An all_reduce,
+// reduce_scatter, all_gather or barrier completes on no rank before every rank has joined it, so
+// the store's host (rank 0 under a plain launch, whose exit takes the store along) cannot have
+// finished such an op, let alone exited, while a rank still reads here; a pair first met in a
+// later step (a ring's last hop to a rank that was still in its init when the op began) would
+// otherwise find the store gone (CI saw two ranks wait out the harness that way). The wait is
+// the op's: bounded by its timeout, which names the ranks still in their init.
+void CommImpl::readCollectiveEndpoints(const Op& op) {
+  std::vector<int> left;
+  for (int p : algos_.collectivePeers())
+    if (links_.peers[static_cast<size_t>(p)].endpointLater) left.push_back(p);
+  const Clock::time_point deadline = Clock::now() + op.timeout;
+  Clock::time_point nextCheck = Clock::now() + std::chrono::seconds(1);
+  std::vector<pollfd> fds;
+  std::vector<std::pair<int, int>> waitOn;
+  for (Millis nap(1); !left.empty(); nap = std::min(nap * 2, Millis(100))) {
+    left.erase(std::remove_if(left.begin(), left.end(),
+                              [&](int p) { return readEndpoint(p, links_.peers[static_cast<size_t>(p)]); }),
+               left.end());
+    if (left.empty()) break;
+    checkInterrupted();
+    if (watchdog_.storeLost()) storeGoneAtFirstUse(left, "before its first collective");
+    if (Clock::now() >= nextCheck) {  // one that failed in its init said so
+      nextCheck = Clock::now() + std::chrono::seconds(1);
+      waitOn.clear();
+      for (int p : left) waitOn.push_back({kCollLane, p});
+      checkPeersReported(waitOn);
+    }
+    if (Clock::now() >= deadline) {
+      std::string names;
+      for (int p : left) names += "\n  " + peerName(p) + ": its init has not finished (its address is not in the store)";
+      Error err(ErrorCode::kTimeout, std::string(opKindName(op.kind)) + " (seq " + std::to_string(op.fp.seq) +
+                                         ") timed out: no progress for " + std::to_string(op.timeout.count()) +
+                                         " ms; waiting on:" + names);
+      err.ranks = left;
+      for (int p : left) err.hosts.push_back(peers_[static_cast<size_t>(p)].hostname);
+      throw err;
+    }
+    // Meanwhile, serve the listeners (peers that dial early).
+    fds.clear();
+    const int ms = connectingFds(fds);
+    poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(ms, nap.count())));
+    for (auto& setup : links_.setups) setup->idle(Millis(0));
+  }
+  links_.collectiveRead = true;
+}
+
+void CommImpl::storeGoneAtFirstUse(const std::vector<int>& peers, const char* when) {
+  std::string names;
+  for (int p : peers) names += (names.empty() ? "" : ", ") + rankName(p) + " (host " + peers_[static_cast<size_t>(p)].hostname + ")";
+  Error err(ErrorCode::kPeerFailure,
+            "railcc group '" + opts_.name + "': cannot connect to " + names + " " + when +
+                ": its address is in the c10d store, and the store is gone (its host, usually rank 0 or the launcher, "
+                "has exited). Keep the store's host up until every rank is done (torchrun's agent does; a plain "
+                "launch needs rank 0 to wait, e.g. a barrier before it exits), or set RAILCC_RUNTIME_CONNECT=0 to "
+                "connect the collectives' peers at init");
+  throw err;
 }
 
 // RAILCC_RUNTIME_CONNECT=0: the pairs this rank's collectives meet (collectivePeers), connected

@@ -40,6 +40,7 @@ struct Links {
   std::vector<LazyPeer> peers;                              // engine thread
   std::vector<std::string> names;                           // LazyPeer::via
   Clock::time_point retryAt = Clock::time_point::max();     // the next endpoint read due (connectingFds)
+  bool collectiveRead = false;  // the endpoints of every collective peer read (readCollectiveEndpoints)
   uint8_t nameOf(const std::string& n);                     // its index in names, added if new
 };
 

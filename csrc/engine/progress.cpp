@@ -195,6 +195,7 @@ std::exception_ptr CommImpl::runCollective(Op& op, int64_t startedUs) {
     for (int r : localRanks_)
       if (r != rank_ && ch_.chan(kCollLane, r).conn->peerReportedFailure())
         peerFailed(r, "it reported a failure of its own");
+    if (!links_.collectiveRead) readCollectiveEndpoints(op);
     op.body();
   } catch (const Error& e) {
     err = std::current_exception();

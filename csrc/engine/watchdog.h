@@ -60,6 +60,8 @@ class Watchdog {
   /// Reads `key` within about `wait` even when the store itself hangs (its host frozen or the
   /// network cut): the read then runs on a helper thread that is left behind if it overruns.
   bool storeTryGet(const std::string& key, Millis wait, std::string& out);
+  /// The store's host has exited (a store that watches its server; never for others).
+  bool storeLost() { return store_->lost(); }
   /// Has the thread set `key` (a failure report) as soon as it can; waitPublished() gives it
   /// up to `wait` to have done so.
   void publish(const std::string& key, const std::string& value);

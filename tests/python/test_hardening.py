@@ -764,6 +764,50 @@ def test_info_names_peers_left_to_first_use_in_one_line_not_one_per_peer():
         assert any(f"rank {r} -> peer {same} " in ln and "via shm" in ln for ln in out.splitlines()), out[-3000:]
 
 
+_STORE_GONE_RANK = r"""
+import datetime, os, sys, time, torch, torch.distributed as dist
+import railcc
+rank = int(os.environ["RANK"])
+dist.init_process_group("railcc", timeout=datetime.timedelta(seconds=60))
+store = dist.distributed_c10d._get_default_store()
+store.add("inited", 1)
+if rank == 0:  # the store's host: done once every rank's init is, and its exit takes the store along
+    while store.add("inited", 0) < 3:
+        time.sleep(0.05)
+    dist.destroy_process_group()
+    print("RESULT rank 0 left", flush=True)
+    sys.exit(0)
+time.sleep(3)
+t0 = time.monotonic()
+try:
+    if rank == 1:
+        dist.send(torch.ones(3), 2)
+    else:
+        dist.recv(torch.zeros(3), 1)
+    print("RESULT passed", flush=True)
+except Exception as e:
+    print("RESULT", type(e).__name__, round(time.monotonic() - t0), str(e).replace("\n", " "), flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_pair_met_after_the_store_host_exited_fails_at_once_naming_the_store():
+    # Rank 0 hosts the store (a plain env:// launch) and exits right after init; ranks 1 and 2,
+    # on fake hosts of their own, then meet for the first time. The peer's address is in the
+    # gone store: the send fails at once saying so, rather than wait out its 60 s timeout.
+    codes, outs = harness.run_env_ranks([sys.executable, "-c", _STORE_GONE_RANK], 3, timeout=90,
+                                        rank_env=lambda r: {"RAILCC_HOST_ID": f"h{r}"})
+    for r, (code, out) in enumerate(zip(codes, outs)):
+        assert code == 0 and "RESULT" in out, f"rank {r} exited {code}:\n{out[-3000:]}"
+    # The sender cannot read the receiver's address; the receiver's own dial may meet its
+    # end of the failure first, or find the store gone itself: either way no 60 s wait.
+    for r in (1, 2):
+        res = outs[r].split("RESULT ")[1].splitlines()[0]
+        assert "passed" not in res and int(res.split()[1]) < 30, outs[r][-3000:]
+    res = outs[1].split("RESULT ")[1].splitlines()[0]
+    assert "the store is gone" in res and "cannot connect to rank 2 (host " in res and "RAILCC_RUNTIME_CONNECT=0" in res, res
+
+
 _SHM_NAME_RANK = r"""
 import os, sys, torch, torch.distributed as dist
 import railcc
