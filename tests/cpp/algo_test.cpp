@@ -115,6 +115,16 @@ TEST(AlgoRule, RanksSharingCoresReduceThroughTheRingsFrom16KiB) {
     EXPECT_EQ(chooseAlgo(AlgoOp::kBroadcast, b, p, {}, nullptr), Algo::kShmRings) << b;
   EXPECT_EQ(chooseAlgo(AlgoOp::kBroadcast, 8, p, parseAlgos("chain", nullptr), nullptr), Algo::kChain);
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, 65536, p, {}, nullptr), Algo::kDirect);
+  // Above the one-shot limit all-gather reads each block from its owner (single copy) rather than
+  // through the rings, as far as single copy reaches; below it, or with single copy off, the rings.
+  p.cmaBytes = cmaBytesFor(-1, true);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, 1 << 20, p, {}, nullptr), Algo::kDirect);
+  p.cmaBytes = 1 << 21;
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, 1 << 20, p, {}, nullptr), Algo::kShmRings);
+  EXPECT_NE(describeRule(p, {}).find("from 2097152 B direct (ranks share cores"), std::string::npos) << describeRule(p, {});
+  p.cmaBytes = 0;
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, 1 << 20, p, {}, nullptr), Algo::kShmRings);
+  EXPECT_EQ(chooseAlgo(AlgoOp::kAllgather, 1 << 20, p, parseAlgos("rings", nullptr), nullptr), Algo::kShmRings);
   // A smaller RAILCC_ONESHOT_BYTES still rules; RAILCC_ALGO=oneshot keeps it up to that value.
   p.oneshotBytes = 4096;
   EXPECT_EQ(chooseAlgo(AlgoOp::kAllreduce, 8192, p, {}, nullptr), Algo::kShmRings);
