@@ -37,7 +37,9 @@ namespace railcc {
     "ranks outnumber their CPUs (measured: below those sizes the FIFO's two copies win). " \
     "Where the kernel refuses " \
     "it (Yama ptrace_scope, seccomp, no CAP_SYS_PTRACE across users, another pid namespace) " \
-    "the FIFO carries them and INFO (SHM) says why, once.")                                   \
+    "the FIFO carries them and INFO (SHM) says why, once. Where the host's ranks outnumber " \
+    "their CPUs it also decides how all-gather runs (from it, each block read from its owner; " \
+    "below it, the shared-memory rings): set it alike on every rank of a host.")                                   \
   X(stagingSize, int64_t, "RAILCC_STAGING_SIZE", "", "1048576", "4096..1073741824",                               \
     "Bytes of the staging buffer a receive-and-reduce from a socket goes through.")           \
   X(cudaStagingBytes, int64_t, "RAILCC_CUDA_STAGING_BYTES", "", "33554432", "8192..68719476736",                  \

@@ -57,7 +57,13 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   place_.shmRingSlices = place_.shmRings && algos_.shmRingSlice() > 0;
   place_.hostsEven = !rail_.empty();
   place_.oneshotBytes = opts_.config.oneshotBytes;
-  place_.cmaBytes = cmaBytesFor(opts_.config.cmaBytes, hostSharesCores_);
+  // The rule counts on single copy only where this rank reads every peer of its host (each
+  // rank's own tries at connect: the kernel's policy and the pid namespaces are the host's, so
+  // its ranks agree; a container's seccomp refusing process_vm_readv keeps the rings).
+  const bool readsHost = std::all_of(localRanks_.begin(), localRanks_.end(), [&](int r) {
+    return r == rank_ || (ch_.chan(kCollLane, r).conn && ch_.chan(kCollLane, r).conn->readsPeer());
+  });
+  place_.cmaBytes = readsHost ? cmaBytesFor(opts_.config.cmaBytes, hostSharesCores_) : 0;
   place_.cudaIpc = opts_.config.cudaIpc && size_ > 1 && static_cast<int>(localRanks_.size()) == size_;
   std::string ignored;
   prefer_ = parseAlgos(opts_.config.algo, &ignored);

@@ -76,9 +76,6 @@ bool CommImpl::connectPeer(int peer, int lane) {
   if (!l.setup && !l.chooseLater)
     RAILCC_THROW(kInternal, "no connection to ", rankName(peer), ", and none to make at first use");
   const size_t ln = static_cast<size_t>(lane);
-  // Rank 0 (or whoever hosted the store) finished and exited before this pair first met: the
-  // address cannot be read any more, and no later look would find it.
-  if (l.endpointLater && watchdog_.storeLost()) storeGoneAtFirstUse({peer}, "at first use");
   try {
     if (l.endpointLater) {
       // The peer publishes its endpoint at the end of its init; a pair that meets before then
@@ -88,6 +85,9 @@ bool CommImpl::connectPeer(int peer, int lane) {
       const auto now = Clock::now();
       if (now < l.endpointRetry || !readEndpoint(peer, l)) {
         if (now >= l.endpointRetry) {
+          // Rank 0 (or whoever hosted the store) finished and exited before this pair first
+          // met: the address cannot be read any more, and no later look would find it.
+          if (watchdog_.storeLost()) storeGoneAtFirstUse({peer}, "at first use");
           const Millis most = std::clamp(Millis(size_ * 3 / 20), Millis(10), Millis(100));  // 150 us a rank
           l.endpointRetry = now + std::min(most, Millis(int64_t(1) << std::min<int>(l.endpointMisses, 10)));
           if (l.endpointMisses < 255) ++l.endpointMisses;
@@ -219,16 +219,32 @@ void CommImpl::readCollectiveEndpoints(const Op& op) {
   std::vector<int> left;
   for (int p : algos_.collectivePeers())
     if (links_.peers[static_cast<size_t>(p)].endpointLater) left.push_back(p);
-  const Clock::time_point deadline = Clock::now() + op.timeout;
+  const Clock::time_point began = Clock::now();
+  const Clock::time_point deadline = began + std::min<Millis>(op.timeout, std::chrono::hours(24 * 365));
   Clock::time_point nextCheck = Clock::now() + std::chrono::seconds(1);
   std::vector<pollfd> fds;
   std::vector<std::pair<int, int>> waitOn;
   for (Millis nap(1); !left.empty(); nap = std::min(nap * 2, Millis(100))) {
     left.erase(std::remove_if(left.begin(), left.end(),
-                              [&](int p) { return readEndpoint(p, links_.peers[static_cast<size_t>(p)]); }),
+                              [&](int p) {
+                                try {
+                                  return readEndpoint(p, links_.peers[static_cast<size_t>(p)]);
+                                } catch (Error& e) {  // what the peer published was refused: name whose
+                                  if (e.ranks.empty()) {
+                                    e.ranks = {p};
+                                    e.hosts = {peers_[static_cast<size_t>(p)].hostname};
+                                  }
+                                  throw;
+                                }
+                              }),
                left.end());
     if (left.empty()) break;
     checkInterrupted();
+    // Shutdown waits for no peer's init (as ChannelLayer::idle gives up a second after it began).
+    if (shuttingDown() && Clock::now() - began > Millis(1000))
+      RAILCC_THROW(kAborted, "railcc group '", opts_.name, "' was shut down while its first collective waited for ",
+                   left.size(), " peer(s) to finish their init");
+    pumpP2P();  // sends and receives queued beside it move meanwhile
     if (watchdog_.storeLost()) storeGoneAtFirstUse(left, "before its first collective");
     if (Clock::now() >= nextCheck) {  // one that failed in its init said so
       nextCheck = Clock::now() + std::chrono::seconds(1);
@@ -244,6 +260,8 @@ void CommImpl::readCollectiveEndpoints(const Op& op) {
                                          " ms; waiting on:" + names);
       err.ranks = left;
       for (int p : left) err.hosts.push_back(peers_[static_cast<size_t>(p)].hostname);
+      err.seq = static_cast<long long>(op.fp.seq);
+      err.op = opKindName(op.kind);
       throw err;
     }
     // Meanwhile, serve the listeners (peers that dial early).

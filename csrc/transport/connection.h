@@ -92,6 +92,8 @@ class Connection {
 
   /// Sends may pass addresses to this peer (it can read this process's memory).
   virtual bool peerReadsUs() { return false; }
+  /// This process can read the peer's memory (and told it so): the other way round.
+  virtual bool readsPeer() { return false; }
   /// Messages of at least this many bytes go by address where an algorithm allows it; `p2p`:
   /// a send/recv, whose send must still complete without the receiver where it did before.
   virtual size_t byAddressMinBytes(bool p2p) const { return ~size_t(0); }

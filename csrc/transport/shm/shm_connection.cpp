@@ -95,6 +95,7 @@ class ShmConnection : public Connection {
   std::string describe() const override { return "shm"; }
 
   bool peerReadsUs() override { return out_->readable.load(std::memory_order_relaxed) != 0; }
+  bool readsPeer() override { return in_->readable.load(std::memory_order_relaxed) != 0; }
 
   bool readRemote(void* dst, uint64_t addr, uint64_t, size_t n) override {
     int err = readProcessMemory(peerHdr_->pid, dst, addr, n);
