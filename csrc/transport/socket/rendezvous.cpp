@@ -414,6 +414,9 @@ bool Rendezvous::step(Clock::time_point deadline, std::chrono::milliseconds budg
     for (size_t i = 0; i < conns_.size();) {
       Conn& c = *conns_[i];
       if (c.phase == Conn::kParked && (!open_ || expected_.count({c.peer, c.lane}))) {
+        // Its handshake resumes now: the stall clock below counts from here, not from the
+        // accept (a hello parked for more than 10 s would otherwise be dropped at once).
+        c.since = Clock::now();
         try {
           finishClientHello(c);
         } catch (const Stranger& s) {
