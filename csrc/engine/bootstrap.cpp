@@ -61,7 +61,8 @@ CommImpl::CommImpl(Store& store, CommOptions opts)
   // rank's own tries at connect: the kernel's policy and the pid namespaces are the host's, so
   // its ranks agree; a container's seccomp refusing process_vm_readv keeps the rings).
   const bool readsHost = std::all_of(localRanks_.begin(), localRanks_.end(), [&](int r) {
-    return r == rank_ || (ch_.chan(kCollLane, r).conn && ch_.chan(kCollLane, r).conn->readsPeer());
+    const auto& conn = ch_.chan(kCollLane, r).conn;
+    return r == rank_ || (conn && conn->readsPeer());
   });
   place_.cmaBytes = readsHost ? cmaBytesFor(opts_.config.cmaBytes, hostSharesCores_) : 0;
   place_.cudaIpc = opts_.config.cudaIpc && size_ > 1 && static_cast<int>(localRanks_.size()) == size_;

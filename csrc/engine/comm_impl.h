@@ -146,6 +146,10 @@ class CommImpl : private ChannelHost, private WatchdogHost {
   // ---- failure (failure.cpp)
   void fail(std::exception_ptr err);
   [[noreturn]] void failStalled(const std::vector<Transfer*>& pending, Millis timeout);
+  // "<op> (seq N) timed out ...; waiting on:" `waitingOn` (a line per peer), what the peers'
+  // progress records say of this op, and the ranks to blame (those records', else `ranks`).
+  [[noreturn]] void failTimedOut(const std::string& waitingOn, std::vector<int> ranks, std::vector<std::string> hosts,
+                                 Millis timeout);
   void memberDied(const std::vector<int>& ranks, const std::string& group, const std::string& why);
   // The communicators of this process, so that a rank found dead in one group fails the
   // others that hold it; what another group saw of global rank `g` ("" when nothing).

@@ -221,23 +221,25 @@ void CommImpl::readCollectiveEndpoints(const Op& op) {
     if (links_.peers[static_cast<size_t>(p)].endpointLater) left.push_back(p);
   const Clock::time_point began = Clock::now();
   const Clock::time_point deadline = began + std::min<Millis>(op.timeout, std::chrono::hours(24 * 365));
-  Clock::time_point nextCheck = Clock::now() + std::chrono::seconds(1);
+  Clock::time_point nextCheck = began + std::chrono::seconds(1);
   std::vector<pollfd> fds;
   std::vector<std::pair<int, int>> waitOn;
+  auto readNamed = [&](int p) {
+    try {
+      return readEndpoint(p, links_.peers[static_cast<size_t>(p)]);
+    } catch (Error& e) {  // what the peer published was refused: name whose
+      if (e.ranks.empty()) {
+        e.ranks = {p};
+        e.hosts = {peers_[static_cast<size_t>(p)].hostname};
+      }
+      throw;
+    }
+  };
   for (Millis nap(1); !left.empty(); nap = std::min(nap * 2, Millis(100))) {
-    left.erase(std::remove_if(left.begin(), left.end(),
-                              [&](int p) {
-                                try {
-                                  return readEndpoint(p, links_.peers[static_cast<size_t>(p)]);
-                                } catch (Error& e) {  // what the peer published was refused: name whose
-                                  if (e.ranks.empty()) {
-                                    e.ranks = {p};
-                                    e.hosts = {peers_[static_cast<size_t>(p)].hostname};
-                                  }
-                                  throw;
-                                }
-                              }),
-               left.end());
+    size_t kept = 0;
+    for (int p : left)
+      if (!readNamed(p)) left[kept++] = p;
+    left.resize(kept);
     if (left.empty()) break;
     checkInterrupted();
     // Shutdown waits for no peer's init (as ChannelLayer::idle gives up a second after it began).
@@ -253,16 +255,13 @@ void CommImpl::readCollectiveEndpoints(const Op& op) {
       checkPeersReported(waitOn);
     }
     if (Clock::now() >= deadline) {
-      std::string names;
-      for (int p : left) names += "\n  " + peerName(p) + ": its init has not finished (its address is not in the store)";
-      Error err(ErrorCode::kTimeout, std::string(opKindName(op.kind)) + " (seq " + std::to_string(op.fp.seq) +
-                                         ") timed out: no progress for " + std::to_string(op.timeout.count()) +
-                                         " ms; waiting on:" + names);
-      err.ranks = left;
-      for (int p : left) err.hosts.push_back(peers_[static_cast<size_t>(p)].hostname);
-      err.seq = static_cast<long long>(op.fp.seq);
-      err.op = opKindName(op.kind);
-      throw err;
+      std::string lines;
+      std::vector<std::string> hosts;
+      for (int p : left) {
+        lines += "\n  " + peerName(p) + ": its init has not finished (its address is not in the store)";
+        hosts.push_back(peers_[static_cast<size_t>(p)].hostname);
+      }
+      failTimedOut(lines, left, std::move(hosts), op.timeout);
     }
     // Meanwhile, serve the listeners (peers that dial early).
     fds.clear();
@@ -276,13 +275,12 @@ void CommImpl::readCollectiveEndpoints(const Op& op) {
 void CommImpl::storeGoneAtFirstUse(const std::vector<int>& peers, const char* when) {
   std::string names;
   for (int p : peers) names += (names.empty() ? "" : ", ") + rankName(p) + " (host " + peers_[static_cast<size_t>(p)].hostname + ")";
-  Error err(ErrorCode::kPeerFailure,
-            "railcc group '" + opts_.name + "': cannot connect to " + names + " " + when +
-                ": its address is in the c10d store, and the store is gone (its host, usually rank 0 or the launcher, "
+  throw Error(ErrorCode::kPeerFailure,
+              "railcc group '" + opts_.name + "': cannot connect to " + names + " " + when +
+                (peers.size() > 1 ? ": their addresses are" : ": its address is") + " in the c10d store, and the store is gone (its host, usually rank 0 or the launcher, "
                 "has exited). Keep the store's host up until every rank is done (torchrun's agent does; a plain "
                 "launch needs rank 0 to wait, e.g. a barrier before it exits), or set RAILCC_RUNTIME_CONNECT=0 to "
                 "connect the collectives' peers at init");
-  throw err;
 }
 
 // RAILCC_RUNTIME_CONNECT=0: the pairs this rank's collectives meet (collectivePeers), connected

@@ -190,10 +190,6 @@ void CommImpl::peerFailed(int peer, const std::string& detail) {
 
 void CommImpl::failStalled(const std::vector<Transfer*>& pending, Millis timeout) {
   std::ostringstream os;
-  os << (ch_.current() ? opKindName(ch_.current()->kind) : "send/recv");
-  if (ch_.current()) os << " (seq " << ch_.current()->fp.seq << ")";
-  // "timed out" on the first line: scripts and torch's own tests match on it.
-  os << " timed out: no progress for " << timeout.count() << " ms; waiting on:";
   std::vector<int> ranks;
   std::vector<std::string> hosts;
   for (Transfer* t : pending) {
@@ -215,6 +211,16 @@ void CommImpl::failStalled(const std::vector<Transfer*>& pending, Millis timeout
     ranks.push_back(t->peer);
     hosts.push_back(peers_[static_cast<size_t>(t->peer)].hostname);
   }
+  failTimedOut(os.str(), std::move(ranks), std::move(hosts), timeout);
+}
+
+void CommImpl::failTimedOut(const std::string& waitingOn, std::vector<int> ranks, std::vector<std::string> hosts,
+                            Millis timeout) {
+  std::ostringstream os;
+  os << (ch_.current() ? opKindName(ch_.current()->kind) : "send/recv");
+  if (ch_.current()) os << " (seq " << ch_.current()->fp.seq << ")";
+  // "timed out" on the first line: scripts and torch's own tests match on it.
+  os << " timed out: no progress for " << timeout.count() << " ms; waiting on:" << waitingOn;
   if (ch_.current()) {
     // Which ranks never called this op, which froze, which joined and are stuck: from the
     // progress records every rank publishes.
@@ -227,8 +233,8 @@ void CommImpl::failStalled(const std::vector<Transfer*>& pending, Millis timeout
     }
   }
   Error err(ErrorCode::kTimeout, os.str());
-  err.ranks = ranks;
-  err.hosts = hosts;
+  err.ranks = std::move(ranks);
+  err.hosts = std::move(hosts);
   if (ch_.current()) {
     err.seq = static_cast<long long>(ch_.current()->fp.seq);
     err.op = opKindName(ch_.current()->kind);

@@ -26,24 +26,31 @@ class RelaxedCapture {
   bool swapped_ = false;
 };
 
-// While it lives, `device` (when >= 0) is the calling thread's current device; the one before
-// is put back after. Never throws: for threads off the op's path (the op's own calls use
-// gpu_direct.cpp's, which fails the op when the device cannot be set).
+// While it lives, `device` (when >= 0) is the calling thread's current device; with `restore`,
+// the one before is put back after. Never throws: error() is setDevice's answer (0 where none
+// was needed), for the op's own calls to fail on (gpu_direct.cpp); threads off the op's path
+// (the watchdog's, a segment's watcher) go on without it.
 class DeviceScope {
  public:
-  DeviceScope(const cuda::DeviceApi& api, int device) : api_(api) {
-    if (device >= 0 && api_.getDevice && api_.getDevice(&was_) == 0 && was_ != device) api_.setDevice(device);
-    else was_ = -1;
+  DeviceScope(const cuda::DeviceApi& api, int device, bool restore = true) : api_(api) {
+    if (device < 0 || !api_.setDevice) return;
+    int cur = -1;
+    if (!api_.getDevice || api_.getDevice(&cur) != 0) cur = -1;
+    if (cur == device) return;
+    error_ = api_.setDevice(device);
+    if (error_ == 0 && restore) was_ = cur;
   }
   ~DeviceScope() {
     if (was_ >= 0) api_.setDevice(was_);
   }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
+  int error() const { return error_; }
 
  private:
   const cuda::DeviceApi& api_;
   int was_ = -1;
+  int error_ = 0;
 };
 
 }  // namespace railcc::engine

@@ -19,25 +19,12 @@ namespace {
 
 // The calling thread's current device is `d` for a scope. These run on the progress thread, or
 // on a caller's thread running its own op (helpRun), whose current device is the user's and is
-// put back after. A runtime call made without it would create a context on device 0.
-class OnDevice {
- public:
-  OnDevice(const cuda::DeviceApi& api, int d) : api_(api) {
-    int cur = -1;
-    if (api_.getDevice(&cur) != 0) cur = -1;
-    if (cur == d) return;
-    checkDevice(api_.setDevice(d), "cudaSetDevice", d);
-    if (!CallbackPool::onEngineThread()) restore_ = cur;
+// put back after. A runtime call made without it would create a context on device 0; a device
+// that cannot be set fails the op.
+struct OnDevice : DeviceScope {
+  OnDevice(const cuda::DeviceApi& api, int d) : DeviceScope(api, d, !CallbackPool::onEngineThread()) {
+    checkDevice(error(), "cudaSetDevice", d);
   }
-  ~OnDevice() {
-    if (restore_ >= 0) api_.setDevice(restore_);
-  }
-  OnDevice(const OnDevice&) = delete;
-  OnDevice& operator=(const OnDevice&) = delete;
-
- private:
-  const cuda::DeviceApi& api_;
-  int restore_ = -1;
 };
 
 }  // namespace
