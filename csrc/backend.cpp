@@ -20,6 +20,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/waits.h"
 #include "allocator_trace.h"
 #include "c10d_store.h"
 #include "tensor_memory.h"
@@ -168,6 +169,16 @@ Config configFromEnv() {
   return Config::fromEnv();
 }
 
+// The group's timeout as the engine keeps it. torch hands timedelta.max over as a negative count
+// (its conversion to milliseconds overflows), which would fail every op at once: refused by name.
+std::chrono::milliseconds groupTimeout(std::chrono::milliseconds t) {
+  if (t.count() <= 0)
+    invalid("a process group timeout of " + std::to_string(t.count()) +
+            " ms; give a positive one (timedelta.max overflows torch's conversion to milliseconds: "
+            "for no practical limit, give timedelta(days=3650))");
+  return boundedWait(t);
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------ ProcessGroupRailcc
@@ -184,7 +195,7 @@ static c10::intrusive_ptr<c10d::Store> perAttempt(const c10::intrusive_ptr<c10d:
 ProcessGroupRailcc::ProcessGroupRailcc(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                        std::chrono::milliseconds timeout, std::string groupName,
                                        std::vector<int> globalRanks)
-    : c10d::Backend(rank, size), store_(makeC10dStore(perAttempt(store), size)), timeout_(timeout),
+    : c10d::Backend(rank, size), store_(makeC10dStore(perAttempt(store), size)), timeout_(groupTimeout(timeout)),
       c10dStore_(perAttempt(store)),
       groupName_(groupName), globalRanks_(static_cast<int>(globalRanks.size()) == size ? globalRanks : std::vector<int>{}) {
   for (int r = static_cast<int>(globalRanks_.size()); r < size; ++r) globalRanks_.push_back(r);
@@ -288,7 +299,7 @@ std::vector<std::string> ProcessGroupRailcc::peerTransports() const {
 }
 
 std::chrono::milliseconds ProcessGroupRailcc::opTimeout(std::chrono::milliseconds requested) const {
-  return requested.count() > 0 && requested != c10d::kUnsetTimeout ? requested : timeout_;
+  return requested.count() > 0 && requested != c10d::kUnsetTimeout ? boundedWait(requested) : timeout_;
 }
 
 void ProcessGroupRailcc::startCoalescing() {

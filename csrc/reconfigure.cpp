@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "c10d_store.h"
+#include "common/waits.h"
 
 namespace railcc {
 
@@ -126,7 +127,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reconfigure(const c10d::Recon
 
   // The old communicator finishes what is queued and closes; it is kept, since a Work of it may
   // still ask it, and so is its store adapter.
-  if (opts.timeout) timeout_ = *opts.timeout;
+  if (opts.timeout) timeout_ = boundedWait(*opts.timeout);
   comm_->shutdown();
   retired_.push_back(std::move(comm_));
   retiredStores_.push_back(store_);

@@ -10,6 +10,7 @@
 
 #include <torch/csrc/distributed/c10d/Window.hpp>
 
+#include "common/waits.h"
 #include "transport/window.h"
 #include "work.h"
 
@@ -81,7 +82,7 @@ class RailccWindow : public c10d::Window {
   }
 
  private:
-  std::chrono::milliseconds timeoutOf(std::chrono::milliseconds t) const { return t.count() > 0 ? t : timeout_; }
+  std::chrono::milliseconds timeoutOf(std::chrono::milliseconds t) const { return t.count() > 0 ? boundedWait(t) : timeout_; }
   c10::intrusive_ptr<c10d::Work> done(const char* name) {
     auto w = c10::make_intrusive<WorkRailcc>(ep_->rank(), c10d::OpType::UNKNOWN, name, 0, std::vector<engine::RequestPtr>{},
                                              std::vector<at::Tensor>{}, std::vector<at::Tensor>{}, nullptr, nullptr,

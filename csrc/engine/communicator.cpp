@@ -2,6 +2,7 @@
 
 #include "common/pid.h"
 #include "common/log.h"
+#include "common/waits.h"
 #include "engine/comm_impl.h"
 
 namespace railcc::engine {
@@ -29,7 +30,7 @@ void Communicator::poke() { impl_->poke(); }
 bool Communicator::drain(Millis timeout) {
   if (forked()) return true;  // the parent's ops are none of this process's
   impl_->poke();              // an op queued under CallerWaits that nobody waits on
-  auto until = std::chrono::steady_clock::now() + timeout;
+  auto until = std::chrono::steady_clock::now() + boundedWait(timeout);
   while (impl_->opsLive_.load(std::memory_order_acquire) > 0) {
     if (std::chrono::steady_clock::now() >= until) return false;
     std::this_thread::sleep_for(Millis(1));

@@ -1,4 +1,5 @@
 #include "common/log.h"
+#include "common/waits.h"
 #include "engine/comm_impl.h"
 
 namespace railcc::engine {
@@ -30,7 +31,7 @@ RequestPtr CommImpl::enqueue(std::unique_ptr<Op> op) {
   if (estimate_.on.load(std::memory_order_relaxed)) return estimated(*op);
   op->req = std::make_shared<Request>(opts_.config.spinUs, userPool_);
   op->live.attach(&opsLive_);
-  if (op->timeout.count() <= 0) op->timeout = opts_.timeout;
+  op->timeout = op->timeout.count() <= 0 ? opts_.timeout : boundedWait(op->timeout);
   RequestPtr req = op->req;
   // A straggler reported by the watchdog fails the next op when RAILCC_STRAGGLER_ACTION=raise.
   // Attached before the op is queued: a small op may be finished before enqueue() returns.

@@ -1,4 +1,5 @@
 #include "common/log.h"
+#include "common/waits.h"
 #include "engine/comm_impl.h"
 
 namespace railcc::engine {
@@ -26,7 +27,7 @@ bool Request::wait(Millis timeout) {
     cv_.wait(g, [&] { return done_; });
     return true;
   }
-  return cv_.wait_for(g, timeout, [&] { return done_; });
+  return cv_.wait_for(g, boundedWait(timeout), [&] { return done_; });
 }
 
 std::exception_ptr Request::error() const {

@@ -547,6 +547,26 @@ def test_shm_fifo_sizes_that_differ_on_a_host_fail_init_by_name(tmp_path):
         assert "RAILCC_SHM_FIFO_BYTES" in r["error"] and "4096" in r["error"] and "8192" in r["error"], r
 
 
+
+@pytest.mark.parametrize("name,values,shown", [
+    ("RAILCC_ONESHOT_BYTES", ["0", "65536"], ["0", "65536"]),
+    ("RAILCC_ALGO", ["ring", ""], ["ring,chain", "unset"]),
+], ids=["oneshot", "algo"])
+def test_algorithm_settings_that_differ_between_ranks_fail_init_by_name(tmp_path, name, values, shown):
+    # Each rank picks an op's algorithm alone: ranks that disagree once ran different exchanges
+    # for one call, reported as "collective mismatch" between two identical all_reduce calls.
+    store = str(tmp_path / "store")
+    procs = [_spawn(r, 2, store, {name: values[r], "RAILCC_INIT_TIMEOUT": "20"}) for r in range(2)]
+    try:
+        results = [_result(p, 60)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for r in results:
+        assert not r["ok"], r
+        assert f"{name} is {shown[1]} on rank 1 but {shown[0]} on rank 0" in r["error"], r
+        assert "alike on every rank of a group" in r["error"], r
+
 @pytest.mark.parametrize("cpus,shared", [(["0", "0"], True), (["0", "1"], False)], ids=["one-cpu", "a-cpu-each"])
 def test_ranks_agree_whether_they_share_cores_from_their_affinities(tmp_path, cpus, shared):
     # Each rank publishes the CPUs it may run on; every rank derives from all of them whether a
@@ -615,6 +635,35 @@ def test_every_numeric_parameter_has_a_range():
     out = subprocess.run([sys.executable, "-m", "railcc", "env"], env=env, capture_output=True, text=True,
                          timeout=60).stdout
     assert "REFUSED: RAILCC_SPIN_US=-5 is out of range: allowed 0 to 1000000" in out, out
+
+
+def rk_timeouts_past_the_clock(rank, n):
+    centuries = datetime.timedelta(days=365 * 300)  # past steady_clock's nanoseconds
+    g = dist.new_group(list(range(n)), timeout=centuries)
+    for count in (2, 1 << 18):
+        x = torch.full((count,), float(rank + 1))
+        dist.all_reduce(x, group=g, async_op=True).wait(timeout=centuries)
+        torch.testing.assert_close(x, torch.full((count,), float(sum(range(1, n + 1)))))
+        dist.broadcast(x, 0, group=g)
+        if rank == 0:
+            dist.send(torch.arange(float(count)), dst=1, group=g)
+        elif rank == 1:
+            y = torch.zeros(count)
+            dist.recv(y, src=0, group=g)
+            torch.testing.assert_close(y, torch.arange(float(count)))
+        dist.barrier(group=g)
+    dist.destroy_process_group(g)
+    try:
+        dist.new_group(list(range(n)), timeout=datetime.timedelta.max)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_a_timeout_of_centuries_works_and_timedelta_max_is_refused_by_name(pools):
+    # Both once failed every op at once, "timed out: no progress for -5833720396800000 ms".
+    for msg in pools(2).run(rk_timeouts_past_the_clock, timeout=60):
+        assert msg and "process group timeout of -" in msg and "timedelta.max" in msg, msg
 
 
 # ----------------------------------------------------------------------- public names (12)
