@@ -25,6 +25,7 @@ int checkedRank(const CommOptions& o) {
 // The settings every rank of a group must share, as "NAME=value" lines: each rank picks an op's
 // algorithm, its chunking and its channel shares on its own, from these. Ranks that differ would
 // run different exchanges for one call (once reported as a mismatch between identical calls).
+// The CUDA path's settings are compared where it starts, at a group's first CUDA op (cuda_ipc.cpp).
 std::vector<std::string> choiceSettings(const Config& c) {
   std::string ignored, algos;
   for (Algo a : parseAlgos(c.algo, &ignored)) algos += (algos.empty() ? "" : ",") + std::string(algoName(a));
@@ -32,9 +33,7 @@ std::vector<std::string> choiceSettings(const Config& c) {
           "RAILCC_ONESHOT_BYTES=" + std::to_string(c.oneshotBytes),
           "RAILCC_CMA_BYTES=" + std::to_string(c.cmaBytes),
           "RAILCC_BUCKET_SIZE=" + std::to_string(c.bucketSize),
-          "RAILCC_CHANNEL_MIN_BYTES=" + std::to_string(c.channelMinBytes),
-          "RAILCC_CUDA_IPC=" + std::to_string(c.cudaIpc ? 1 : 0),
-          "RAILCC_CUDA_SHOTS=" + std::to_string(c.cudaShots ? 1 : 0)};
+          "RAILCC_CHANNEL_MIN_BYTES=" + std::to_string(c.channelMinBytes)};
 }
 
 std::string joined(const std::vector<std::string>& lines) {
