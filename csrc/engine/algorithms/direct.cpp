@@ -37,7 +37,6 @@ void Algorithms::alltoall(const std::vector<char*>& ins, const std::vector<size_
   int n = size_, r = rank_;
   size_t es = dtypeSize(dt);
   size_t me = static_cast<size_t>(r);
-  if (outs[me] != ins[me] && inCounts[me]) transport::moveBytes(outs[me], ins[me], inCounts[me] * es);
   std::vector<Transfer> xs;
   xs.reserve(2 * static_cast<size_t>(n));
   for (int s = 1; s < n; ++s) {
@@ -49,7 +48,14 @@ void Algorithms::alltoall(const std::vector<char*>& ins, const std::vector<size_
   for (size_t k : outCounts) total += k * es;
   ch_.streamPieces(xs, total);
   ch_.singleCopy(xs);
-  ch_.exchange(xs);
+  ch_.post(xs);
+  if (outs[me] != ins[me] && inCounts[me]) {
+    // As the all-gather's own piece: copied once the peers have our blocks' addresses (or
+    // their first bytes), so that they read while we copy instead of waiting for it.
+    for (int s = 1; s < n; ++s) ch_.progress(kCollLane, (r + s) % n);
+    transport::moveBytes(outs[me], ins[me], inCounts[me] * es);
+  }
+  ch_.complete(xs);
 }
 
 void Algorithms::gather(const char* in, size_t bytes, const std::vector<char*>& outs, int root) {
