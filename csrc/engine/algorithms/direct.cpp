@@ -58,18 +58,21 @@ void Algorithms::alltoall(const std::vector<char*>& ins, const std::vector<size_
   ch_.complete(xs);
 }
 
+// The root's own piece is copied once the peers' transfers are posted, as in alltoall().
 void Algorithms::gather(const char* in, size_t bytes, const std::vector<char*>& outs, int root) {
   int n = size_, r = rank_;
   std::vector<Transfer> xs;
   if (r != root) {
     xs.push_back(ch_.sendTo(root, in, bytes));
-  } else {
-    if (outs[static_cast<size_t>(r)] != in && bytes) transport::moveBytes(outs[static_cast<size_t>(r)], in, bytes);
-    xs.reserve(static_cast<size_t>(n));
-    for (int p = 0; p < n; ++p)
-      if (p != r) xs.push_back(ch_.recvFrom(p, outs[static_cast<size_t>(p)], bytes));
+    ch_.exchange(xs);
+    return;
   }
-  ch_.exchange(xs);
+  xs.reserve(static_cast<size_t>(n));
+  for (int p = 0; p < n; ++p)
+    if (p != r) xs.push_back(ch_.recvFrom(p, outs[static_cast<size_t>(p)], bytes));
+  ch_.post(xs);
+  if (outs[static_cast<size_t>(r)] != in && bytes) transport::moveBytes(outs[static_cast<size_t>(r)], in, bytes);
+  ch_.complete(xs);
 }
 
 void Algorithms::scatter(const std::vector<char*>& ins, char* out, size_t bytes, int root) {
@@ -77,13 +80,16 @@ void Algorithms::scatter(const std::vector<char*>& ins, char* out, size_t bytes,
   std::vector<Transfer> xs;
   if (r != root) {
     xs.push_back(ch_.recvFrom(root, out, bytes));
-  } else {
-    if (ins[static_cast<size_t>(r)] != out && bytes) transport::moveBytes(out, ins[static_cast<size_t>(r)], bytes);
-    xs.reserve(static_cast<size_t>(n));
-    for (int p = 0; p < n; ++p)
-      if (p != r) xs.push_back(ch_.sendTo(p, ins[static_cast<size_t>(p)], bytes));
+    ch_.exchange(xs);
+    return;
   }
-  ch_.exchange(xs);
+  xs.reserve(static_cast<size_t>(n));
+  for (int p = 0; p < n; ++p)
+    if (p != r) xs.push_back(ch_.sendTo(p, ins[static_cast<size_t>(p)], bytes));
+  ch_.post(xs);
+  for (int p = 1; p < n; ++p) ch_.progress(kCollLane, (r + p) % n);
+  if (ins[static_cast<size_t>(r)] != out && bytes) transport::moveBytes(out, ins[static_cast<size_t>(r)], bytes);
+  ch_.complete(xs);
 }
 
 void Algorithms::reduce(char* buf, size_t count, DataType dt, ReduceOp op, double scale, int root) {
