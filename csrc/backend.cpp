@@ -169,6 +169,8 @@ Config configFromEnv() {
   return Config::fromEnv();
 }
 
+}  // namespace
+
 // The group's timeout as the engine keeps it. torch hands timedelta.max over as a negative count
 // (its conversion to milliseconds overflows), which would fail every op at once: refused by name.
 std::chrono::milliseconds groupTimeout(std::chrono::milliseconds t) {
@@ -179,7 +181,6 @@ std::chrono::milliseconds groupTimeout(std::chrono::milliseconds t) {
   return boundedWait(t);
 }
 
-}  // namespace
 
 // ------------------------------------------------------------------ ProcessGroupRailcc
 
@@ -225,6 +226,8 @@ std::unique_ptr<engine::Communicator> ProcessGroupRailcc::connect(const char* wh
   }
   return guard(what, [&] { return std::make_unique<engine::Communicator>(*store_, o); });
 }
+
+void ProcessGroupRailcc::setTimeout(std::chrono::milliseconds timeout) { timeout_ = groupTimeout(timeout); }
 
 ProcessGroupRailcc::~ProcessGroupRailcc() {
   if (comm_) comm_->shutdown();

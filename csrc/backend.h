@@ -119,6 +119,10 @@ auto guard(const char* what, F&& f) -> decltype(f()) {
   }
 }
 
+/// The group's timeout as the engine keeps it (at most 50 years); a count of zero or less
+/// (torch's conversion of timedelta.max overflows into one) throws ValueError naming it.
+std::chrono::milliseconds groupTimeout(std::chrono::milliseconds t);
+
 class ProcessGroupRailcc : public c10d::Backend {
  public:
   ProcessGroupRailcc(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -147,7 +151,7 @@ class ProcessGroupRailcc : public c10d::Backend {
   std::shared_ptr<c10::Allocator> getMemAllocator() override;
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
-  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  void setTimeout(std::chrono::milliseconds timeout) override;
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return seq_; }
   c10d::ErrorType getError() override;

@@ -21,7 +21,6 @@
 #include <sstream>
 
 #include "c10d_store.h"
-#include "common/waits.h"
 
 namespace railcc {
 
@@ -105,6 +104,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reconfigure(const c10d::Recon
   if (std::find(uuids_.begin(), uuids_.end(), opts.uuid) != uuids_.end())
     refuse("uuid " + std::to_string(opts.uuid) + " was used before on group '" + groupName_ + "': pass a fresh one");
   const int rank = static_cast<int>(at - handles.begin()), size = static_cast<int>(handles.size());
+  const std::chrono::milliseconds timeout = opts.timeout ? groupTimeout(*opts.timeout) : timeout_;
 
   // The first handle's store: this process's own where it is that one, else a client of it.
   const Handle& lead = parsed.front();
@@ -115,7 +115,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reconfigure(const c10d::Recon
     so.port = static_cast<std::uint16_t>(lead.port);
     so.isServer = false;
     so.waitWorkers = false;
-    so.timeout = opts.timeout.value_or(timeout_);
+    so.timeout = timeout;
     try {
       base = c10::make_intrusive<c10d::TCPStore>(lead.host, so);
     } catch (const std::exception& e) {
@@ -127,7 +127,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRailcc::reconfigure(const c10d::Recon
 
   // The old communicator finishes what is queued and closes; it is kept, since a Work of it may
   // still ask it, and so is its store adapter.
-  if (opts.timeout) timeout_ = boundedWait(*opts.timeout);
+  timeout_ = timeout;
   comm_->shutdown();
   retired_.push_back(std::move(comm_));
   retiredStores_.push_back(store_);

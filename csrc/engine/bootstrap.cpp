@@ -6,6 +6,7 @@
 #include "common/crypto.h"
 #include "common/strings.h"
 #include "common/waits.h"
+#include "engine/choice_settings.h"
 #include "engine/records.h"
 
 namespace railcc::engine {
@@ -22,49 +23,10 @@ int checkedRank(const CommOptions& o) {
   return o.rank;
 }
 
-// The settings every rank of a group must share, as "NAME=value" lines: each rank picks an op's
-// algorithm, its chunking and its channel shares on its own, from these. Ranks that differ would
-// run different exchanges for one call (once reported as a mismatch between identical calls).
-// The CUDA path's settings are compared where it starts, at a group's first CUDA op (cuda_ipc.cpp).
-std::vector<std::string> choiceSettings(const Config& c) {
-  std::string ignored, algos;
-  for (Algo a : parseAlgos(c.algo, &ignored)) algos += (algos.empty() ? "" : ",") + std::string(algoName(a));
-  return {"RAILCC_ALGO=" + algos,
-          "RAILCC_ONESHOT_BYTES=" + std::to_string(c.oneshotBytes),
-          "RAILCC_CMA_BYTES=" + std::to_string(c.cmaBytes),
-          "RAILCC_BUCKET_SIZE=" + std::to_string(c.bucketSize),
-          "RAILCC_CHANNEL_MIN_BYTES=" + std::to_string(c.channelMinBytes)};
-}
-
-std::string joined(const std::vector<std::string>& lines) {
-  std::string s;
-  for (const auto& l : lines) s += "\n" + l;
-  return s;
-}
-
-// Throws kInvalidUsage naming every setting where this rank's value differs from rank 0's.
-void checkSettingsAlike(const std::vector<std::string>& mine, const std::vector<std::string>& theirs,
-                        const std::string& context, const std::string& me, const std::string& zero) {
-  std::string differ, names;
-  for (const std::string& m : mine) {
-    const std::string name = m.substr(0, m.find('='));
-    names += (names.empty() ? "" : ", ") + name;
-    std::string theirValue = "(not given)";
-    for (const std::string& t : theirs)
-      if (t.compare(0, name.size() + 1, name + "=") == 0) theirValue = t.substr(name.size() + 1);
-    const std::string myValue = m.substr(name.size() + 1);
-    if (myValue == theirValue) continue;
-    auto shown = [](const std::string& v) { return v.empty() ? std::string("unset") : v; };
-    differ += std::string(differ.empty() ? "" : "; ") + name + " is " + shown(myValue) + " on " + me + " but " +
-              shown(theirValue) + " on " + zero;
-  }
-  if (!differ.empty())
-    RAILCC_THROW(kInvalidUsage, context, differ, ". Each rank picks an op's algorithm from these settings on its own, so "
-                 "they must be alike on every rank of a group (", names, "): set them once for the whole job");
-}
-
 // The options with the group's timeout kept within what the clock can add (common/waits.h).
 CommOptions withBoundedWait(CommOptions o) {
+  RAILCC_CHECK_ARG(o.timeout.count() > 0, "group '", o.name, "': a timeout of ", o.timeout.count(),
+                   " ms; give a positive one");
   o.timeout = boundedWait(o.timeout);
   return o;
 }
@@ -220,10 +182,10 @@ void CommImpl::bootstrap(Store& store) {
   // costs no wait of its own (a wait is a level of store asks: see records.h).
   std::string secret;
   // Rank 0's algorithm settings ride along with it: every rank compares its own with them.
-  const std::vector<std::string> settings = choiceSettings(cfg);
+  const std::string settings = choiceSettingsRecord(cfg);
   if (rank_ == 0) {
     secret = randomHex(32);
-    store.set("secret", secret + joined(settings));
+    store.set("secret", secret + settings);
   }
 
   auto since = [](Clock::time_point t) { return std::chrono::duration_cast<Millis>(Clock::now() - t).count(); };
@@ -262,8 +224,8 @@ void CommImpl::bootstrap(Store& store) {
   if (rank_ != 0) {
     secret = getFrom("secret", 0, "group secret");
     const size_t cut = secret.find('\n');
-    checkSettingsAlike(settings, split(secret.substr(std::min(cut, secret.size())), '\n'),
-                       "railcc init of group '" + opts_.name + "': ", rankName(rank_), rankName(0));
+    checkSettingsAlike(settings, secret.substr(std::min(cut, secret.size())), "railcc init of group '" + opts_.name + "': ",
+                       rankName(rank_), rankName(0));
     secret.resize(std::min(cut, secret.size()));
   }
   const std::vector<int> hostOf = placed.hostOfRank();

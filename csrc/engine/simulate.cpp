@@ -7,6 +7,7 @@
 #include "engine/algorithms/choose.h"
 #include "engine/algorithms/plan.h"
 #include "engine/algorithms/table.h"
+#include "engine/choice_settings.h"
 #include "engine/records.h"
 
 namespace railcc::engine {
@@ -217,7 +218,8 @@ SimSetup simulateSetup(const SimJob& job, int idBytes, int nameBytes, uint64_t r
   SimSetup out;
   const uint64_t local = static_cast<uint64_t>(L - 1) * (recordBytes + endpointBytes);
   for (int k = 0; k <= levels; ++k) {  // the rank that completes a group at levels 1..k
-    uint64_t bytes = local + 64;  // this host's records and endpoints, the secret
+    // this host's records and endpoints, the secret and rank 0's algorithm settings beside it
+    uint64_t bytes = local + 64 + choiceSettingsRecord(Config::defaults()).size();
     int keys = 1 + 2 * (L - 1), reads = 1 + (L > 1 ? 2 : 0);
     for (int level = 1; level <= k; ++level) {
       bytes += groupBytes[static_cast<size_t>(level)];

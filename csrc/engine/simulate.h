@@ -48,7 +48,7 @@ SimResult simulateOp(const SimJob& job, const std::string& op, size_t bytes, siz
 /// Store reads at set-up, the most over ranks, through set-up's own pieces (engine/records.h):
 /// the host map combined in groups as set-up combines it (records.h) and encoded as set-up does (host ids of
 /// `idBytes` characters, hostnames of `nameBytes`), plus this host's records and endpoints of
-/// `recordBytes` and `endpointBytes` each, and the 64-byte secret.
+/// `recordBytes` and `endpointBytes` each, and the 64-byte secret with rank 0's algorithm settings.
 struct SimSetup {
   int keys = 0;        // keys read
   uint64_t bytes = 0;  // bytes read

@@ -268,7 +268,7 @@ def simulate_job(n, a):
 def _setup_reads(n, L):
     """Store reads per rank at set-up, the most over ranks, from set-up's own code
     (railcc._C.rules.simulate_setup: the host map combined in groups of 16 and encoded as set-up
-    does; this host's records and endpoints; the secret). Endpoints of other hosts'
+    does; this host's records and endpoints; the secret and rank 0's algorithm settings). Endpoints of other hosts'
     ranks are read at the pair's first use; rank 0's rail check (one endpoint per other host,
     only where rails were found) is apart."""
     from . import _C

@@ -58,22 +58,21 @@ void Algorithms::alltoall(const std::vector<char*>& ins, const std::vector<size_
   ch_.complete(xs);
 }
 
-// The root's own piece is copied once the peers' transfers are posted, as in alltoall().
 void Algorithms::gather(const char* in, size_t bytes, const std::vector<char*>& outs, int root) {
   int n = size_, r = rank_;
   std::vector<Transfer> xs;
   if (r != root) {
     xs.push_back(ch_.sendTo(root, in, bytes));
-    ch_.exchange(xs);
-    return;
+  } else {
+    if (outs[static_cast<size_t>(r)] != in && bytes) transport::moveBytes(outs[static_cast<size_t>(r)], in, bytes);
+    xs.reserve(static_cast<size_t>(n));
+    for (int p = 0; p < n; ++p)
+      if (p != r) xs.push_back(ch_.recvFrom(p, outs[static_cast<size_t>(p)], bytes));
   }
-  xs.reserve(static_cast<size_t>(n));
-  for (int p = 0; p < n; ++p)
-    if (p != r) xs.push_back(ch_.recvFrom(p, outs[static_cast<size_t>(p)], bytes));
-  ch_.post(xs);
-  if (outs[static_cast<size_t>(r)] != in && bytes) transport::moveBytes(outs[static_cast<size_t>(r)], in, bytes);
-  ch_.complete(xs);
+  ch_.exchange(xs);
 }
+
+// The root's own piece is copied once the peers' sends are under way, as in alltoall().
 
 void Algorithms::scatter(const std::vector<char*>& ins, char* out, size_t bytes, int root) {
   int n = size_, r = rank_;
