@@ -531,21 +531,23 @@ def test_size_parameter_out_of_range_fails_init_on_every_rank(value, needle):
     assert msg.count("RAILCC_BUFFSIZE") >= 2 and needle in msg, msg[-3000:]
 
 
-def test_shm_fifo_sizes_that_differ_on_a_host_fail_init_by_name(tmp_path):
-    # Each rank lays its shared memory out from its own settings; ranks of one host that disagree
-    # would read and write different bytes. Both find out at set-up and say which variables.
+def _two_ranks_set_apart(tmp_path, env_of):
+    """Two ranks started with env_of(rank) each; their init results."""
     store = str(tmp_path / "store")
-    procs = [_spawn(r, 2, store, {"RAILCC_SHM_FIFO_BYTES": str(4096 << r), "RAILCC_INIT_TIMEOUT": "20"})
-             for r in range(2)]
+    procs = [_spawn(r, 2, store, dict(env_of(r), RAILCC_INIT_TIMEOUT="20")) for r in range(2)]
     try:
-        results = [_result(p, 60)[0] for p in procs]
+        return [_result(p, 60)[0] for p in procs]
     finally:
         for p in procs:
             p.kill()
-    for r in results:
+
+
+def test_shm_fifo_sizes_that_differ_on_a_host_fail_init_by_name(tmp_path):
+    # Each rank lays its shared memory out from its own settings; ranks of one host that disagree
+    # would read and write different bytes. Both find out at set-up and say which variables.
+    for r in _two_ranks_set_apart(tmp_path, lambda r: {"RAILCC_SHM_FIFO_BYTES": str(4096 << r)}):
         assert not r["ok"], r
         assert "RAILCC_SHM_FIFO_BYTES" in r["error"] and "4096" in r["error"] and "8192" in r["error"], r
-
 
 
 @pytest.mark.parametrize("name,values,shown", [
@@ -555,17 +557,11 @@ def test_shm_fifo_sizes_that_differ_on_a_host_fail_init_by_name(tmp_path):
 def test_algorithm_settings_that_differ_between_ranks_fail_init_by_name(tmp_path, name, values, shown):
     # Each rank picks an op's algorithm alone: ranks that disagree once ran different exchanges
     # for one call, reported as "collective mismatch" between two identical all_reduce calls.
-    store = str(tmp_path / "store")
-    procs = [_spawn(r, 2, store, {name: values[r], "RAILCC_INIT_TIMEOUT": "20"}) for r in range(2)]
-    try:
-        results = [_result(p, 60)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    for r in results:
+    for r in _two_ranks_set_apart(tmp_path, lambda r: {name: values[r]}):
         assert not r["ok"], r
         assert f"{name} is {shown[1]} on rank 1 but {shown[0]} on rank 0" in r["error"], r
         assert "alike on every rank of a group" in r["error"], r
+
 
 @pytest.mark.parametrize("cpus,shared", [(["0", "0"], True), (["0", "1"], False)], ids=["one-cpu", "a-cpu-each"])
 def test_ranks_agree_whether_they_share_cores_from_their_affinities(tmp_path, cpus, shared):
