@@ -181,7 +181,6 @@ std::chrono::milliseconds groupTimeout(std::chrono::milliseconds t) {
   return boundedWait(t);
 }
 
-
 // ------------------------------------------------------------------ ProcessGroupRailcc
 
 // torchrun --max-restarts keeps its store across attempts, with the failed attempt's keys in it
@@ -302,7 +301,7 @@ std::vector<std::string> ProcessGroupRailcc::peerTransports() const {
 }
 
 std::chrono::milliseconds ProcessGroupRailcc::opTimeout(std::chrono::milliseconds requested) const {
-  return requested.count() > 0 && requested != c10d::kUnsetTimeout ? boundedWait(requested) : timeout_;
+  return requested.count() > 0 && requested != c10d::kUnsetTimeout ? requested : timeout_;  // bounded at enqueue
 }
 
 void ProcessGroupRailcc::startCoalescing() {

@@ -86,7 +86,7 @@ def _torch_rank(rank, world, backend, op, nbytes, iters, warmup, port, out, pin)
     t = torch.ones(n)
     big, part, o = torch.empty(n * world), torch.empty(n // world), torch.empty(n)
     # Under the names torch now gives them, as railcc-bench calls them: the old ones warn on
-    # every call (about 3 us of an 8 KiB call on torch 2.13, paid by every backend alike).
+    # every call (about 3 us of an 8 KiB call on torch 2.13, paid by every torch backend alike).
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     call = {"all_reduce": lambda: dist.all_reduce(t), "broadcast": lambda: dist.broadcast(t, 0),

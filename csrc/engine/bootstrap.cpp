@@ -223,10 +223,10 @@ void CommImpl::bootstrap(Store& store) {
   if (size_ > 1 && !whole) placed = HostMap::decode(wholeMap(), "railcc init of group '" + opts_.name + "': the host map", size_);
   if (rank_ != 0) {
     secret = getFrom("secret", 0, "group secret");
-    const size_t cut = secret.find('\n');
-    checkSettingsAlike(settings, secret.substr(std::min(cut, secret.size())), "railcc init of group '" + opts_.name + "': ",
-                       rankName(rank_), rankName(0));
-    secret.resize(std::min(cut, secret.size()));
+    const size_t cut = std::min(secret.find('\n'), secret.size());
+    checkSettingsAlike(settings, secret.substr(cut), "railcc init of group '" + opts_.name + "': ", rankName(rank_),
+                       rankName(0));
+    secret.resize(cut);
   }
   const std::vector<int> hostOf = placed.hostOfRank();
   if (static_cast<int>(hostOf.size()) != size_ || placed.hosts[static_cast<size_t>(hostOf[static_cast<size_t>(rank_)])].id != hostId)

@@ -216,10 +216,11 @@ SimSetup simulateSetup(const SimJob& job, int idBytes, int nameBytes, uint64_t r
   }
   const uint64_t whole = part.front().encode().size();
   SimSetup out;
-  const uint64_t local = static_cast<uint64_t>(L - 1) * (recordBytes + endpointBytes);
+  // this host's records and endpoints, the secret and rank 0's algorithm settings beside it
+  const uint64_t local = static_cast<uint64_t>(L - 1) * (recordBytes + endpointBytes) + 64 +
+                         choiceSettingsRecord(Config::defaults()).size();
   for (int k = 0; k <= levels; ++k) {  // the rank that completes a group at levels 1..k
-    // this host's records and endpoints, the secret and rank 0's algorithm settings beside it
-    uint64_t bytes = local + 64 + choiceSettingsRecord(Config::defaults()).size();
+    uint64_t bytes = local;
     int keys = 1 + 2 * (L - 1), reads = 1 + (L > 1 ? 2 : 0);
     for (int level = 1; level <= k; ++level) {
       bytes += groupBytes[static_cast<size_t>(level)];

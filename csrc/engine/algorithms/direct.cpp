@@ -73,7 +73,6 @@ void Algorithms::gather(const char* in, size_t bytes, const std::vector<char*>& 
 }
 
 // The root's own piece is copied once the peers' sends are under way, as in alltoall().
-
 void Algorithms::scatter(const std::vector<char*>& ins, char* out, size_t bytes, int root) {
   int n = size_, r = rank_;
   std::vector<Transfer> xs;
