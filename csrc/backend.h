@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/communicator.h"
@@ -113,9 +114,12 @@ auto guard(const char* what, F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const ::railcc::Error& e) {
+    // A message the engine already opens with the call ("railcc init of group 'G': ...") is
+    // not prefixed with it a second time.
+    const bool worded = std::string_view(e.what()).rfind(std::string("railcc ") + what, 0) == 0;
     if (e.code() == ::railcc::ErrorCode::kInvalidUsage)
-      C10_THROW_ERROR(ValueError, std::string("railcc: ") + what + ": " + e.what());
-    throw RailccError(e, std::string("railcc ") + what + ": ");
+      C10_THROW_ERROR(ValueError, (worded ? std::string() : std::string("railcc: ") + what + ": ") + e.what());
+    throw RailccError(e, worded ? std::string() : std::string("railcc ") + what + ": ");
   }
 }
 

@@ -30,11 +30,17 @@ for k in $(seq 1 "$RUNS"); do
   echo "== run $k of $RUNS: 4 ranks on the machine's cores, 8 B .. 32 KiB"
   railcc-bench --backend railcc,openmpi,gloo,fake --nprocs 4 -o $OPS -b 8 -e 32K -f 64 -n 300 -w 30 \
     --json "$out/small-4-$k.json" | tee "$out/small-4-$k.txt"
-  echo "== run $k of $RUNS: 4 ranks on the machine's cores, 1 MiB .. 256 MiB"
-  railcc-bench --backend railcc,openmpi,gloo,fake --nprocs 4 -o $OPS,alltoall -b 1M -e 256M -f 4 -n 10 -w 2 \
+  # From 1 MiB four ranks on two cores move 10-40% between calls: at 1 and 4 MiB, where a call
+  # is cheap, 50 calls after 10 (the median of 10 after 2 read 0.64-2.06 of Open MPI's time
+  # for one cell in two runs of one build, 2026-12-08 in docs/benchmarks.md).
+  echo "== run $k of $RUNS: 4 ranks on the machine's cores, 1 MiB .. 4 MiB"
+  railcc-bench --backend railcc,openmpi,gloo,fake --nprocs 4 -o $OPS,alltoall -b 1M -e 4M -f 4 -n 50 -w 10 \
     --json "$out/large-4-$k.json" | tee "$out/large-4-$k.txt"
+  echo "== run $k of $RUNS: 4 ranks on the machine's cores, 16 MiB .. 256 MiB"
+  railcc-bench --backend railcc,openmpi,gloo,fake --nprocs 4 -o $OPS,alltoall -b 16M -e 256M -f 4 -n 10 -w 2 \
+    --json "$out/huge-4-$k.json" | tee "$out/huge-4-$k.txt"
 done
-for set in small-2 mid-2 large-2 small-4 large-4; do
+for set in small-2 mid-2 large-2 small-4 large-4 huge-4; do
   python3 tools/bench_tables.py --best "$out"/$set-*.json > "$out/$set.md"
 done
-echo "tables: $out/small-2.md $out/mid-2.md $out/large-2.md $out/small-4.md $out/large-4.md"
+echo "tables: $out/small-2.md $out/mid-2.md $out/large-2.md $out/small-4.md $out/large-4.md $out/huge-4.md"

@@ -232,6 +232,7 @@ def test_a_host_id_with_a_separator_fails_that_rank_and_its_peer_within_seconds(
     assert not out_good["ok"], out_good
     assert "rank 1" in out_good["error"] and "failed its own init" in out_good["error"], out_good
     assert "RAILCC_HOST_ID" in out_good["error"], out_good
+    assert out_good["error"].count("railcc init") == 1, out_good  # said once, not by glue and engine both
     assert took < 60, took  # not RAILCC_INIT_TIMEOUT (120 s); a second or two on a quiet machine
 
 
