@@ -31,8 +31,8 @@ for k in $(seq 1 "$RUNS"); do
   railcc-bench --backend railcc,openmpi,gloo,fake --nprocs 4 -o $OPS -b 8 -e 32K -f 64 -n 300 -w 30 \
     --json "$out/small-4-$k.json" | tee "$out/small-4-$k.txt"
   # From 1 MiB four ranks on two cores move 10-40% between calls: at 1 and 4 MiB, where a call
-  # is cheap, 50 calls after 10 (the median of 10 after 2 read 0.64-2.06 of Open MPI's time
-  # for one cell in two runs of one build, 2026-12-08 in docs/benchmarks.md).
+  # is cheap, 50 calls after 10 (the median of 10 after 2 read 0.67 and 1.56 of Open MPI's
+  # time for one cell in two runs of one build, 2026-12-08 in docs/benchmarks.md).
   echo "== run $k of $RUNS: 4 ranks on the machine's cores, 1 MiB .. 4 MiB"
   railcc-bench --backend railcc,openmpi,gloo,fake --nprocs 4 -o $OPS,alltoall -b 1M -e 4M -f 4 -n 50 -w 10 \
     --json "$out/large-4-$k.json" | tee "$out/large-4-$k.txt"
