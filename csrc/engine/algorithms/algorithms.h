@@ -145,6 +145,9 @@ class Algorithms {
   void broadcastRailChain(char* buf, size_t bytes, int root);  // the chain where hosts hold equal counts
   void broadcastChains(char* buf, size_t bytes, int root);     // the rail chain where it runs, else the chain
   void allgatherDirect(const char* in, size_t bytes, const std::vector<char*>& outs);  // direct.cpp
+  // One turn of progress on every peer's channel, for a step whose transfers are posted: the
+  // peers get our addresses (or first bytes) before this rank copies its own piece (direct.cpp).
+  void startPeers();
 
   // shm_rings.cpp: every same-host rank's broadcast ring, as an op that moves data through
   // them sees them.

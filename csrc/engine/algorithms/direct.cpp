@@ -6,6 +6,10 @@ namespace railcc::engine {
 // direct all-gather, all-to-all, gather, scatter, the rooted reduce, the barrier, and the
 // header rounds that other code uses to check a call.
 
+void Algorithms::startPeers() {
+  for (int s = 1; s < size_; ++s) ch_.progress(kCollLane, (rank_ + s) % size_);
+}
+
 void Algorithms::allgatherDirect(const char* in, size_t bytes, const std::vector<char*>& outs) {
   const int n = size_, r = rank_;
   char* own = outs[static_cast<size_t>(r)];
@@ -26,7 +30,7 @@ void Algorithms::allgatherDirect(const char* in, size_t bytes, const std::vector
     // Our own piece is copied while the peers already take theirs: a send passed by address
     // (single copy) is read from `in` by the peer's core meanwhile, one through the FIFO has
     // filled it.
-    for (int s = 1; s < n; ++s) ch_.progress(kCollLane, (r + s) % n);
+    startPeers();
     copyOwnPiece(ch_, n, own, in, bytes);
   }
   ch_.complete(xs);
@@ -52,7 +56,7 @@ void Algorithms::alltoall(const std::vector<char*>& ins, const std::vector<size_
   if (outs[me] != ins[me] && inCounts[me]) {
     // As the all-gather's own piece: copied once the peers have our blocks' addresses (or
     // their first bytes), so that they read while we copy instead of waiting for it.
-    for (int s = 1; s < n; ++s) ch_.progress(kCollLane, (r + s) % n);
+    startPeers();
     transport::moveBytes(outs[me], ins[me], inCounts[me] * es);
   }
   ch_.complete(xs);
@@ -85,7 +89,7 @@ void Algorithms::scatter(const std::vector<char*>& ins, char* out, size_t bytes,
   for (int p = 0; p < n; ++p)
     if (p != r) xs.push_back(ch_.sendTo(p, ins[static_cast<size_t>(p)], bytes));
   ch_.post(xs);
-  for (int p = 1; p < n; ++p) ch_.progress(kCollLane, (r + p) % n);
+  startPeers();
   if (ins[static_cast<size_t>(r)] != out && bytes) transport::moveBytes(out, ins[static_cast<size_t>(r)], bytes);
   ch_.complete(xs);
 }
