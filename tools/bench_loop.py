@@ -70,8 +70,6 @@ def _torch_rank(rank, world, backend, op, nbytes, iters, warmup, port, out, pin)
     if pin:
         cpus = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
-    import warnings
-    warnings.simplefilter("ignore", FutureWarning)  # the *_tensor collectives' deprecation notes
     import torch
     import torch.distributed as dist
     if backend == "railcc":
